@@ -1,0 +1,9 @@
+//! Compiles `proto/*.proto` with a vendored protoc, so no system package is needed.
+fn main() {
+    let protoc = protoc_bin_vendored::protoc_bin_path().expect("vendored protoc is available");
+    println!("cargo:rerun-if-changed=proto");
+    prost_build::Config::new()
+        .protoc_executable(protoc)
+        .compile_protos(&["proto/job_graph.proto"], &["proto"])
+        .expect("compile protos");
+}

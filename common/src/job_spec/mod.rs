@@ -1,0 +1,1 @@
+//! YAML job specs (placeholder until the parser lands).

@@ -1,0 +1,27 @@
+//! # sluice-common
+//!
+//! The vocabulary every Sluice process shares, and nothing that runs a job:
+//!
+//! - [`pb`]: the protobuf messages compiled from `common/proto/` (the [`pb::JobGraph`] and
+//!   its parts). Generated types are used through this module only.
+//! - [`job_spec`]: the YAML job format users write, parsed into a [`pb::JobGraph`] with
+//!   errors that name file, line and column.
+//! - [`key_group`]: the stable key hash and the key-group ranges of DESIGN §4.
+//! - [`state`]: the keyed-state API (`ValueState`, `MapState`, ...) over a byte-level
+//!   backend trait, the in-memory backend, and the conformance suite every backend passes.
+//!
+//! This crate must not know about Arrow, DataFusion, RocksDB, foyer, S3 or the network:
+//! those belong to the crates that run things (`compute`, `state-service`).
+
+pub mod job_spec;
+pub mod key_group;
+pub mod state;
+
+/// Protobuf messages of the job model, generated from `proto/job_graph.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/sluice.job.rs"));
+}
+
+/// Number of key groups when a job does not say (DESIGN §4).
+pub const DEFAULT_MAX_PARALLELISM: u32 = 128;

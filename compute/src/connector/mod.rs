@@ -1,0 +1,132 @@
+//! Sources and sinks: the edges of a job where records enter and leave Sluice.
+//!
+//! A source is split into *splits* (generator ranges, files); each source subtask reads
+//! its share and tags every batch with the split it came from, so that watermarks can be
+//! generated per split. Sinks write what reaches them. Neither knows about watermarks,
+//! chaining or the network: the runtime wraps them in operators.
+//!
+//! - [`nexmark`]: the deterministic Nexmark generator.
+//! - [`file`]: CSV, JSON lines and Parquet files on local disk or `s3://`.
+//! - [`stdout`], [`blackhole`]: sinks for people and benchmarks.
+//! - [`store`]: resolving a path or URL to an object store.
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use sluice_common::pb;
+
+use crate::error::Result;
+
+pub mod blackhole;
+pub mod file;
+pub mod nexmark;
+pub mod stdout;
+pub mod store;
+
+/// A batch read from one split.
+#[derive(Debug, Clone)]
+pub struct SourceBatch {
+    /// Index of the split within this subtask's assignment (0-based, dense).
+    pub split: usize,
+    /// The records.
+    pub batch: RecordBatch,
+}
+
+/// Counters a source keeps about its input.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SourceCounters {
+    /// Records emitted.
+    pub records: u64,
+    /// Malformed records skipped or sent to the dead-letter output.
+    pub skipped: u64,
+}
+
+/// Reads the splits assigned to one source subtask.
+#[async_trait]
+pub trait SourceReader: Send {
+    /// Schema of every batch this reader returns.
+    fn schema(&self) -> SchemaRef;
+    /// Number of splits this subtask reads (watermarks are tracked per split).
+    fn num_splits(&self) -> usize;
+    /// The next batch, or `None` once every split is exhausted.
+    async fn next_batch(&mut self) -> Result<Option<SourceBatch>>;
+    /// Splits that finished since the last call (so their watermark stops holding back).
+    fn take_finished_splits(&mut self) -> Vec<usize> {
+        Vec::new()
+    }
+    /// Counters so far.
+    fn counters(&self) -> SourceCounters;
+}
+
+/// Writes what reaches one sink subtask.
+#[async_trait]
+pub trait SinkWriter: Send {
+    /// Writes one batch.
+    async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
+    /// Flushes and closes at the end of a bounded input.
+    async fn finish(&mut self) -> Result<()>;
+}
+
+/// Where a subtask sits among its siblings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubtaskInfo {
+    /// This subtask's index.
+    pub index: usize,
+    /// Number of subtasks of the node.
+    pub parallelism: usize,
+}
+
+/// Default rows per source batch.
+pub const DEFAULT_BATCH_SIZE: usize = 8192;
+
+/// The schema a source produces, resolved at planning time (may read file metadata).
+pub async fn source_schema(spec: &pb::SourceSpec) -> Result<SchemaRef> {
+    match spec.kind.as_ref() {
+        Some(pb::source_spec::Kind::Nexmark(n)) => Ok(nexmark::schema(n.stream())),
+        Some(pb::source_spec::Kind::File(f)) => file::source_schema(f).await,
+        None => Err(crate::error::Error::Plan("the source has no kind".into())),
+    }
+}
+
+/// Opens the reader of one source subtask.
+pub async fn create_source(
+    spec: &pb::SourceSpec,
+    subtask: SubtaskInfo,
+) -> Result<Box<dyn SourceReader>> {
+    let batch_size = match spec.batch_size {
+        0 => DEFAULT_BATCH_SIZE,
+        n => n as usize,
+    };
+    match spec.kind.as_ref() {
+        Some(pb::source_spec::Kind::Nexmark(n)) => {
+            Ok(Box::new(nexmark::NexmarkReader::new(n, subtask, batch_size)?))
+        }
+        Some(pb::source_spec::Kind::File(f)) => {
+            Ok(Box::new(file::FileReader::open(f, subtask, batch_size).await?))
+        }
+        None => Err(crate::error::Error::Plan("the source has no kind".into())),
+    }
+}
+
+/// Opens the writer of one sink subtask.
+pub async fn create_sink(
+    spec: &pb::SinkSpec,
+    schema: SchemaRef,
+    subtask: SubtaskInfo,
+) -> Result<Box<dyn SinkWriter>> {
+    match spec.kind.as_ref() {
+        Some(pb::sink_spec::Kind::Stdout(s)) => {
+            Ok(Box::new(stdout::StdoutWriter::new(s.format(), schema)))
+        }
+        Some(pb::sink_spec::Kind::Blackhole(_)) => Ok(Box::new(blackhole::BlackholeWriter)),
+        Some(pb::sink_spec::Kind::File(f)) => {
+            Ok(Box::new(file::FileWriter::create(f, schema, subtask).await?))
+        }
+        None => Err(crate::error::Error::Plan("the sink has no kind".into())),
+    }
+}
+
+/// Shared handle to a schema, re-exported for connector modules.
+pub type Schema = Arc<arrow::datatypes::Schema>;
