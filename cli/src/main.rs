@@ -1,1 +1,126 @@
-fn main() {}
+//! The `sluice` command: one binary, one subcommand per role and per user task.
+//!
+//! - `sluice run JOB.yaml`: runs a job on the embedded local runtime.
+//! - `sluice nexmark gen`: writes the Nexmark events the built-in source produces.
+//! - `sluice bench nexmark`: runs a benchmark query and prints one line of figures.
+//! - `sluice worker | coordinator | state-service`: the cluster roles (not built yet).
+//!
+//! Exit codes: 0 success, 1 a job or I/O failure, 2 a mistake in the job or the command
+//! line (the message names file, line and column where there is one).
+
+mod bench;
+mod nexmark_gen;
+mod progress;
+mod rss;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Sluice: a stream processing engine with disaggregated state")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a YAML job on the embedded local runtime.
+    Run(run::RunArgs),
+    /// Nexmark benchmark data.
+    Nexmark {
+        #[command(subcommand)]
+        command: NexmarkCommand,
+    },
+    /// Benchmarks of whole jobs.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+    /// Run a compute worker (cluster role; not built yet).
+    Worker,
+    /// Run the coordinator (cluster role; not built yet).
+    Coordinator,
+    /// Run a state-service node (cluster role; not built yet).
+    StateService,
+}
+
+#[derive(Subcommand)]
+enum NexmarkCommand {
+    /// Write the events the built-in Nexmark source produces to files.
+    Gen(nexmark_gen::GenArgs),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Run a Nexmark query and print events, seconds, events/s, events/s per core, peak RSS.
+    Nexmark(bench::BenchArgs),
+}
+
+/// A failure with the exit code it maps to.
+pub struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    /// A mistake of the user (exit code 2).
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self { code: 2, message: message.into() }
+    }
+
+    /// A failure while running (exit code 1), or a user error if the engine says so.
+    pub fn from_compute(err: sluice_compute::Error) -> Self {
+        let code = if matches!(err, sluice_compute::Error::Plan(_)) { 2 } else { 1 };
+        Self { code, message: err.to_string() }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Self { code: 1, message: format!("{e:#}") }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Nexmark { command: NexmarkCommand::Gen(args) } => nexmark_gen::generate(args),
+        Command::Bench { command: BenchCommand::Nexmark(args) } => bench::nexmark(args),
+        Command::Worker => Err(not_built("worker")),
+        Command::Coordinator => Err(not_built("coordinator")),
+        Command::StateService => Err(not_built("state-service")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn not_built(role: &str) -> Failure {
+    Failure::usage(format!(
+        "the `{role}` role is not part of this build yet; `sluice run JOB.yaml` runs jobs on the embedded local runtime"
+    ))
+}
+
+/// A multi-threaded runtime with one worker thread per core.
+pub fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sluice-task")
+        .build()
+        .map_err(|e| Failure { code: 1, message: format!("cannot start the runtime: {e}") })
+}

@@ -1,1 +1,33 @@
-//! Compute.
+//! # sluice-compute
+//!
+//! What a Sluice worker runs: the operators, windows and connectors of a job, and the
+//! runtime that executes them as parallel tasks.
+//!
+//! A job arrives as a `JobGraph` ([`sluice_common::pb`]). [`plan`] checks and types it
+//! and cuts it into chains; [`runtime::local`] runs each chain's subtasks as tasks
+//! joined by byte-bounded queues. Records flow as Arrow batches inside
+//! [`element::StreamElement`]s together with watermarks, barriers and end-of-partition
+//! markers. Expressions are DataFusion's ([`expr`]); keyed state goes through the
+//! backend-neutral API of [`sluice_common::state`].
+//!
+//! - [`connector`]: sources (Nexmark, files) and sinks (files, stdout, blackhole).
+//! - [`operator`]: filter, select, window, sink; one file each.
+//! - [`window`]: window assignment, accumulators, sessions, timers.
+//! - [`time`]: per-split watermark generation at the sources.
+//! - [`keys`]: canonical key bytes for hashing and keyed state.
+//!
+//! This crate must not know about the coordinator or the storage engine behind remote
+//! state: it sees state only through `KeyedStateBackend`.
+
+pub mod connector;
+pub mod element;
+pub mod error;
+pub mod expr;
+pub mod keys;
+pub mod operator;
+pub mod plan;
+pub mod runtime;
+pub mod time;
+pub mod window;
+
+pub use error::{Error, Result};

@@ -14,6 +14,12 @@ pub enum StateError {
         /// What was wrong.
         message: String,
     },
+    /// A state key does not follow the layout of DESIGN §4: corruption or a bug.
+    #[error("malformed state key: {0}")]
+    MalformedKey(String),
+    /// A backend broke its contract (wrong number of results, say): a bug, do not retry.
+    #[error("state backend misbehaved: {0}")]
+    Internal(String),
     /// The backend is unreachable or failed; a retry may help.
     #[error("state backend unavailable: {0}")]
     Unavailable(String),

@@ -118,7 +118,7 @@ pub async fn create_sink(
 ) -> Result<Box<dyn SinkWriter>> {
     match spec.kind.as_ref() {
         Some(pb::sink_spec::Kind::Stdout(s)) => {
-            Ok(Box::new(stdout::StdoutWriter::new(s.format(), schema)))
+            Ok(Box::new(stdout::StdoutWriter::new(s.format(), schema)?))
         }
         Some(pb::sink_spec::Kind::Blackhole(_)) => Ok(Box::new(blackhole::BlackholeWriter)),
         Some(pb::sink_spec::Kind::File(f)) => {

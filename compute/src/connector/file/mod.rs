@@ -1,0 +1,29 @@
+//! Files as sources and sinks: CSV, JSON lines and Parquet on local disk or `s3://`.
+//!
+//! This module owns what the bytes of a file mean: schemas ([`schema`]), finding records
+//! and their lines ([`records`]), decoding with per-record error handling ([`decode`],
+//! [`dead_letter`]), reading a subtask's files ([`source`]) and writing its part file
+//! ([`sink`]). It must not know how a path becomes a store (that is
+//! [`store`](crate::connector::store)) nor anything about watermarks or the runtime.
+//!
+//! # Errors in the input
+//!
+//! A CSV or JSON-lines record that does not decode is handled by the source's
+//! `on_error`: `fail` stops with [`Error::BadRecord`](crate::error::Error::BadRecord)
+//! naming `file:line`; `skip` drops it; `dead_letter` writes it to
+//! `<dead_letter_path>/bad-<subtask>.txt`. Skipped and dead-lettered records are counted
+//! in [`SourceCounters::skipped`](crate::connector::SourceCounters). A bad Parquet file
+//! always fails.
+
+pub mod dead_letter;
+pub mod decode;
+pub mod records;
+pub mod schema;
+pub mod sink;
+pub mod source;
+
+pub use sink::FileWriter;
+pub use source::{FileReader, source_schema};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,190 @@
+//! Aggregate calls in a window's `aggregate:` list.
+//!
+//! DataFusion parses the call (`sum(price * 2) AS volume`); this module checks that the
+//! function is one the window operator can keep incrementally in keyed state and
+//! compiles its argument as a scalar expression. The accumulation itself lives in
+//! `window::accumulator`, where partial results are merged into state.
+
+use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
+use datafusion::logical_expr::Expr;
+
+use super::{CompiledExpr, ExprCompiler};
+use crate::error::{Error, Result};
+
+/// The aggregate functions windows support.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggFunc {
+    /// `count(*)`: rows.
+    CountStar,
+    /// `count(x)`: non-null values.
+    Count,
+    /// `sum(x)`.
+    Sum,
+    /// `min(x)`.
+    Min,
+    /// `max(x)`.
+    Max,
+    /// `avg(x)` (also `mean`).
+    Avg,
+}
+
+/// How an argument's values are held while aggregating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgKind {
+    /// Any integer type, widened to i64.
+    Int,
+    /// Floats and decimals, as f64.
+    Float,
+    /// Timestamps, as milliseconds.
+    TimestampMs,
+}
+
+/// One compiled aggregate call.
+#[derive(Debug, Clone)]
+pub struct AggregateCall {
+    /// The function.
+    pub func: AggFunc,
+    /// The argument (`None` for `count(*)`).
+    pub arg: Option<CompiledExpr>,
+    /// How the argument is held (irrelevant for counts).
+    pub arg_kind: ArgKind,
+    /// Output column name.
+    pub name: String,
+    /// Output column type.
+    pub output_type: DataType,
+}
+
+const SUPPORTED: &str = "count, sum, min, max, avg";
+
+impl AggregateCall {
+    /// Compiles `sql` (for example `count(*) AS bids`) over `schema`.
+    pub fn compile(compiler: &ExprCompiler, sql: &str, schema: &SchemaRef) -> Result<Self> {
+        let (expr, df_schema) = compiler.parse(sql, schema)?;
+        let (alias, expr) = match expr {
+            Expr::Alias(a) => (Some(a.name.clone()), *a.expr),
+            other => (None, other),
+        };
+        let name = match alias {
+            Some(a) => a,
+            None => expr.schema_name().to_string(),
+        };
+        let Expr::AggregateFunction(agg) = expr else {
+            return Err(Error::Plan(format!(
+                "`{sql}` is not an aggregate call; expected one of {SUPPORTED}, e.g. `count(*) AS n`"
+            )));
+        };
+        let fname = agg.func.name().to_ascii_lowercase();
+        let params = agg.params;
+        if params.distinct || params.filter.is_some() || !params.order_by.is_empty() {
+            return Err(Error::Plan(format!(
+                "`{sql}`: DISTINCT, FILTER and ORDER BY inside aggregates are not supported"
+            )));
+        }
+        let mut func = match fname.as_str() {
+            "count" => AggFunc::Count,
+            "sum" => AggFunc::Sum,
+            "min" => AggFunc::Min,
+            "max" => AggFunc::Max,
+            "avg" | "mean" => AggFunc::Avg,
+            other => {
+                return Err(Error::Plan(format!(
+                    "`{sql}`: aggregate `{other}` is not supported in windows; use one of {SUPPORTED}"
+                )));
+            }
+        };
+        let [arg] = <[Expr; 1]>::try_from(params.args).map_err(|args| {
+            Error::Plan(format!("`{sql}`: expected one argument, got {}", args.len()))
+        })?;
+        let is_star = func == AggFunc::Count && matches!(&arg, Expr::Literal(v, _) if !v.is_null());
+        if is_star {
+            func = AggFunc::CountStar;
+            return Ok(Self {
+                func,
+                arg: None,
+                arg_kind: ArgKind::Int,
+                name,
+                output_type: DataType::Int64,
+            });
+        }
+        let arg = compiler.plan(arg, &df_schema, schema)?;
+        let arg_kind = match &arg.data_type {
+            DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64 => ArgKind::Int,
+            DataType::Float16
+            | DataType::Float32
+            | DataType::Float64
+            | DataType::Decimal128(_, _)
+            | DataType::Decimal256(_, _) => ArgKind::Float,
+            DataType::Timestamp(_, _) if func != AggFunc::Sum => ArgKind::TimestampMs,
+            other if func == AggFunc::Count => {
+                let _ = other;
+                ArgKind::Int
+            }
+            other => {
+                return Err(Error::Plan(format!(
+                    "`{sql}`: cannot compute {fname} over values of type {other}"
+                )));
+            }
+        };
+        let output_type = match (func, arg_kind) {
+            (AggFunc::Count | AggFunc::CountStar, _) => DataType::Int64,
+            (AggFunc::Avg, _) | (_, ArgKind::Float) => DataType::Float64,
+            (_, ArgKind::Int) => DataType::Int64,
+            (_, ArgKind::TimestampMs) => DataType::Timestamp(TimeUnit::Millisecond, None),
+        };
+        Ok(Self { func, arg: Some(arg), arg_kind, name, output_type })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::datatypes::{Field, Schema};
+
+    use super::*;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("price", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, false),
+            Field::new("date_time", DataType::Timestamp(TimeUnit::Millisecond, None), false),
+        ]))
+    }
+
+    #[test]
+    fn compiles_supported_calls() {
+        let c = ExprCompiler::new();
+        let s = schema();
+        let star = AggregateCall::compile(&c, "count(*) AS bids", &s).unwrap();
+        assert_eq!((star.func, star.name.as_str()), (AggFunc::CountStar, "bids"));
+        let sum = AggregateCall::compile(&c, "sum(price * 2)", &s).unwrap();
+        assert_eq!((sum.func, sum.arg_kind), (AggFunc::Sum, ArgKind::Int));
+        let avg = AggregateCall::compile(&c, "avg(price) AS a", &s).unwrap();
+        assert_eq!(avg.output_type, DataType::Float64);
+        let first = AggregateCall::compile(&c, "min(date_time) AS first", &s).unwrap();
+        assert_eq!(first.arg_kind, ArgKind::TimestampMs);
+    }
+
+    #[test]
+    fn rejects_what_windows_cannot_keep() {
+        let c = ExprCompiler::new();
+        let s = schema();
+        for (sql, needle) in [
+            ("price + 1", "not an aggregate"),
+            ("sum(name)", "cannot compute sum"),
+            ("count(DISTINCT price)", "DISTINCT"),
+            ("median(price)", "median"),
+            ("sum(nope)", "nope"),
+        ] {
+            let err = AggregateCall::compile(&c, sql, &s).unwrap_err().to_string();
+            assert!(err.contains(needle), "{sql}: {err}");
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! `select`: computes a new set of columns from SQL expressions.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use async_trait::async_trait;
+use sluice_common::pb;
+
+use super::{Operator, Output};
+use crate::error::{Error, Result};
+use crate::expr::{CompiledExpr, ExprCompiler};
+
+/// Projects batches through compiled expressions.
+pub struct SelectOperator {
+    exprs: Vec<CompiledExpr>,
+    schema: SchemaRef,
+}
+
+impl SelectOperator {
+    /// Compiles each expression over `input`.
+    pub fn build(spec: &pb::SelectSpec, input: &SchemaRef, compiler: &ExprCompiler) -> Result<Self> {
+        let mut exprs = Vec::with_capacity(spec.exprs.len());
+        for e in &spec.exprs {
+            let compiled = compiler.compile(&e.sql, input)?;
+            if exprs.iter().any(|c: &CompiledExpr| c.name == compiled.name) {
+                return Err(Error::Plan(format!(
+                    "select: column `{}` appears twice; give one of them another name with AS",
+                    compiled.name
+                )));
+            }
+            exprs.push(compiled);
+        }
+        let schema = Arc::new(Schema::new(exprs.iter().map(CompiledExpr::field).collect::<Vec<_>>()));
+        Ok(Self { exprs, schema })
+    }
+
+    /// The schema of the batches this operator emits.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+#[async_trait]
+impl Operator for SelectOperator {
+    async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
+        let columns =
+            self.exprs.iter().map(|e| e.evaluate(&batch)).collect::<Result<Vec<_>>>()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        out.batch(RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)?);
+        Ok(())
+    }
+}

@@ -1,0 +1,528 @@
+//! `window` + `aggregate`: keyed (or global) tumbling, sliding and session windows.
+//!
+//! Per batch, rows are first folded into partial accumulators per distinct (key, window)
+//! in operator memory; then each touched window's accumulators in keyed state are read
+//! in one `get_many`, merged, and written back in one `write`. State is thereby touched
+//! once per key and window per batch, which is what keeps a remote backend affordable.
+//!
+//! Firing: an event-time window fires when the watermark reaches `end - 1`; results
+//! carry `window_start` and `window_end`. With allowed lateness a fired window is kept
+//! until `end - 1 + lateness`, and a late record inside that bound re-emits the updated
+//! result at once. Records later than that are counted and dropped or sent to the `late`
+//! side output. Processing-time windows take the wall clock at arrival and fire on
+//! processing-time ticks. At the end of a bounded input every open window fires.
+//!
+//! Timers live in operator memory for now: they can be rebuilt from state by a scan when
+//! checkpoint restore arrives.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow::array::{Array, ArrayRef, AsArray, TimestampMillisecondArray, UInt32Array};
+use arrow::compute::{cast, take_record_batch};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use bytes::Bytes;
+use sluice_common::key_group::key_group_of;
+use sluice_common::pb;
+use sluice_common::state::{KeyedStateBackend, WriteOp, encode_key};
+
+use super::{Operator, OperatorContext, Output};
+use crate::element::Timestamp;
+use crate::error::{Error, Result};
+use crate::expr::ExprCompiler;
+use crate::expr::aggregate::AggregateCall;
+use crate::keys::{EncodedKeys, KeyEncoder, decode_keys};
+use crate::window::accumulator::{self, Acc, evaluate_args};
+use crate::window::assigner::WindowAssigner;
+use crate::window::session::{self, Session};
+use crate::window::timers::TimerQueue;
+
+const SLOT_STATE: &[u8] = b"window";
+const SESSION_STATE: &[u8] = b"sessions";
+
+/// Where a record's time comes from.
+#[derive(Debug, Clone, Copy)]
+enum TimeSource {
+    /// The column at this index (timestamp or integer milliseconds).
+    Event(usize),
+    /// The wall clock when the batch arrives.
+    Processing,
+}
+
+/// A timer: a fixed window to fire or clean up, or a key whose sessions to check.
+#[derive(Debug)]
+enum Timer {
+    Fire { key_group: u16, key: Bytes, start: Timestamp, end: Timestamp },
+    Cleanup { key_group: u16, key: Bytes, start: Timestamp, end: Timestamp },
+    Sessions { key_group: u16, key: Bytes },
+}
+
+/// One window result awaiting emission.
+struct Fired {
+    key: Bytes,
+    start: Timestamp,
+    end: Timestamp,
+    accs: Vec<Acc>,
+}
+
+/// Counters the window shares with the job's metrics.
+#[derive(Debug, Default)]
+pub struct WindowCounters {
+    /// Records that arrived after their windows were closed.
+    pub late_records: AtomicU64,
+}
+
+/// The window operator of one subtask.
+pub struct WindowOperator {
+    assigner: WindowAssigner,
+    time: TimeSource,
+    key_encoder: KeyEncoder,
+    calls: Vec<AggregateCall>,
+    lateness: i64,
+    late_to_side: bool,
+    schema: SchemaRef,
+    state: Arc<dyn KeyedStateBackend>,
+    counters: Arc<WindowCounters>,
+    operator_id: u32,
+    max_parallelism: u32,
+    timers: TimerQueue<Timer>,
+    watermark: Timestamp,
+    keys: EncodedKeys,
+}
+
+impl WindowOperator {
+    /// Builds the operator of `node_id` over `input`; errors name the offending column or call.
+    pub fn build(
+        node_id: u32,
+        spec: &pb::WindowSpec,
+        input: &SchemaRef,
+        compiler: &ExprCompiler,
+        state: Arc<dyn KeyedStateBackend>,
+        counters: Arc<WindowCounters>,
+    ) -> Result<Self> {
+        let assigner = WindowAssigner::from_spec(spec)?;
+        let time = match spec.time() {
+            pb::TimeCharacteristic::TimeProcessing => TimeSource::Processing,
+            pb::TimeCharacteristic::TimeEvent => {
+                let col = &spec.time_column;
+                let idx = input.index_of(col).map_err(|_| {
+                    Error::Plan(format!("the window's time column `{col}` is not in its input"))
+                })?;
+                match input.field(idx).data_type() {
+                    DataType::Timestamp(_, _) | DataType::Int64 => TimeSource::Event(idx),
+                    other => {
+                        return Err(Error::Plan(format!(
+                            "the window's time column `{col}` has type {other}; expected a timestamp"
+                        )));
+                    }
+                }
+            }
+        };
+        let key_encoder = KeyEncoder::new(input, &spec.key_columns)?;
+        if spec.aggregates.is_empty() {
+            return Err(Error::Plan("a window needs at least one aggregate".into()));
+        }
+        let calls = spec
+            .aggregates
+            .iter()
+            .map(|e| AggregateCall::compile(compiler, &e.sql, input))
+            .collect::<Result<Vec<_>>>()?;
+        let ts_type = DataType::Timestamp(TimeUnit::Millisecond, None);
+        let mut fields: Vec<Field> = key_encoder.fields().to_vec();
+        fields.push(Field::new("window_start", ts_type.clone(), false));
+        fields.push(Field::new("window_end", ts_type, false));
+        for call in &calls {
+            let nullable = !matches!(
+                call.func,
+                crate::expr::aggregate::AggFunc::Count | crate::expr::aggregate::AggFunc::CountStar
+            );
+            fields.push(Field::new(&call.name, call.output_type.clone(), nullable));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = fields.iter().find(|f| !seen.insert(f.name().clone())) {
+            return Err(Error::Plan(format!(
+                "window output column `{}` appears twice; rename an aggregate with AS",
+                dup.name()
+            )));
+        }
+        Ok(Self {
+            assigner,
+            time,
+            key_encoder,
+            calls,
+            lateness: spec.allowed_lateness_ms.min(i64::MAX as u64 / 4) as i64,
+            late_to_side: spec.late() == pb::LatePolicy::SideOutput,
+            schema: Arc::new(Schema::new(fields)),
+            state,
+            counters,
+            operator_id: node_id,
+            max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
+            timers: TimerQueue::default(),
+            watermark: Timestamp::MIN,
+            keys: EncodedKeys::default(),
+        })
+    }
+
+    /// The schema of the window results.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn is_event_time(&self) -> bool {
+        matches!(self.time, TimeSource::Event(_))
+    }
+
+    /// Each row's time in milliseconds.
+    fn times(&self, batch: &RecordBatch) -> Result<Vec<Timestamp>> {
+        match self.time {
+            TimeSource::Processing => Ok(vec![now_ms(); batch.num_rows()]),
+            TimeSource::Event(idx) => {
+                let col = batch.column(idx);
+                let ms = match col.data_type() {
+                    DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Int64 => col.clone(),
+                    _ => cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
+                };
+                let ms = cast(&ms, &DataType::Int64)?;
+                let ms = ms.as_primitive::<Int64Type>();
+                if ms.null_count() > 0 {
+                    return Err(Error::BadRecord {
+                        location: "window input".into(),
+                        message: "a record has no event time (null time column)".into(),
+                    });
+                }
+                Ok(ms.values().to_vec())
+            }
+        }
+    }
+
+    /// True when a window ending at `end` can no longer be updated.
+    fn window_closed(&self, end: Timestamp) -> bool {
+        self.is_event_time() && end - 1 + self.lateness <= self.watermark
+    }
+
+    fn state_key(&self, name: &[u8], key_group: u16, key: &[u8], start: i64, end: i64) -> Bytes {
+        let mut ns = [0u8; 16];
+        ns[..8].copy_from_slice(&start.to_be_bytes());
+        ns[8..].copy_from_slice(&end.to_be_bytes());
+        let ns: &[u8] = if name == SESSION_STATE { &[] } else { &ns };
+        encode_key(key_group, self.operator_id, name, key, ns)
+    }
+
+    async fn process_fixed(&mut self, batch: &RecordBatch, times: &[Timestamp], out: &mut Output) -> Result<Vec<u32>> {
+        let naggs = self.calls.len();
+        let args = evaluate_args(&self.calls, batch)?;
+        let mut key_ids: HashMap<&[u8], u32> = HashMap::new();
+        let mut key_list: Vec<&[u8]> = Vec::new();
+        let mut slot_ids: HashMap<(u32, Timestamp), u32> = HashMap::new();
+        let mut slots: Vec<(u32, Timestamp, Timestamp)> = Vec::new();
+        let mut partial: Vec<Acc> = Vec::new();
+        let mut late = Vec::new();
+        for (row, &ts) in times.iter().enumerate() {
+            let key = self.keys.row(row);
+            let kid = *key_ids.entry(key).or_insert_with(|| {
+                key_list.push(key);
+                (key_list.len() - 1) as u32
+            });
+            let mut assigned = false;
+            for (start, end) in self.assigner.windows(ts) {
+                if self.window_closed(end) {
+                    continue;
+                }
+                assigned = true;
+                let sid = *slot_ids.entry((kid, start)).or_insert_with(|| {
+                    slots.push((kid, start, end));
+                    partial.resize(partial.len() + naggs, Acc::default());
+                    (slots.len() - 1) as u32
+                }) as usize;
+                let accs = &mut partial[sid * naggs..(sid + 1) * naggs];
+                for ((acc, call), arg) in accs.iter_mut().zip(&self.calls).zip(&args) {
+                    accumulator::update(call.func, acc, arg, row);
+                }
+            }
+            if !assigned {
+                late.push(row as u32);
+            }
+        }
+        if slots.is_empty() {
+            return Ok(late);
+        }
+        let groups: Vec<u16> =
+            key_list.iter().map(|k| key_group_of(k, self.max_parallelism)).collect();
+        let state_keys: Vec<Bytes> = slots
+            .iter()
+            .map(|&(kid, start, end)| {
+                self.state_key(SLOT_STATE, groups[kid as usize], key_list[kid as usize], start, end)
+            })
+            .collect();
+        let stored = self.state.get_many(&state_keys).await?;
+        let mut ops = Vec::with_capacity(slots.len());
+        let mut refire = Vec::new();
+        let mut merged = Vec::with_capacity(naggs);
+        let mut buf = Vec::with_capacity(naggs * accumulator::ACC_BYTES);
+        for (sid, (value, state_key)) in stored.into_iter().zip(state_keys).enumerate() {
+            let (kid, start, end) = slots[sid];
+            let part = &partial[sid * naggs..(sid + 1) * naggs];
+            merged.clear();
+            match value {
+                Some(bytes) => {
+                    accumulator::decode(&bytes, naggs, &mut merged)?;
+                    for ((acc, p), call) in merged.iter_mut().zip(part).zip(&self.calls) {
+                        accumulator::merge(call.func, call.arg_kind, acc, p);
+                    }
+                }
+                None => {
+                    merged.extend_from_slice(part);
+                    let key = Bytes::copy_from_slice(key_list[kid as usize]);
+                    let key_group = groups[kid as usize];
+                    self.timers.register(end - 1, Timer::Fire { key_group, key, start, end });
+                }
+            }
+            if self.is_event_time() && end - 1 <= self.watermark {
+                // Late but within allowed lateness: the window already fired; update it now.
+                let key = Bytes::copy_from_slice(key_list[kid as usize]);
+                refire.push(Fired { key, start, end, accs: merged.clone() });
+            }
+            buf.clear();
+            accumulator::encode(&merged, &mut buf);
+            ops.push(WriteOp::Put { key: state_key, value: Bytes::copy_from_slice(&buf) });
+        }
+        self.state.write(ops).await?;
+        if !refire.is_empty() {
+            out.batch(self.results(refire)?);
+        }
+        Ok(late)
+    }
+
+    async fn process_sessions(&mut self, batch: &RecordBatch, times: &[Timestamp], out: &mut Output) -> Result<Vec<u32>> {
+        let WindowAssigner::Session { gap } = self.assigner else {
+            return Err(Error::Internal("session path on a fixed window".into()));
+        };
+        let naggs = self.calls.len();
+        let args = evaluate_args(&self.calls, batch)?;
+        let mut key_ids: HashMap<&[u8], u32> = HashMap::new();
+        let mut rows_by_key: Vec<(&[u8], Vec<u32>)> = Vec::new();
+        let mut late = Vec::new();
+        for (row, &ts) in times.iter().enumerate() {
+            if self.window_closed(ts.saturating_add(gap)) {
+                late.push(row as u32);
+                continue;
+            }
+            let key = self.keys.row(row);
+            let kid = *key_ids.entry(key).or_insert_with(|| {
+                rows_by_key.push((key, Vec::new()));
+                (rows_by_key.len() - 1) as u32
+            });
+            rows_by_key[kid as usize].1.push(row as u32);
+        }
+        if rows_by_key.is_empty() {
+            return Ok(late);
+        }
+        let groups: Vec<u16> =
+            rows_by_key.iter().map(|(k, _)| key_group_of(k, self.max_parallelism)).collect();
+        let state_keys: Vec<Bytes> = rows_by_key
+            .iter()
+            .zip(&groups)
+            .map(|((k, _), &kg)| self.state_key(SESSION_STATE, kg, k, 0, 0))
+            .collect();
+        let stored = self.state.get_many(&state_keys).await?;
+        let mut ops = Vec::with_capacity(rows_by_key.len());
+        let mut refire = Vec::new();
+        for (((key, rows), value), (state_key, &key_group)) in
+            rows_by_key.iter().zip(stored).zip(state_keys.into_iter().zip(&groups))
+        {
+            let mut sessions = match value {
+                Some(bytes) => session::decode(&bytes, naggs)?,
+                None => Vec::new(),
+            };
+            for &row in rows {
+                let ts = times[row as usize];
+                let mut accs = vec![Acc::default(); naggs];
+                for ((acc, call), arg) in accs.iter_mut().zip(&self.calls).zip(&args) {
+                    accumulator::update(call.func, acc, arg, row as usize);
+                }
+                let s = Session { start: ts, end: ts.saturating_add(gap), fired: false, accs };
+                session::insert(&mut sessions, s, &self.calls);
+            }
+            let key = Bytes::copy_from_slice(key);
+            let mut ends: Vec<Timestamp> = Vec::new();
+            for s in sessions.iter_mut().filter(|s| !s.fired) {
+                if self.is_event_time() && s.end - 1 <= self.watermark {
+                    s.fired = true;
+                    refire.push(Fired { key: key.clone(), start: s.start, end: s.end, accs: s.accs.clone() });
+                    ends.push(s.end - 1 + self.lateness);
+                } else {
+                    ends.push(s.end - 1);
+                }
+            }
+            ends.sort_unstable();
+            ends.dedup();
+            for at in ends {
+                self.timers.register(at, Timer::Sessions { key_group, key: key.clone() });
+            }
+            let mut buf = Vec::new();
+            session::encode(&sessions, &mut buf);
+            ops.push(WriteOp::Put { key: state_key, value: Bytes::from(buf) });
+        }
+        self.state.write(ops).await?;
+        if !refire.is_empty() {
+            out.batch(self.results(refire)?);
+        }
+        Ok(late)
+    }
+
+    /// Fires and cleans up everything due at `now` (a watermark or processing time).
+    async fn fire(&mut self, now: Timestamp, out: &mut Output) -> Result<()> {
+        let due = self.timers.pop_due(now);
+        if due.is_empty() {
+            return Ok(());
+        }
+        let naggs = self.calls.len();
+        let mut fire_keys = Vec::new();
+        let mut fire_meta = Vec::new();
+        let mut ops = Vec::new();
+        let mut session_keys: Vec<(u16, Bytes)> = Vec::new();
+        for (_, timer) in due {
+            match timer {
+                Timer::Fire { key_group, key, start, end } => {
+                    let state_key = self.state_key(SLOT_STATE, key_group, &key, start, end);
+                    if self.lateness > 0 && self.is_event_time() && end - 1 + self.lateness > now {
+                        self.timers.register(
+                            end - 1 + self.lateness,
+                            Timer::Cleanup { key_group, key: key.clone(), start, end },
+                        );
+                    } else {
+                        ops.push(WriteOp::Delete { key: state_key.clone() });
+                    }
+                    fire_keys.push(state_key);
+                    fire_meta.push((key, start, end));
+                }
+                Timer::Cleanup { key_group, key, start, end } => {
+                    ops.push(WriteOp::Delete { key: self.state_key(SLOT_STATE, key_group, &key, start, end) });
+                }
+                Timer::Sessions { key_group, key } => session_keys.push((key_group, key)),
+            }
+        }
+        let mut fired = Vec::with_capacity(fire_keys.len());
+        if !fire_keys.is_empty() {
+            let values = self.state.get_many(&fire_keys).await?;
+            for (value, (key, start, end)) in values.into_iter().zip(fire_meta) {
+                let Some(bytes) = value else { continue };
+                let mut accs = Vec::with_capacity(naggs);
+                accumulator::decode(&bytes, naggs, &mut accs)?;
+                fired.push(Fired { key, start, end, accs });
+            }
+        }
+        if !session_keys.is_empty() {
+            session_keys.sort();
+            session_keys.dedup();
+            let keys: Vec<Bytes> = session_keys
+                .iter()
+                .map(|(kg, k)| self.state_key(SESSION_STATE, *kg, k, 0, 0))
+                .collect();
+            let values = self.state.get_many(&keys).await?;
+            for ((value, state_key), (_, key)) in values.into_iter().zip(keys).zip(session_keys) {
+                let Some(bytes) = value else { continue };
+                let mut sessions = session::decode(&bytes, naggs)?;
+                let before = sessions.len();
+                let mut changed = false;
+                for s in sessions.iter_mut().filter(|s| !s.fired && s.end - 1 <= now) {
+                    s.fired = true;
+                    changed = true;
+                    fired.push(Fired { key: key.clone(), start: s.start, end: s.end, accs: s.accs.clone() });
+                }
+                let lateness = if self.is_event_time() { self.lateness } else { 0 };
+                sessions.retain(|s| !(s.fired && s.end - 1 + lateness <= now));
+                if sessions.is_empty() {
+                    ops.push(WriteOp::Delete { key: state_key });
+                } else if changed || sessions.len() != before {
+                    let mut buf = Vec::new();
+                    session::encode(&sessions, &mut buf);
+                    ops.push(WriteOp::Put { key: state_key, value: Bytes::from(buf) });
+                }
+            }
+        }
+        if !ops.is_empty() {
+            self.state.write(ops).await?;
+        }
+        if !fired.is_empty() {
+            out.batch(self.results(fired)?);
+        }
+        Ok(())
+    }
+
+    /// One batch of window results.
+    fn results(&self, fired: Vec<Fired>) -> Result<RecordBatch> {
+        let mut columns: Vec<ArrayRef> =
+            decode_keys(self.key_encoder.fields(), fired.iter().map(|f| f.key.as_ref()))?;
+        columns.push(Arc::new(TimestampMillisecondArray::from_iter_values(fired.iter().map(|f| f.start))));
+        columns.push(Arc::new(TimestampMillisecondArray::from_iter_values(fired.iter().map(|f| f.end))));
+        for (i, call) in self.calls.iter().enumerate() {
+            columns.push(accumulator::finish(call, fired.iter().map(|f| &f.accs[i]))?);
+        }
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+    }
+}
+
+fn now_ms() -> Timestamp {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+#[async_trait]
+impl Operator for WindowOperator {
+    async fn open(&mut self, ctx: &OperatorContext) -> Result<()> {
+        self.max_parallelism = ctx.max_parallelism;
+        self.operator_id = ctx.node_id;
+        Ok(())
+    }
+
+    async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
+        let times = self.times(&batch)?;
+        let mut keys = std::mem::take(&mut self.keys);
+        let encoded = self.key_encoder.encode(&batch, &mut keys);
+        self.keys = keys;
+        encoded?;
+        let late = if matches!(self.assigner, WindowAssigner::Session { .. }) {
+            self.process_sessions(&batch, &times, out).await?
+        } else {
+            self.process_fixed(&batch, &times, out).await?
+        };
+        if !late.is_empty() {
+            self.counters.late_records.fetch_add(late.len() as u64, Ordering::Relaxed);
+            if self.late_to_side {
+                out.side("late", take_record_batch(&batch, &UInt32Array::from(late))?);
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_watermark(&mut self, ts: Timestamp, out: &mut Output) -> Result<()> {
+        if self.is_event_time() && ts > self.watermark {
+            self.watermark = ts;
+            self.fire(ts, out).await?;
+        }
+        out.watermark(ts);
+        Ok(())
+    }
+
+    fn wants_processing_time(&self) -> bool {
+        !self.is_event_time()
+    }
+
+    async fn on_processing_time(&mut self, now: Timestamp, out: &mut Output) -> Result<()> {
+        if !self.is_event_time() {
+            self.fire(now, out).await?;
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self, out: &mut Output) -> Result<()> {
+        // The end of a bounded input closes every window, whatever the time mode.
+        self.fire(Timestamp::MAX, out).await
+    }
+}

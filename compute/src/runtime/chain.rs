@@ -1,0 +1,150 @@
+//! Chained operators: several operators of one task called in sequence, no queue between.
+//!
+//! What operator `i` emits on its main output is handed to operator `i + 1` before the
+//! chain takes the next input element; what the last one emits goes to the task's router.
+//! Side outputs (e.g. late records) are routed from whichever operator emitted them.
+
+use crate::element::StreamElement;
+use crate::error::Result;
+use crate::operator::{Operator, Output};
+use crate::runtime::router::OutputEdge;
+
+/// Where side outputs of one operator of the chain go.
+#[derive(Debug)]
+pub struct SideRoute {
+    /// Index of the emitting operator in the chain.
+    pub operator: usize,
+    /// The side output's name.
+    pub tag: String,
+    /// Its edge.
+    pub edge: OutputEdge,
+}
+
+/// The output of a task: main edges after the last operator, side edges per operator.
+#[derive(Debug, Default)]
+pub struct TaskOutput {
+    /// Edges fed by the chain's main output.
+    pub main: Vec<OutputEdge>,
+    /// Edges fed by side outputs.
+    pub side: Vec<SideRoute>,
+}
+
+impl TaskOutput {
+    /// Sends `element` on every main edge.
+    pub async fn emit(&mut self, element: &StreamElement) -> Result<()> {
+        for edge in &mut self.main {
+            edge.emit(element).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends control `element` on every edge, side ones included.
+    pub async fn broadcast(&mut self, element: &StreamElement) -> Result<()> {
+        self.emit(element).await?;
+        for route in &mut self.side {
+            route.edge.emit(element).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The operators of one task.
+pub struct Chain {
+    operators: Vec<Box<dyn Operator>>,
+}
+
+impl Chain {
+    /// A chain of `operators`, called in order.
+    pub fn new(operators: Vec<Box<dyn Operator>>) -> Self {
+        Self { operators }
+    }
+
+    /// Whether any operator needs processing-time ticks.
+    pub fn wants_processing_time(&self) -> bool {
+        self.operators.iter().any(|o| o.wants_processing_time())
+    }
+
+    /// Opens every operator.
+    pub async fn open(&mut self, ctxs: &[crate::operator::OperatorContext]) -> Result<()> {
+        for (op, ctx) in self.operators.iter_mut().zip(ctxs) {
+            op.open(ctx).await?;
+        }
+        Ok(())
+    }
+
+    /// Pushes one input element through the chain into `output`.
+    pub async fn push(&mut self, element: StreamElement, output: &mut TaskOutput) -> Result<()> {
+        self.run_from(0, vec![element], output).await
+    }
+
+    /// A processing-time tick for every operator.
+    pub async fn tick(&mut self, now: i64, output: &mut TaskOutput) -> Result<()> {
+        for i in 0..self.operators.len() {
+            let mut out = Output::default();
+            self.operators[i].on_processing_time(now, &mut out).await?;
+            self.forward(i, out, output).await?;
+        }
+        Ok(())
+    }
+
+    /// Closes every operator in order; what one emits on closing flows through the rest.
+    pub async fn close(&mut self, output: &mut TaskOutput) -> Result<()> {
+        for i in 0..self.operators.len() {
+            let mut out = Output::default();
+            self.operators[i].close(&mut out).await?;
+            self.forward(i, out, output).await?;
+        }
+        Ok(())
+    }
+
+    /// Routes operator `i`'s output: side outputs now, main output into operator `i + 1`.
+    async fn forward(&mut self, i: usize, out: Output, output: &mut TaskOutput) -> Result<()> {
+        route_side(i, out.side, output).await?;
+        self.run_from(i + 1, out.main, output).await
+    }
+
+    async fn run_from(
+        &mut self,
+        start: usize,
+        mut elements: Vec<StreamElement>,
+        output: &mut TaskOutput,
+    ) -> Result<()> {
+        for i in start..self.operators.len() {
+            if elements.is_empty() {
+                return Ok(());
+            }
+            let op = &mut self.operators[i];
+            let mut out = Output::default();
+            for element in elements {
+                match element {
+                    StreamElement::Batch(b) => op.process_batch(b, &mut out).await?,
+                    StreamElement::Watermark(ts) => op.on_watermark(ts, &mut out).await?,
+                    StreamElement::Barrier(b) => op.on_barrier(b, &mut out).await?,
+                    other @ (StreamElement::Idle | StreamElement::EndOfPartition) => {
+                        out.main.push(other)
+                    }
+                }
+            }
+            route_side(i, out.side, output).await?;
+            elements = out.main;
+        }
+        for element in &elements {
+            output.emit(element).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn route_side(
+    operator: usize,
+    side: Vec<(&'static str, arrow::record_batch::RecordBatch)>,
+    output: &mut TaskOutput,
+) -> Result<()> {
+    for (tag, batch) in side {
+        let element = StreamElement::Batch(batch);
+        for route in output.side.iter_mut().filter(|r| r.operator == operator && r.tag == tag) {
+            route.edge.emit(&element).await?;
+        }
+    }
+    Ok(())
+}

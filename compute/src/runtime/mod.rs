@@ -1,0 +1,19 @@
+//! The task runtime: tasks, their queues, input gates, output routers and chains.
+//!
+//! - [`queue`]: byte-bounded channels between tasks.
+//! - [`input_gate`]: merges a task's channels; watermark minimum, idleness, barriers.
+//! - [`router`]: forward / hash / rebalance / broadcast partitioning of a task's output.
+//! - [`chain`]: operators of one task called in sequence.
+//! - [`task`]: the loop of one subtask.
+//! - [`local`]: runs a whole plan in this process (the embedded default).
+//! - [`metrics`]: job-wide counters for progress and benchmarks.
+//!
+//! Nothing here knows what an operator computes, or where a source reads from.
+
+pub mod chain;
+pub mod input_gate;
+pub mod local;
+pub mod metrics;
+pub mod queue;
+pub mod router;
+pub mod task;

@@ -1,0 +1,151 @@
+//! A task's output router: partitions what the chain emits onto downstream channels.
+//!
+//! Each outgoing edge has a partitioner (DESIGN §5): forward (to the same-index
+//! subtask), hash (by the key group of the key columns, DESIGN §4), rebalance (round
+//! robin by batch) or broadcast. Control elements (watermarks, barriers, idleness, end
+//! of partition) go to every channel of every edge, so downstream gates see them on
+//! each input.
+
+use arrow::array::UInt32Array;
+use arrow::compute::take_record_batch;
+use arrow::record_batch::RecordBatch;
+use sluice_common::key_group::{key_group_of, subtask_for_key_group};
+
+use crate::element::StreamElement;
+use crate::error::Result;
+use crate::keys::{EncodedKeys, KeyEncoder};
+use crate::runtime::queue::QueueSender;
+
+/// How records of one edge are spread over the consumer's subtasks.
+#[derive(Debug, Clone)]
+pub enum Partitioner {
+    /// One channel, to the subtask with the same index.
+    Forward,
+    /// By key group of the key columns.
+    Hash {
+        /// Encodes the key columns.
+        encoder: KeyEncoder,
+        /// Number of key groups of the job.
+        max_parallelism: u32,
+    },
+    /// Batches round-robin.
+    Rebalance,
+    /// Every batch to every subtask.
+    Broadcast,
+}
+
+/// One outgoing edge of a task: its partitioner and a sender per consumer subtask.
+#[derive(Debug)]
+pub struct OutputEdge {
+    partitioner: Partitioner,
+    senders: Vec<QueueSender>,
+    next: usize,
+    keys: EncodedKeys,
+    targets: Vec<Vec<u32>>,
+}
+
+impl OutputEdge {
+    /// An edge sending through `senders` (one per consumer subtask; one for forward).
+    pub fn new(partitioner: Partitioner, senders: Vec<QueueSender>) -> Self {
+        let targets = vec![Vec::new(); senders.len()];
+        Self { partitioner, senders, next: 0, keys: EncodedKeys::default(), targets }
+    }
+
+    /// Sends `element` to the right channels.
+    pub async fn emit(&mut self, element: &StreamElement) -> Result<()> {
+        let StreamElement::Batch(batch) = element else {
+            for s in &self.senders {
+                s.send(element.clone()).await?;
+            }
+            return Ok(());
+        };
+        match &self.partitioner {
+            Partitioner::Forward => self.senders[0].send(element.clone()).await,
+            Partitioner::Rebalance => {
+                let i = self.next % self.senders.len();
+                self.next = self.next.wrapping_add(1);
+                self.senders[i].send(element.clone()).await
+            }
+            Partitioner::Broadcast => {
+                for s in &self.senders {
+                    s.send(element.clone()).await?;
+                }
+                Ok(())
+            }
+            Partitioner::Hash { .. } => self.emit_hashed(batch).await,
+        }
+    }
+
+    async fn emit_hashed(&mut self, batch: &RecordBatch) -> Result<()> {
+        let Partitioner::Hash { encoder, max_parallelism } = &self.partitioner else {
+            return Ok(());
+        };
+        let parallelism = self.senders.len() as u32;
+        if parallelism == 1 {
+            return self.senders[0].send(StreamElement::Batch(batch.clone())).await;
+        }
+        encoder.encode(batch, &mut self.keys)?;
+        for t in &mut self.targets {
+            t.clear();
+        }
+        for row in 0..batch.num_rows() {
+            let kg = key_group_of(self.keys.row(row), *max_parallelism);
+            let target = subtask_for_key_group(*max_parallelism, parallelism, kg);
+            self.targets[target as usize].push(row as u32);
+        }
+        for (target, rows) in self.targets.iter_mut().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let part = if rows.len() == batch.num_rows() {
+                batch.clone()
+            } else {
+                take_record_batch(batch, &UInt32Array::from(std::mem::take(rows)))?
+            };
+            self.senders[target].send(StreamElement::Batch(part)).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::runtime::queue::input_queue;
+
+    #[tokio::test]
+    async fn hash_sends_each_key_to_its_key_group_owner() {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..1000))])
+                .unwrap();
+        let (s0, mut r0) = input_queue(1, 1 << 24);
+        let (s1, mut r1) = input_queue(1, 1 << 24);
+        let encoder = KeyEncoder::new(&schema, &["k".into()]).unwrap();
+        let mut edge = OutputEdge::new(
+            Partitioner::Hash { encoder: encoder.clone(), max_parallelism: 128 },
+            vec![s0[0].clone(), s1[0].clone()],
+        );
+        edge.emit(&StreamElement::Batch(batch)).await.unwrap();
+        drop(edge);
+        drop((s0, s1));
+        let mut total = 0;
+        for (subtask, rx) in [(0u32, &mut r0), (1, &mut r1)] {
+            while let Some((_, StreamElement::Batch(b))) = rx.recv().await {
+                let mut keys = EncodedKeys::default();
+                encoder.encode(&b, &mut keys).unwrap();
+                for row in 0..b.num_rows() {
+                    let kg = key_group_of(keys.row(row), 128);
+                    assert_eq!(subtask_for_key_group(128, 2, kg), subtask);
+                }
+                total += b.num_rows();
+            }
+        }
+        assert_eq!(total, 1000);
+    }
+}

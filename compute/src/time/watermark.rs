@@ -1,0 +1,184 @@
+//! Bounded out-of-orderness watermarks, tracked per source split.
+//!
+//! For each split the generator remembers the largest event time seen; the split's
+//! watermark is that minus the allowed out-of-orderness minus one millisecond (Flink's
+//! `BoundedOutOfOrdernessWatermarks`). The source's watermark is the minimum over its
+//! active splits: those that produced data, have not finished, and were not silent for
+//! longer than the idleness timeout. When every split is idle the source declares itself
+//! idle so downstream tasks stop waiting for it.
+
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, AsArray};
+use arrow::compute::{cast, max};
+use arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
+use arrow::record_batch::RecordBatch;
+use sluice_common::pb;
+
+use crate::element::{StreamElement, Timestamp};
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy)]
+struct SplitState {
+    max_ts: Timestamp,
+    last_active: Instant,
+    finished: bool,
+}
+
+/// Generates watermarks for one source subtask.
+#[derive(Debug)]
+pub struct WatermarkGenerator {
+    column: usize,
+    out_of_orderness: i64,
+    idleness: Option<Duration>,
+    splits: Vec<Option<SplitState>>,
+    emitted: Timestamp,
+    idle: bool,
+}
+
+impl WatermarkGenerator {
+    /// A generator for `spec` over batches of `schema` from `num_splits` splits.
+    pub fn new(spec: &pb::WatermarkSpec, schema: &SchemaRef, num_splits: usize) -> Result<Self> {
+        let column = schema.index_of(&spec.column).map_err(|_| {
+            let known: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            Error::Plan(format!(
+                "watermark column `{}` is not produced by the source; it has {}",
+                spec.column,
+                known.join(", ")
+            ))
+        })?;
+        match schema.field(column).data_type() {
+            DataType::Timestamp(_, _) | DataType::Int64 => {}
+            other => {
+                return Err(Error::Plan(format!(
+                    "watermark column `{}` has type {other}; expected a timestamp",
+                    spec.column
+                )));
+            }
+        }
+        Ok(Self {
+            column,
+            out_of_orderness: spec.max_out_of_orderness_ms.min(i64::MAX as u64 / 4) as i64,
+            idleness: (spec.idleness_ms > 0).then(|| Duration::from_millis(spec.idleness_ms)),
+            splits: vec![None; num_splits.max(1)],
+            emitted: Timestamp::MIN,
+            idle: false,
+        })
+    }
+
+    /// Takes note of a batch from `split`; returns a watermark when it advanced.
+    pub fn on_batch(&mut self, split: usize, batch: &RecordBatch) -> Result<Option<StreamElement>> {
+        if split >= self.splits.len() {
+            self.splits.resize(split + 1, None);
+        }
+        let col = batch.column(self.column);
+        let ms = match col.data_type() {
+            DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Int64 => cast(col, &DataType::Int64)?,
+            _ => cast(&cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?, &DataType::Int64)?,
+        };
+        let now = Instant::now();
+        let state = self.splits[split].get_or_insert(SplitState {
+            max_ts: Timestamp::MIN,
+            last_active: now,
+            finished: false,
+        });
+        state.last_active = now;
+        if let Some(m) = max(ms.as_primitive::<Int64Type>()) {
+            state.max_ts = state.max_ts.max(m);
+        }
+        // Data makes the source active again; the batch itself tells downstream so.
+        self.idle = false;
+        Ok(self.advance(now))
+    }
+
+    /// `split` is exhausted: it no longer holds the watermark back.
+    pub fn on_split_finished(&mut self, split: usize) -> Option<StreamElement> {
+        if let Some(Some(s)) = self.splits.get_mut(split) {
+            s.finished = true;
+        }
+        self.advance(Instant::now())
+    }
+
+    /// Re-evaluates idleness at a processing-time tick.
+    pub fn on_tick(&mut self) -> Option<StreamElement> {
+        let now = Instant::now();
+        if let Some(wm) = self.advance(now) {
+            return Some(wm);
+        }
+        let idleness = self.idleness?;
+        let all_idle = self
+            .splits
+            .iter()
+            .flatten()
+            .filter(|s| !s.finished)
+            .all(|s| now.duration_since(s.last_active) >= idleness);
+        if all_idle && !self.idle {
+            self.idle = true;
+            return Some(StreamElement::Idle);
+        }
+        None
+    }
+
+    /// The last watermark emitted.
+    pub fn current(&self) -> Timestamp {
+        self.emitted
+    }
+
+    fn advance(&mut self, now: Instant) -> Option<StreamElement> {
+        let idleness = self.idleness;
+        let min = self
+            .splits
+            .iter()
+            .flatten()
+            .filter(|s| !s.finished)
+            .filter(|s| idleness.is_none_or(|d| now.duration_since(s.last_active) < d))
+            .map(|s| s.max_ts.saturating_sub(self.out_of_orderness).saturating_sub(1))
+            .min()?;
+        if min > self.emitted {
+            self.emitted = min;
+            Some(StreamElement::Watermark(min))
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{Field, Schema};
+
+    use super::*;
+
+    fn batch(ts: &[i64]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("t", DataType::Int64, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(ts.to_vec()))]).unwrap()
+    }
+
+    fn spec(ooo: u64) -> pb::WatermarkSpec {
+        pb::WatermarkSpec { column: "t".into(), max_out_of_orderness_ms: ooo, idleness_ms: 0 }
+    }
+
+    #[test]
+    fn slowest_split_holds_the_watermark() {
+        let b = batch(&[0]);
+        let mut g = WatermarkGenerator::new(&spec(10), &b.schema(), 2).unwrap();
+        assert!(matches!(g.on_batch(0, &batch(&[100, 50])).unwrap(), Some(StreamElement::Watermark(89))));
+        // Split 1 is behind: the watermark may not move forward.
+        assert!(g.on_batch(1, &batch(&[60])).unwrap().is_none());
+        assert_eq!(g.current(), 89);
+        assert!(g.on_batch(0, &batch(&[200])).unwrap().is_none());
+        // Split 1 finishing releases split 0's watermark.
+        assert!(matches!(g.on_split_finished(1), Some(StreamElement::Watermark(189))));
+    }
+
+    #[test]
+    fn unknown_column_is_a_plan_error() {
+        let b = batch(&[0]);
+        let mut s = spec(0);
+        s.column = "nope".into();
+        assert!(WatermarkGenerator::new(&s, &b.schema(), 1).unwrap_err().is_user_error());
+    }
+}
