@@ -65,7 +65,10 @@ pub enum Error {
 impl Error {
     /// Builds an [`Error::Io`] naming `path`.
     pub fn io(path: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// True when the job's author can fix this by changing the job or its input.

@@ -32,8 +32,20 @@ enum KeyKind {
 fn kind_of(dt: &DataType) -> Option<KeyKind> {
     use DataType::*;
     Some(match dt {
-        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Date32 | Date64
-        | Timestamp(_, _) | Time32(_) | Time64(_) | Duration(_) => KeyKind::Int,
+        Int8
+        | Int16
+        | Int32
+        | Int64
+        | UInt8
+        | UInt16
+        | UInt32
+        | UInt64
+        | Date32
+        | Date64
+        | Timestamp(_, _)
+        | Time32(_)
+        | Time64(_)
+        | Duration(_) => KeyKind::Int,
         Float16 | Float32 | Float64 => KeyKind::Float,
         Boolean => KeyKind::Bool,
         Utf8 | LargeUtf8 | Utf8View => KeyKind::Str,
@@ -194,8 +206,11 @@ pub fn decode_keys<'a>(
                         _ => floats.append_option(bits.map(f64::from_bits)),
                     }
                 }
-                let wide: ArrayRef =
-                    if kind == KeyKind::Int { Arc::new(ints.finish()) } else { Arc::new(floats.finish()) };
+                let wide: ArrayRef = if kind == KeyKind::Int {
+                    Arc::new(ints.finish())
+                } else {
+                    Arc::new(floats.finish())
+                };
                 cast(&wide, field.data_type())?
             }
             KeyKind::Bool => {
@@ -212,7 +227,10 @@ pub fn decode_keys<'a>(
                 for (key, pos) in keys.clone().zip(positions.iter_mut()) {
                     let value = read_var(key, pos).ok_or_else(corrupt)?;
                     if kind == KeyKind::Str {
-                        let s = value.map(std::str::from_utf8).transpose().map_err(|_| corrupt())?;
+                        let s = value
+                            .map(std::str::from_utf8)
+                            .transpose()
+                            .map_err(|_| corrupt())?;
                         strings.append_option(s);
                     } else {
                         binaries.append_option(value);
@@ -231,7 +249,11 @@ pub fn decode_keys<'a>(
     Ok(columns)
 }
 
-fn read_fixed<'k>(key: &'k [u8], pos: &mut usize, width: usize) -> Option<(bool, Option<&'k [u8]>)> {
+fn read_fixed<'k>(
+    key: &'k [u8],
+    pos: &mut usize,
+    width: usize,
+) -> Option<(bool, Option<&'k [u8]>)> {
     let tag = *key.get(*pos)?;
     *pos += 1;
     if tag == 0 {
@@ -290,22 +312,31 @@ mod tests {
         // The canonical encoding widens integers, so the same value lands in the same group.
         let s32 = Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false)]));
         let s64 = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
-        let b32 = RecordBatch::try_new(s32.clone(), vec![Arc::new(Int32Array::from(vec![5]))]).unwrap();
+        let b32 =
+            RecordBatch::try_new(s32.clone(), vec![Arc::new(Int32Array::from(vec![5]))]).unwrap();
         let b64 = RecordBatch::try_new(
             s64.clone(),
             vec![Arc::new(arrow::array::Int64Array::from(vec![5i64]))],
         )
         .unwrap();
         let (mut k1, mut k2) = (EncodedKeys::default(), EncodedKeys::default());
-        KeyEncoder::new(&s32, &["k".into()]).unwrap().encode(&b32, &mut k1).unwrap();
-        KeyEncoder::new(&s64, &["k".into()]).unwrap().encode(&b64, &mut k2).unwrap();
+        KeyEncoder::new(&s32, &["k".into()])
+            .unwrap()
+            .encode(&b32, &mut k1)
+            .unwrap();
+        KeyEncoder::new(&s64, &["k".into()])
+            .unwrap()
+            .encode(&b64, &mut k2)
+            .unwrap();
         assert_eq!(k1.row(0), k2.row(0));
     }
 
     #[test]
     fn unknown_column_names_the_column() {
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
-        let err = KeyEncoder::new(&schema, &["b".into()]).unwrap_err().to_string();
+        let err = KeyEncoder::new(&schema, &["b".into()])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`b`") && err.contains("a"), "{err}");
     }
 }

@@ -100,12 +100,12 @@ pub async fn create_source(
         n => n as usize,
     };
     match spec.kind.as_ref() {
-        Some(pb::source_spec::Kind::Nexmark(n)) => {
-            Ok(Box::new(nexmark::NexmarkReader::new(n, subtask, batch_size)?))
-        }
-        Some(pb::source_spec::Kind::File(f)) => {
-            Ok(Box::new(file::FileReader::open(f, subtask, batch_size).await?))
-        }
+        Some(pb::source_spec::Kind::Nexmark(n)) => Ok(Box::new(nexmark::NexmarkReader::new(
+            n, subtask, batch_size,
+        )?)),
+        Some(pb::source_spec::Kind::File(f)) => Ok(Box::new(
+            file::FileReader::open(f, subtask, batch_size).await?,
+        )),
         None => Err(crate::error::Error::Plan("the source has no kind".into())),
     }
 }
@@ -121,9 +121,9 @@ pub async fn create_sink(
             Ok(Box::new(stdout::StdoutWriter::new(s.format(), schema)?))
         }
         Some(pb::sink_spec::Kind::Blackhole(_)) => Ok(Box::new(blackhole::BlackholeWriter)),
-        Some(pb::sink_spec::Kind::File(f)) => {
-            Ok(Box::new(file::FileWriter::create(f, schema, subtask).await?))
-        }
+        Some(pb::sink_spec::Kind::File(f)) => Ok(Box::new(
+            file::FileWriter::create(f, schema, subtask).await?,
+        )),
         None => Err(crate::error::Error::Plan("the sink has no kind".into())),
     }
 }

@@ -31,7 +31,11 @@ impl StdoutWriter {
                 "the stdout sink prints jsonl or csv, not parquet: use a file sink".into(),
             ));
         }
-        Ok(StdoutWriter { format, header_due: true, buffer: Vec::with_capacity(64 * 1024) })
+        Ok(StdoutWriter {
+            format,
+            header_due: true,
+            buffer: Vec::with_capacity(64 * 1024),
+        })
     }
 
     /// Encodes `batch` into the buffer.
@@ -60,11 +64,15 @@ impl SinkWriter for StdoutWriter {
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         self.encode(batch)?;
         let mut out = std::io::stdout().lock();
-        out.write_all(&self.buffer).map_err(|e| Error::io("stdout", e))
+        out.write_all(&self.buffer)
+            .map_err(|e| Error::io("stdout", e))
     }
 
     async fn finish(&mut self) -> Result<()> {
-        std::io::stdout().lock().flush().map_err(|e| Error::io("stdout", e))
+        std::io::stdout()
+            .lock()
+            .flush()
+            .map_err(|e| Error::io("stdout", e))
     }
 }
 
@@ -84,7 +92,10 @@ mod tests {
         ]));
         RecordBatch::try_new(
             schema,
-            vec![Arc::new(Int64Array::from(vec![1, 2])), Arc::new(StringArray::from(vec!["x", "y"]))],
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec!["x", "y"])),
+            ],
         )
         .unwrap()
     }

@@ -77,7 +77,9 @@ pub fn local_path(path: &str) -> Result<Option<PathBuf>> {
     let absolute = if raw.is_absolute() {
         raw
     } else {
-        std::env::current_dir().map_err(|e| Error::io(".", e))?.join(raw)
+        std::env::current_dir()
+            .map_err(|e| Error::io(".", e))?
+            .join(raw)
     };
     Ok(Some(normalize(&absolute)))
 }
@@ -158,14 +160,19 @@ fn s3_store(bucket: &str, cfg: Option<&pb::ObjectStoreConfig>) -> Result<Arc<dyn
     }
     if !cfg.region.is_empty() {
         builder = builder.with_region(&cfg.region);
-    } else if builder.get_config_value(&AmazonS3ConfigKey::Region).is_none() {
+    } else if builder
+        .get_config_value(&AmazonS3ConfigKey::Region)
+        .is_none()
+    {
         let region = builder
             .get_config_value(&AmazonS3ConfigKey::DefaultRegion)
             .unwrap_or_else(|| "us-east-1".to_string());
         builder = builder.with_region(region);
     }
     let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
-    let plain_http = endpoint.as_deref().is_some_and(|e| e.starts_with("http://"));
+    let plain_http = endpoint
+        .as_deref()
+        .is_some_and(|e| e.starts_with("http://"));
     if cfg.allow_http || plain_http {
         builder = builder.with_allow_http(true);
     }
@@ -219,13 +226,23 @@ mod tests {
     #[test]
     fn unknown_schemes_are_plan_errors_naming_the_path() {
         let err = resolve("gs://bucket/x", None).unwrap_err();
-        assert!(matches!(err, Error::Plan(ref m) if m.contains("gs://bucket/x")), "{err}");
+        assert!(
+            matches!(err, Error::Plan(ref m) if m.contains("gs://bucket/x")),
+            "{err}"
+        );
     }
 
     #[tokio::test]
     async fn listing_sorts_and_skips_hidden_files() {
         let dir = tempfile::tempdir().unwrap();
-        for name in ["b.csv", "a.csv", ".hidden", "_SUCCESS", "sub/c.csv", "_tmp/d.csv"] {
+        for name in [
+            "b.csv",
+            "a.csv",
+            ".hidden",
+            "_SUCCESS",
+            "sub/c.csv",
+            "_tmp/d.csv",
+        ] {
             let p = dir.path().join(name);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, "x").unwrap();
@@ -239,12 +256,25 @@ mod tests {
         let base = dir.path().to_str().unwrap();
         assert_eq!(
             names,
-            vec![format!("{base}/a.csv"), format!("{base}/b.csv"), format!("{base}/sub/c.csv")]
+            vec![
+                format!("{base}/a.csv"),
+                format!("{base}/b.csv"),
+                format!("{base}/sub/c.csv")
+            ]
         );
         // A file path lists as itself.
         let (store, one, _) = resolve(&format!("{base}/b.csv"), None).unwrap();
         let files = list_files(store.as_ref(), &one).await.unwrap();
         assert_eq!(files.len(), 1);
-        assert_eq!(store.get(&files[0].location).await.unwrap().bytes().await.unwrap(), "x");
+        assert_eq!(
+            store
+                .get(&files[0].location)
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap(),
+            "x"
+        );
     }
 }

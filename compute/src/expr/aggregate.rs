@@ -60,10 +60,7 @@ impl AggregateCall {
     /// Compiles `sql` (for example `count(*) AS bids`) over `schema`.
     pub fn compile(compiler: &ExprCompiler, sql: &str, schema: &SchemaRef) -> Result<Self> {
         let (expr, df_schema) = compiler.parse(sql, schema)?;
-        let (alias, expr) = match expr {
-            Expr::Alias(a) => (Some(a.name.clone()), *a.expr),
-            other => (None, other),
-        };
+        let (alias, expr) = super::compile::strip_aliases(expr);
         let name = match alias {
             Some(a) => a,
             None => expr.schema_name().to_string(),
@@ -93,7 +90,10 @@ impl AggregateCall {
             }
         };
         let [arg] = <[Expr; 1]>::try_from(params.args).map_err(|args| {
-            Error::Plan(format!("`{sql}`: expected one argument, got {}", args.len()))
+            Error::Plan(format!(
+                "`{sql}`: expected one argument, got {}",
+                args.len()
+            ))
         })?;
         let is_star = func == AggFunc::Count && matches!(&arg, Expr::Literal(v, _) if !v.is_null());
         if is_star {
@@ -138,7 +138,13 @@ impl AggregateCall {
             (_, ArgKind::Int) => DataType::Int64,
             (_, ArgKind::TimestampMs) => DataType::Timestamp(TimeUnit::Millisecond, None),
         };
-        Ok(Self { func, arg: Some(arg), arg_kind, name, output_type })
+        Ok(Self {
+            func,
+            arg: Some(arg),
+            arg_kind,
+            name,
+            output_type,
+        })
     }
 }
 
@@ -154,7 +160,11 @@ mod tests {
         Arc::new(Schema::new(vec![
             Field::new("price", DataType::Int64, false),
             Field::new("name", DataType::Utf8, false),
-            Field::new("date_time", DataType::Timestamp(TimeUnit::Millisecond, None), false),
+            Field::new(
+                "date_time",
+                DataType::Timestamp(TimeUnit::Millisecond, None),
+                false,
+            ),
         ]))
     }
 
@@ -163,7 +173,10 @@ mod tests {
         let c = ExprCompiler::new();
         let s = schema();
         let star = AggregateCall::compile(&c, "count(*) AS bids", &s).unwrap();
-        assert_eq!((star.func, star.name.as_str()), (AggFunc::CountStar, "bids"));
+        assert_eq!(
+            (star.func, star.name.as_str()),
+            (AggFunc::CountStar, "bids")
+        );
         let sum = AggregateCall::compile(&c, "sum(price * 2)", &s).unwrap();
         assert_eq!((sum.func, sum.arg_kind), (AggFunc::Sum, ArgKind::Int));
         let avg = AggregateCall::compile(&c, "avg(price) AS a", &s).unwrap();

@@ -29,7 +29,10 @@ pub struct CompiledExpr {
 impl CompiledExpr {
     /// Evaluates on `batch`, always returning an array of `batch.num_rows()` rows.
     pub fn evaluate(&self, batch: &RecordBatch) -> Result<ArrayRef> {
-        Ok(self.physical.evaluate(batch)?.into_array(batch.num_rows())?)
+        Ok(self
+            .physical
+            .evaluate(batch)?
+            .into_array(batch.num_rows())?)
     }
 
     /// The output field.
@@ -52,7 +55,9 @@ impl Default for ExprCompiler {
 impl ExprCompiler {
     /// A compiler with DataFusion's built-in functions.
     pub fn new() -> Self {
-        Self { ctx: SessionContext::new() }
+        Self {
+            ctx: SessionContext::new(),
+        }
     }
 
     /// Parses `sql` into a logical expression over `schema` (aliases kept).
@@ -69,24 +74,43 @@ impl ExprCompiler {
     }
 
     /// Plans an already parsed logical expression.
-    pub fn plan(&self, expr: Expr, df_schema: &DFSchema, schema: &SchemaRef) -> Result<CompiledExpr> {
+    pub fn plan(
+        &self,
+        expr: Expr,
+        df_schema: &DFSchema,
+        schema: &SchemaRef,
+    ) -> Result<CompiledExpr> {
         if contains_aggregate(&expr) {
             return Err(Error::Plan(format!(
                 "`{expr}` is an aggregate; aggregates belong in a window's `aggregate:` list"
             )));
         }
-        let (name, inner) = match expr {
-            Expr::Alias(alias) => (alias.name.clone(), *alias.expr),
-            other => {
-                let name = other.schema_name().to_string();
-                (name, other)
-            }
+        let (alias, inner) = strip_aliases(expr);
+        let name = match alias {
+            Some(a) => a,
+            None => inner.schema_name().to_string(),
         };
         let physical = self.ctx.create_physical_expr(inner, df_schema)?;
         let data_type = physical.data_type(schema)?;
         let nullable = physical.nullable(schema)?;
-        Ok(CompiledExpr { physical, name, data_type, nullable })
+        Ok(CompiledExpr {
+            physical,
+            name,
+            data_type,
+            nullable,
+        })
     }
+}
+
+/// Removes every alias layer (DataFusion nests them, e.g. `count(*) AS n`); the
+/// outermost name is the one the user wrote.
+pub(crate) fn strip_aliases(mut expr: Expr) -> (Option<String>, Expr) {
+    let mut name = None;
+    while let Expr::Alias(alias) = expr {
+        name.get_or_insert(alias.name);
+        expr = *alias.expr;
+    }
+    (name, expr)
 }
 
 fn contains_aggregate(expr: &Expr) -> bool {
@@ -117,12 +141,17 @@ mod tests {
 
     #[test]
     fn evaluates_arithmetic_with_alias() {
-        let c = ExprCompiler::new().compile("price * 0.5 AS half", &schema()).unwrap();
+        let c = ExprCompiler::new()
+            .compile("price * 0.5 AS half", &schema())
+            .unwrap();
         assert_eq!(c.name, "half");
         assert_eq!(c.data_type, DataType::Float64);
         let batch = RecordBatch::try_new(
             schema(),
-            vec![Arc::new(Int64Array::from(vec![1, 2])), Arc::new(Int64Array::from(vec![10, 3]))],
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(Int64Array::from(vec![10, 3])),
+            ],
         )
         .unwrap();
         let out = c.evaluate(&batch).unwrap();
@@ -132,13 +161,19 @@ mod tests {
 
     #[test]
     fn unknown_column_is_a_clear_error() {
-        let err = ExprCompiler::new().compile("pricee > 1", &schema()).unwrap_err().to_string();
+        let err = ExprCompiler::new()
+            .compile("pricee > 1", &schema())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("pricee"), "{err}");
     }
 
     #[test]
     fn aggregates_are_refused_in_scalar_position() {
-        let err = ExprCompiler::new().compile("sum(price)", &schema()).unwrap_err().to_string();
+        let err = ExprCompiler::new()
+            .compile("sum(price)", &schema())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("aggregate"), "{err}");
     }
 }

@@ -18,8 +18,16 @@ pub struct FilterOperator {
 
 impl FilterOperator {
     /// Compiles the predicate over `input`; the output schema equals the input's.
-    pub fn build(spec: &pb::FilterSpec, input: &SchemaRef, compiler: &ExprCompiler) -> Result<Self> {
-        let sql = spec.predicate.as_ref().map(|e| e.sql.as_str()).unwrap_or_default();
+    pub fn build(
+        spec: &pb::FilterSpec,
+        input: &SchemaRef,
+        compiler: &ExprCompiler,
+    ) -> Result<Self> {
+        let sql = spec
+            .predicate
+            .as_ref()
+            .map(|e| e.sql.as_str())
+            .unwrap_or_default();
         let predicate = compiler.compile(sql, input)?;
         if predicate.data_type != DataType::Boolean {
             return Err(Error::Plan(format!(

@@ -19,7 +19,11 @@ pub struct SelectOperator {
 
 impl SelectOperator {
     /// Compiles each expression over `input`.
-    pub fn build(spec: &pb::SelectSpec, input: &SchemaRef, compiler: &ExprCompiler) -> Result<Self> {
+    pub fn build(
+        spec: &pb::SelectSpec,
+        input: &SchemaRef,
+        compiler: &ExprCompiler,
+    ) -> Result<Self> {
         let mut exprs = Vec::with_capacity(spec.exprs.len());
         for e in &spec.exprs {
             let compiled = compiler.compile(&e.sql, input)?;
@@ -31,7 +35,9 @@ impl SelectOperator {
             }
             exprs.push(compiled);
         }
-        let schema = Arc::new(Schema::new(exprs.iter().map(CompiledExpr::field).collect::<Vec<_>>()));
+        let schema = Arc::new(Schema::new(
+            exprs.iter().map(CompiledExpr::field).collect::<Vec<_>>(),
+        ));
         Ok(Self { exprs, schema })
     }
 
@@ -44,10 +50,17 @@ impl SelectOperator {
 #[async_trait]
 impl Operator for SelectOperator {
     async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
-        let columns =
-            self.exprs.iter().map(|e| e.evaluate(&batch)).collect::<Result<Vec<_>>>()?;
+        let columns = self
+            .exprs
+            .iter()
+            .map(|e| e.evaluate(&batch))
+            .collect::<Result<Vec<_>>>()?;
         let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-        out.batch(RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)?);
+        out.batch(RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &options,
+        )?);
         Ok(())
     }
 }

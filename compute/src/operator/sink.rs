@@ -28,7 +28,8 @@ impl SinkOperator {
 impl Operator for SinkOperator {
     async fn process_batch(&mut self, batch: RecordBatch, _out: &mut Output) -> Result<()> {
         self.writer.write(&batch).await?;
-        self.records.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+        self.records
+            .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
         Ok(())
     }
 

@@ -55,9 +55,22 @@ enum TimeSource {
 /// A timer: a fixed window to fire or clean up, or a key whose sessions to check.
 #[derive(Debug)]
 enum Timer {
-    Fire { key_group: u16, key: Bytes, start: Timestamp, end: Timestamp },
-    Cleanup { key_group: u16, key: Bytes, start: Timestamp, end: Timestamp },
-    Sessions { key_group: u16, key: Bytes },
+    Fire {
+        key_group: u16,
+        key: Bytes,
+        start: Timestamp,
+        end: Timestamp,
+    },
+    Cleanup {
+        key_group: u16,
+        key: Bytes,
+        start: Timestamp,
+        end: Timestamp,
+    },
+    Sessions {
+        key_group: u16,
+        key: Bytes,
+    },
 }
 
 /// One window result awaiting emission.
@@ -109,7 +122,9 @@ impl WindowOperator {
             pb::TimeCharacteristic::TimeEvent => {
                 let col = &spec.time_column;
                 let idx = input.index_of(col).map_err(|_| {
-                    Error::Plan(format!("the window's time column `{col}` is not in its input"))
+                    Error::Plan(format!(
+                        "the window's time column `{col}` is not in its input"
+                    ))
                 })?;
                 match input.field(idx).data_type() {
                     DataType::Timestamp(_, _) | DataType::Int64 => TimeSource::Event(idx),
@@ -211,7 +226,12 @@ impl WindowOperator {
         encode_key(key_group, self.operator_id, name, key, ns)
     }
 
-    async fn process_fixed(&mut self, batch: &RecordBatch, times: &[Timestamp], out: &mut Output) -> Result<Vec<u32>> {
+    async fn process_fixed(
+        &mut self,
+        batch: &RecordBatch,
+        times: &[Timestamp],
+        out: &mut Output,
+    ) -> Result<Vec<u32>> {
         let naggs = self.calls.len();
         let args = evaluate_args(&self.calls, batch)?;
         let mut key_ids: HashMap<&[u8], u32> = HashMap::new();
@@ -249,12 +269,20 @@ impl WindowOperator {
         if slots.is_empty() {
             return Ok(late);
         }
-        let groups: Vec<u16> =
-            key_list.iter().map(|k| key_group_of(k, self.max_parallelism)).collect();
+        let groups: Vec<u16> = key_list
+            .iter()
+            .map(|k| key_group_of(k, self.max_parallelism))
+            .collect();
         let state_keys: Vec<Bytes> = slots
             .iter()
             .map(|&(kid, start, end)| {
-                self.state_key(SLOT_STATE, groups[kid as usize], key_list[kid as usize], start, end)
+                self.state_key(
+                    SLOT_STATE,
+                    groups[kid as usize],
+                    key_list[kid as usize],
+                    start,
+                    end,
+                )
             })
             .collect();
         let stored = self.state.get_many(&state_keys).await?;
@@ -277,17 +305,33 @@ impl WindowOperator {
                     merged.extend_from_slice(part);
                     let key = Bytes::copy_from_slice(key_list[kid as usize]);
                     let key_group = groups[kid as usize];
-                    self.timers.register(end - 1, Timer::Fire { key_group, key, start, end });
+                    self.timers.register(
+                        end - 1,
+                        Timer::Fire {
+                            key_group,
+                            key,
+                            start,
+                            end,
+                        },
+                    );
                 }
             }
             if self.is_event_time() && end - 1 <= self.watermark {
                 // Late but within allowed lateness: the window already fired; update it now.
                 let key = Bytes::copy_from_slice(key_list[kid as usize]);
-                refire.push(Fired { key, start, end, accs: merged.clone() });
+                refire.push(Fired {
+                    key,
+                    start,
+                    end,
+                    accs: merged.clone(),
+                });
             }
             buf.clear();
             accumulator::encode(&merged, &mut buf);
-            ops.push(WriteOp::Put { key: state_key, value: Bytes::copy_from_slice(&buf) });
+            ops.push(WriteOp::Put {
+                key: state_key,
+                value: Bytes::copy_from_slice(&buf),
+            });
         }
         self.state.write(ops).await?;
         if !refire.is_empty() {
@@ -296,7 +340,12 @@ impl WindowOperator {
         Ok(late)
     }
 
-    async fn process_sessions(&mut self, batch: &RecordBatch, times: &[Timestamp], out: &mut Output) -> Result<Vec<u32>> {
+    async fn process_sessions(
+        &mut self,
+        batch: &RecordBatch,
+        times: &[Timestamp],
+        out: &mut Output,
+    ) -> Result<Vec<u32>> {
         let WindowAssigner::Session { gap } = self.assigner else {
             return Err(Error::Internal("session path on a fixed window".into()));
         };
@@ -320,8 +369,10 @@ impl WindowOperator {
         if rows_by_key.is_empty() {
             return Ok(late);
         }
-        let groups: Vec<u16> =
-            rows_by_key.iter().map(|(k, _)| key_group_of(k, self.max_parallelism)).collect();
+        let groups: Vec<u16> = rows_by_key
+            .iter()
+            .map(|(k, _)| key_group_of(k, self.max_parallelism))
+            .collect();
         let state_keys: Vec<Bytes> = rows_by_key
             .iter()
             .zip(&groups)
@@ -330,8 +381,10 @@ impl WindowOperator {
         let stored = self.state.get_many(&state_keys).await?;
         let mut ops = Vec::with_capacity(rows_by_key.len());
         let mut refire = Vec::new();
-        for (((key, rows), value), (state_key, &key_group)) in
-            rows_by_key.iter().zip(stored).zip(state_keys.into_iter().zip(&groups))
+        for (((key, rows), value), (state_key, &key_group)) in rows_by_key
+            .iter()
+            .zip(stored)
+            .zip(state_keys.into_iter().zip(&groups))
         {
             let mut sessions = match value {
                 Some(bytes) => session::decode(&bytes, naggs)?,
@@ -343,7 +396,12 @@ impl WindowOperator {
                 for ((acc, call), arg) in accs.iter_mut().zip(&self.calls).zip(&args) {
                     accumulator::update(call.func, acc, arg, row as usize);
                 }
-                let s = Session { start: ts, end: ts.saturating_add(gap), fired: false, accs };
+                let s = Session {
+                    start: ts,
+                    end: ts.saturating_add(gap),
+                    fired: false,
+                    accs,
+                };
                 session::insert(&mut sessions, s, &self.calls);
             }
             let key = Bytes::copy_from_slice(key);
@@ -351,7 +409,12 @@ impl WindowOperator {
             for s in sessions.iter_mut().filter(|s| !s.fired) {
                 if self.is_event_time() && s.end - 1 <= self.watermark {
                     s.fired = true;
-                    refire.push(Fired { key: key.clone(), start: s.start, end: s.end, accs: s.accs.clone() });
+                    refire.push(Fired {
+                        key: key.clone(),
+                        start: s.start,
+                        end: s.end,
+                        accs: s.accs.clone(),
+                    });
                     ends.push(s.end - 1 + self.lateness);
                 } else {
                     ends.push(s.end - 1);
@@ -360,11 +423,20 @@ impl WindowOperator {
             ends.sort_unstable();
             ends.dedup();
             for at in ends {
-                self.timers.register(at, Timer::Sessions { key_group, key: key.clone() });
+                self.timers.register(
+                    at,
+                    Timer::Sessions {
+                        key_group,
+                        key: key.clone(),
+                    },
+                );
             }
             let mut buf = Vec::new();
             session::encode(&sessions, &mut buf);
-            ops.push(WriteOp::Put { key: state_key, value: Bytes::from(buf) });
+            ops.push(WriteOp::Put {
+                key: state_key,
+                value: Bytes::from(buf),
+            });
         }
         self.state.write(ops).await?;
         if !refire.is_empty() {
@@ -386,21 +458,40 @@ impl WindowOperator {
         let mut session_keys: Vec<(u16, Bytes)> = Vec::new();
         for (_, timer) in due {
             match timer {
-                Timer::Fire { key_group, key, start, end } => {
+                Timer::Fire {
+                    key_group,
+                    key,
+                    start,
+                    end,
+                } => {
                     let state_key = self.state_key(SLOT_STATE, key_group, &key, start, end);
                     if self.lateness > 0 && self.is_event_time() && end - 1 + self.lateness > now {
                         self.timers.register(
                             end - 1 + self.lateness,
-                            Timer::Cleanup { key_group, key: key.clone(), start, end },
+                            Timer::Cleanup {
+                                key_group,
+                                key: key.clone(),
+                                start,
+                                end,
+                            },
                         );
                     } else {
-                        ops.push(WriteOp::Delete { key: state_key.clone() });
+                        ops.push(WriteOp::Delete {
+                            key: state_key.clone(),
+                        });
                     }
                     fire_keys.push(state_key);
                     fire_meta.push((key, start, end));
                 }
-                Timer::Cleanup { key_group, key, start, end } => {
-                    ops.push(WriteOp::Delete { key: self.state_key(SLOT_STATE, key_group, &key, start, end) });
+                Timer::Cleanup {
+                    key_group,
+                    key,
+                    start,
+                    end,
+                } => {
+                    ops.push(WriteOp::Delete {
+                        key: self.state_key(SLOT_STATE, key_group, &key, start, end),
+                    });
                 }
                 Timer::Sessions { key_group, key } => session_keys.push((key_group, key)),
             }
@@ -412,7 +503,12 @@ impl WindowOperator {
                 let Some(bytes) = value else { continue };
                 let mut accs = Vec::with_capacity(naggs);
                 accumulator::decode(&bytes, naggs, &mut accs)?;
-                fired.push(Fired { key, start, end, accs });
+                fired.push(Fired {
+                    key,
+                    start,
+                    end,
+                    accs,
+                });
             }
         }
         if !session_keys.is_empty() {
@@ -431,16 +527,28 @@ impl WindowOperator {
                 for s in sessions.iter_mut().filter(|s| !s.fired && s.end - 1 <= now) {
                     s.fired = true;
                     changed = true;
-                    fired.push(Fired { key: key.clone(), start: s.start, end: s.end, accs: s.accs.clone() });
+                    fired.push(Fired {
+                        key: key.clone(),
+                        start: s.start,
+                        end: s.end,
+                        accs: s.accs.clone(),
+                    });
                 }
-                let lateness = if self.is_event_time() { self.lateness } else { 0 };
+                let lateness = if self.is_event_time() {
+                    self.lateness
+                } else {
+                    0
+                };
                 sessions.retain(|s| !(s.fired && s.end - 1 + lateness <= now));
                 if sessions.is_empty() {
                     ops.push(WriteOp::Delete { key: state_key });
                 } else if changed || sessions.len() != before {
                     let mut buf = Vec::new();
                     session::encode(&sessions, &mut buf);
-                    ops.push(WriteOp::Put { key: state_key, value: Bytes::from(buf) });
+                    ops.push(WriteOp::Put {
+                        key: state_key,
+                        value: Bytes::from(buf),
+                    });
                 }
             }
         }
@@ -455,10 +563,16 @@ impl WindowOperator {
 
     /// One batch of window results.
     fn results(&self, fired: Vec<Fired>) -> Result<RecordBatch> {
-        let mut columns: Vec<ArrayRef> =
-            decode_keys(self.key_encoder.fields(), fired.iter().map(|f| f.key.as_ref()))?;
-        columns.push(Arc::new(TimestampMillisecondArray::from_iter_values(fired.iter().map(|f| f.start))));
-        columns.push(Arc::new(TimestampMillisecondArray::from_iter_values(fired.iter().map(|f| f.end))));
+        let mut columns: Vec<ArrayRef> = decode_keys(
+            self.key_encoder.fields(),
+            fired.iter().map(|f| f.key.as_ref()),
+        )?;
+        columns.push(Arc::new(TimestampMillisecondArray::from_iter_values(
+            fired.iter().map(|f| f.start),
+        )));
+        columns.push(Arc::new(TimestampMillisecondArray::from_iter_values(
+            fired.iter().map(|f| f.end),
+        )));
         for (i, call) in self.calls.iter().enumerate() {
             columns.push(accumulator::finish(call, fired.iter().map(|f| &f.accs[i]))?);
         }
@@ -493,7 +607,9 @@ impl Operator for WindowOperator {
             self.process_fixed(&batch, &times, out).await?
         };
         if !late.is_empty() {
-            self.counters.late_records.fetch_add(late.len() as u64, Ordering::Relaxed);
+            self.counters
+                .late_records
+                .fetch_add(late.len() as u64, Ordering::Relaxed);
             if self.late_to_side {
                 out.side("late", take_record_batch(&batch, &UInt32Array::from(late))?);
             }

@@ -20,8 +20,8 @@ use sluice_common::state::MemoryStateBackend;
 
 use crate::connector;
 use crate::error::{Error, Result};
-use crate::expr::aggregate::AggregateCall;
 use crate::expr::ExprCompiler;
+use crate::expr::aggregate::AggregateCall;
 use crate::operator::filter::FilterOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::window::{WindowCounters, WindowOperator};
@@ -102,7 +102,11 @@ impl PhysicalPlan {
 fn locate(graph: &pb::JobGraph, loc: Option<&pb::Location>, what: &str, err: Error) -> Error {
     match err {
         Error::Plan(msg) => {
-            let file = if graph.origin_file.is_empty() { "<job>" } else { &graph.origin_file };
+            let file = if graph.origin_file.is_empty() {
+                "<job>"
+            } else {
+                &graph.origin_file
+            };
             let (line, col) = loc.map(|l| (l.line, l.column)).unwrap_or((0, 0));
             Error::Plan(format!("{file}:{line}:{col}: {what}: {msg}"))
         }
@@ -122,7 +126,11 @@ pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
         0 => sluice_common::DEFAULT_MAX_PARALLELISM,
         n => n,
     };
-    let file = if graph.origin_file.is_empty() { "<job>".to_string() } else { graph.origin_file.clone() };
+    let file = if graph.origin_file.is_empty() {
+        "<job>".to_string()
+    } else {
+        graph.origin_file.clone()
+    };
     let mut nodes = HashMap::new();
     for n in &graph.nodes {
         if n.parallelism == 0 || n.parallelism > max_parallelism {
@@ -140,7 +148,9 @@ pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
     for e in &graph.edges {
         for end in [e.source, e.target] {
             if !nodes.contains_key(&end) {
-                return Err(plan_err(format!("{file}: an edge refers to unknown node {end}")));
+                return Err(plan_err(format!(
+                    "{file}: an edge refers to unknown node {end}"
+                )));
             }
         }
         if incoming.insert(e.target, e).is_some() {
@@ -153,7 +163,12 @@ pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
     }
     // Topological order (Kahn); with one input per node this also rejects cycles.
     let mut order = Vec::with_capacity(nodes.len());
-    let mut ready: Vec<u32> = graph.nodes.iter().filter(|n| !incoming.contains_key(&n.id)).map(|n| n.id).collect();
+    let mut ready: Vec<u32> = graph
+        .nodes
+        .iter()
+        .filter(|n| !incoming.contains_key(&n.id))
+        .map(|n| n.id)
+        .collect();
     ready.sort_unstable_by(|a, b| b.cmp(a));
     while let Some(id) = ready.pop() {
         order.push(id);
@@ -212,7 +227,9 @@ pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
                         .compile(&e.sql, &input)
                         .map_err(|err| locate(&graph, e.location.as_ref(), "select", err))?;
                 }
-                let schema = SelectOperator::build(spec, &input, &compiler).map_err(at)?.schema();
+                let schema = SelectOperator::build(spec, &input, &compiler)
+                    .map_err(at)?
+                    .schema();
                 inputs.insert(id, input);
                 schema
             }
@@ -257,17 +274,32 @@ pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
     if !has_source {
         return Err(plan_err(format!("{file}: the job has no source")));
     }
-    if !graph.nodes.iter().any(|n| matches!(n.kind, Some(pb::node::Kind::Sink(_)))) {
+    if !graph
+        .nodes
+        .iter()
+        .any(|n| matches!(n.kind, Some(pb::node::Kind::Sink(_))))
+    {
         return Err(plan_err(format!("{file}: the job has no sink")));
     }
-    if graph.state.as_ref().is_some_and(|s| s.backend() == pb::StateBackend::Remote) {
+    if graph
+        .state
+        .as_ref()
+        .is_some_and(|s| s.backend() == pb::StateBackend::Remote)
+    {
         return Err(plan_err(format!(
             "{file}: state backend `remote` is not available in this build yet; use `memory`"
         )));
     }
 
     let chains = chain(&order, &nodes, &incoming, &outgoing, &inputs);
-    Ok(PhysicalPlan { graph, max_parallelism, chains, nodes, inputs, outputs })
+    Ok(PhysicalPlan {
+        graph,
+        max_parallelism,
+        chains,
+        nodes,
+        inputs,
+        outputs,
+    })
 }
 
 /// Sources always have an input schema of their own; other nodes always have an input.
@@ -313,8 +345,10 @@ fn chain(
         let is_source = matches!(node.kind, Some(pb::node::Kind::Source(_)));
         let joins = incoming.get(&id).and_then(|e| {
             let up = &nodes[&e.source];
-            let main_consumers =
-                outgoing[&e.source].iter().filter(|o| o.side_output.is_empty()).count();
+            let main_consumers = outgoing[&e.source]
+                .iter()
+                .filter(|o| o.side_output.is_empty())
+                .count();
             (e.partitioning() == pb::Partitioning::Forward
                 && e.side_output.is_empty()
                 && up.parallelism == node.parallelism

@@ -142,7 +142,11 @@ async fn route_side(
 ) -> Result<()> {
     for (tag, batch) in side {
         let element = StreamElement::Batch(batch);
-        for route in output.side.iter_mut().filter(|r| r.operator == operator && r.tag == tag) {
+        for route in output
+            .side
+            .iter_mut()
+            .filter(|r| r.operator == operator && r.tag == tag)
+        {
             route.edge.emit(&element).await?;
         }
     }

@@ -35,7 +35,12 @@ impl InputGate {
         Self {
             rx,
             channels: vec![
-                ChannelState { watermark: Timestamp::MIN, idle: false, finished: false, barrier: None };
+                ChannelState {
+                    watermark: Timestamp::MIN,
+                    idle: false,
+                    finished: false,
+                    barrier: None
+                };
                 n
             ],
             emitted_watermark: Timestamp::MIN,
@@ -112,7 +117,11 @@ impl InputGate {
             .or_else(|| {
                 // Every channel finished: the furthest watermark any of them reached.
                 self.channels.iter().all(|c| c.finished).then(|| {
-                    self.channels.iter().map(|c| c.watermark).max().unwrap_or(Timestamp::MIN)
+                    self.channels
+                        .iter()
+                        .map(|c| c.watermark)
+                        .max()
+                        .unwrap_or(Timestamp::MIN)
                 })
             })?;
         if min > self.emitted_watermark {
@@ -159,13 +168,22 @@ mod tests {
         let mut gate = InputGate::new(rx);
         tx[0].send(StreamElement::Watermark(10)).await.unwrap();
         tx[1].send(StreamElement::Watermark(5)).await.unwrap();
-        assert!(matches!(gate.next().await, Some(StreamElement::Watermark(5))));
+        assert!(matches!(
+            gate.next().await,
+            Some(StreamElement::Watermark(5))
+        ));
         tx[1].send(StreamElement::Idle).await.unwrap();
         // Channel 1 idle: channel 0 alone decides.
-        assert!(matches!(gate.next().await, Some(StreamElement::Watermark(10))));
+        assert!(matches!(
+            gate.next().await,
+            Some(StreamElement::Watermark(10))
+        ));
         tx[0].send(StreamElement::EndOfPartition).await.unwrap();
         tx[1].send(StreamElement::Watermark(20)).await.unwrap();
-        assert!(matches!(gate.next().await, Some(StreamElement::Watermark(20))));
+        assert!(matches!(
+            gate.next().await,
+            Some(StreamElement::Watermark(20))
+        ));
         tx[1].send(StreamElement::EndOfPartition).await.unwrap();
         assert!(gate.next().await.is_none());
     }

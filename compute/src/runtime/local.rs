@@ -41,12 +41,18 @@ pub struct LocalOptions {
 
 impl Default for LocalOptions {
     fn default() -> Self {
-        Self { channel_bytes: queue::DEFAULT_CHANNEL_BYTES }
+        Self {
+            channel_bytes: queue::DEFAULT_CHANNEL_BYTES,
+        }
     }
 }
 
 /// Runs `plan` to completion (bounded inputs) or failure.
-pub async fn run(plan: &PhysicalPlan, metrics: Arc<JobMetrics>, options: &LocalOptions) -> Result<()> {
+pub async fn run(
+    plan: &PhysicalPlan,
+    metrics: Arc<JobMetrics>,
+    options: &LocalOptions,
+) -> Result<()> {
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let tasks = build_tasks(plan, &metrics, options).await?;
     let mut set = JoinSet::new();
@@ -58,7 +64,10 @@ pub async fn run(plan: &PhysicalPlan, metrics: Arc<JobMetrics>, options: &LocalO
         let result = joined.map_err(|e| Error::Internal(format!("a task panicked: {e}")))?;
         if let Err(e) = result {
             let _ = cancel_tx.send(true);
-            if first.as_ref().is_none_or(|f| is_knock_on(f) && !is_knock_on(&e)) {
+            if first
+                .as_ref()
+                .is_none_or(|f| is_knock_on(f) && !is_knock_on(&e))
+            {
                 first = Some(e);
             }
         }
@@ -69,10 +78,16 @@ pub async fn run(plan: &PhysicalPlan, metrics: Arc<JobMetrics>, options: &LocalO
 /// Errors that only say another task failed first.
 fn is_knock_on(e: &Error) -> bool {
     let msg = e.to_string();
-    msg.contains("cancelled") || msg.contains("downstream task is gone") || msg.contains("queue closed")
+    msg.contains("cancelled")
+        || msg.contains("downstream task is gone")
+        || msg.contains("queue closed")
 }
 
-async fn build_tasks(plan: &PhysicalPlan, metrics: &Arc<JobMetrics>, options: &LocalOptions) -> Result<Vec<Task>> {
+async fn build_tasks(
+    plan: &PhysicalPlan,
+    metrics: &Arc<JobMetrics>,
+    options: &LocalOptions,
+) -> Result<Vec<Task>> {
     // Input queues of every subtask of every chain that reads from another chain.
     let mut senders: Vec<Vec<Vec<QueueSender>>> = Vec::with_capacity(plan.chains.len());
     let mut receivers: Vec<Vec<Option<QueueReceiver>>> = Vec::with_capacity(plan.chains.len());
@@ -98,12 +113,17 @@ async fn build_tasks(plan: &PhysicalPlan, metrics: &Arc<JobMetrics>, options: &L
     let mut tasks = Vec::new();
     for chain in &plan.chains {
         for subtask in 0..chain.parallelism {
-            let info = SubtaskInfo { index: subtask, parallelism: chain.parallelism };
+            let info = SubtaskInfo {
+                index: subtask,
+                parallelism: chain.parallelism,
+            };
             let mut operators: Vec<Box<dyn Operator>> = Vec::new();
             let mut contexts = Vec::new();
             for &id in &chain.operators {
                 let node = plan.node(id);
-                let op = build_operator(plan, node, info, &compiler, metrics).await.map_err(|e| plan.locate(node, e))?;
+                let op = build_operator(plan, node, info, &compiler, metrics)
+                    .await
+                    .map_err(|e| plan.locate(node, e))?;
                 operators.push(op);
                 contexts.push(OperatorContext {
                     node_id: id,
@@ -118,7 +138,11 @@ async fn build_tasks(plan: &PhysicalPlan, metrics: &Arc<JobMetrics>, options: &L
                 let targets = &senders[edge.to_chain];
                 let channel = |consumer: usize| -> QueueSender {
                     let chans = &targets[consumer];
-                    if chans.len() == 1 { chans[0].clone() } else { chans[subtask].clone() }
+                    if chans.len() == 1 {
+                        chans[0].clone()
+                    } else {
+                        chans[subtask].clone()
+                    }
                 };
                 let (partitioner, to): (Partitioner, Vec<QueueSender>) = match edge.partitioning {
                     pb::Partitioning::Forward => (Partitioner::Forward, vec![channel(subtask)]),
@@ -129,12 +153,14 @@ async fn build_tasks(plan: &PhysicalPlan, metrics: &Arc<JobMetrics>, options: &L
                         },
                         (0..targets.len()).map(channel).collect(),
                     ),
-                    pb::Partitioning::Rebalance => {
-                        (Partitioner::Rebalance, (0..targets.len()).map(channel).collect())
-                    }
-                    pb::Partitioning::Broadcast => {
-                        (Partitioner::Broadcast, (0..targets.len()).map(channel).collect())
-                    }
+                    pb::Partitioning::Rebalance => (
+                        Partitioner::Rebalance,
+                        (0..targets.len()).map(channel).collect(),
+                    ),
+                    pb::Partitioning::Broadcast => (
+                        Partitioner::Broadcast,
+                        (0..targets.len()).map(channel).collect(),
+                    ),
                 };
                 let out_edge = OutputEdge::new(partitioner, to);
                 match edge.side_operator {
@@ -152,9 +178,15 @@ async fn build_tasks(plan: &PhysicalPlan, metrics: &Arc<JobMetrics>, options: &L
                     let Some(pb::node::Kind::Source(spec)) = &node.kind else {
                         return Err(Error::Internal("chain source is not a source".into()));
                     };
-                    let reader = connector::create_source(spec, info).await.map_err(|e| plan.locate(node, e))?;
+                    let reader = connector::create_source(spec, info)
+                        .await
+                        .map_err(|e| plan.locate(node, e))?;
                     let watermarks = match &spec.watermark {
-                        Some(wm) => Some(WatermarkGenerator::new(wm, &reader.schema(), reader.num_splits())?),
+                        Some(wm) => Some(WatermarkGenerator::new(
+                            wm,
+                            &reader.schema(),
+                            reader.num_splits(),
+                        )?),
                         None => None,
                     };
                     TaskInput::Source(Box::new(SourceInput {
@@ -172,7 +204,10 @@ async fn build_tasks(plan: &PhysicalPlan, metrics: &Arc<JobMetrics>, options: &L
                     TaskInput::Gate(InputGate::new(rx))
                 }
             };
-            let first = chain.source.or(chain.operators.first().copied()).unwrap_or_default();
+            let first = chain
+                .source
+                .or(chain.operators.first().copied())
+                .unwrap_or_default();
             tasks.push(Task {
                 name: format!("{}[{subtask}]", plan.node(first).name),
                 input,
@@ -194,18 +229,32 @@ async fn build_operator(
 ) -> Result<Box<dyn Operator>> {
     let input = plan.input_schema(node.id);
     Ok(match &node.kind {
-        Some(pb::node::Kind::Filter(spec)) => Box::new(FilterOperator::build(spec, &input, compiler)?),
-        Some(pb::node::Kind::Select(spec)) => Box::new(SelectOperator::build(spec, &input, compiler)?),
+        Some(pb::node::Kind::Filter(spec)) => {
+            Box::new(FilterOperator::build(spec, &input, compiler)?)
+        }
+        Some(pb::node::Kind::Select(spec)) => {
+            Box::new(SelectOperator::build(spec, &input, compiler)?)
+        }
         Some(pb::node::Kind::Window(spec)) => {
             let state: Arc<dyn KeyedStateBackend> = Arc::new(MemoryStateBackend::new());
-            Box::new(WindowOperator::build(node.id, spec, &input, compiler, state, metrics.window_counters())?)
+            Box::new(WindowOperator::build(
+                node.id,
+                spec,
+                &input,
+                compiler,
+                state,
+                metrics.window_counters(),
+            )?)
         }
         Some(pb::node::Kind::Sink(spec)) => {
             let writer = connector::create_sink(spec, input, info).await?;
             Box::new(SinkOperator::new(writer, metrics.records_out.clone()))
         }
         Some(pb::node::Kind::Source(_)) | None => {
-            return Err(Error::Internal(format!("node `{}` cannot be a chained operator", node.name)));
+            return Err(Error::Internal(format!(
+                "node `{}` cannot be a chained operator",
+                node.name
+            )));
         }
     })
 }

@@ -25,20 +25,29 @@ impl JobMetrics {
     /// Registers a source subtask's watermark cell.
     pub fn source_watermark(&self) -> Arc<AtomicI64> {
         let cell = Arc::new(AtomicI64::new(Timestamp::MIN));
-        self.source_watermarks.lock().unwrap_or_else(|e| e.into_inner()).push(cell.clone());
+        self.source_watermarks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cell.clone());
         cell
     }
 
     /// Registers a window subtask's counters.
     pub fn window_counters(&self) -> Arc<WindowCounters> {
         let c = Arc::new(WindowCounters::default());
-        self.windows.lock().unwrap_or_else(|e| e.into_inner()).push(c.clone());
+        self.windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(c.clone());
         c
     }
 
     /// The job's event-time progress: the minimum source watermark, if all have one.
     pub fn watermark(&self) -> Option<Timestamp> {
-        let cells = self.source_watermarks.lock().unwrap_or_else(|e| e.into_inner());
+        let cells = self
+            .source_watermarks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let min = cells.iter().map(|c| c.load(Ordering::Relaxed)).min()?;
         (min != Timestamp::MIN).then_some(min)
     }
@@ -46,6 +55,8 @@ impl JobMetrics {
     /// Late records counted by all windows.
     pub fn late_records(&self) -> u64 {
         let w = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        w.iter().map(|c| c.late_records.load(Ordering::Relaxed)).sum()
+        w.iter()
+            .map(|c| c.late_records.load(Ordering::Relaxed))
+            .sum()
     }
 }

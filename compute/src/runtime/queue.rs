@@ -33,7 +33,9 @@ pub struct QueueSender {
 
 impl std::fmt::Debug for QueueSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QueueSender").field("channel", &self.channel).finish()
+        f.debug_struct("QueueSender")
+            .field("channel", &self.channel)
+            .finish()
     }
 }
 
@@ -47,7 +49,11 @@ impl QueueSender {
             .map_err(|_| Error::Internal("queue closed".into()))?
             .forget();
         self.tx
-            .send(Envelope { channel: self.channel, element, permits })
+            .send(Envelope {
+                channel: self.channel,
+                element,
+                permits,
+            })
             .map_err(|_| Error::Internal("the downstream task is gone".into()))
     }
 }
@@ -60,7 +66,9 @@ pub struct QueueReceiver {
 
 impl std::fmt::Debug for QueueReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QueueReceiver").field("channels", &self.budgets.len()).finish()
+        f.debug_struct("QueueReceiver")
+            .field("channels", &self.budgets.len())
+            .finish()
     }
 }
 
@@ -82,11 +90,18 @@ impl QueueReceiver {
 pub fn input_queue(channels: usize, capacity_bytes: usize) -> (Vec<QueueSender>, QueueReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
     let capacity = capacity_bytes.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize)) as u32;
-    let budgets: Vec<_> = (0..channels).map(|_| Arc::new(Semaphore::new(capacity as usize))).collect();
+    let budgets: Vec<_> = (0..channels)
+        .map(|_| Arc::new(Semaphore::new(capacity as usize)))
+        .collect();
     let senders = budgets
         .iter()
         .enumerate()
-        .map(|(channel, budget)| QueueSender { tx: tx.clone(), budget: budget.clone(), capacity, channel })
+        .map(|(channel, budget)| QueueSender {
+            tx: tx.clone(),
+            budget: budget.clone(),
+            capacity,
+            channel,
+        })
         .collect();
     (senders, QueueReceiver { rx, budgets })
 }
@@ -105,9 +120,16 @@ mod tests {
         for _ in 0..6 {
             s.send(StreamElement::Watermark(1)).await.unwrap();
         }
-        let blocked = tokio::time::timeout(Duration::from_millis(50), s.send(StreamElement::Idle)).await;
+        let blocked =
+            tokio::time::timeout(Duration::from_millis(50), s.send(StreamElement::Idle)).await;
         assert!(blocked.is_err(), "the seventh element must wait for budget");
-        assert!(matches!(rx.recv().await, Some((0, StreamElement::Watermark(1)))));
-        tokio::time::timeout(Duration::from_secs(5), s.send(StreamElement::Idle)).await.unwrap().unwrap();
+        assert!(matches!(
+            rx.recv().await,
+            Some((0, StreamElement::Watermark(1)))
+        ));
+        tokio::time::timeout(Duration::from_secs(5), s.send(StreamElement::Idle))
+            .await
+            .unwrap()
+            .unwrap();
     }
 }

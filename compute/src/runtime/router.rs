@@ -48,7 +48,13 @@ impl OutputEdge {
     /// An edge sending through `senders` (one per consumer subtask; one for forward).
     pub fn new(partitioner: Partitioner, senders: Vec<QueueSender>) -> Self {
         let targets = vec![Vec::new(); senders.len()];
-        Self { partitioner, senders, next: 0, keys: EncodedKeys::default(), targets }
+        Self {
+            partitioner,
+            senders,
+            next: 0,
+            keys: EncodedKeys::default(),
+            targets,
+        }
     }
 
     /// Sends `element` to the right channels.
@@ -77,12 +83,18 @@ impl OutputEdge {
     }
 
     async fn emit_hashed(&mut self, batch: &RecordBatch) -> Result<()> {
-        let Partitioner::Hash { encoder, max_parallelism } = &self.partitioner else {
+        let Partitioner::Hash {
+            encoder,
+            max_parallelism,
+        } = &self.partitioner
+        else {
             return Ok(());
         };
         let parallelism = self.senders.len() as u32;
         if parallelism == 1 {
-            return self.senders[0].send(StreamElement::Batch(batch.clone())).await;
+            return self.senders[0]
+                .send(StreamElement::Batch(batch.clone()))
+                .await;
         }
         encoder.encode(batch, &mut self.keys)?;
         for t in &mut self.targets {
@@ -102,7 +114,9 @@ impl OutputEdge {
             } else {
                 take_record_batch(batch, &UInt32Array::from(std::mem::take(rows)))?
             };
-            self.senders[target].send(StreamElement::Batch(part)).await?;
+            self.senders[target]
+                .send(StreamElement::Batch(part))
+                .await?;
         }
         Ok(())
     }
@@ -121,14 +135,19 @@ mod tests {
     #[tokio::test]
     async fn hash_sends_each_key_to_its_key_group_owner() {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
-        let batch =
-            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..1000))])
-                .unwrap();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from_iter_values(0..1000))],
+        )
+        .unwrap();
         let (s0, mut r0) = input_queue(1, 1 << 24);
         let (s1, mut r1) = input_queue(1, 1 << 24);
         let encoder = KeyEncoder::new(&schema, &["k".into()]).unwrap();
         let mut edge = OutputEdge::new(
-            Partitioner::Hash { encoder: encoder.clone(), max_parallelism: 128 },
+            Partitioner::Hash {
+                encoder: encoder.clone(),
+                max_parallelism: 128,
+            },
             vec![s0[0].clone(), s1[0].clone()],
         );
         edge.emit(&StreamElement::Batch(batch)).await.unwrap();

@@ -64,7 +64,10 @@ impl Task {
     pub async fn run(mut self, cancel: watch::Receiver<bool>) -> Result<()> {
         let name = self.name.clone();
         let result = self.run_inner(cancel).await;
-        result.map_err(|e| Error::Task { task: name, source: Box::new(e) })
+        result.map_err(|e| Error::Task {
+            task: name,
+            source: Box::new(e),
+        })
     }
 
     async fn run_inner(&mut self, mut cancel: watch::Receiver<bool>) -> Result<()> {
@@ -129,28 +132,38 @@ impl Task {
             return Ok(false);
         };
         let Some(sb) = src.reader.next_batch().await? else {
-            src.skipped.fetch_add(src.reader.counters().skipped, Ordering::Relaxed);
+            src.skipped
+                .fetch_add(src.reader.counters().skipped, Ordering::Relaxed);
             if src.watermarks.is_some() {
                 // End of a bounded input: the final watermark closes every window.
                 src.watermark_cell.store(Timestamp::MAX, Ordering::Relaxed);
-                self.chain.push(StreamElement::Watermark(Timestamp::MAX), &mut self.output).await?;
+                self.chain
+                    .push(StreamElement::Watermark(Timestamp::MAX), &mut self.output)
+                    .await?;
             }
             return Ok(false);
         };
-        src.records_in.fetch_add(sb.batch.num_rows() as u64, Ordering::Relaxed);
+        src.records_in
+            .fetch_add(sb.batch.num_rows() as u64, Ordering::Relaxed);
         let mut wm = match src.watermarks.as_mut() {
             Some(g) => g.on_batch(sb.split, &sb.batch)?,
             None => None,
         };
         for split in src.reader.take_finished_splits() {
-            if let Some(w) = src.watermarks.as_mut().and_then(|g| g.on_split_finished(split)) {
+            if let Some(w) = src
+                .watermarks
+                .as_mut()
+                .and_then(|g| g.on_split_finished(split))
+            {
                 wm = Some(w);
             }
         }
         if let Some(w) = &wm {
             publish(src, w);
         }
-        self.chain.push(StreamElement::Batch(sb.batch), &mut self.output).await?;
+        self.chain
+            .push(StreamElement::Batch(sb.batch), &mut self.output)
+            .await?;
         if let Some(w) = wm {
             self.chain.push(w, &mut self.output).await?;
         }

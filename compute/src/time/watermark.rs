@@ -73,8 +73,13 @@ impl WatermarkGenerator {
         }
         let col = batch.column(self.column);
         let ms = match col.data_type() {
-            DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Int64 => cast(col, &DataType::Int64)?,
-            _ => cast(&cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?, &DataType::Int64)?,
+            DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Int64 => {
+                cast(col, &DataType::Int64)?
+            }
+            _ => cast(
+                &cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
+                &DataType::Int64,
+            )?,
         };
         let now = Instant::now();
         let state = self.splits[split].get_or_insert(SplitState {
@@ -132,7 +137,11 @@ impl WatermarkGenerator {
             .flatten()
             .filter(|s| !s.finished)
             .filter(|s| idleness.is_none_or(|d| now.duration_since(s.last_active) < d))
-            .map(|s| s.max_ts.saturating_sub(self.out_of_orderness).saturating_sub(1))
+            .map(|s| {
+                s.max_ts
+                    .saturating_sub(self.out_of_orderness)
+                    .saturating_sub(1)
+            })
             .min()?;
         if min > self.emitted {
             self.emitted = min;
@@ -158,20 +167,30 @@ mod tests {
     }
 
     fn spec(ooo: u64) -> pb::WatermarkSpec {
-        pb::WatermarkSpec { column: "t".into(), max_out_of_orderness_ms: ooo, idleness_ms: 0 }
+        pb::WatermarkSpec {
+            column: "t".into(),
+            max_out_of_orderness_ms: ooo,
+            idleness_ms: 0,
+        }
     }
 
     #[test]
     fn slowest_split_holds_the_watermark() {
         let b = batch(&[0]);
         let mut g = WatermarkGenerator::new(&spec(10), &b.schema(), 2).unwrap();
-        assert!(matches!(g.on_batch(0, &batch(&[100, 50])).unwrap(), Some(StreamElement::Watermark(89))));
+        assert!(matches!(
+            g.on_batch(0, &batch(&[100, 50])).unwrap(),
+            Some(StreamElement::Watermark(89))
+        ));
         // Split 1 is behind: the watermark may not move forward.
         assert!(g.on_batch(1, &batch(&[60])).unwrap().is_none());
         assert_eq!(g.current(), 89);
         assert!(g.on_batch(0, &batch(&[200])).unwrap().is_none());
         // Split 1 finishing releases split 0's watermark.
-        assert!(matches!(g.on_split_finished(1), Some(StreamElement::Watermark(189))));
+        assert!(matches!(
+            g.on_split_finished(1),
+            Some(StreamElement::Watermark(189))
+        ));
     }
 
     #[test]
@@ -179,6 +198,10 @@ mod tests {
         let b = batch(&[0]);
         let mut s = spec(0);
         s.column = "nope".into();
-        assert!(WatermarkGenerator::new(&s, &b.schema(), 1).unwrap_err().is_user_error());
+        assert!(
+            WatermarkGenerator::new(&s, &b.schema(), 1)
+                .unwrap_err()
+                .is_user_error()
+        );
     }
 }

@@ -46,7 +46,9 @@ pub fn evaluate_args(calls: &[AggregateCall], batch: &RecordBatch) -> Result<Vec
     calls
         .iter()
         .map(|call| {
-            let Some(arg) = &call.arg else { return Ok(ArgValues::None) };
+            let Some(arg) = &call.arg else {
+                return Ok(ArgValues::None);
+            };
             let values = arg.evaluate(batch)?;
             Ok(match call.arg_kind {
                 _ if matches!(call.func, AggFunc::Count) => {
@@ -60,16 +62,20 @@ pub fn evaluate_args(calls: &[AggregateCall], batch: &RecordBatch) -> Result<Vec
                     let ms = cast(&values, &DataType::Timestamp(TimeUnit::Millisecond, None))?;
                     ArgValues::Int(to_i64(&ms)?)
                 }
-                ArgKind::Float => {
-                    ArgValues::Float(cast(&values, &DataType::Float64)?.as_primitive::<Float64Type>().clone())
-                }
+                ArgKind::Float => ArgValues::Float(
+                    cast(&values, &DataType::Float64)?
+                        .as_primitive::<Float64Type>()
+                        .clone(),
+                ),
             })
         })
         .collect()
 }
 
 fn to_i64(values: &ArrayRef) -> Result<Int64Array> {
-    Ok(cast(values, &DataType::Int64)?.as_primitive::<Int64Type>().clone())
+    Ok(cast(values, &DataType::Int64)?
+        .as_primitive::<Int64Type>()
+        .clone())
 }
 
 /// Folds row `row` of `arg` into `acc` for `func`.
@@ -122,10 +128,34 @@ pub fn merge(func: AggFunc, kind: ArgKind, acc: &mut Acc, other: &Acc) {
         AggFunc::Sum if float => acc.f += other.f,
         AggFunc::Sum => acc.i = acc.i.wrapping_add(other.i),
         AggFunc::Avg => acc.f += other.f,
-        AggFunc::Min if float => acc.f = if acc.n == 0 { other.f } else { acc.f.min(other.f) },
-        AggFunc::Min => acc.i = if acc.n == 0 { other.i } else { acc.i.min(other.i) },
-        AggFunc::Max if float => acc.f = if acc.n == 0 { other.f } else { acc.f.max(other.f) },
-        AggFunc::Max => acc.i = if acc.n == 0 { other.i } else { acc.i.max(other.i) },
+        AggFunc::Min if float => {
+            acc.f = if acc.n == 0 {
+                other.f
+            } else {
+                acc.f.min(other.f)
+            }
+        }
+        AggFunc::Min => {
+            acc.i = if acc.n == 0 {
+                other.i
+            } else {
+                acc.i.min(other.i)
+            }
+        }
+        AggFunc::Max if float => {
+            acc.f = if acc.n == 0 {
+                other.f
+            } else {
+                acc.f.max(other.f)
+            }
+        }
+        AggFunc::Max => {
+            acc.i = if acc.n == 0 {
+                other.i
+            } else {
+                acc.i.max(other.i)
+            }
+        }
     }
     acc.n += other.n;
 }
@@ -163,18 +193,19 @@ pub fn decode(bytes: &[u8], count: usize, out: &mut Vec<Acc>) -> Result<()> {
 pub fn finish<'a>(call: &AggregateCall, accs: impl Iterator<Item = &'a Acc>) -> Result<ArrayRef> {
     let float = call.arg_kind == ArgKind::Float;
     let array: ArrayRef = match call.func {
-        AggFunc::CountStar | AggFunc::Count => {
-            Arc::new(accs.map(|a| a.n).collect::<Int64Array>())
-        }
+        AggFunc::CountStar | AggFunc::Count => Arc::new(accs.map(|a| a.n).collect::<Int64Array>()),
         AggFunc::Avg => Arc::new(
-            accs.map(|a| (a.n > 0).then(|| a.f / a.n as f64)).collect::<Float64Array>(),
+            accs.map(|a| (a.n > 0).then(|| a.f / a.n as f64))
+                .collect::<Float64Array>(),
         ),
-        AggFunc::Sum | AggFunc::Min | AggFunc::Max if float => {
-            Arc::new(accs.map(|a| (a.n > 0).then_some(a.f)).collect::<Float64Array>())
-        }
-        AggFunc::Sum | AggFunc::Min | AggFunc::Max => {
-            Arc::new(accs.map(|a| (a.n > 0).then_some(a.i)).collect::<Int64Array>())
-        }
+        AggFunc::Sum | AggFunc::Min | AggFunc::Max if float => Arc::new(
+            accs.map(|a| (a.n > 0).then_some(a.f))
+                .collect::<Float64Array>(),
+        ),
+        AggFunc::Sum | AggFunc::Min | AggFunc::Max => Arc::new(
+            accs.map(|a| (a.n > 0).then_some(a.i))
+                .collect::<Int64Array>(),
+        ),
     };
     if array.data_type() == &call.output_type {
         Ok(array)
@@ -191,7 +222,13 @@ mod tests {
     fn partials_merge_to_the_whole() {
         let values = Int64Array::from(vec![Some(5), None, Some(-2), Some(9)]);
         let arg = ArgValues::Int(values);
-        for func in [AggFunc::Sum, AggFunc::Min, AggFunc::Max, AggFunc::Count, AggFunc::Avg] {
+        for func in [
+            AggFunc::Sum,
+            AggFunc::Min,
+            AggFunc::Max,
+            AggFunc::Count,
+            AggFunc::Avg,
+        ] {
             let mut whole = Acc::default();
             (0..4).for_each(|r| update(func, &mut whole, &arg, r));
             let (mut a, mut b) = (Acc::default(), Acc::default());
@@ -204,7 +241,18 @@ mod tests {
 
     #[test]
     fn encoding_round_trips() {
-        let accs = [Acc { i: -3, f: 2.5, n: 7 }, Acc { i: i64::MAX, f: -0.0, n: 0 }];
+        let accs = [
+            Acc {
+                i: -3,
+                f: 2.5,
+                n: 7,
+            },
+            Acc {
+                i: i64::MAX,
+                f: -0.0,
+                n: 0,
+            },
+        ];
         let mut buf = Vec::new();
         encode(&accs, &mut buf);
         assert_eq!(buf.len(), 2 * ACC_BYTES);

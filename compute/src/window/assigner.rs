@@ -32,15 +32,17 @@ impl WindowAssigner {
     pub fn from_spec(spec: &pb::WindowSpec) -> Result<Self> {
         let ms = |v: u64, what: &str| -> Result<i64> {
             if v == 0 || v > i64::MAX as u64 / 4 {
-                Err(Error::Plan(format!("window {what} must be positive and finite, got {v} ms")))
+                Err(Error::Plan(format!(
+                    "window {what} must be positive and finite, got {v} ms"
+                )))
             } else {
                 Ok(v as i64)
             }
         };
         match spec.kind.as_ref() {
-            Some(pb::window_spec::Kind::Tumbling(t)) => {
-                Ok(Self::Tumbling { size: ms(t.size_ms, "size")? })
-            }
+            Some(pb::window_spec::Kind::Tumbling(t)) => Ok(Self::Tumbling {
+                size: ms(t.size_ms, "size")?,
+            }),
             Some(pb::window_spec::Kind::Sliding(s)) => {
                 let (size, slide) = (ms(s.size_ms, "size")?, ms(s.slide_ms, "slide")?);
                 if slide > size {
@@ -50,8 +52,12 @@ impl WindowAssigner {
                 }
                 Ok(Self::Sliding { size, slide })
             }
-            Some(pb::window_spec::Kind::Session(s)) => Ok(Self::Session { gap: ms(s.gap_ms, "gap")? }),
-            None => Err(Error::Plan("the window has no kind (tumbling, sliding or session)".into())),
+            Some(pb::window_spec::Kind::Session(s)) => Ok(Self::Session {
+                gap: ms(s.gap_ms, "gap")?,
+            }),
+            None => Err(Error::Plan(
+                "the window has no kind (tumbling, sliding or session)".into(),
+            )),
         }
     }
 
@@ -61,13 +67,28 @@ impl WindowAssigner {
         match *self {
             Self::Tumbling { size } => {
                 let start = ts - ts.rem_euclid(size);
-                Windows { next: start, lowest: start, size, slide: size }
+                Windows {
+                    next: start,
+                    lowest: start,
+                    size,
+                    slide: size,
+                }
             }
             Self::Sliding { size, slide } => {
                 let last = ts - ts.rem_euclid(slide);
-                Windows { next: last, lowest: ts - size + 1, size, slide }
+                Windows {
+                    next: last,
+                    lowest: ts - size + 1,
+                    size,
+                    slide,
+                }
             }
-            Self::Session { gap } => Windows { next: ts, lowest: ts, size: gap, slide: gap },
+            Self::Session { gap } => Windows {
+                next: ts,
+                lowest: ts,
+                size: gap,
+                slide: gap,
+            },
         }
     }
 }

@@ -1,6 +1,6 @@
 //! A key's sessions: encoding in keyed state and merging.
 
-use super::accumulator::{self, Acc, ACC_BYTES};
+use super::accumulator::{self, ACC_BYTES, Acc};
 use crate::element::Timestamp;
 use crate::error::{Error, Result};
 use crate::expr::aggregate::AggregateCall;
@@ -54,7 +54,13 @@ pub fn encode(sessions: &[Session], out: &mut Vec<u8>) {
 /// Decodes a state value written by [`encode`] with `naggs` accumulators per session.
 pub fn decode(bytes: &[u8], naggs: usize) -> Result<Vec<Session>> {
     let corrupt = || Error::Internal("corrupt session state".into());
-    let count = u32::from_be_bytes(bytes.get(..4).ok_or_else(corrupt)?.try_into().map_err(|_| corrupt())?);
+    let count = u32::from_be_bytes(
+        bytes
+            .get(..4)
+            .ok_or_else(corrupt)?
+            .try_into()
+            .map_err(|_| corrupt())?,
+    );
     let each = 17 + naggs * ACC_BYTES;
     let mut out = Vec::with_capacity(count as usize);
     let mut pos = 4;
@@ -63,7 +69,12 @@ pub fn decode(bytes: &[u8], naggs: usize) -> Result<Vec<Session>> {
         let word = |i: usize| i64::from_be_bytes(s[i..i + 8].try_into().unwrap_or_default());
         let mut accs = Vec::with_capacity(naggs);
         accumulator::decode(&s[17..], naggs, &mut accs)?;
-        out.push(Session { start: word(0), end: word(8), fired: s[16] != 0, accs });
+        out.push(Session {
+            start: word(0),
+            end: word(8),
+            fired: s[16] != 0,
+            accs,
+        });
         pos += each;
     }
     Ok(out)
@@ -74,7 +85,12 @@ mod tests {
     use super::*;
 
     fn s(start: i64, end: i64) -> Session {
-        Session { start, end, fired: false, accs: vec![Acc { i: 0, f: 0.0, n: 1 }] }
+        Session {
+            start,
+            end,
+            fired: false,
+            accs: vec![Acc { i: 0, f: 0.0, n: 1 }],
+        }
     }
 
     #[test]

@@ -13,7 +13,10 @@ pub struct TimerQueue<T> {
 
 impl<T> Default for TimerQueue<T> {
     fn default() -> Self {
-        Self { by_time: BTreeMap::new(), len: 0 }
+        Self {
+            by_time: BTreeMap::new(),
+            len: 0,
+        }
     }
 }
 
@@ -31,8 +34,10 @@ impl<T> TimerQueue<T> {
             None => BTreeMap::new(),
         };
         let due = std::mem::replace(&mut self.by_time, later);
-        let out: Vec<_> =
-            due.into_iter().flat_map(|(t, timers)| timers.into_iter().map(move |x| (t, x))).collect();
+        let out: Vec<_> = due
+            .into_iter()
+            .flat_map(|(t, timers)| timers.into_iter().map(move |x| (t, x)))
+            .collect();
         self.len -= out.len();
         out
     }

@@ -17,8 +17,16 @@ use crate::connector::store;
 use crate::error::{Error, Result};
 
 enum Target {
-    Local { path: std::path::PathBuf, file: Option<std::io::BufWriter<std::fs::File>> },
-    Remote { store: Arc<dyn ObjectStore>, location: Path, buffer: Vec<u8>, dirty: bool },
+    Local {
+        path: std::path::PathBuf,
+        file: Option<std::io::BufWriter<std::fs::File>>,
+    },
+    Remote {
+        store: Arc<dyn ObjectStore>,
+        location: Path,
+        buffer: Vec<u8>,
+        dirty: bool,
+    },
 }
 
 /// Where one subtask's bad records go.
@@ -29,7 +37,9 @@ pub struct DeadLetter {
 
 impl std::fmt::Debug for DeadLetter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeadLetter").field("display", &self.display).finish_non_exhaustive()
+        f.debug_struct("DeadLetter")
+            .field("display", &self.display)
+            .finish_non_exhaustive()
     }
 }
 
@@ -45,12 +55,20 @@ impl DeadLetter {
         if let Some(local) = store::local_path(dir)? {
             let path = local.join(&name);
             let display = path.display().to_string();
-            return Ok(DeadLetter { target: Target::Local { path, file: None }, display });
+            return Ok(DeadLetter {
+                target: Target::Local { path, file: None },
+                display,
+            });
         }
         let (store, root, root_display) = store::resolve(dir, cfg)?;
         let location = root.clone().join(name.as_str());
         let display = store::display_location(&root_display, &root, &location);
-        let target = Target::Remote { store, location, buffer: Vec::new(), dirty: false };
+        let target = Target::Remote {
+            store,
+            location,
+            buffer: Vec::new(),
+            dirty: false,
+        };
         Ok(DeadLetter { target, display })
     }
 
@@ -71,7 +89,9 @@ impl DeadLetter {
                     if let Some(parent) = path.parent() {
                         std::fs::create_dir_all(parent).map_err(io)?;
                     }
-                    *file = Some(std::io::BufWriter::new(std::fs::File::create(&*path).map_err(io)?));
+                    *file = Some(std::io::BufWriter::new(
+                        std::fs::File::create(&*path).map_err(io)?,
+                    ));
                 }
                 let f = file.as_mut().expect("opened above");
                 f.write_all(line.as_bytes()).map_err(io)?;
@@ -89,10 +109,17 @@ impl DeadLetter {
     pub async fn finish(&mut self) -> Result<()> {
         match &mut self.target {
             Target::Local { path, file } => match file.as_mut() {
-                Some(f) => f.flush().map_err(|e| Error::io(path.display().to_string(), e)),
+                Some(f) => f
+                    .flush()
+                    .map_err(|e| Error::io(path.display().to_string(), e)),
                 None => Ok(()),
             },
-            Target::Remote { store, location, buffer, dirty } => {
+            Target::Remote {
+                store,
+                location,
+                buffer,
+                dirty,
+            } => {
                 if *dirty {
                     let payload = PutPayload::from(Bytes::from(buffer.clone()));
                     store.put(location, payload).await?;

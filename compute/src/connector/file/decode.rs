@@ -26,8 +26,8 @@ pub enum TextFormat {
 }
 
 enum Inner {
-    Csv(arrow::csv::reader::Decoder),
-    Json(arrow::json::reader::Decoder),
+    Csv(Box<arrow::csv::reader::Decoder>),
+    Json(Box<arrow::json::reader::Decoder>),
 }
 
 /// What happens to bad records, and the counts kept about them.
@@ -62,7 +62,12 @@ impl std::fmt::Debug for TextDecoder {
 impl TextDecoder {
     /// A decoder of chunks of up to `capacity` records into `schema`.
     pub fn new(format: TextFormat, schema: SchemaRef, capacity: usize) -> Self {
-        TextDecoder { format, schema, capacity: capacity.max(1), inner: None }
+        TextDecoder {
+            format,
+            schema,
+            capacity: capacity.max(1),
+            inner: None,
+        }
     }
 
     /// Decodes the records `spans` of `data` (read from `file`) into one batch, handing
@@ -77,10 +82,10 @@ impl TextDecoder {
         let (Some(first), Some(last)) = (spans.first(), spans.last()) else {
             return Ok(None);
         };
-        if let Ok(batch) = self.decode(&data[first.start..last.next]) {
-            if batch.as_ref().map_or(0, |b| b.num_rows()) == spans.len() {
-                return Ok(batch);
-            }
+        if let Ok(batch) = self.decode(&data[first.start..last.next])
+            && batch.as_ref().map_or(0, |b| b.num_rows()) == spans.len()
+        {
+            return Ok(batch);
         }
         // Some record is bad (or blank lines confused the count): one at a time.
         let mut good = Vec::with_capacity(spans.len());
@@ -118,17 +123,17 @@ impl TextDecoder {
         // Room for twice the records expected, so a blank line can never stop a chunk.
         let batch_size = self.capacity * 2 + 16;
         Ok(match self.format {
-            TextFormat::Csv => Inner::Csv(
+            TextFormat::Csv => Inner::Csv(Box::new(
                 arrow::csv::ReaderBuilder::new(self.schema.clone())
                     .with_header(false)
                     .with_batch_size(batch_size)
                     .build_decoder(),
-            ),
-            TextFormat::JsonLines => Inner::Json(
+            )),
+            TextFormat::JsonLines => Inner::Json(Box::new(
                 arrow::json::ReaderBuilder::new(self.schema.clone())
                     .with_batch_size(batch_size)
                     .build_decoder()?,
-            ),
+            )),
         })
     }
 }
@@ -158,7 +163,9 @@ fn feed(inner: &mut Inner, bytes: &[u8]) -> Result<Option<RecordBatch>, ArrowErr
         }
     }
     if offset < bytes.len() {
-        return Err(ArrowError::ParseError("decoder stopped before the end of the chunk".into()));
+        return Err(ArrowError::ParseError(
+            "decoder stopped before the end of the chunk".into(),
+        ));
     }
     match inner {
         Inner::Csv(d) => d.flush(),
@@ -246,9 +253,14 @@ mod tests {
             "incorrect number of fields: expected 3 got 2"
         );
         assert_eq!(
-            strip_line_numbers("Error while parsing value 'x' as type 'Int64' for column 0 at line 0. Row data: '[x]'"),
+            strip_line_numbers(
+                "Error while parsing value 'x' as type 'Int64' for column 0 at line 0. Row data: '[x]'"
+            ),
             "Error while parsing value 'x' as type 'Int64' for column 0. Row data: '[x]'"
         );
-        assert_eq!(strip_line_numbers("no line here: line x"), "no line here: line x");
+        assert_eq!(
+            strip_line_numbers("no line here: line x"),
+            "no line here: line x"
+        );
     }
 }

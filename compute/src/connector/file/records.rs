@@ -31,7 +31,11 @@ pub struct RecordScanner {
 impl RecordScanner {
     /// A scanner at the start of a file; `csv` selects CSV quoting rules.
     pub fn new(csv: bool) -> Self {
-        RecordScanner { csv, pos: 0, line: 1 }
+        RecordScanner {
+            csv,
+            pos: 0,
+            line: 1,
+        }
     }
 
     /// True when every record of `data` has been returned.
@@ -59,7 +63,12 @@ impl RecordScanner {
             if content.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            out.push(RecordSpan { start, end, next, line });
+            out.push(RecordSpan {
+                start,
+                end,
+                next,
+                line,
+            });
             taken += 1;
         }
     }
@@ -100,7 +109,12 @@ mod tests {
         s.scan(text.as_bytes(), usize::MAX, &mut out);
         assert!(s.at_end(text.as_bytes()));
         out.iter()
-            .map(|r| (r.line, String::from_utf8_lossy(trim_cr(&text.as_bytes()[r.start..r.end])).into_owned()))
+            .map(|r| {
+                (
+                    r.line,
+                    String::from_utf8_lossy(trim_cr(&text.as_bytes()[r.start..r.end])).into_owned(),
+                )
+            })
             .collect()
     }
 
@@ -123,7 +137,11 @@ mod tests {
         let text = "{\"a\":1}\n\n  \n{\"a\":\"x\ny\"}\n";
         assert_eq!(
             scan_all(false, text),
-            vec![(1, "{\"a\":1}".into()), (4, "{\"a\":\"x".into()), (5, "y\"}".into())]
+            vec![
+                (1, "{\"a\":1}".into()),
+                (4, "{\"a\":\"x".into()),
+                (5, "y\"}".into())
+            ]
         );
     }
 

@@ -75,7 +75,10 @@ pub async fn infer(
             let mut sample = store.get_range(&file.location, 0..end).await?;
             if end < file.size {
                 // Only whole lines.
-                let cut = sample.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+                let cut = sample
+                    .iter()
+                    .rposition(|b| *b == b'\n')
+                    .map_or(0, |i| i + 1);
                 sample = sample.slice(..cut);
             }
             if format == pb::FileFormat::Csv {
@@ -98,7 +101,9 @@ fn sample_records(sample: &[u8], csv: bool) -> Vec<&[u8]> {
 fn infer_csv(sample: &[u8], display: &str) -> Result<Schema> {
     let records = sample_records(sample, true);
     let Some((header, rows)) = records.split_first() else {
-        return Err(Error::Plan(format!("cannot infer a schema from {display}: it has no header")));
+        return Err(Error::Plan(format!(
+            "cannot infer a schema from {display}: it has no header"
+        )));
     };
     let format = arrow::csv::reader::Format::default().with_header(true);
     let infer = |rows: &[&[u8]]| {
@@ -109,13 +114,19 @@ fn infer_csv(sample: &[u8], display: &str) -> Result<Schema> {
         for r in rows {
             text.extend_from_slice(r);
         }
-        format.infer_schema(Cursor::new(text), None).map(|(schema, _)| schema)
+        format
+            .infer_schema(Cursor::new(text), None)
+            .map(|(schema, _)| schema)
     };
     // Records that the reader rejects (wrong field count) are left out of the sample.
     let schema = match infer(rows) {
         Ok(schema) => schema,
         Err(_) => {
-            let good: Vec<&[u8]> = rows.iter().copied().filter(|r| infer(&[r]).is_ok()).collect();
+            let good: Vec<&[u8]> = rows
+                .iter()
+                .copied()
+                .filter(|r| infer(&[r]).is_ok())
+                .collect();
             infer(&good).map_err(|e| {
                 Error::Plan(format!("cannot infer a CSV schema from {display}: {e}"))
             })?
@@ -142,7 +153,9 @@ fn infer_json(sample: &[u8], display: &str) -> Result<Schema> {
         }
     };
     if schema.fields().is_empty() {
-        return Err(Error::Plan(format!("cannot infer a schema from {display}: no records")));
+        return Err(Error::Plan(format!(
+            "cannot infer a schema from {display}: no records"
+        )));
     }
     let schema = in_key_order(normalize(schema), good.first().copied().unwrap_or_default());
     Ok(detect_timestamps(schema, &good.concat()))
@@ -179,7 +192,10 @@ fn detect_timestamps(schema: Schema, sample: &[u8]) -> Schema {
     let Some(batch) = batch else {
         return Arc::unwrap_or_clone(schema);
     };
-    let strict = CastOptions { safe: false, format_options: FormatOptions::default() };
+    let strict = CastOptions {
+        safe: false,
+        format_options: FormatOptions::default(),
+    };
     let fields = schema
         .fields()
         .iter()
@@ -213,7 +229,11 @@ fn normalize(schema: Schema) -> Schema {
 }
 
 /// The Arrow schema in a Parquet file's footer, read without fetching the whole file.
-async fn parquet_schema(store: &dyn ObjectStore, file: &ObjectMeta, display: &str) -> Result<Schema> {
+async fn parquet_schema(
+    store: &dyn ObjectStore,
+    file: &ObjectMeta,
+    display: &str,
+) -> Result<Schema> {
     let size = file.size;
     let mut fetch = size.min(FOOTER_GUESS);
     let bad = |e: parquet::errors::ParquetError| {
@@ -246,14 +266,26 @@ mod tests {
     #[test]
     fn explicit_types_map_to_arrow_and_unknown_ones_are_named() {
         let fields = vec![
-            pb::Field { name: "a".into(), data_type: "int64".into(), nullable: false },
-            pb::Field { name: "t".into(), data_type: "TIMESTAMP".into(), nullable: true },
+            pb::Field {
+                name: "a".into(),
+                data_type: "int64".into(),
+                nullable: false,
+            },
+            pb::Field {
+                name: "t".into(),
+                data_type: "TIMESTAMP".into(),
+                nullable: true,
+            },
         ];
         let schema = explicit_schema(&fields).unwrap();
         assert_eq!(schema.field(0).data_type(), &DataType::Int64);
         assert!(!schema.field(0).is_nullable());
         assert_eq!(schema.field(1).data_type(), &TIMESTAMP_MS);
-        let bad = vec![pb::Field { name: "x".into(), data_type: "decimal".into(), nullable: true }];
+        let bad = vec![pb::Field {
+            name: "x".into(),
+            data_type: "decimal".into(),
+            nullable: true,
+        }];
         let err = explicit_schema(&bad).unwrap_err().to_string();
         assert!(err.contains("'x'") && err.contains("decimal"), "{err}");
     }
@@ -271,9 +303,18 @@ mod tests {
     fn json_inference_detects_timestamp_strings_and_ignores_bad_lines() {
         let text = b"{\"id\":1,\"s\":\"x\",\"at\":\"2015-07-15T00:00:01.234\"}\nnot json\n{\"id\":2,\"s\":\"2015\",\"at\":\"2015-07-15T00:00:02\"}\n";
         let schema = infer_json(text, "x.jsonl").unwrap();
-        assert_eq!(schema.field_with_name("id").unwrap().data_type(), &DataType::Int64);
-        assert_eq!(schema.field_with_name("s").unwrap().data_type(), &DataType::Utf8);
-        assert_eq!(schema.field_with_name("at").unwrap().data_type(), &TIMESTAMP_MS);
+        assert_eq!(
+            schema.field_with_name("id").unwrap().data_type(),
+            &DataType::Int64
+        );
+        assert_eq!(
+            schema.field_with_name("s").unwrap().data_type(),
+            &DataType::Utf8
+        );
+        assert_eq!(
+            schema.field_with_name("at").unwrap().data_type(),
+            &TIMESTAMP_MS
+        );
         let names: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
         assert_eq!(names, ["id", "s", "at"]);
     }

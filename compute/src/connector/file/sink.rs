@@ -68,7 +68,7 @@ impl Write for Output {
 /// Encodes batches in one format.
 enum Encoder {
     Json(arrow::json::LineDelimitedWriter<Output>),
-    Csv(arrow::csv::Writer<Output>),
+    Csv(Box<arrow::csv::Writer<Output>>),
     Parquet(Box<ArrowWriter<Output>>),
 }
 
@@ -76,9 +76,11 @@ impl Encoder {
     fn new(format: pb::FileFormat, schema: SchemaRef, output: Output) -> Result<Self> {
         Ok(match format {
             pb::FileFormat::Jsonl => Encoder::Json(arrow::json::LineDelimitedWriter::new(output)),
-            pb::FileFormat::Csv => {
-                Encoder::Csv(arrow::csv::WriterBuilder::new().with_header(true).build(output))
-            }
+            pb::FileFormat::Csv => Encoder::Csv(Box::new(
+                arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(output),
+            )),
             pb::FileFormat::Parquet => {
                 Encoder::Parquet(Box::new(ArrowWriter::try_new(output, schema, None)?))
             }
@@ -108,8 +110,14 @@ impl Encoder {
 
 /// Where the finished part goes.
 enum Target {
-    Local { in_progress: PathBuf, path: PathBuf },
-    Remote { store: Arc<dyn ObjectStore>, location: Path },
+    Local {
+        in_progress: PathBuf,
+        path: PathBuf,
+    },
+    Remote {
+        store: Arc<dyn ObjectStore>,
+        location: Path,
+    },
 }
 
 /// Writes one sink subtask's part file.
@@ -121,13 +129,19 @@ pub struct FileWriter {
 
 impl std::fmt::Debug for FileWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FileWriter").field("display", &self.display).finish_non_exhaustive()
+        f.debug_struct("FileWriter")
+            .field("display", &self.display)
+            .finish_non_exhaustive()
     }
 }
 
 impl FileWriter {
     /// Starts the part of `subtask` under the directory `spec.path`.
-    pub async fn create(spec: &pb::FileSink, schema: SchemaRef, subtask: SubtaskInfo) -> Result<Self> {
+    pub async fn create(
+        spec: &pb::FileSink,
+        schema: SchemaRef,
+        subtask: SubtaskInfo,
+    ) -> Result<Self> {
         let format = spec.format();
         let name = format!("part-{}.{}", subtask.index, extension(format));
         if let Some(dir) = store::local_path(&spec.path)? {
@@ -149,7 +163,11 @@ impl FileWriter {
         let location = root.clone().join(name.as_str());
         let display = store::display_location(&root_display, &root, &location);
         let encoder = Encoder::new(format, schema, Output::Memory(Vec::new()))?;
-        Ok(FileWriter { encoder: Some(encoder), target: Target::Remote { store, location }, display })
+        Ok(FileWriter {
+            encoder: Some(encoder),
+            target: Target::Remote { store, location },
+            display,
+        })
     }
 
     /// Where the part is written, for messages.
@@ -165,7 +183,9 @@ impl SinkWriter for FileWriter {
             .encoder
             .as_mut()
             .ok_or_else(|| Error::Internal(format!("write to {} after finish", self.display)))?;
-        encoder.write(batch).map_err(|e| with_path(e, &self.display))
+        encoder
+            .write(batch)
+            .map_err(|e| with_path(e, &self.display))
     }
 
     async fn finish(&mut self) -> Result<()> {
@@ -190,7 +210,11 @@ impl SinkWriter for FileWriter {
                     upload.finish().await?;
                 }
             }
-            _ => return Err(Error::Internal("file sink output and target disagree".into())),
+            _ => {
+                return Err(Error::Internal(
+                    "file sink output and target disagree".into(),
+                ));
+            }
         }
         Ok(())
     }

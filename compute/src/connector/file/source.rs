@@ -39,7 +39,12 @@ impl Listing {
         if files.is_empty() {
             return Err(Error::Plan(format!("no files found at {root_display}")));
         }
-        Ok(Listing { store, root, root_display, files })
+        Ok(Listing {
+            store,
+            root,
+            root_display,
+            files,
+        })
     }
 
     fn display(&self, file: &ObjectMeta) -> String {
@@ -57,7 +62,13 @@ impl Listing {
                 self.root_display
             ))
         })?;
-        schema::infer(self.store.as_ref(), file, &self.display(file), spec.format()).await
+        schema::infer(
+            self.store.as_ref(),
+            file,
+            &self.display(file),
+            spec.format(),
+        )
+        .await
     }
 }
 
@@ -68,8 +79,14 @@ pub async fn source_schema(spec: &pb::FileSource) -> Result<SchemaRef> {
 
 /// The file being read.
 enum Open {
-    Text { data: Bytes, scanner: RecordScanner },
-    Parquet { reader: ParquetRecordBatchReader, pending: Option<RecordBatch> },
+    Text {
+        data: Bytes,
+        scanner: RecordScanner,
+    },
+    Parquet {
+        reader: ParquetRecordBatchReader,
+        pending: Option<RecordBatch>,
+    },
 }
 
 /// Reads the files assigned to one source subtask.
@@ -94,7 +111,10 @@ pub struct FileReader {
 impl std::fmt::Debug for FileReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileReader")
-            .field("files", &self.files.iter().map(|(_, d)| d).collect::<Vec<_>>())
+            .field(
+                "files",
+                &self.files.iter().map(|(_, d)| d).collect::<Vec<_>>(),
+            )
             .field("current", &self.current)
             .finish_non_exhaustive()
     }
@@ -131,10 +151,16 @@ impl FileReader {
         let format = spec.format();
         let batch_size = batch_size.max(1);
         let decoder = match format {
-            pb::FileFormat::Csv => Some(TextDecoder::new(TextFormat::Csv, schema.clone(), batch_size)),
-            pb::FileFormat::Jsonl => {
-                Some(TextDecoder::new(TextFormat::JsonLines, schema.clone(), batch_size))
-            }
+            pb::FileFormat::Csv => Some(TextDecoder::new(
+                TextFormat::Csv,
+                schema.clone(),
+                batch_size,
+            )),
+            pb::FileFormat::Jsonl => Some(TextDecoder::new(
+                TextFormat::JsonLines,
+                schema.clone(),
+                batch_size,
+            )),
             pb::FileFormat::Parquet => None,
         };
         Ok(FileReader {
@@ -164,15 +190,24 @@ impl FileReader {
                 scanner.scan(&data, 1, &mut header);
                 Open::Text { data, scanner }
             }
-            pb::FileFormat::Jsonl => Open::Text { data, scanner: RecordScanner::new(false) },
+            pb::FileFormat::Jsonl => Open::Text {
+                data,
+                scanner: RecordScanner::new(false),
+            },
             pb::FileFormat::Parquet => {
-                let bad = |e| Error::BadRecord { location: display.clone(), message: format!("{e}") };
+                let bad = |e| Error::BadRecord {
+                    location: display.clone(),
+                    message: format!("{e}"),
+                };
                 let reader = ParquetRecordBatchReaderBuilder::try_new(data)
                     .map_err(bad)?
                     .with_batch_size(self.batch_size)
                     .build()
                     .map_err(bad)?;
-                Open::Parquet { reader, pending: None }
+                Open::Parquet {
+                    reader,
+                    pending: None,
+                }
             }
         })
     }
@@ -194,13 +229,18 @@ impl FileReader {
                 Ok((batch, scanner.at_end(data)))
             }
             Open::Parquet { reader, pending } => {
-                let bad = |e| Error::BadRecord { location: display.clone(), message: format!("{e}") };
+                let bad = |e| Error::BadRecord {
+                    location: display.clone(),
+                    message: format!("{e}"),
+                };
                 let batch = match pending.take() {
                     Some(b) => Some(b),
                     None => reader.next().transpose().map_err(bad)?,
                 };
                 *pending = reader.next().transpose().map_err(bad)?;
-                let batch = batch.map(|b| conform(b, &self.schema, display)).transpose()?;
+                let batch = batch
+                    .map(|b| conform(b, &self.schema, display))
+                    .transpose()?;
                 Ok((batch, pending.is_none()))
             }
         }
@@ -210,15 +250,18 @@ impl FileReader {
 /// `batch` with exactly `schema`'s fields: columns by name, cast where types differ.
 fn conform(batch: RecordBatch, schema: &SchemaRef, file: &str) -> Result<RecordBatch> {
     if batch.schema().fields() == schema.fields() {
-        return Ok(RecordBatch::try_new(schema.clone(), batch.columns().to_vec())?);
+        return Ok(RecordBatch::try_new(
+            schema.clone(),
+            batch.columns().to_vec(),
+        )?);
     }
     let columns = schema
         .fields()
         .iter()
         .map(|field| {
-            let column = batch.column_by_name(field.name()).ok_or_else(|| {
-                Error::Plan(format!("{file} has no column '{}'", field.name()))
-            })?;
+            let column = batch
+                .column_by_name(field.name())
+                .ok_or_else(|| Error::Plan(format!("{file} has no column '{}'", field.name())))?;
             if column.data_type() == field.data_type() {
                 Ok(column.clone())
             } else {

@@ -11,10 +11,16 @@ use crate::connector::nexmark::{generate_all, schema as nexmark_schema};
 use crate::connector::{SinkWriter, SourceBatch, SourceReader, SubtaskInfo};
 use crate::error::Error;
 
-const FORMATS: [pb::FileFormat; 3] =
-    [pb::FileFormat::Jsonl, pb::FileFormat::Csv, pb::FileFormat::Parquet];
-const STREAMS: [pb::NexmarkStream; 3] =
-    [pb::NexmarkStream::Bid, pb::NexmarkStream::Auction, pb::NexmarkStream::Person];
+const FORMATS: [pb::FileFormat; 3] = [
+    pb::FileFormat::Jsonl,
+    pb::FileFormat::Csv,
+    pb::FileFormat::Parquet,
+];
+const STREAMS: [pb::NexmarkStream; 3] = [
+    pb::NexmarkStream::Bid,
+    pb::NexmarkStream::Auction,
+    pb::NexmarkStream::Person,
+];
 
 fn subtask(index: usize, parallelism: usize) -> SubtaskInfo {
     SubtaskInfo { index, parallelism }
@@ -39,10 +45,18 @@ fn fields_of(schema: &SchemaRef) -> Vec<pb::Field> {
 }
 
 fn source(path: &str, format: pb::FileFormat) -> pb::FileSource {
-    pb::FileSource { path: path.into(), format: format as i32, ..Default::default() }
+    pb::FileSource {
+        path: path.into(),
+        format: format as i32,
+        ..Default::default()
+    }
 }
 
-async fn read_all(spec: &pb::FileSource, sub: SubtaskInfo, batch_size: usize) -> (Vec<SourceBatch>, FileReader) {
+async fn read_all(
+    spec: &pb::FileSource,
+    sub: SubtaskInfo,
+    batch_size: usize,
+) -> (Vec<SourceBatch>, FileReader) {
     let mut reader = FileReader::open(spec, sub, batch_size).await.unwrap();
     let mut out = Vec::new();
     while let Some(b) = reader.next_batch().await.unwrap() {
@@ -58,9 +72,21 @@ fn concat(schema: &SchemaRef, batches: impl IntoIterator<Item = RecordBatch>) ->
 }
 
 /// Writes `batches` as subtask `index` of a file sink into `dir`.
-async fn write_part(dir: &str, format: pb::FileFormat, schema: SchemaRef, index: usize, batches: &[RecordBatch]) {
-    let spec = pb::FileSink { path: dir.into(), format: format as i32, store: None };
-    let mut writer = FileWriter::create(&spec, schema, subtask(index, 2)).await.unwrap();
+async fn write_part(
+    dir: &str,
+    format: pb::FileFormat,
+    schema: SchemaRef,
+    index: usize,
+    batches: &[RecordBatch],
+) {
+    let spec = pb::FileSink {
+        path: dir.into(),
+        format: format as i32,
+        store: None,
+    };
+    let mut writer = FileWriter::create(&spec, schema, subtask(index, 2))
+        .await
+        .unwrap();
     for b in batches {
         writer.write(b).await.unwrap();
     }
@@ -70,7 +96,13 @@ async fn write_part(dir: &str, format: pb::FileFormat, schema: SchemaRef, index:
 #[tokio::test]
 async fn nexmark_round_trips_through_every_format() {
     for stream in STREAMS {
-        let spec = pb::NexmarkSource { stream: stream as i32, events: 2_500, seed: 3, max_out_of_orderness_ms: 100, ..Default::default() };
+        let spec = pb::NexmarkSource {
+            stream: stream as i32,
+            events: 2_500,
+            seed: 3,
+            max_out_of_orderness_ms: 100,
+            ..Default::default()
+        };
         let generated: Vec<RecordBatch> = generate_all(&spec, 1_000).collect();
         let schema = nexmark_schema(stream);
         let expected = concat(&schema, generated.clone());
@@ -102,11 +134,19 @@ async fn nexmark_round_trips_through_every_format() {
             let inferred = source(path, format);
             let inferred_schema = source_schema(&inferred).await.unwrap();
             for (a, b) in inferred_schema.fields().iter().zip(schema.fields()) {
-                assert_eq!((a.name(), a.data_type()), (b.name(), b.data_type()), "{format:?}");
+                assert_eq!(
+                    (a.name(), a.data_type()),
+                    (b.name(), b.data_type()),
+                    "{format:?}"
+                );
             }
             let (batches, _) = read_all(&inferred, subtask(0, 1), 1_000).await;
             let got = concat(&inferred_schema, batches.into_iter().map(|b| b.batch));
-            assert_eq!(got.columns(), expected.columns(), "{stream:?} {format:?} inferred");
+            assert_eq!(
+                got.columns(),
+                expected.columns(),
+                "{stream:?} {format:?} inferred"
+            );
         }
     }
 }
@@ -128,7 +168,14 @@ async fn files_are_split_between_subtasks_one_split_per_file() {
         let mut finished = Vec::new();
         while let Some(b) = reader.next_batch().await.unwrap() {
             assert!(!finished.contains(&b.split));
-            got.extend(b.batch.column(0).as_primitive::<Int64Type>().values().iter().copied());
+            got.extend(
+                b.batch
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .iter()
+                    .copied(),
+            );
             let newly = reader.take_finished_splits();
             // A split is reported finished with its last batch.
             if b.batch.num_rows() == 1 {
@@ -146,9 +193,15 @@ async fn files_are_split_between_subtasks_one_split_per_file() {
 #[tokio::test]
 async fn a_path_with_no_files_is_a_plan_error() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = source(dir.path().join("missing").to_str().unwrap(), pb::FileFormat::Csv);
+    let spec = source(
+        dir.path().join("missing").to_str().unwrap(),
+        pb::FileFormat::Csv,
+    );
     let err = source_schema(&spec).await.unwrap_err();
-    assert!(matches!(err, Error::Plan(ref m) if m.contains("missing")), "{err}");
+    assert!(
+        matches!(err, Error::Plan(ref m) if m.contains("missing")),
+        "{err}"
+    );
 }
 
 const CSV_WITH_BAD_LINES: &str = "\
@@ -168,15 +221,29 @@ const JSONL_WITH_BAD_LINES: &str = r#"{"id":1,"name":"a","at":"2015-07-15T00:00:
 "#;
 
 fn small_schema() -> Vec<pb::Field> {
-    let field = |name: &str, data_type: &str| pb::Field { name: name.into(), data_type: data_type.into(), nullable: false };
-    vec![field("id", "int64"), field("name", "string"), field("at", "timestamp")]
+    let field = |name: &str, data_type: &str| pb::Field {
+        name: name.into(),
+        data_type: data_type.into(),
+        nullable: false,
+    };
+    vec![
+        field("id", "int64"),
+        field("name", "string"),
+        field("at", "timestamp"),
+    ]
 }
 
 /// `(format, file name, contents, first bad line, second bad line)`.
 fn bad_inputs() -> [(pb::FileFormat, &'static str, &'static str, u64, u64); 2] {
     [
         (pb::FileFormat::Csv, "in.csv", CSV_WITH_BAD_LINES, 4, 5),
-        (pb::FileFormat::Jsonl, "in.jsonl", JSONL_WITH_BAD_LINES, 3, 4),
+        (
+            pb::FileFormat::Jsonl,
+            "in.jsonl",
+            JSONL_WITH_BAD_LINES,
+            3,
+            4,
+        ),
     ]
 }
 
@@ -189,7 +256,9 @@ async fn on_error_fail_names_file_and_line() {
             std::fs::write(&file, text).unwrap();
             let mut spec = source(file.to_str().unwrap(), format);
             spec.schema = small_schema();
-            let mut reader = FileReader::open(&spec, subtask(0, 1), batch_size).await.unwrap();
+            let mut reader = FileReader::open(&spec, subtask(0, 1), batch_size)
+                .await
+                .unwrap();
             let mut rows = 0;
             let err = loop {
                 match reader.next_batch().await {
@@ -200,7 +269,10 @@ async fn on_error_fail_names_file_and_line() {
             };
             let location = format!("{}:{first_bad}", file.display());
             match &err {
-                Error::BadRecord { location: l, message } => {
+                Error::BadRecord {
+                    location: l,
+                    message,
+                } => {
                     assert_eq!(l, &location, "{format:?}");
                     assert!(!message.contains("line 0"), "{message}");
                 }
@@ -225,13 +297,24 @@ async fn on_error_skip_drops_bad_records_and_counts_them() {
             let (batches, reader) = read_all(&spec, subtask(0, 1), batch_size).await;
             let ids: Vec<i64> = batches
                 .iter()
-                .flat_map(|b| b.batch.column(0).as_primitive::<Int64Type>().values().to_vec())
+                .flat_map(|b| {
+                    b.batch
+                        .column(0)
+                        .as_primitive::<Int64Type>()
+                        .values()
+                        .to_vec()
+                })
                 .collect();
             assert_eq!(ids, [1, 2, 5], "{format:?} batch size {batch_size}");
             assert_eq!(reader.counters().skipped, 2);
             assert_eq!(reader.counters().records, 3);
             let times = batches[0].batch.column(2);
-            assert_eq!(times.as_primitive::<arrow::datatypes::TimestampMillisecondType>().value(0), 1_436_918_401_234);
+            assert_eq!(
+                times
+                    .as_primitive::<arrow::datatypes::TimestampMillisecondType>()
+                    .value(0),
+                1_436_918_401_234
+            );
         }
     }
 }
@@ -257,7 +340,10 @@ async fn on_error_dead_letter_writes_the_raw_bad_lines() {
         for (line, bad) in lines.iter().zip([first_bad, second_bad]) {
             let prefix = format!("{}:{bad}: ", file.display());
             assert!(line.starts_with(&prefix), "{line}");
-            assert!(line.ends_with(&format!(": {}", source_lines[bad as usize - 1])), "{line}");
+            assert!(
+                line.ends_with(&format!(": {}", source_lines[bad as usize - 1])),
+                "{line}"
+            );
         }
     }
 }
@@ -269,8 +355,13 @@ async fn dead_letter_without_a_path_is_a_plan_error() {
     std::fs::write(&file, CSV_WITH_BAD_LINES).unwrap();
     let mut spec = source(file.to_str().unwrap(), pb::FileFormat::Csv);
     spec.on_error = pb::OnError::DeadLetter as i32;
-    let err = FileReader::open(&spec, subtask(0, 1), 10).await.unwrap_err();
-    assert!(matches!(err, Error::Plan(ref m) if m.contains("dead_letter_path")), "{err}");
+    let err = FileReader::open(&spec, subtask(0, 1), 10)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Plan(ref m) if m.contains("dead_letter_path")),
+        "{err}"
+    );
 }
 
 #[tokio::test]

@@ -23,8 +23,16 @@ const LAST_NAMES: &[&str] = &[
     "Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris",
 ];
 const CITIES: &[&str] = &[
-    "Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend", "Redmond", "Seattle",
-    "Kent", "Cheyenne",
+    "Phoenix",
+    "Los Angeles",
+    "San Francisco",
+    "Boise",
+    "Portland",
+    "Bend",
+    "Redmond",
+    "Seattle",
+    "Kent",
+    "Cheyenne",
 ];
 const STATES: &[&str] = &["AZ", "CA", "ID", "OR", "WA", "WY"];
 const HOT_CHANNELS: &[&str] = &["Google", "Facebook", "Baidu", "Apple"];
@@ -36,7 +44,10 @@ const HOT_CHANNEL_RATIO: u64 = 2;
 /// `(channel, url)`: the hot channels, then `channel-0` ... `channel-99`.
 static CHANNELS: LazyLock<Vec<(String, String)>> = LazyLock::new(|| {
     let hot = HOT_CHANNELS.iter().map(|c| {
-        let url = format!("https://www.nexmark.com/{}/item.htm?query=1", c.to_lowercase());
+        let url = format!(
+            "https://www.nexmark.com/{}/item.htm?query=1",
+            c.to_lowercase()
+        );
         (c.to_string(), url)
     });
     let other = (0..OTHER_CHANNELS).map(|k| {
@@ -56,7 +67,10 @@ pub struct Generator {
 impl Generator {
     /// A generator of `cfg.stream`.
     pub fn new(cfg: NexmarkConfig) -> Self {
-        Generator { schema: schema(cfg.stream), cfg }
+        Generator {
+            schema: schema(cfg.stream),
+            cfg,
+        }
     }
 
     /// The schema of the generated batches.
@@ -334,7 +348,11 @@ mod tests {
             let top: usize = freq.iter().take(10).sum();
             let share = top as f64 / batch.num_rows() as f64;
             assert!(share > min_top_share, "{column}: top-10 share {share}");
-            assert!(counts.len() > 100, "{column}: only {} distinct", counts.len());
+            assert!(
+                counts.len() > 100,
+                "{column}: only {} distinct",
+                counts.len()
+            );
         }
     }
 
@@ -347,15 +365,27 @@ mod tests {
             assert!(*a >= FIRST_AUCTION_ID && *a <= newest + AUCTION_ID_LEAD as i64);
         }
         let prices = int_column(&batch, "price");
-        assert!(prices.values().iter().all(|p| (100..=100_000_000).contains(p)));
+        assert!(
+            prices
+                .values()
+                .iter()
+                .all(|p| (100..=100_000_000).contains(p))
+        );
         let cheap = prices.values().iter().filter(|p| **p < 10_000).count();
-        assert!(cheap > 2_000 && cheap < 5_000, "log-uniform prices: {cheap}");
+        assert!(
+            cheap > 2_000 && cheap < 5_000,
+            "log-uniform prices: {cheap}"
+        );
     }
 
     #[test]
     fn event_time_is_out_of_order_within_the_bound() {
         let bound = 2_000;
-        for stream in [pb::NexmarkStream::Bid, pb::NexmarkStream::Auction, pb::NexmarkStream::Person] {
+        for stream in [
+            pb::NexmarkStream::Bid,
+            pb::NexmarkStream::Auction,
+            pb::NexmarkStream::Person,
+        ] {
             let g = Generator::new(config(stream, bound));
             let batch = g.batch(3, 7, 5_000);
             let times = batch.column_by_name("date_time").unwrap();
@@ -363,7 +393,10 @@ mod tests {
             let mut max = i64::MIN;
             let mut disordered = 0;
             for t in times.values() {
-                assert!(*t >= max.saturating_sub(bound as i64), "{stream:?}: {t} < {max} - {bound}");
+                assert!(
+                    *t >= max.saturating_sub(bound as i64),
+                    "{stream:?}: {t} < {max} - {bound}"
+                );
                 if *t < max {
                     disordered += 1;
                 }
@@ -380,7 +413,11 @@ mod tests {
             let g = Generator::new(config(stream, 0));
             let batch = g.batch(0, 1, rows);
             let times = batch.column_by_name("date_time").unwrap();
-            *times.as_primitive::<TimestampMillisecondType>().values().last().unwrap()
+            *times
+                .as_primitive::<TimestampMillisecondType>()
+                .values()
+                .last()
+                .unwrap()
         };
         let person = end(pb::NexmarkStream::Person, 100);
         let auction = end(pb::NexmarkStream::Auction, 300);
@@ -395,9 +432,19 @@ mod tests {
         let g = Generator::new(config(pb::NexmarkStream::Person, 0));
         let p = g.batch(0, 1, 50);
         assert_eq!(int_column(&p, "id").values()[..3], [1000, 1001, 1002]);
-        let cc = p.column_by_name("credit_card").unwrap().as_string::<i32>().value(0).to_string();
+        let cc = p
+            .column_by_name("credit_card")
+            .unwrap()
+            .as_string::<i32>()
+            .value(0)
+            .to_string();
         assert_eq!(cc.len(), 19, "{cc}");
-        let email = p.column_by_name("email_address").unwrap().as_string::<i32>().value(0).to_string();
+        let email = p
+            .column_by_name("email_address")
+            .unwrap()
+            .as_string::<i32>()
+            .value(0)
+            .to_string();
         assert!(email.ends_with(".com") && email.contains('@'), "{email}");
 
         let g = Generator::new(config(pb::NexmarkStream::Auction, 0));
@@ -405,7 +452,13 @@ mod tests {
         assert_eq!(int_column(&a, "id").values()[0], 1010);
         let initial = int_column(&a, "initial_bid");
         let reserve = int_column(&a, "reserve");
-        assert!(initial.values().iter().zip(reserve.values()).all(|(i, r)| r > i));
+        assert!(
+            initial
+                .values()
+                .iter()
+                .zip(reserve.values())
+                .all(|(i, r)| r > i)
+        );
         let category = int_column(&a, "category");
         assert!(category.values().iter().all(|c| (10..15).contains(c)));
         let dt = a.column_by_name("date_time").unwrap();

@@ -65,10 +65,13 @@ pub fn kind_of(n: u64) -> EventKind {
     }
 }
 
+// Persons are simplest with one per block; the arithmetic below relies on it.
+const _: () = assert!(PERSON_PROPORTION == 1);
+
 /// Event number of the `k`-th person.
 #[inline]
 pub fn person_event(k: u64) -> u64 {
-    (k / PERSON_PROPORTION) * BLOCK + k % PERSON_PROPORTION
+    k * BLOCK
 }
 
 /// Event number of the `k`-th auction.
@@ -86,7 +89,7 @@ pub fn bid_event(k: u64) -> u64 {
 /// Base-0 id of the newest person created at or before event `n`.
 #[inline]
 pub fn last_person(n: u64) -> u64 {
-    (n / BLOCK) * PERSON_PROPORTION + (n % BLOCK).min(PERSON_PROPORTION - 1)
+    n / BLOCK
 }
 
 /// Base-0 id of the newest auction created at or before event `n` (`n` not the very

@@ -42,7 +42,9 @@ impl NexmarkReader {
             return Err(Error::Internal(format!("invalid subtask {subtask:?}")));
         }
         if batch_size == 0 {
-            return Err(Error::Plan("the Nexmark source needs a batch size above 0".into()));
+            return Err(Error::Plan(
+                "the Nexmark source needs a batch size above 0".into(),
+            ));
         }
         let cfg = NexmarkConfig::from_spec(spec);
         let stride = match spec.splits {
@@ -60,7 +62,10 @@ impl NexmarkReader {
             counters: SourceCounters::default(),
         };
         let p = subtask.parallelism as u64;
-        for (local, split) in (subtask.index as u64..stride).step_by(p as usize).enumerate() {
+        for (local, split) in (subtask.index as u64..stride)
+            .step_by(p as usize)
+            .enumerate()
+        {
             if reader.events.is_some_and(|e| split >= e) {
                 reader.next.push(None);
                 reader.finished.push(local);
@@ -85,7 +90,9 @@ impl NexmarkReader {
         let splits = self.next.len();
         for step in 0..splits {
             let local = (self.cursor + step) % splits;
-            let Some(next) = self.next[local] else { continue };
+            let Some(next) = self.next[local] else {
+                continue;
+            };
             let count = self.remaining(next).min(self.batch_size as u64);
             let batch = self.generator.batch(next, self.stride, count as usize);
             let after = next + count * self.stride;
@@ -97,7 +104,10 @@ impl NexmarkReader {
             }
             self.cursor = (local + 1) % splits;
             self.counters.records += count;
-            return Some(SourceBatch { split: local, batch });
+            return Some(SourceBatch {
+                split: local,
+                batch,
+            });
         }
         None
     }
@@ -164,7 +174,10 @@ mod tests {
     fn read_all(spec: &pb::NexmarkSource, p: usize, batch_size: usize) -> Vec<Vec<SourceBatch>> {
         (0..p)
             .map(|index| {
-                let subtask = SubtaskInfo { index, parallelism: p };
+                let subtask = SubtaskInfo {
+                    index,
+                    parallelism: p,
+                };
                 let mut r = NexmarkReader::new(spec, subtask, batch_size).unwrap();
                 let mut out = Vec::new();
                 let mut finished = r.take_finished_splits();
@@ -185,7 +198,11 @@ mod tests {
 
     #[test]
     fn every_parallelism_and_split_count_yields_the_same_events() {
-        for stream in [pb::NexmarkStream::Bid, pb::NexmarkStream::Auction, pb::NexmarkStream::Person] {
+        for stream in [
+            pb::NexmarkStream::Bid,
+            pb::NexmarkStream::Auction,
+            pb::NexmarkStream::Person,
+        ] {
             let events = 5_003;
             let spec1 = spec(stream, events, 0);
             let mut expected = rows(&generate_all(&spec1, 1000).collect::<Vec<_>>());
@@ -206,7 +223,7 @@ mod tests {
     fn each_split_respects_the_out_of_orderness_bound() {
         let s = spec(pb::NexmarkStream::Bid, 20_000, 4);
         for subtask in read_all(&s, 2, 500) {
-            let mut max = vec![i64::MIN; 2];
+            let mut max = [i64::MIN; 2];
             for b in subtask {
                 let t = b.batch.column_by_name("date_time").unwrap();
                 for t in t.as_primitive::<TimestampMillisecondType>().values() {
@@ -222,10 +239,19 @@ mod tests {
         let s = spec(pb::NexmarkStream::Person, 100, 4);
         let out = read_all(&s, 2, 10).remove(1);
         // Subtask 1 of 2 owns global splits 1 and 3: persons 1001, 1005 ... and 1003, 1007 ...
-        assert_eq!(out.iter().map(|b| b.split).take(4).collect::<Vec<_>>(), [0, 1, 0, 1]);
-        let first = out[0].batch.column(0).as_primitive::<arrow::datatypes::Int64Type>();
+        assert_eq!(
+            out.iter().map(|b| b.split).take(4).collect::<Vec<_>>(),
+            [0, 1, 0, 1]
+        );
+        let first = out[0]
+            .batch
+            .column(0)
+            .as_primitive::<arrow::datatypes::Int64Type>();
         assert_eq!(first.values()[..3], [1001, 1005, 1009]);
-        let second = out[1].batch.column(0).as_primitive::<arrow::datatypes::Int64Type>();
+        let second = out[1]
+            .batch
+            .column(0)
+            .as_primitive::<arrow::datatypes::Int64Type>();
         assert_eq!(second.values()[..3], [1003, 1007, 1011]);
         assert_eq!(out.iter().map(|b| b.batch.num_rows()).sum::<usize>(), 50);
         assert!(out.iter().all(|b| b.batch.column(0).null_count() == 0));
@@ -234,7 +260,15 @@ mod tests {
     #[test]
     fn more_splits_than_events_finish_empty_splits_at_once() {
         let s = spec(pb::NexmarkStream::Bid, 2, 4);
-        let mut r = NexmarkReader::new(&s, SubtaskInfo { index: 1, parallelism: 2 }, 10).unwrap();
+        let mut r = NexmarkReader::new(
+            &s,
+            SubtaskInfo {
+                index: 1,
+                parallelism: 2,
+            },
+            10,
+        )
+        .unwrap();
         // Global splits 1 (index 1) and 3 (empty).
         assert_eq!(r.num_splits(), 2);
         assert_eq!(r.take_finished_splits(), vec![1]);
@@ -246,7 +280,15 @@ mod tests {
     #[test]
     fn unbounded_streams_do_not_end() {
         let s = spec(pb::NexmarkStream::Bid, 0, 0);
-        let mut r = NexmarkReader::new(&s, SubtaskInfo { index: 0, parallelism: 1 }, 100).unwrap();
+        let mut r = NexmarkReader::new(
+            &s,
+            SubtaskInfo {
+                index: 0,
+                parallelism: 1,
+            },
+            100,
+        )
+        .unwrap();
         for _ in 0..10 {
             assert_eq!(r.next_batch_sync().unwrap().batch.num_rows(), 100);
         }

@@ -14,7 +14,9 @@ impl Rng {
     /// The stream of event `event` under `seed`.
     #[inline]
     pub fn for_event(seed: u64, event: u64) -> Self {
-        Rng(mix(seed ^ event.wrapping_mul(GAMMA) ^ 0x5EED_0F5E_ED5E_ED00))
+        Rng(mix(seed
+            ^ event.wrapping_mul(GAMMA)
+            ^ 0x5EED_0F5E_ED5E_ED00))
     }
 
     /// The next 64 random bits.
@@ -50,11 +52,23 @@ mod tests {
 
     #[test]
     fn streams_are_pure_functions_of_seed_and_event() {
-        let a: Vec<u64> = (0..4).map(|_| 0).scan(Rng::for_event(7, 42), |r, _: u64| Some(r.next_u64())).collect();
-        let b: Vec<u64> = (0..4).map(|_| 0).scan(Rng::for_event(7, 42), |r, _: u64| Some(r.next_u64())).collect();
+        let a: Vec<u64> = (0..4)
+            .map(|_| 0)
+            .scan(Rng::for_event(7, 42), |r, _: u64| Some(r.next_u64()))
+            .collect();
+        let b: Vec<u64> = (0..4)
+            .map(|_| 0)
+            .scan(Rng::for_event(7, 42), |r, _: u64| Some(r.next_u64()))
+            .collect();
         assert_eq!(a, b);
-        assert_ne!(Rng::for_event(7, 42).next_u64(), Rng::for_event(7, 43).next_u64());
-        assert_ne!(Rng::for_event(7, 42).next_u64(), Rng::for_event(8, 42).next_u64());
+        assert_ne!(
+            Rng::for_event(7, 42).next_u64(),
+            Rng::for_event(7, 43).next_u64()
+        );
+        assert_ne!(
+            Rng::for_event(7, 42).next_u64(),
+            Rng::for_event(8, 42).next_u64()
+        );
     }
 
     #[test]
