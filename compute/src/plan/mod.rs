@@ -210,7 +210,7 @@ pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
                 schema
             }
             pb::node::Kind::Filter(spec) => {
-                let input = input.unwrap_or_else(|| unreachable_schema());
+                let input = input.unwrap_or_else(unreachable_schema);
                 if let Some(e) = &spec.predicate {
                     compiler
                         .compile(&e.sql, &input)
@@ -221,7 +221,7 @@ pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
                 input
             }
             pb::node::Kind::Select(spec) => {
-                let input = input.unwrap_or_else(|| unreachable_schema());
+                let input = input.unwrap_or_else(unreachable_schema);
                 for e in &spec.exprs {
                     compiler
                         .compile(&e.sql, &input)
@@ -234,7 +234,7 @@ pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
                 schema
             }
             pb::node::Kind::Window(spec) => {
-                let input = input.unwrap_or_else(|| unreachable_schema());
+                let input = input.unwrap_or_else(unreachable_schema);
                 for e in &spec.aggregates {
                     AggregateCall::compile(&compiler, &e.sql, &input)
                         .map_err(|err| locate(&graph, e.location.as_ref(), "aggregate", err))?;
@@ -252,7 +252,7 @@ pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
                 op.schema()
             }
             pb::node::Kind::Sink(_) => {
-                let input = input.unwrap_or_else(|| unreachable_schema());
+                let input = input.unwrap_or_else(unreachable_schema);
                 inputs.insert(id, input.clone());
                 input
             }

@@ -6,6 +6,13 @@
 //! ([`sink`]). It must not know how a path becomes a store (that is
 //! [`store`](crate::connector::store)) nor anything about watermarks or the runtime.
 //!
+//! # Formats
+//!
+//! CSV files have a header line, which is skipped: columns are matched to the schema by
+//! position. JSON-lines fields are matched by name (unknown ones are ignored). Parquet
+//! columns are matched by name and cast to the schema's types. Timestamps in text are
+//! what arrow's writers emit (`2015-07-15T00:00:01.234`), and the sink writes the same.
+//!
 //! # Errors in the input
 //!
 //! A CSV or JSON-lines record that does not decode is handled by the source's
