@@ -13,6 +13,9 @@
 //! columns are matched by name and cast to the schema's types. Timestamps in text are
 //! what arrow's writers emit (`2015-07-15T00:00:01.234`), and the sink writes the same.
 //!
+//! CSV and JSON-lines files are streamed in bounded chunks (see [`source`]); Parquet
+//! files are still fetched whole.
+//!
 //! # Errors in the input
 //!
 //! A CSV or JSON-lines record that does not decode is handled by the source's
@@ -20,7 +23,8 @@
 //! naming `file:line`; `skip` drops it; `dead_letter` writes it to
 //! `<dead_letter_path>/bad-<subtask>.txt`. Skipped and dead-lettered records are counted
 //! in [`SourceCounters::skipped`](crate::connector::SourceCounters). A bad Parquet file
-//! always fails.
+//! always fails, and so does a text record longer than
+//! [`MAX_RECORD`](source::MAX_RECORD) (64 MiB).
 
 pub mod dead_letter;
 pub mod decode;

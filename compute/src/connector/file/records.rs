@@ -5,6 +5,12 @@
 //! be named by `file:line` and dropped alone. JSON lines end at every newline; CSV
 //! records end at a newline outside double quotes (a quoted field may span lines).
 //! Blank lines hold no record but are counted.
+//!
+//! The bytes may be a window of the file that ends anywhere: unless the window reaches
+//! the end of the file, a record is returned only once its terminating newline is inside
+//! the window, so a record cut off by the window's end is left for the next scan. The
+//! caller may drop a consumed prefix of the window ([`RecordScanner::discard`]); the
+//! line counter carries on, so lines stay exact across windows.
 
 /// One record: its bytes and where it starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,19 +49,46 @@ impl RecordScanner {
         self.pos >= data.len()
     }
 
-    /// Appends up to `max` records of `data` to `out`, skipping blank lines.
+    /// Offset in the current window of the first byte not yet returned.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// 1-based line of the file the next record starts on.
+    pub fn line(&self) -> u64 {
+        self.line
+    }
+
+    /// Follows the caller dropping the first `n` bytes of the window (all returned).
+    pub fn discard(&mut self, n: usize) {
+        assert!(n <= self.pos, "discarding bytes not yet scanned");
+        self.pos -= n;
+    }
+
+    /// Appends up to `max` records of `data`, which ends where the file does, to `out`,
+    /// skipping blank lines.
     pub fn scan(&mut self, data: &[u8], max: usize, out: &mut Vec<RecordSpan>) {
+        self.scan_window(data, max, true, out);
+    }
+
+    /// Like [`scan`](Self::scan) on a window of the file: unless `eof` says that `data`
+    /// ends where the file does, a record without its terminating newline in `data` is
+    /// not returned (nor its lines counted) yet.
+    pub fn scan_window(&mut self, data: &[u8], max: usize, eof: bool, out: &mut Vec<RecordSpan>) {
         let mut taken = 0;
         while taken < max && self.pos < data.len() {
             let start = self.pos;
             let line = self.line;
-            let (end, next, newlines) = if self.csv {
+            let found = if self.csv {
                 csv_record_end(data, start)
             } else {
-                match data[start..].iter().position(|b| *b == b'\n') {
-                    Some(i) => (start + i, start + i + 1, 1),
-                    None => (data.len(), data.len(), 0),
-                }
+                find_newline(&data[start..]).map(|i| (start + i, start + i + 1, 1))
+            };
+            let (end, next, newlines) = match found {
+                Some(found) => found,
+                // The last record of the file may lack its terminator.
+                None if eof => (data.len(), data.len(), 0),
+                None => break,
             };
             self.pos = next;
             self.line += newlines;
@@ -74,8 +107,13 @@ impl RecordScanner {
     }
 }
 
-/// `(end, next, newlines consumed)` of the CSV record starting at `start`.
-fn csv_record_end(data: &[u8], start: usize) -> (usize, usize, u64) {
+fn find_newline(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|b| *b == b'\n')
+}
+
+/// `(end, next, newlines consumed)` of the CSV record starting at `start`, or `None`
+/// when `data` ends before its terminating newline (outside quotes).
+fn csv_record_end(data: &[u8], start: usize) -> Option<(usize, usize, u64)> {
     let mut in_quotes = false;
     let mut newlines = 0;
     let mut i = start;
@@ -86,12 +124,12 @@ fn csv_record_end(data: &[u8], start: usize) -> (usize, usize, u64) {
         } else {
             newlines += 1;
             if !in_quotes {
-                return (i, i + 1, newlines);
+                return Some((i, i + 1, newlines));
             }
         }
         i += 1;
     }
-    (data.len(), data.len(), newlines)
+    None
 }
 
 /// The record's text without a trailing carriage return.
@@ -156,6 +194,48 @@ mod tests {
         out.clear();
         s.scan(text, 10, &mut out);
         assert_eq!(out.iter().map(|r| r.line).collect::<Vec<_>>(), [3, 4, 5]);
+        assert!(s.at_end(text));
+    }
+
+    #[test]
+    fn a_record_cut_off_by_the_window_waits_for_more_bytes() {
+        let text = "a,b\n1,\"x\ny\"\r\n\n2,z";
+        let mut s = RecordScanner::new(true);
+        let mut out = Vec::new();
+        // Cut inside the quoted newline's record: only the header is complete.
+        s.scan_window(&text.as_bytes()[..8], 10, false, &mut out);
+        assert_eq!(out.iter().map(|r| r.line).collect::<Vec<_>>(), [1]);
+        assert_eq!((s.pos(), s.line()), (4, 2));
+        // Cut just before the CRLF's newline: still incomplete.
+        s.scan_window(&text.as_bytes()[..12], 10, false, &mut out);
+        assert_eq!(out.len(), 1);
+        s.scan_window(&text.as_bytes()[..13], 10, false, &mut out);
+        assert_eq!(out.iter().map(|r| r.line).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!((s.pos(), s.line()), (13, 4));
+        // The last record has no newline: complete only at the end of the file.
+        s.scan_window(text.as_bytes(), 10, false, &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(s.line(), 5);
+        // Drop the consumed prefix: offsets shift, lines carry on.
+        let pos = s.pos();
+        s.discard(pos);
+        let rest = &text.as_bytes()[pos..];
+        s.scan(rest, 10, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!((out[2].start, out[2].end, out[2].line), (0, 3, 5));
+        assert!(s.at_end(rest));
+    }
+
+    #[test]
+    fn json_lines_wait_for_their_newline() {
+        let text = b"{\"a\":1}\n{\"a\":2}";
+        let mut s = RecordScanner::new(false);
+        let mut out = Vec::new();
+        s.scan_window(text, 10, false, &mut out);
+        assert_eq!(out.len(), 1);
+        assert!(!s.at_end(text));
+        s.scan(text, 10, &mut out);
+        assert_eq!(out.iter().map(|r| r.line).collect::<Vec<_>>(), [1, 2]);
         assert!(s.at_end(text));
     }
 }

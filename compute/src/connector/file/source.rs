@@ -1,9 +1,23 @@
 //! The file source reader: one subtask's share of the files under a path.
 //!
 //! Every file is a split. Subtask `i` of `p` reads the files `j` (in path order) with
-//! `j % p == i`, one after the other. A file is fetched whole (`get().bytes()`, bounded
-//! by its size) and decoded in chunks of `batch_size` records; a split is reported
-//! finished right after its last batch.
+//! `j % p == i`, one after the other, and is decoded in batches of `batch_size` records;
+//! a split is reported finished right after its last batch.
+//!
+//! CSV and JSON-lines files are streamed with bounded memory: the object is fetched in
+//! ranges of [`CHUNK_SIZE`] (`get_range`, the same for a local disk and S3) into a
+//! buffer of the bytes not yet decoded. Records are cut from the buffer only once their
+//! terminating newline (outside quotes, for CSV) is in it, or at the end of the file;
+//! when fewer than `batch_size` records are complete, the consumed prefix is dropped and
+//! the next range appended. Batches are decoded straight from the buffer, so it holds at
+//! most a batch's records, a record cut off at the chunk's end and one chunk. Line
+//! numbers count across chunks. A record may be longer than a chunk (the buffer grows
+//! until it ends), but one longer than [`MAX_RECORD`] fails with
+//! [`Error::BadRecord`] naming its `file:line` whatever `on_error` says, since where it
+//! ends is unknown.
+//!
+//! Parquet files are still fetched whole (`get().bytes()`, bounded by the file's size)
+//! and read with arrow's reader.
 
 use std::sync::Arc;
 
@@ -11,7 +25,6 @@ use arrow::compute::cast;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
-use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
@@ -77,12 +90,89 @@ pub async fn source_schema(spec: &pb::FileSource) -> Result<SchemaRef> {
     Listing::of(spec).await?.schema(spec).await
 }
 
+/// Bytes fetched from a text file at a time.
+pub const CHUNK_SIZE: usize = 8 << 20;
+
+/// The longest CSV or JSON-lines record read, in bytes (without its line terminator).
+pub const MAX_RECORD: usize = 64 << 20;
+
+/// A text file being streamed.
+struct TextFile {
+    location: Path,
+    size: u64,
+    /// Bytes of the object fetched so far: the buffer ends at this offset of the file.
+    fetched: u64,
+    /// The unconsumed bytes fetched (and possibly a consumed prefix not dropped yet).
+    buf: Vec<u8>,
+    scanner: RecordScanner,
+    /// The CSV header has not been skipped yet.
+    header_pending: bool,
+    /// Line of a record found to be longer than the limit: fails the next read.
+    too_long: Option<u64>,
+}
+
+impl TextFile {
+    fn new(meta: &ObjectMeta, csv: bool) -> Self {
+        TextFile {
+            location: meta.location.clone(),
+            size: meta.size,
+            fetched: 0,
+            buf: Vec::new(),
+            scanner: RecordScanner::new(csv),
+            header_pending: csv,
+            too_long: None,
+        }
+    }
+
+    /// True when the buffer reaches the end of the file.
+    fn eof(&self) -> bool {
+        self.fetched >= self.size
+    }
+
+    /// Drops the first `keep_from` bytes of the buffer and appends up to `chunk` more
+    /// bytes of the file.
+    async fn fetch(
+        &mut self,
+        store: &dyn ObjectStore,
+        keep_from: usize,
+        chunk: usize,
+        display: &str,
+    ) -> Result<()> {
+        let end = self.size.min(self.fetched.saturating_add(chunk as u64));
+        let bytes = store.get_range(&self.location, self.fetched..end).await?;
+        if bytes.is_empty() {
+            return Err(Error::BadRecord {
+                location: display.to_string(),
+                message: format!(
+                    "the file ended at byte {} of the {} listed (changed while read?)",
+                    self.fetched, self.size
+                ),
+            });
+        }
+        self.fetched += bytes.len() as u64;
+        self.buf.drain(..keep_from);
+        self.scanner.discard(keep_from);
+        self.buf.extend_from_slice(&bytes);
+        // After a long record, give back what a chunk-sized buffer does not need.
+        if self.buf.capacity() > 4 * chunk && self.buf.len() <= chunk {
+            self.buf.shrink_to(2 * chunk);
+        }
+        Ok(())
+    }
+}
+
+/// The message of a record longer than `limit` bytes.
+pub(super) fn too_long_message(limit: usize) -> String {
+    if limit.is_multiple_of(1 << 20) {
+        format!("record longer than {} MiB", limit >> 20)
+    } else {
+        format!("record longer than {limit} bytes")
+    }
+}
+
 /// The file being read.
 enum Open {
-    Text {
-        data: Bytes,
-        scanner: RecordScanner,
-    },
+    Text(TextFile),
     Parquet {
         reader: ParquetRecordBatchReader,
         pending: Option<RecordBatch>,
@@ -106,6 +196,13 @@ pub struct FileReader {
     dead_letter: Option<DeadLetter>,
     finished: Vec<usize>,
     counters: SourceCounters,
+    /// Bytes fetched from a text file at a time.
+    chunk_size: usize,
+    /// The longest text record accepted.
+    max_record: usize,
+    /// The most bytes a text file's buffer has held (to test that memory is bounded).
+    #[cfg(test)]
+    peak_buffered: usize,
 }
 
 impl std::fmt::Debug for FileReader {
@@ -177,24 +274,35 @@ impl FileReader {
             dead_letter,
             finished: Vec::new(),
             counters: SourceCounters::default(),
+            chunk_size: CHUNK_SIZE,
+            max_record: MAX_RECORD,
+            #[cfg(test)]
+            peak_buffered: 0,
         })
+    }
+
+    /// Fetches text files `chunk_size` bytes at a time and accepts records of up to
+    /// `max_record` bytes.
+    #[cfg(test)]
+    pub(crate) fn with_limits(mut self, chunk_size: usize, max_record: usize) -> Self {
+        self.chunk_size = chunk_size.max(1);
+        self.max_record = max_record;
+        self
+    }
+
+    /// The most bytes a text file's buffer has held.
+    #[cfg(test)]
+    pub(crate) fn peak_buffered(&self) -> usize {
+        self.peak_buffered
     }
 
     async fn open_current(&mut self) -> Result<Open> {
         let (meta, display) = &self.files[self.current];
-        let data = self.store.get(&meta.location).await?.bytes().await?;
         Ok(match self.format {
-            pb::FileFormat::Csv => {
-                let mut scanner = RecordScanner::new(true);
-                let mut header = Vec::new();
-                scanner.scan(&data, 1, &mut header);
-                Open::Text { data, scanner }
-            }
-            pb::FileFormat::Jsonl => Open::Text {
-                data,
-                scanner: RecordScanner::new(false),
-            },
+            pb::FileFormat::Csv => Open::Text(TextFile::new(meta, true)),
+            pb::FileFormat::Jsonl => Open::Text(TextFile::new(meta, false)),
             pb::FileFormat::Parquet => {
+                let data = self.store.get(&meta.location).await?.bytes().await?;
                 let bad = |e| Error::BadRecord {
                     location: display.clone(),
                     message: format!("{e}"),
@@ -213,20 +321,81 @@ impl FileReader {
     }
 
     /// The next batch of the current file, and whether the file is exhausted after it.
-    fn read_open(&mut self) -> Result<(Option<RecordBatch>, bool)> {
+    async fn read_open(&mut self) -> Result<(Option<RecordBatch>, bool)> {
         let display = &self.files[self.current].1;
         match self.open.as_mut().expect("a file is open") {
-            Open::Text { data, scanner } => {
-                self.spans.clear();
-                scanner.scan(data, self.batch_size, &mut self.spans);
+            Open::Text(file) => {
+                if let Some(line) = file.too_long.take() {
+                    return Err(Error::BadRecord {
+                        location: format!("{display}:{line}"),
+                        message: too_long_message(self.max_record),
+                    });
+                }
+                let spans = &mut self.spans;
+                spans.clear();
+                loop {
+                    let eof = file.eof();
+                    let want = if file.header_pending {
+                        1
+                    } else {
+                        self.batch_size - spans.len()
+                    };
+                    let before = spans.len();
+                    file.scanner.scan_window(&file.buf, want, eof, spans);
+                    if let Some(i) = spans[before..]
+                        .iter()
+                        .position(|s| s.end - s.start > self.max_record)
+                    {
+                        // Decode the records before it; the next read fails.
+                        file.too_long = Some(spans[before + i].line);
+                        spans.truncate(before + i);
+                        break;
+                    }
+                    if file.header_pending {
+                        if spans.len() > before || eof {
+                            spans.clear();
+                            file.header_pending = false;
+                            continue;
+                        }
+                    } else if spans.len() == self.batch_size || eof {
+                        break;
+                    }
+                    // The records complete in the buffer do not fill the batch.
+                    if file.buf.len() - file.scanner.pos() > self.max_record {
+                        file.too_long = Some(file.scanner.line());
+                        break;
+                    }
+                    let keep_from = spans.first().map_or(file.scanner.pos(), |s| s.start);
+                    file.fetch(self.store.as_ref(), keep_from, self.chunk_size, display)
+                        .await?;
+                    for span in spans.iter_mut() {
+                        span.start -= keep_from;
+                        span.end -= keep_from;
+                        span.next -= keep_from;
+                    }
+                    #[cfg(test)]
+                    {
+                        self.peak_buffered = self.peak_buffered.max(file.buf.len());
+                    }
+                }
                 let decoder = self.decoder.as_mut().expect("text formats have a decoder");
                 let mut bad = BadRecords {
                     policy: self.policy,
                     dead_letter: self.dead_letter.as_mut(),
                     skipped: &mut self.counters.skipped,
                 };
-                let batch = decoder.decode_chunk(data, &self.spans, display, &mut bad)?;
-                Ok((batch, scanner.at_end(data)))
+                let batch = decoder.decode_chunk(&file.buf, spans, display, &mut bad)?;
+                if batch.is_none()
+                    && let Some(line) = file.too_long.take()
+                {
+                    return Err(Error::BadRecord {
+                        location: format!("{display}:{line}"),
+                        message: too_long_message(self.max_record),
+                    });
+                }
+                let at_end =
+                    file.eof() && file.scanner.at_end(&file.buf) && file.too_long.is_none();
+                Ok((batch, at_end))
             }
             Open::Parquet { reader, pending } => {
                 let bad = |e| Error::BadRecord {
@@ -294,7 +463,7 @@ impl SourceReader for FileReader {
                 self.open = Some(self.open_current().await?);
             }
             let split = self.current;
-            let (batch, at_end) = self.read_open()?;
+            let (batch, at_end) = self.read_open().await?;
             if at_end {
                 self.open = None;
                 self.finished.push(split);

@@ -6,6 +6,7 @@ use arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use sluice_common::pb;
 
+use super::source::{MAX_RECORD, too_long_message};
 use super::*;
 use crate::connector::nexmark::{generate_all, schema as nexmark_schema};
 use crate::connector::{SinkWriter, SourceBatch, SourceReader, SubtaskInfo};
@@ -377,4 +378,321 @@ async fn inferred_csv_schema_survives_a_ragged_record() {
     assert_eq!(batches[0].batch.num_rows(), 4);
     assert_eq!(reader.counters().skipped, 1);
     assert_eq!(batches[0].batch.column(2).null_count(), 0);
+}
+
+/// Opens `spec`'s reader fetching `chunk` bytes at a time.
+async fn open_chunked(
+    spec: &pb::FileSource,
+    batch_size: usize,
+    chunk: usize,
+    max_record: usize,
+) -> FileReader {
+    FileReader::open(spec, subtask(0, 1), batch_size)
+        .await
+        .unwrap()
+        .with_limits(chunk, max_record)
+}
+
+/// Every batch of `reader` until the end or the first error.
+async fn drain(reader: &mut FileReader) -> (Vec<SourceBatch>, Option<Error>) {
+    let mut out = Vec::new();
+    loop {
+        match reader.next_batch().await {
+            Ok(Some(b)) => out.push(b),
+            Ok(None) => return (out, None),
+            Err(e) => return (out, Some(e)),
+        }
+    }
+}
+
+fn ids_of(batches: &[SourceBatch]) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.batch
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect()
+}
+
+/// Chunk sizes small enough to cut records, headers and CRLFs anywhere.
+const SMALL_CHUNKS: [usize; 6] = [1, 2, 3, 7, 16, 61];
+const HUGE_CHUNK: usize = 1 << 30;
+
+/// CSV with a CRLF header, quoted fields holding newlines (and a CRLF), mixed line
+/// endings, blank lines and no newline after the last record.
+fn awkward_csv(records: usize) -> String {
+    let mut text = String::from("id,name,at\r\n");
+    for i in 0..records {
+        let name = match i % 7 {
+            0 => format!("\"multi\nline, \"\"q\"\" {i}\""),
+            3 => "\"crlf\r\ninside\"".to_string(),
+            _ => format!("n{i}").repeat(i % 5 + 1),
+        };
+        text.push_str(&format!("{i},{name},2015-07-15T00:00:{:02}", i % 60));
+        if i + 1 < records {
+            text.push_str(if i % 3 == 0 { "\r\n" } else { "\n" });
+        }
+        if i % 11 == 5 {
+            text.push_str("\n \r\n");
+        }
+    }
+    text
+}
+
+/// JSON lines with escaped newlines, CRLFs, blank lines and no final newline.
+fn awkward_jsonl(records: usize) -> String {
+    let mut text = String::new();
+    for i in 0..records {
+        let name = match i % 7 {
+            0 => format!("multi\\nline \\\"q\\\" {i}"),
+            _ => format!("n{i}").repeat(i % 5 + 1),
+        };
+        text.push_str(&format!(
+            "{{\"id\":{i},\"name\":\"{name}\",\"at\":\"2015-07-15T00:00:{:02}\"}}",
+            i % 60
+        ));
+        if i + 1 < records {
+            text.push_str(if i % 3 == 0 { "\r\n" } else { "\n" });
+        }
+        if i % 11 == 5 {
+            text.push_str("\n  \n");
+        }
+    }
+    text
+}
+
+#[tokio::test]
+async fn records_straddling_chunks_decode_as_with_one_chunk() {
+    let records = 60;
+    for (format, name, text) in [
+        (pb::FileFormat::Csv, "in.csv", awkward_csv(records)),
+        (pb::FileFormat::Jsonl, "in.jsonl", awkward_jsonl(records)),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(name);
+        std::fs::write(&file, &text).unwrap();
+        let mut spec = source(file.to_str().unwrap(), format);
+        spec.schema = small_schema();
+        for batch_size in [1, 4, 1000] {
+            let mut reader = open_chunked(&spec, batch_size, HUGE_CHUNK, MAX_RECORD).await;
+            let (expected, err) = drain(&mut reader).await;
+            assert!(err.is_none(), "{err:?}");
+            assert_eq!(ids_of(&expected), (0..records as i64).collect::<Vec<_>>());
+            let names = expected[0].batch.column(1).as_string::<i32>();
+            assert!(names.value(0).starts_with("multi\nline"), "{format:?}");
+            if format == pb::FileFormat::Csv {
+                assert_eq!(names.value(0), "multi\nline, \"q\" 0");
+                assert_eq!(expected.len(), records.div_ceil(batch_size));
+            }
+            for chunk in SMALL_CHUNKS {
+                let mut reader = open_chunked(&spec, batch_size, chunk, MAX_RECORD).await;
+                let (got, err) = drain(&mut reader).await;
+                assert!(err.is_none(), "{format:?} chunk {chunk}: {err:?}");
+                assert_eq!(got.len(), expected.len(), "{format:?} chunk {chunk}");
+                for (g, e) in got.iter().zip(&expected) {
+                    assert_eq!(g.split, e.split);
+                    assert_eq!(g.batch, e.batch, "{format:?} chunk {chunk}");
+                }
+                assert_eq!(reader.counters().records, records as u64);
+                assert_eq!(reader.take_finished_splits(), [0]);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn written_files_read_the_same_in_small_chunks() {
+    let spec = pb::NexmarkSource {
+        stream: pb::NexmarkStream::Bid as i32,
+        events: 4_000,
+        seed: 5,
+        ..Default::default()
+    };
+    let generated: Vec<RecordBatch> = generate_all(&spec, 500).collect();
+    let schema = nexmark_schema(pb::NexmarkStream::Bid);
+    let expected = concat(&schema, generated.clone());
+    for format in [pb::FileFormat::Csv, pb::FileFormat::Jsonl] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_str().unwrap();
+        write_part(path, format, schema.clone(), 0, &generated[..1]).await;
+        write_part(path, format, schema.clone(), 1, &generated[1..]).await;
+        let mut spec = source(path, format);
+        spec.schema = fields_of(&schema);
+        for chunk in [1_000, 4_096] {
+            let mut reader = open_chunked(&spec, 64, chunk, MAX_RECORD).await;
+            let (got, err) = drain(&mut reader).await;
+            assert!(err.is_none(), "{err:?}");
+            assert!(got.iter().all(|b| b.batch.num_rows() <= 64));
+            let got = concat(&schema, got.into_iter().map(|b| b.batch));
+            assert_eq!(got, expected, "{format:?} chunk {chunk}");
+            // The buffer holds a chunk and less than a batch's records, not the file.
+            let part = std::fs::read(
+                dir.path()
+                    .join(format!("part-1.{}", sink::extension(format))),
+            )
+            .unwrap();
+            let longest = part.split(|b| *b == b'\n').map(<[u8]>::len).max().unwrap();
+            let peak = reader.peak_buffered();
+            assert!(
+                peak <= chunk + 64 * (longest + 1),
+                "{format:?} chunk {chunk}: peak {peak}, longest line {longest}"
+            );
+            assert!(
+                peak * 4 < part.len(),
+                "{format:?}: peak {peak} of {}",
+                part.len()
+            );
+        }
+    }
+}
+
+/// A file with bad records after quoted multi-line fields and blank lines: its text,
+/// the ids of the good records, and the line and raw text of each bad one.
+fn bad_records_far_in(format: pb::FileFormat) -> (String, Vec<i64>, Vec<(u64, String)>) {
+    let csv = format == pb::FileFormat::Csv;
+    let mut text = String::new();
+    let mut line = 1;
+    if csv {
+        text.push_str("id,name,at\n");
+        line += 1;
+    }
+    let (mut good, mut bad) = (Vec::new(), Vec::new());
+    for i in 0..40_i64 {
+        let at = format!("2015-07-15T00:00:{:02}", i % 60);
+        let (record, is_bad) = match (i % 9, csv) {
+            (3, true) => (format!("x{i},c,{at}"), true),
+            (6, true) => (format!("{i},d"), true),
+            (3, false) => (format!(r#"{{"id":"x{i}","name":"c","at":"{at}"}}"#), true),
+            (6, false) => (format!(r#"{{"id":{i},"name":"#), true),
+            (_, true) if i % 4 == 1 => (format!("{i},\"two\nlines\",{at}"), false),
+            (_, true) => (format!("{i},n{i},{at}"), false),
+            (_, false) => (format!(r#"{{"id":{i},"name":"n{i}","at":"{at}"}}"#), false),
+        };
+        if is_bad {
+            bad.push((line, record.clone()));
+        } else {
+            good.push(i);
+        }
+        line += 1 + record.matches('\n').count() as u64;
+        text.push_str(&record);
+        text.push_str(if i % 2 == 0 { "\r\n" } else { "\n" });
+        if i % 5 == 2 {
+            text.push('\n');
+            line += 1;
+        }
+    }
+    (text, good, bad)
+}
+
+#[tokio::test]
+async fn bad_record_lines_are_exact_across_chunks() {
+    for (format, name) in [
+        (pb::FileFormat::Csv, "in.csv"),
+        (pb::FileFormat::Jsonl, "in.jsonl"),
+    ] {
+        let (text, good, bad) = bad_records_far_in(format);
+        assert!(bad.len() >= 8 && bad[0].0 > 4, "{bad:?}");
+        for chunk in SMALL_CHUNKS.into_iter().chain([HUGE_CHUNK]) {
+            for batch_size in [1, 3, 100] {
+                let context = format!("{format:?} chunk {chunk} batch {batch_size}");
+                let dir = tempfile::tempdir().unwrap();
+                let file = dir.path().join(name);
+                std::fs::write(&file, &text).unwrap();
+                let mut spec = source(file.to_str().unwrap(), format);
+                spec.schema = small_schema();
+
+                // fail: the first bad record, by file and line.
+                let mut reader = open_chunked(&spec, batch_size, chunk, MAX_RECORD).await;
+                let (batches, err) = drain(&mut reader).await;
+                match err {
+                    Some(Error::BadRecord { location, .. }) => {
+                        assert_eq!(location, format!("{}:{}", file.display(), bad[0].0));
+                    }
+                    other => panic!("{context}: {other:?}"),
+                }
+                let before = ids_of(&batches);
+                assert!(good.starts_with(&before), "{context}: {before:?}");
+
+                // skip: the good records, the bad ones counted.
+                spec.on_error = pb::OnError::Skip as i32;
+                let mut reader = open_chunked(&spec, batch_size, chunk, MAX_RECORD).await;
+                let (batches, err) = drain(&mut reader).await;
+                assert!(err.is_none(), "{context}: {err:?}");
+                assert_eq!(ids_of(&batches), good, "{context}");
+                assert_eq!(reader.counters().skipped, bad.len() as u64);
+
+                // dead_letter: every bad record with its line and raw text.
+                let dead = dir.path().join("dead");
+                spec.on_error = pb::OnError::DeadLetter as i32;
+                spec.dead_letter_path = dead.to_str().unwrap().into();
+                let mut reader = open_chunked(&spec, batch_size, chunk, MAX_RECORD).await;
+                let (batches, err) = drain(&mut reader).await;
+                assert!(err.is_none(), "{context}: {err:?}");
+                assert_eq!(ids_of(&batches), good, "{context}");
+                let written = std::fs::read_to_string(dead.join("bad-0.txt")).unwrap();
+                let lines: Vec<&str> = written.lines().collect();
+                assert_eq!(lines.len(), bad.len(), "{context}: {written}");
+                for (got, (line, raw)) in lines.iter().zip(&bad) {
+                    let prefix = format!("{}:{line}: ", file.display());
+                    assert!(got.starts_with(&prefix), "{context}: {got}");
+                    assert!(got.ends_with(&format!(": {raw}")), "{context}: {got}");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_over_long_record_fails_with_file_and_line() {
+    assert_eq!(too_long_message(MAX_RECORD), "record longer than 64 MiB");
+    let long_name = "y".repeat(300);
+    let csv = format!(
+        "id,name,at\n1,a,2015-07-15T00:00:01\n2,\"b\nb\",2015-07-15T00:00:02\n\n\
+         3,c,2015-07-15T00:00:03\n4,{long_name},2015-07-15T00:00:04\n5,e,2015-07-15T00:00:05\n"
+    );
+    let jsonl = format!(
+        "{{\"id\":1,\"name\":\"a\",\"at\":\"2015-07-15T00:00:01\"}}\n\n\
+         {{\"id\":2,\"name\":\"b\",\"at\":\"2015-07-15T00:00:02\"}}\n\
+         {{\"id\":3,\"name\":\"c\",\"at\":\"2015-07-15T00:00:03\"}}\n\
+         {{\"id\":4,\"name\":\"{long_name}\",\"at\":\"2015-07-15T00:00:04\"}}\n\
+         {{\"id\":5,\"name\":\"e\",\"at\":\"2015-07-15T00:00:05\"}}"
+    );
+    // An unterminated quote makes the rest of the file one record.
+    let unterminated = format!(
+        "id,name,at\n1,a,2015-07-15T00:00:01\n2,\"b,x\n{}",
+        "9,z,2015-07-15T00:00:09\n".repeat(20)
+    );
+    for (format, name, text, line, ids_before) in [
+        (pb::FileFormat::Csv, "in.csv", csv, 7, vec![1, 2, 3]),
+        (pb::FileFormat::Jsonl, "in.jsonl", jsonl, 5, vec![1, 2, 3]),
+        (pb::FileFormat::Csv, "u.csv", unterminated, 3, vec![1]),
+    ] {
+        for chunk in [1, 16, 64, HUGE_CHUNK] {
+            for batch_size in [1, 2, 100] {
+                for policy in [pb::OnError::Fail, pb::OnError::Skip] {
+                    let context = format!("{name} chunk {chunk} batch {batch_size} {policy:?}");
+                    let dir = tempfile::tempdir().unwrap();
+                    let file = dir.path().join(name);
+                    std::fs::write(&file, &text).unwrap();
+                    let mut spec = source(file.to_str().unwrap(), format);
+                    spec.schema = small_schema();
+                    spec.on_error = policy as i32;
+                    let mut reader = open_chunked(&spec, batch_size, chunk, 200).await;
+                    let (batches, err) = drain(&mut reader).await;
+                    assert_eq!(ids_of(&batches), ids_before, "{context}");
+                    match err {
+                        Some(Error::BadRecord { location, message }) => {
+                            assert_eq!(location, format!("{}:{line}", file.display()), "{context}");
+                            assert_eq!(message, "record longer than 200 bytes", "{context}");
+                        }
+                        other => panic!("{context}: {other:?}"),
+                    }
+                }
+            }
+        }
+    }
 }
