@@ -305,15 +305,15 @@ impl WindowOperator {
                     merged.extend_from_slice(part);
                     let key = Bytes::copy_from_slice(key_list[kid as usize]);
                     let key_group = groups[kid as usize];
-                    self.timers.register(
-                        end - 1,
-                        Timer::Fire {
-                            key_group,
-                            key,
-                            start,
-                            end,
-                        },
-                    );
+                    if self.is_event_time() && end - 1 <= self.watermark {
+                        // Opened within allowed lateness: emitted below, only cleaned up later.
+                        let at = end - 1 + self.lateness;
+                        let timer = Timer::Cleanup { key_group, key, start, end };
+                        self.timers.register(at, timer);
+                    } else {
+                        let timer = Timer::Fire { key_group, key, start, end };
+                        self.timers.register(end - 1, timer);
+                    }
                 }
             }
             if self.is_event_time() && end - 1 <= self.watermark {

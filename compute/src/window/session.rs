@@ -18,13 +18,14 @@ pub struct Session {
     pub accs: Vec<Acc>,
 }
 
-/// Merges `new` into `sessions`, fusing every session it overlaps. Returns the index of
-/// the resulting session.
+/// Merges `new` into `sessions`, fusing every session it overlaps or touches (as Flink's
+/// `TimeWindow::intersects`: records exactly `gap` apart share a session). Returns the
+/// index of the resulting session.
 pub fn insert(sessions: &mut Vec<Session>, mut new: Session, calls: &[AggregateCall]) -> usize {
     let mut i = 0;
     while i < sessions.len() {
         let s = &sessions[i];
-        if s.start < new.end && new.start < s.end {
+        if s.start <= new.end && new.start <= s.end {
             let s = sessions.swap_remove(i);
             new.start = new.start.min(s.start);
             new.end = new.end.max(s.end);
@@ -106,9 +107,11 @@ mod tests {
     }
 
     #[test]
-    fn touching_sessions_stay_apart() {
+    fn touching_sessions_merge() {
         let mut list = vec![s(0, 10)];
         insert(&mut list, s(10, 20), &[]);
+        assert_eq!(list.len(), 1);
+        insert(&mut list, s(21, 31), &[]);
         assert_eq!(list.len(), 2);
     }
 }
