@@ -52,7 +52,9 @@ fn pipeline(query: Query) -> &'static str {
         Query::Q1 => {
             "pipeline:\n  - select: [\"auction\", \"bidder\", \"price * 0.908 AS price\", \"date_time\"]\n"
         }
-        Query::Q2 => "pipeline:\n  - filter: \"auction % 123 = 0\"\n  - select: [\"auction\", \"price\"]\n",
+        Query::Q2 => {
+            "pipeline:\n  - filter: \"auction % 123 = 0\"\n  - select: [\"auction\", \"price\"]\n"
+        }
         Query::Q5 => {
             "pipeline:\n  - key_by: [auction]\n  - window: { sliding: 10s, slide: 2s }\n    aggregate: [\"count(*) AS bids\"]\n"
         }
@@ -71,7 +73,9 @@ fn pipeline(query: Query) -> &'static str {
 /// The job file text of a benchmark run.
 pub fn job_text(query: Query, events: u64, parallelism: u32, input: Option<&str>) -> String {
     let source = match input {
-        None => format!("  nexmark: {{ stream: bid, events: {events}, seed: 42, max_out_of_orderness: 2s }}\n"),
+        None => format!(
+            "  nexmark: {{ stream: bid, events: {events}, seed: 42, max_out_of_orderness: 2s }}\n"
+        ),
         Some(dir) => format!(
             "  file:\n    path: \"{dir}\"\n    format: csv\n    schema: {{ auction: int64, bidder: int64, price: int64, channel: string, url: string, date_time: timestamp, extra: string }}\n"
         ),
@@ -88,16 +92,29 @@ pub fn nexmark(args: BenchArgs) -> Result<(), Failure> {
     if args.parallelism == 0 {
         return Err(Failure::usage("--parallelism must be at least 1"));
     }
-    let text = job_text(args.query, args.events, args.parallelism, args.input.as_deref());
+    let text = job_text(
+        args.query,
+        args.events,
+        args.parallelism,
+        args.input.as_deref(),
+    );
     let graph = job_spec::parse_job("<bench>", &text).map_err(|e| Failure::usage(e.to_string()))?;
     let s = execute(graph, true)?;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let eps = s.records_in as f64 / s.seconds.max(1e-9);
-    let rss_mb = rss::peak_rss_bytes().map(|b| b as f64 / (1 << 20) as f64).unwrap_or(f64::NAN);
+    let rss_mb = rss::peak_rss_bytes()
+        .map(|b| b as f64 / (1 << 20) as f64)
+        .unwrap_or(f64::NAN);
     println!(
         "query={:?} source={} parallelism={} events={} seconds={:.3} events_per_s={:.0} events_per_s_per_core={:.0} peak_rss_mb={:.1} out={}",
         args.query,
-        if args.input.is_some() { "csv" } else { "generator" },
+        if args.input.is_some() {
+            "csv"
+        } else {
+            "generator"
+        },
         args.parallelism,
         s.records_in,
         s.seconds,
@@ -118,7 +135,8 @@ mod tests {
         for q in Query::value_variants() {
             for input in [None, Some("/tmp/bids")] {
                 let text = job_text(*q, 10, 2, input);
-                job_spec::parse_job("<bench>", &text).unwrap_or_else(|e| panic!("{q:?}: {e}\n{text}"));
+                job_spec::parse_job("<bench>", &text)
+                    .unwrap_or_else(|e| panic!("{q:?}: {e}\n{text}"));
             }
         }
     }

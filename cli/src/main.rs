@@ -19,7 +19,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "Sluice: a stream processing engine with disaggregated state")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Sluice: a stream processing engine with disaggregated state"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -68,19 +72,32 @@ pub struct Failure {
 impl Failure {
     /// A mistake of the user (exit code 2).
     pub fn usage(message: impl Into<String>) -> Self {
-        Self { code: 2, message: message.into() }
+        Self {
+            code: 2,
+            message: message.into(),
+        }
     }
 
     /// A failure while running (exit code 1), or a user error if the engine says so.
     pub fn from_compute(err: sluice_compute::Error) -> Self {
-        let code = if matches!(err, sluice_compute::Error::Plan(_)) { 2 } else { 1 };
-        Self { code, message: err.to_string() }
+        let code = if matches!(err, sluice_compute::Error::Plan(_)) {
+            2
+        } else {
+            1
+        };
+        Self {
+            code,
+            message: err.to_string(),
+        }
     }
 }
 
 impl From<anyhow::Error> for Failure {
     fn from(e: anyhow::Error) -> Self {
-        Self { code: 1, message: format!("{e:#}") }
+        Self {
+            code: 1,
+            message: format!("{e:#}"),
+        }
     }
 }
 
@@ -95,8 +112,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
-        Command::Nexmark { command: NexmarkCommand::Gen(args) } => nexmark_gen::generate(args),
-        Command::Bench { command: BenchCommand::Nexmark(args) } => bench::nexmark(args),
+        Command::Nexmark {
+            command: NexmarkCommand::Gen(args),
+        } => nexmark_gen::generate(args),
+        Command::Bench {
+            command: BenchCommand::Nexmark(args),
+        } => bench::nexmark(args),
         Command::Worker => Err(not_built("worker")),
         Command::Coordinator => Err(not_built("coordinator")),
         Command::StateService => Err(not_built("state-service")),
@@ -122,5 +143,8 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .enable_all()
         .thread_name("sluice-task")
         .build()
-        .map_err(|e| Failure { code: 1, message: format!("cannot start the runtime: {e}") })
+        .map_err(|e| Failure {
+            code: 1,
+            message: format!("cannot start the runtime: {e}"),
+        })
 }

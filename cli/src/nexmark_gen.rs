@@ -4,13 +4,12 @@
 //! seed, out-of-orderness and rate produces, whatever its parallelism, so other tools
 //! can compute expected results from the same input.
 
-
 use clap::{Args, ValueEnum};
-use sluice_common::pb;
 use sluice_common::job_spec::parse_duration_ms;
+use sluice_common::pb;
+use sluice_compute::connector::file::FileWriter;
 use sluice_compute::connector::nexmark::NexmarkReader;
 use sluice_compute::connector::{SinkWriter, SourceReader, SubtaskInfo};
-use sluice_compute::connector::file::FileWriter;
 
 use crate::{Failure, runtime};
 
@@ -66,7 +65,13 @@ pub struct GenArgs {
 }
 
 /// Builds the source spec these arguments describe.
-pub fn source_spec(stream: Stream, events: u64, seed: u64, ooo_ms: u64, rate: u64) -> pb::NexmarkSource {
+pub fn source_spec(
+    stream: Stream,
+    events: u64,
+    seed: u64,
+    ooo_ms: u64,
+    rate: u64,
+) -> pb::NexmarkSource {
     let mut spec = pb::NexmarkSource {
         events,
         seed,
@@ -85,15 +90,26 @@ pub fn source_spec(stream: Stream, events: u64, seed: u64, ooo_ms: u64, rate: u6
 /// Runs `sluice nexmark gen`.
 pub fn generate(args: GenArgs) -> Result<(), Failure> {
     if args.events == 0 {
-        return Err(Failure::usage("--events must be at least 1 (files cannot hold an unbounded stream)"));
+        return Err(Failure::usage(
+            "--events must be at least 1 (files cannot hold an unbounded stream)",
+        ));
     }
     if args.files == 0 {
         return Err(Failure::usage("--files must be at least 1"));
     }
     let ooo = parse_duration_ms(&args.max_out_of_orderness)
         .map_err(|e| Failure::usage(format!("--max-out-of-orderness: {e}")))?;
-    let spec = source_spec(args.stream, args.events, args.seed, ooo, args.events_per_second);
-    let mut sink = pb::FileSink { path: args.out.clone(), ..Default::default() };
+    let spec = source_spec(
+        args.stream,
+        args.events,
+        args.seed,
+        ooo,
+        args.events_per_second,
+    );
+    let mut sink = pb::FileSink {
+        path: args.out.clone(),
+        ..Default::default()
+    };
     sink.set_format(match args.format {
         Format::Jsonl => pb::FileFormat::Jsonl,
         Format::Csv => pb::FileFormat::Csv,
@@ -103,12 +119,21 @@ pub fn generate(args: GenArgs) -> Result<(), Failure> {
     rt.block_on(async {
         let mut written = 0u64;
         for index in 0..args.files {
-            let info = SubtaskInfo { index, parallelism: args.files };
-            let mut reader = NexmarkReader::new(&spec, info, 8192).map_err(Failure::from_compute)?;
-            let mut writer = FileWriter::create(&sink, reader.schema(), info).await.map_err(Failure::from_compute)?;
+            let info = SubtaskInfo {
+                index,
+                parallelism: args.files,
+            };
+            let mut reader =
+                NexmarkReader::new(&spec, info, 8192).map_err(Failure::from_compute)?;
+            let mut writer = FileWriter::create(&sink, reader.schema(), info)
+                .await
+                .map_err(Failure::from_compute)?;
             while let Some(b) = reader.next_batch().await.map_err(Failure::from_compute)? {
                 written += b.batch.num_rows() as u64;
-                writer.write(&b.batch).await.map_err(Failure::from_compute)?;
+                writer
+                    .write(&b.batch)
+                    .await
+                    .map_err(Failure::from_compute)?;
             }
             writer.finish().await.map_err(Failure::from_compute)?;
         }

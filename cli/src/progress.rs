@@ -39,7 +39,12 @@ fn chrono_like(ms: i64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", sod / 3600, sod % 3600 / 60, sod % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
 }
 
 /// Prints a progress line to stderr every 250 ms while the job runs, when stderr is a terminal.
@@ -52,7 +57,10 @@ impl Progress {
     /// Starts the printer (a no-op when stderr is not a terminal or `quiet`).
     pub fn start(metrics: Arc<JobMetrics>, quiet: bool) -> Self {
         if quiet || !std::io::stderr().is_terminal() {
-            return Self { stop: None, handle: None };
+            return Self {
+                stop: None,
+                handle: None,
+            };
         }
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         let handle = std::thread::spawn(move || {
@@ -65,7 +73,10 @@ impl Progress {
                 let secs = start.elapsed().as_secs_f64().max(1e-9);
                 let input = metrics.records_in.load(Ordering::Relaxed) as f64;
                 let output = metrics.records_out.load(Ordering::Relaxed) as f64;
-                let wm = metrics.watermark().map(event_time).unwrap_or_else(|| "-".into());
+                let wm = metrics
+                    .watermark()
+                    .map(event_time)
+                    .unwrap_or_else(|| "-".into());
                 eprint!(
                     "\r\x1b[2Kin {}  out {}  {} events/s  watermark {wm}",
                     human(input),
@@ -76,7 +87,10 @@ impl Progress {
             }
             eprint!("\r\x1b[2K");
         });
-        Self { stop: Some(tx), handle: Some(handle) }
+        Self {
+            stop: Some(tx),
+            handle: Some(handle),
+        }
     }
 
     /// Stops and clears the line.

@@ -27,7 +27,8 @@ pub struct RunArgs {
 pub fn load_job(path: &std::path::Path) -> Result<pb::JobGraph, Failure> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Failure::usage(format!("cannot read job file {}: {e}", path.display())))?;
-    job_spec::parse_job(&path.display().to_string(), &text).map_err(|e| Failure::usage(e.to_string()))
+    job_spec::parse_job(&path.display().to_string(), &text)
+        .map_err(|e| Failure::usage(e.to_string()))
 }
 
 /// What a finished job did.
@@ -50,7 +51,9 @@ pub fn execute(graph: pb::JobGraph, quiet: bool) -> Result<Summary, Failure> {
     let metrics = Arc::new(JobMetrics::default());
     let start = Instant::now();
     rt.block_on(async {
-        let plan = sluice_compute::plan::plan(graph).await.map_err(Failure::from_compute)?;
+        let plan = sluice_compute::plan::plan(graph)
+            .await
+            .map_err(Failure::from_compute)?;
         let progress = Progress::start(metrics.clone(), quiet);
         let result = local::run(&plan, metrics.clone(), &LocalOptions::default()).await;
         progress.finish();

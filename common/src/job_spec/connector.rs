@@ -43,6 +43,8 @@ pub(super) fn source(node: &Node, path: &str) -> Result<pb::SourceSpec> {
         kind: Some(kind),
         watermark: None,
         batch_size,
+        // Chosen by the planner from what the job reads.
+        columns: Vec::new(),
     })
 }
 

@@ -83,10 +83,68 @@ pub const DEFAULT_BATCH_SIZE: usize = 8192;
 
 /// The schema a source produces, resolved at planning time (may read file metadata).
 pub async fn source_schema(spec: &pb::SourceSpec) -> Result<SchemaRef> {
-    match spec.kind.as_ref() {
-        Some(pb::source_spec::Kind::Nexmark(n)) => Ok(nexmark::schema(n.stream())),
-        Some(pb::source_spec::Kind::File(f)) => file::source_schema(f).await,
-        None => Err(crate::error::Error::Plan("the source has no kind".into())),
+    let full = match spec.kind.as_ref() {
+        Some(pb::source_spec::Kind::Nexmark(n)) => nexmark::schema(n.stream()),
+        Some(pb::source_spec::Kind::File(f)) => file::source_schema(f).await?,
+        None => return Err(crate::error::Error::Plan("the source has no kind".into())),
+    };
+    match projection(&full, &spec.columns)? {
+        Some(indices) => Ok(Arc::new(full.project(&indices)?)),
+        None => Ok(full),
+    }
+}
+
+/// Indices of `columns` in `schema` (`None` when all columns are wanted, in order).
+pub fn projection(schema: &SchemaRef, columns: &[String]) -> Result<Option<Vec<usize>>> {
+    if columns.is_empty() {
+        return Ok(None);
+    }
+    let indices = columns
+        .iter()
+        .map(|c| {
+            schema
+                .index_of(c)
+                .map_err(|_| crate::error::Error::Plan(format!("the source has no column `{c}`")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let all =
+        indices.len() == schema.fields().len() && indices.iter().enumerate().all(|(i, &j)| i == j);
+    Ok((!all).then_some(indices))
+}
+
+/// Projects the batches of a reader that cannot skip columns itself.
+struct ProjectedReader {
+    inner: Box<dyn SourceReader>,
+    indices: Vec<usize>,
+    schema: SchemaRef,
+}
+
+#[async_trait]
+impl SourceReader for ProjectedReader {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn num_splits(&self) -> usize {
+        self.inner.num_splits()
+    }
+
+    async fn next_batch(&mut self) -> Result<Option<SourceBatch>> {
+        let Some(sb) = self.inner.next_batch().await? else {
+            return Ok(None);
+        };
+        Ok(Some(SourceBatch {
+            split: sb.split,
+            batch: sb.batch.project(&self.indices)?,
+        }))
+    }
+
+    fn take_finished_splits(&mut self) -> Vec<usize> {
+        self.inner.take_finished_splits()
+    }
+
+    fn counters(&self) -> SourceCounters {
+        self.inner.counters()
     }
 }
 
@@ -100,11 +158,24 @@ pub async fn create_source(
         n => n as usize,
     };
     match spec.kind.as_ref() {
-        Some(pb::source_spec::Kind::Nexmark(n)) => Ok(Box::new(nexmark::NexmarkReader::new(
-            n, subtask, batch_size,
-        )?)),
+        Some(pb::source_spec::Kind::Nexmark(n)) => {
+            let reader: Box<dyn SourceReader> =
+                Box::new(nexmark::NexmarkReader::new(n, subtask, batch_size)?);
+            let full = reader.schema();
+            Ok(match projection(&full, &spec.columns)? {
+                Some(indices) => {
+                    let schema = Arc::new(full.project(&indices)?);
+                    Box::new(ProjectedReader {
+                        inner: reader,
+                        indices,
+                        schema,
+                    })
+                }
+                None => reader,
+            })
+        }
         Some(pb::source_spec::Kind::File(f)) => Ok(Box::new(
-            file::FileReader::open(f, subtask, batch_size).await?,
+            file::FileReader::open(f, &spec.columns, subtask, batch_size).await?,
         )),
         None => Err(crate::error::Error::Plan("the source has no kind".into())),
     }

@@ -104,7 +104,7 @@ impl ExprCompiler {
 
 /// Removes every alias layer (DataFusion nests them, e.g. `count(*) AS n`); the
 /// outermost name is the one the user wrote.
-pub(crate) fn strip_aliases(mut expr: Expr) -> (Option<String>, Expr) {
+pub fn strip_aliases(mut expr: Expr) -> (Option<String>, Expr) {
     let mut name = None;
     while let Expr::Alias(alias) = expr {
         name.get_or_insert(alias.name);

@@ -12,4 +12,4 @@
 pub mod aggregate;
 mod compile;
 
-pub use compile::{CompiledExpr, ExprCompiler};
+pub use compile::{CompiledExpr, ExprCompiler, strip_aliases};

@@ -15,7 +15,6 @@
 //! Timers live in operator memory for now: they can be rebuilt from state by a scan when
 //! checkpoint restore arrives.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -31,6 +30,10 @@ use sluice_common::state::{KeyedStateBackend, WriteOp, encode_key};
 
 use super::{Operator, OperatorContext, Output};
 use crate::element::Timestamp;
+
+/// Per-batch maps hash short keys millions of times a second: a fast, non-DoS-resistant
+/// hasher is right for them (keys come from the job's own data, bounded per batch).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
 use crate::expr::aggregate::AggregateCall;
@@ -234,9 +237,9 @@ impl WindowOperator {
     ) -> Result<Vec<u32>> {
         let naggs = self.calls.len();
         let args = evaluate_args(&self.calls, batch)?;
-        let mut key_ids: HashMap<&[u8], u32> = HashMap::new();
+        let mut key_ids: HashMap<&[u8], u32> = HashMap::default();
         let mut key_list: Vec<&[u8]> = Vec::new();
-        let mut slot_ids: HashMap<(u32, Timestamp), u32> = HashMap::new();
+        let mut slot_ids: HashMap<(u32, Timestamp), u32> = HashMap::default();
         let mut slots: Vec<(u32, Timestamp, Timestamp)> = Vec::new();
         let mut partial: Vec<Acc> = Vec::new();
         let mut late = Vec::new();
@@ -308,10 +311,20 @@ impl WindowOperator {
                     if self.is_event_time() && end - 1 <= self.watermark {
                         // Opened within allowed lateness: emitted below, only cleaned up later.
                         let at = end - 1 + self.lateness;
-                        let timer = Timer::Cleanup { key_group, key, start, end };
+                        let timer = Timer::Cleanup {
+                            key_group,
+                            key,
+                            start,
+                            end,
+                        };
                         self.timers.register(at, timer);
                     } else {
-                        let timer = Timer::Fire { key_group, key, start, end };
+                        let timer = Timer::Fire {
+                            key_group,
+                            key,
+                            start,
+                            end,
+                        };
                         self.timers.register(end - 1, timer);
                     }
                 }
@@ -351,7 +364,7 @@ impl WindowOperator {
         };
         let naggs = self.calls.len();
         let args = evaluate_args(&self.calls, batch)?;
-        let mut key_ids: HashMap<&[u8], u32> = HashMap::new();
+        let mut key_ids: HashMap<&[u8], u32> = HashMap::default();
         let mut rows_by_key: Vec<(&[u8], Vec<u32>)> = Vec::new();
         let mut late = Vec::new();
         for (row, &ts) in times.iter().enumerate() {

@@ -11,7 +11,7 @@
 //!
 //! The plan says nothing about threads, processes or queues: `runtime::local` runs it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
@@ -120,8 +120,154 @@ fn plan_err(msg: impl Into<String>) -> Error {
     Error::Plan(msg.into())
 }
 
-/// Checks, types and chains `graph`.
+/// Checks, types and chains `graph`; sources are told to produce only the columns the
+/// job reads (see [`prune_sources`]).
 pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
+    let first = plan_once(graph).await?;
+    match prune_sources(&first)? {
+        Some(pruned) => plan_once(pruned).await,
+        None => Ok(first),
+    }
+}
+
+/// Which input columns a node reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Needs {
+    All,
+    Columns(BTreeSet<String>),
+}
+
+impl Needs {
+    fn union(self, other: Needs) -> Needs {
+        match (self, other) {
+            (Needs::Columns(mut a), Needs::Columns(b)) => {
+                a.extend(b);
+                Needs::Columns(a)
+            }
+            _ => Needs::All,
+        }
+    }
+}
+
+/// The graph with every source's `columns` set to what the job reads, when that is
+/// fewer than the source has: CSV and JSON decoders then skip the other columns, and
+/// exchanges move less. `None` when nothing can be pruned.
+fn prune_sources(plan: &PhysicalPlan) -> Result<Option<pb::JobGraph>> {
+    let mut consumers: HashMap<u32, Vec<&pb::Edge>> = HashMap::new();
+    for e in &plan.graph.edges {
+        consumers.entry(e.source).or_default().push(e);
+    }
+    let compiler = ExprCompiler::new();
+    let mut memo = HashMap::new();
+    let mut graph = plan.graph.clone();
+    let mut changed = false;
+    for node in &mut graph.nodes {
+        let Some(pb::node::Kind::Source(spec)) = node.kind.as_mut() else {
+            continue;
+        };
+        if !spec.columns.is_empty() {
+            continue;
+        }
+        let Needs::Columns(mut cols) =
+            output_needs(plan, node.id, &consumers, &compiler, &mut memo)?
+        else {
+            continue;
+        };
+        if let Some(wm) = &spec.watermark {
+            cols.insert(wm.column.clone());
+        }
+        let schema = plan.output_schema(node.id);
+        let kept: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|n| cols.contains(n))
+            .collect();
+        if kept.len() < schema.fields().len() && !kept.is_empty() {
+            spec.columns = kept;
+            changed = true;
+        }
+    }
+    Ok(changed.then_some(graph))
+}
+
+/// What the main consumers of `id` read of its output.
+fn output_needs(
+    plan: &PhysicalPlan,
+    id: u32,
+    consumers: &HashMap<u32, Vec<&pb::Edge>>,
+    compiler: &ExprCompiler,
+    memo: &mut HashMap<u32, Needs>,
+) -> Result<Needs> {
+    let mut needs = Needs::Columns(BTreeSet::new());
+    for e in consumers
+        .get(&id)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.side_output.is_empty())
+    {
+        needs = needs.union(input_needs(plan, e.target, consumers, compiler, memo)?);
+    }
+    Ok(needs)
+}
+
+/// What `id` reads of its input (side outputs carry its input, so their readers count).
+fn input_needs(
+    plan: &PhysicalPlan,
+    id: u32,
+    consumers: &HashMap<u32, Vec<&pb::Edge>>,
+    compiler: &ExprCompiler,
+    memo: &mut HashMap<u32, Needs>,
+) -> Result<Needs> {
+    if let Some(n) = memo.get(&id) {
+        return Ok(n.clone());
+    }
+    let input = plan.input_schema(id);
+    let refs = |sqls: &mut dyn Iterator<Item = &str>| -> Result<Needs> {
+        let mut cols = BTreeSet::new();
+        for sql in sqls {
+            let (expr, _) = compiler.parse(sql, &input)?;
+            #[allow(deprecated)]
+            if matches!(
+                crate::expr::strip_aliases(expr.clone()).1,
+                datafusion::logical_expr::Expr::Wildcard { .. }
+            ) {
+                return Ok(Needs::All);
+            }
+            cols.extend(expr.column_refs().into_iter().map(|c| c.name.clone()));
+        }
+        Ok(Needs::Columns(cols))
+    };
+    let mut needs = match plan.node(id).kind.as_ref() {
+        Some(pb::node::Kind::Filter(f)) => {
+            let pred = f.predicate.as_ref().map(|e| e.sql.as_str());
+            refs(&mut pred.into_iter())?.union(output_needs(plan, id, consumers, compiler, memo)?)
+        }
+        Some(pb::node::Kind::Select(s)) => refs(&mut s.exprs.iter().map(|e| e.sql.as_str()))?,
+        Some(pb::node::Kind::Window(w)) => {
+            let mut needs = refs(&mut w.aggregates.iter().map(|e| e.sql.as_str()))?;
+            let mut own: BTreeSet<String> = w.key_columns.iter().cloned().collect();
+            if w.time() == pb::TimeCharacteristic::TimeEvent {
+                own.insert(w.time_column.clone());
+            }
+            needs = needs.union(Needs::Columns(own));
+            needs
+        }
+        _ => Needs::All,
+    };
+    for e in consumers
+        .get(&id)
+        .into_iter()
+        .flatten()
+        .filter(|e| !e.side_output.is_empty())
+    {
+        needs = needs.union(input_needs(plan, e.target, consumers, compiler, memo)?);
+    }
+    memo.insert(id, needs.clone());
+    Ok(needs)
+}
+
+async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
     let max_parallelism = match graph.max_parallelism {
         0 => sluice_common::DEFAULT_MAX_PARALLELISM,
         n => n,
@@ -388,4 +534,56 @@ fn chain(
         }
     }
     chains
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn source_columns(yaml: &str) -> Vec<String> {
+        let graph = sluice_common::job_spec::parse_job("job.yaml", yaml).unwrap();
+        let plan = plan(graph).await.unwrap();
+        let src = plan.chains[0].source.unwrap();
+        let Some(pb::node::Kind::Source(spec)) = &plan.node(src).kind else {
+            panic!()
+        };
+        spec.columns.clone()
+    }
+
+    const HEAD: &str = "name: t\nsource:\n  nexmark: { stream: bid, events: 10 }\nwatermark: { column: date_time, max_out_of_orderness: 1s }\n";
+
+    #[tokio::test]
+    async fn sources_produce_only_what_the_job_reads() {
+        let keyed = format!(
+            "{HEAD}pipeline:\n  - filter: \"price > 10\"\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    aggregate: [\"count(*) AS n\"]\nsink:\n  blackhole: {{}}\n"
+        );
+        assert_eq!(
+            source_columns(&keyed).await,
+            ["auction", "price", "date_time"]
+        );
+        let projected = format!(
+            "{HEAD}pipeline:\n  - select: [\"bidder * 2 AS b\"]\nsink:\n  blackhole: {{}}\n"
+        );
+        assert_eq!(source_columns(&projected).await, ["bidder", "date_time"]);
+    }
+
+    #[tokio::test]
+    async fn sinks_and_late_outputs_keep_every_column() {
+        let passthrough = format!("{HEAD}sink:\n  blackhole: {{}}\n");
+        assert!(source_columns(&passthrough).await.is_empty());
+        let late = format!(
+            "{HEAD}pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    aggregate: [\"count(*) AS n\"]\n    late: {{ sink: {{ blackhole: {{}} }} }}\nsink:\n  blackhole: {{}}\n"
+        );
+        assert!(source_columns(&late).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn plan_errors_name_the_expression_position() {
+        let bad =
+            format!("{HEAD}pipeline:\n  - filter: \"pricee > 1\"\nsink:\n  blackhole: {{}}\n");
+        let graph = sluice_common::job_spec::parse_job("job.yaml", &bad).unwrap();
+        let err = plan(graph).await.unwrap_err().to_string();
+        assert!(err.starts_with("job.yaml:6:13:"), "{err}");
+        assert!(err.contains("pricee"), "{err}");
+    }
 }

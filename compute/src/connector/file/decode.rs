@@ -6,6 +6,8 @@
 //! `file:line`, skip, or go to the dead-letter output. This module does not know where
 //! the bytes came from or where dead letters go.
 
+use std::sync::Arc;
+
 use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
@@ -43,7 +45,10 @@ pub struct BadRecords<'a> {
 /// Decodes chunks of records of one schema.
 pub struct TextDecoder {
     format: TextFormat,
+    /// The file's full schema.
     schema: SchemaRef,
+    /// Indices of the columns to decode, and the schema of what is decoded.
+    projection: Option<(Vec<usize>, SchemaRef)>,
     /// Upper bound of records per chunk.
     capacity: usize,
     /// A decoder in a clean state, kept between calls (dropped after an error).
@@ -65,8 +70,24 @@ impl TextDecoder {
         TextDecoder {
             format,
             schema,
+            projection: None,
             capacity: capacity.max(1),
             inner: None,
+        }
+    }
+
+    /// Decodes only the columns at `indices` (of the full schema), skipping the others.
+    pub fn with_projection(mut self, indices: Vec<usize>) -> Result<Self, ArrowError> {
+        let projected = Arc::new(self.schema.project(&indices)?);
+        self.projection = Some((indices, projected));
+        Ok(self)
+    }
+
+    /// The schema of decoded batches.
+    pub fn output_schema(&self) -> SchemaRef {
+        match &self.projection {
+            Some((_, schema)) => schema.clone(),
+            None => self.schema.clone(),
         }
     }
 
@@ -103,7 +124,7 @@ impl TextDecoder {
         if good.is_empty() {
             return Ok(None);
         }
-        Ok(Some(concat_batches(&self.schema, &good)?))
+        Ok(Some(concat_batches(&self.output_schema(), &good)?))
     }
 
     /// Decodes whole records; the decoder is dropped on error (its state is unknown).
@@ -123,14 +144,18 @@ impl TextDecoder {
         // Room for twice the records expected, so a blank line can never stop a chunk.
         let batch_size = self.capacity * 2 + 16;
         Ok(match self.format {
-            TextFormat::Csv => Inner::Csv(Box::new(
-                arrow::csv::ReaderBuilder::new(self.schema.clone())
+            TextFormat::Csv => {
+                let mut builder = arrow::csv::ReaderBuilder::new(self.schema.clone())
                     .with_header(false)
-                    .with_batch_size(batch_size)
-                    .build_decoder(),
-            )),
+                    .with_batch_size(batch_size);
+                if let Some((indices, _)) = &self.projection {
+                    builder = builder.with_projection(indices.clone());
+                }
+                Inner::Csv(Box::new(builder.build_decoder()))
+            }
+            // JSON fields are matched by name; fields outside the schema are skipped.
             TextFormat::JsonLines => Inner::Json(Box::new(
-                arrow::json::ReaderBuilder::new(self.schema.clone())
+                arrow::json::ReaderBuilder::new(self.output_schema())
                     .with_batch_size(batch_size)
                     .build_decoder()?,
             )),

@@ -218,9 +218,11 @@ impl std::fmt::Debug for FileReader {
 }
 
 impl FileReader {
-    /// Lists the files of `spec` and opens the share of `subtask`.
+    /// Lists the files of `spec` and opens the share of `subtask`, producing only
+    /// `columns` (all when empty).
     pub async fn open(
         spec: &pb::FileSource,
+        columns: &[String],
         subtask: SubtaskInfo,
         batch_size: usize,
     ) -> Result<Self> {
@@ -228,7 +230,12 @@ impl FileReader {
             return Err(Error::Internal(format!("invalid subtask {subtask:?}")));
         }
         let listing = Listing::of(spec).await?;
-        let schema = listing.schema(spec).await?;
+        let full = listing.schema(spec).await?;
+        let indices = crate::connector::projection(&full, columns)?;
+        let schema = match &indices {
+            Some(i) => Arc::new(full.project(i)?),
+            None => full.clone(),
+        };
         let files = listing
             .files
             .iter()
@@ -247,18 +254,17 @@ impl FileReader {
         };
         let format = spec.format();
         let batch_size = batch_size.max(1);
-        let decoder = match format {
-            pb::FileFormat::Csv => Some(TextDecoder::new(
-                TextFormat::Csv,
-                schema.clone(),
-                batch_size,
-            )),
-            pb::FileFormat::Jsonl => Some(TextDecoder::new(
-                TextFormat::JsonLines,
-                schema.clone(),
-                batch_size,
-            )),
+        let text = match format {
+            pb::FileFormat::Csv => Some(TextFormat::Csv),
+            pb::FileFormat::Jsonl => Some(TextFormat::JsonLines),
             pb::FileFormat::Parquet => None,
+        };
+        let decoder = match (text, indices) {
+            (Some(text), Some(indices)) => {
+                Some(TextDecoder::new(text, full.clone(), batch_size).with_projection(indices)?)
+            }
+            (Some(text), None) => Some(TextDecoder::new(text, full.clone(), batch_size)),
+            (None, _) => None,
         };
         Ok(FileReader {
             store: listing.store,

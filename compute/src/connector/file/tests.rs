@@ -58,7 +58,7 @@ async fn read_all(
     sub: SubtaskInfo,
     batch_size: usize,
 ) -> (Vec<SourceBatch>, FileReader) {
-    let mut reader = FileReader::open(spec, sub, batch_size).await.unwrap();
+    let mut reader = FileReader::open(spec, &[], sub, batch_size).await.unwrap();
     let mut out = Vec::new();
     while let Some(b) = reader.next_batch().await.unwrap() {
         assert!(b.batch.num_rows() <= batch_size);
@@ -163,7 +163,9 @@ async fn files_are_split_between_subtasks_one_split_per_file() {
     let spec = source(dir.path().to_str().unwrap(), pb::FileFormat::Csv);
     let mut all = Vec::new();
     for (index, splits, ids) in [(0, 2, vec![0, 1, 2, 20, 21, 22]), (1, 1, vec![10, 11, 12])] {
-        let mut reader = FileReader::open(&spec, subtask(index, 2), 2).await.unwrap();
+        let mut reader = FileReader::open(&spec, &[], subtask(index, 2), 2)
+            .await
+            .unwrap();
         assert_eq!(reader.num_splits(), splits);
         let mut got = Vec::new();
         let mut finished = Vec::new();
@@ -257,7 +259,7 @@ async fn on_error_fail_names_file_and_line() {
             std::fs::write(&file, text).unwrap();
             let mut spec = source(file.to_str().unwrap(), format);
             spec.schema = small_schema();
-            let mut reader = FileReader::open(&spec, subtask(0, 1), batch_size)
+            let mut reader = FileReader::open(&spec, &[], subtask(0, 1), batch_size)
                 .await
                 .unwrap();
             let mut rows = 0;
@@ -356,7 +358,7 @@ async fn dead_letter_without_a_path_is_a_plan_error() {
     std::fs::write(&file, CSV_WITH_BAD_LINES).unwrap();
     let mut spec = source(file.to_str().unwrap(), pb::FileFormat::Csv);
     spec.on_error = pb::OnError::DeadLetter as i32;
-    let err = FileReader::open(&spec, subtask(0, 1), 10)
+    let err = FileReader::open(&spec, &[], subtask(0, 1), 10)
         .await
         .unwrap_err();
     assert!(
@@ -387,7 +389,7 @@ async fn open_chunked(
     chunk: usize,
     max_record: usize,
 ) -> FileReader {
-    FileReader::open(spec, subtask(0, 1), batch_size)
+    FileReader::open(spec, &[], subtask(0, 1), batch_size)
         .await
         .unwrap()
         .with_limits(chunk, max_record)
