@@ -14,7 +14,7 @@ use crate::element::StreamElement;
 use crate::error::{Error, Result};
 
 /// Default byte budget of one channel.
-pub const DEFAULT_CHANNEL_BYTES: usize = 8 << 20;
+pub const DEFAULT_CHANNEL_BYTES: usize = 2 << 20;
 
 struct Envelope {
     channel: usize,
