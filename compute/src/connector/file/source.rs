@@ -1,8 +1,14 @@
 //! The file source reader: one subtask's share of the files under a path.
 //!
 //! Every file is a split. Subtask `i` of `p` reads the files `j` (in path order) with
-//! `j % p == i`, one after the other, and is decoded in batches of `batch_size` records;
-//! a split is reported finished right after its last batch.
+//! `j % p == i`, decoded in batches of `batch_size` records; a split is reported finished
+//! right after its last batch. Up to [`MAX_OPEN_TEXT_FILES`] CSV or JSON-lines files are
+//! read at once, a batch from each in turn, so that files covering the same stretch of
+//! event time advance together and per-split watermarks hold: read one after another,
+//! every record of the second file would be behind the first file's watermark. Files
+//! beyond that number wait for a place (like Flink's unassigned splits, they do not hold
+//! the watermark back until they start), and Parquet files, fetched whole, are read one
+//! at a time.
 //!
 //! CSV and JSON-lines files are streamed with bounded memory: the object is fetched in
 //! ranges of [`CHUNK_SIZE`] (`get_range`, the same for a local disk and S3) into a
@@ -91,7 +97,10 @@ pub async fn source_schema(spec: &pb::FileSource) -> Result<SchemaRef> {
 }
 
 /// Bytes fetched from a text file at a time.
-pub const CHUNK_SIZE: usize = 8 << 20;
+pub const CHUNK_SIZE: usize = 4 << 20;
+
+/// CSV or JSON-lines files one reader streams at the same time.
+pub const MAX_OPEN_TEXT_FILES: usize = 8;
 
 /// The longest CSV or JSON-lines record read, in bytes (without its line terminator).
 pub const MAX_RECORD: usize = 64 << 20;
@@ -191,6 +200,10 @@ pub struct FileReader {
     /// Local split being read.
     current: usize,
     open: Option<Open>,
+    /// Open files waiting for their next turn, with their local split.
+    waiting: std::collections::VecDeque<(usize, Open)>,
+    /// The first assigned file not opened yet.
+    next_file: usize,
     decoder: Option<TextDecoder>,
     spans: Vec<RecordSpan>,
     dead_letter: Option<DeadLetter>,
@@ -275,6 +288,8 @@ impl FileReader {
             files,
             current: 0,
             open: None,
+            waiting: std::collections::VecDeque::new(),
+            next_file: 0,
             decoder,
             spans: Vec::new(),
             dead_letter,
@@ -464,16 +479,28 @@ impl SourceReader for FileReader {
     }
 
     async fn next_batch(&mut self) -> Result<Option<SourceBatch>> {
-        while self.current < self.files.len() {
-            if self.open.is_none() {
-                self.open = Some(self.open_current().await?);
+        let max_open = match self.format {
+            pb::FileFormat::Parquet => 1,
+            _ => MAX_OPEN_TEXT_FILES,
+        };
+        loop {
+            while self.waiting.len() < max_open && self.next_file < self.files.len() {
+                self.current = self.next_file;
+                let open = self.open_current().await?;
+                self.waiting.push_back((self.next_file, open));
+                self.next_file += 1;
             }
-            let split = self.current;
-            let (batch, at_end) = self.read_open().await?;
-            if at_end {
-                self.open = None;
-                self.finished.push(split);
-                self.current += 1;
+            let Some((split, open)) = self.waiting.pop_front() else {
+                break;
+            };
+            self.current = split;
+            self.open = Some(open);
+            let read = self.read_open().await;
+            let open = self.open.take();
+            let (batch, at_end) = read?;
+            match open {
+                Some(open) if !at_end => self.waiting.push_back((split, open)),
+                _ => self.finished.push(split),
             }
             if let Some(batch) = batch.filter(|b| b.num_rows() > 0) {
                 self.counters.records += batch.num_rows() as u64;
