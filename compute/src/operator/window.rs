@@ -655,3 +655,167 @@ impl Operator for WindowOperator {
         self.fire(Timestamp::MAX, out).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Int64Array, TimestampMillisecondArray};
+    use sluice_common::state::MemoryStateBackend;
+
+    use super::*;
+    use crate::element::StreamElement;
+
+    fn input_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+            Field::new("t", DataType::Timestamp(TimeUnit::Millisecond, None), false),
+        ]))
+    }
+
+    fn batch(rows: &[(i64, i64, i64)]) -> RecordBatch {
+        RecordBatch::try_new(
+            input_schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(TimestampMillisecondArray::from_iter_values(
+                    rows.iter().map(|r| r.2),
+                )),
+            ],
+        )
+        .unwrap()
+    }
+
+    async fn window(kind: pb::window_spec::Kind, time: pb::TimeCharacteristic) -> WindowOperator {
+        let mut spec = pb::WindowSpec {
+            kind: Some(kind),
+            key_columns: vec!["k".into()],
+            aggregates: ["count(*) AS n", "sum(v) AS s"]
+                .iter()
+                .map(|sql| pb::Expr {
+                    sql: sql.to_string(),
+                    location: None,
+                })
+                .collect(),
+            time_column: "t".into(),
+            ..Default::default()
+        };
+        spec.set_time(time);
+        let mut op = WindowOperator::build(
+            1,
+            &spec,
+            &input_schema(),
+            &ExprCompiler::new(),
+            Arc::new(MemoryStateBackend::new()),
+            Arc::new(WindowCounters::default()),
+        )
+        .unwrap();
+        let ctx = OperatorContext {
+            node_id: 1,
+            node_name: "window".into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+        };
+        op.open(&ctx).await.unwrap();
+        op
+    }
+
+    /// (key, window_start, n, s) of every result batch in `out`.
+    fn results(out: &Output) -> Vec<(i64, i64, i64, i64)> {
+        let mut rows = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                let col = |i: usize| cast(b.column(i), &DataType::Int64).unwrap();
+                let (k, start, n, s) = (col(0), col(1), col(3), col(4));
+                for r in 0..b.num_rows() {
+                    rows.push((
+                        k.as_primitive::<Int64Type>().value(r),
+                        start.as_primitive::<Int64Type>().value(r),
+                        n.as_primitive::<Int64Type>().value(r),
+                        s.as_primitive::<Int64Type>().value(r),
+                    ));
+                }
+            }
+        }
+        rows.sort_unstable();
+        rows
+    }
+
+    #[tokio::test]
+    async fn tumbling_windows_fire_at_the_watermark_and_not_before() {
+        let tumbling = pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: 10 });
+        let mut op = window(tumbling, pb::TimeCharacteristic::TimeEvent).await;
+        let mut out = Output::default();
+        op.process_batch(batch(&[(1, 5, 1), (2, 7, 3), (1, 1, 12)]), &mut out)
+            .await
+            .unwrap();
+        op.on_watermark(8, &mut out).await.unwrap();
+        assert!(
+            results(&out).is_empty(),
+            "window [0, 10) must wait for watermark 9"
+        );
+        op.on_watermark(9, &mut out).await.unwrap();
+        assert_eq!(results(&out), vec![(1, 0, 1, 5), (2, 0, 1, 7)]);
+        let mut out = Output::default();
+        op.process_batch(batch(&[(1, 100, 4)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(op.counters.late_records.load(Ordering::Relaxed), 1);
+        op.on_watermark(i64::MAX, &mut out).await.unwrap();
+        assert_eq!(results(&out), vec![(1, 10, 1, 1)]);
+    }
+
+    #[tokio::test]
+    async fn processing_time_windows_fire_on_ticks_and_at_close() {
+        let tumbling = pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: 3_600_000 });
+        let mut op = window(tumbling, pb::TimeCharacteristic::TimeProcessing).await;
+        assert!(op.wants_processing_time());
+        let mut out = Output::default();
+        // Event times are ignored: both rows land in the current hour.
+        op.process_batch(batch(&[(1, 2, -5), (1, 3, 99_999_999)]), &mut out)
+            .await
+            .unwrap();
+        op.on_watermark(i64::MAX - 1, &mut out).await.unwrap();
+        assert!(
+            results(&out).is_empty(),
+            "watermarks do not fire processing-time windows"
+        );
+        let now = now_ms();
+        let hour_end = now - now.rem_euclid(3_600_000) + 3_600_000;
+        op.on_processing_time(hour_end - 2, &mut out).await.unwrap();
+        assert!(results(&out).is_empty());
+        op.on_processing_time(hour_end + 5, &mut out).await.unwrap();
+        let fired = results(&out);
+        // A tick exactly at the hour boundary may split the rows over two windows.
+        assert_eq!(fired.iter().map(|r| r.2).sum::<i64>(), 2, "{fired:?}");
+        assert_eq!(fired.iter().map(|r| r.3).sum::<i64>(), 5);
+        let mut out = Output::default();
+        op.process_batch(batch(&[(2, 9, 0)]), &mut out)
+            .await
+            .unwrap();
+        op.close(&mut out).await.unwrap();
+        assert_eq!(
+            results(&out).iter().map(|r| (r.0, r.3)).collect::<Vec<_>>(),
+            vec![(2, 9)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_bridging_record_merges_two_sessions() {
+        let session = pb::window_spec::Kind::Session(pb::SessionWindow { gap_ms: 10 });
+        let mut op = window(session, pb::TimeCharacteristic::TimeEvent).await;
+        let mut out = Output::default();
+        op.process_batch(batch(&[(1, 1, 0), (1, 2, 18), (1, 8, 40)]), &mut out)
+            .await
+            .unwrap();
+        op.on_watermark(8, &mut out).await.unwrap();
+        assert!(results(&out).is_empty());
+        // [9, 19) overlaps [0, 10) and [18, 28): the three fuse into [0, 28).
+        op.process_batch(batch(&[(1, 4, 9)]), &mut out)
+            .await
+            .unwrap();
+        op.on_watermark(i64::MAX, &mut out).await.unwrap();
+        assert_eq!(results(&out), vec![(1, 0, 3, 7), (1, 40, 1, 8)]);
+    }
+}
