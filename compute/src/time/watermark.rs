@@ -68,6 +68,16 @@ impl WatermarkGenerator {
 
     /// Takes note of a batch from `split`; returns a watermark when it advanced.
     pub fn on_batch(&mut self, split: usize, batch: &RecordBatch) -> Result<Option<StreamElement>> {
+        self.on_batch_at(split, batch, Instant::now())
+    }
+
+    /// [`Self::on_batch`] at a given instant (tests drive the clock).
+    fn on_batch_at(
+        &mut self,
+        split: usize,
+        batch: &RecordBatch,
+        now: Instant,
+    ) -> Result<Option<StreamElement>> {
         if split >= self.splits.len() {
             self.splits.resize(split + 1, None);
         }
@@ -81,7 +91,6 @@ impl WatermarkGenerator {
                 &DataType::Int64,
             )?,
         };
-        let now = Instant::now();
         let state = self.splits[split].get_or_insert(SplitState {
             max_ts: Timestamp::MIN,
             last_active: now,
@@ -106,7 +115,10 @@ impl WatermarkGenerator {
 
     /// Re-evaluates idleness at a processing-time tick.
     pub fn on_tick(&mut self) -> Option<StreamElement> {
-        let now = Instant::now();
+        self.on_tick_at(Instant::now())
+    }
+
+    fn on_tick_at(&mut self, now: Instant) -> Option<StreamElement> {
         if let Some(wm) = self.advance(now) {
             return Some(wm);
         }
@@ -203,5 +215,53 @@ mod tests {
                 .unwrap_err()
                 .is_user_error()
         );
+    }
+}
+
+#[cfg(test)]
+mod idleness_tests {
+    use std::sync::Arc;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{Field, Schema};
+
+    use super::*;
+
+    fn batch(ts: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("t", DataType::Int64, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![ts]))]).unwrap()
+    }
+
+    #[test]
+    fn a_silent_split_stops_holding_the_watermark_then_all_idle_is_reported() {
+        let spec = pb::WatermarkSpec {
+            column: "t".into(),
+            max_out_of_orderness_ms: 0,
+            idleness_ms: 30,
+        };
+        let mut g = WatermarkGenerator::new(&spec, &batch(0).schema(), 2).unwrap();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        g.on_batch_at(0, &batch(1_000), at(0)).unwrap();
+        g.on_batch_at(1, &batch(10), at(0)).unwrap();
+        assert_eq!(
+            g.current(),
+            999,
+            "split 1 had not spoken yet when split 0 first did"
+        );
+        assert!(
+            g.on_batch_at(0, &batch(2_000), at(20)).unwrap().is_none(),
+            "split 1 holds it"
+        );
+        // Split 1 has been silent for 40 ms > 30 ms: only split 0 counts now.
+        assert!(matches!(
+            g.on_tick_at(at(40)),
+            Some(StreamElement::Watermark(1_999))
+        ));
+        assert!(matches!(g.on_tick_at(at(100)), Some(StreamElement::Idle)));
+        assert!(g.on_tick_at(at(110)).is_none(), "idleness is reported once");
+        // Data wakes the source; the watermark never goes back.
+        assert!(g.on_batch_at(1, &batch(50), at(120)).unwrap().is_none());
+        assert_eq!(g.current(), 1_999);
     }
 }
