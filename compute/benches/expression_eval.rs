@@ -6,42 +6,15 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use arrow::record_batch::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_common::pb;
-use sluice_compute::connector::SubtaskInfo;
-use sluice_compute::connector::nexmark::NexmarkReader;
 use sluice_compute::expr::ExprCompiler;
 use sluice_compute::operator::filter::FilterOperator;
 use sluice_compute::operator::select::SelectOperator;
 use sluice_compute::operator::{Operator, Output};
 
-const ROWS: usize = 8192;
-
-/// One 8192-row batch of the Nexmark bid stream.
-fn bids() -> RecordBatch {
-    let spec = pb::NexmarkSource {
-        stream: pb::NexmarkStream::Bid as i32,
-        seed: 42,
-        max_out_of_orderness_ms: 1_000,
-        ..Default::default()
-    };
-    let subtask = SubtaskInfo {
-        index: 0,
-        parallelism: 1,
-    };
-    let mut reader = NexmarkReader::new(&spec, subtask, ROWS).expect("nexmark reader");
-    let batch = reader.next_batch_sync().expect("an unbounded stream").batch;
-    assert_eq!(batch.num_rows(), ROWS);
-    batch
-}
-
-fn expr(sql: &str) -> pb::Expr {
-    pb::Expr {
-        sql: sql.into(),
-        location: None,
-    }
-}
+mod support;
+use support::{ROWS, bids, expr};
 
 fn evaluate(c: &mut Criterion) {
     let batch = bids();

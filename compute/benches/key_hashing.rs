@@ -5,38 +5,17 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use arrow::record_batch::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use futures::FutureExt;
 use sluice_common::DEFAULT_MAX_PARALLELISM;
 use sluice_common::key_group::key_group_of;
-use sluice_common::pb;
-use sluice_compute::connector::SubtaskInfo;
-use sluice_compute::connector::nexmark::NexmarkReader;
 use sluice_compute::element::StreamElement;
 use sluice_compute::keys::{EncodedKeys, KeyEncoder};
 use sluice_compute::runtime::queue::{QueueReceiver, input_queue};
 use sluice_compute::runtime::router::{OutputEdge, Partitioner};
 
-const ROWS: usize = 8192;
-
-/// One 8192-row batch of the Nexmark bid stream.
-fn bids() -> RecordBatch {
-    let spec = pb::NexmarkSource {
-        stream: pb::NexmarkStream::Bid as i32,
-        seed: 42,
-        max_out_of_orderness_ms: 1_000,
-        ..Default::default()
-    };
-    let subtask = SubtaskInfo {
-        index: 0,
-        parallelism: 1,
-    };
-    let mut reader = NexmarkReader::new(&spec, subtask, ROWS).expect("nexmark reader");
-    let batch = reader.next_batch_sync().expect("an unbounded stream").batch;
-    assert_eq!(batch.num_rows(), ROWS);
-    batch
-}
+mod support;
+use support::{ROWS, bids};
 
 fn key_sets() -> [(&'static str, Vec<String>); 2] {
     [

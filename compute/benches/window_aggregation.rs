@@ -27,7 +27,9 @@ use sluice_compute::operator::window::{WindowCounters, WindowOperator};
 use sluice_compute::operator::{Operator, OperatorContext, Output};
 use tokio::runtime::Runtime;
 
-const ROWS: usize = 8192;
+mod support;
+use support::{ROWS, expr};
+
 /// Batches per iteration: about 80 s of event time at the default 10,000 events/s.
 const BATCHES: usize = 100;
 const OUT_OF_ORDERNESS_MS: u64 = 1_000;
@@ -63,13 +65,6 @@ fn bid_batches(rt: &Runtime) -> Vec<(RecordBatch, Timestamp)> {
         }
         out
     })
-}
-
-fn expr(sql: &str) -> pb::Expr {
-    pb::Expr {
-        sql: sql.into(),
-        location: None,
-    }
 }
 
 fn window_specs() -> Vec<(&'static str, pb::WindowSpec)> {
