@@ -28,6 +28,7 @@
 
 pub mod dead_letter;
 pub mod decode;
+pub mod parquet_object;
 pub mod records;
 pub mod schema;
 pub mod sink;

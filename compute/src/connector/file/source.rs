@@ -7,8 +7,8 @@
 //! event time advance together and per-split watermarks hold: read one after another,
 //! every record of the second file would be behind the first file's watermark. Files
 //! beyond that number wait for a place (like Flink's unassigned splits, they do not hold
-//! the watermark back until they start), and Parquet files, fetched whole, are read one
-//! at a time.
+//! the watermark back until they start); Parquet files, whose row groups are larger,
+//! [`MAX_OPEN_PARQUET_FILES`] at a time.
 //!
 //! CSV and JSON-lines files are streamed with bounded memory: the object is fetched in
 //! ranges of [`CHUNK_SIZE`] (`get_range`, the same for a local disk and S3) into a
@@ -22,8 +22,9 @@
 //! [`Error::BadRecord`] naming its `file:line` whatever `on_error` says, since where it
 //! ends is unknown.
 //!
-//! Parquet files are still fetched whole (`get().bytes()`, bounded by the file's size)
-//! and read with arrow's reader.
+//! Parquet files are streamed by parquet's async reader over the object store: the
+//! footer first, then the column chunks of one row group at a time, only of the columns
+//! the job reads.
 
 use std::sync::Arc;
 
@@ -31,13 +32,16 @@ use arrow::compute::cast;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
+use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::async_reader::ParquetRecordBatchStream;
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use sluice_common::pb;
 
 use super::dead_letter::DeadLetter;
 use super::decode::{BadRecords, TextDecoder, TextFormat};
+use super::parquet_object::ParquetObject;
 use super::records::{RecordScanner, RecordSpan};
 use super::schema;
 use crate::connector::{SourceBatch, SourceCounters, SourceReader, SubtaskInfo, store};
@@ -101,6 +105,9 @@ pub const CHUNK_SIZE: usize = 4 << 20;
 
 /// CSV or JSON-lines files one reader streams at the same time.
 pub const MAX_OPEN_TEXT_FILES: usize = 8;
+
+/// Parquet files one reader streams at the same time (each holds a row group's columns).
+pub const MAX_OPEN_PARQUET_FILES: usize = 4;
 
 /// The longest CSV or JSON-lines record read, in bytes (without its line terminator).
 pub const MAX_RECORD: usize = 64 << 20;
@@ -183,7 +190,7 @@ pub(super) fn too_long_message(limit: usize) -> String {
 enum Open {
     Text(TextFile),
     Parquet {
-        reader: ParquetRecordBatchReader,
+        reader: ParquetRecordBatchStream<ParquetObject>,
         pending: Option<RecordBatch>,
     },
 }
@@ -323,13 +330,27 @@ impl FileReader {
             pb::FileFormat::Csv => Open::Text(TextFile::new(meta, true)),
             pb::FileFormat::Jsonl => Open::Text(TextFile::new(meta, false)),
             pb::FileFormat::Parquet => {
-                let data = self.store.get(&meta.location).await?.bytes().await?;
                 let bad = |e| Error::BadRecord {
                     location: display.clone(),
                     message: format!("{e}"),
                 };
-                let reader = ParquetRecordBatchReaderBuilder::try_new(data)
-                    .map_err(bad)?
+                let object =
+                    ParquetObject::new(self.store.clone(), meta.location.clone(), meta.size);
+                let builder = ParquetRecordBatchStreamBuilder::new(object)
+                    .await
+                    .map_err(bad)?;
+                // Only the columns the job reads (by name; `conform` orders and casts them).
+                let wanted: Vec<usize> = builder
+                    .schema()
+                    .fields()
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| self.schema.field_with_name(f.name()).is_ok())
+                    .map(|(i, _)| i)
+                    .collect();
+                let mask = ProjectionMask::roots(builder.parquet_schema(), wanted);
+                let reader = builder
+                    .with_projection(mask)
                     .with_batch_size(self.batch_size)
                     .build()
                     .map_err(bad)?;
@@ -425,9 +446,9 @@ impl FileReader {
                 };
                 let batch = match pending.take() {
                     Some(b) => Some(b),
-                    None => reader.next().transpose().map_err(bad)?,
+                    None => reader.next().await.transpose().map_err(bad)?,
                 };
-                *pending = reader.next().transpose().map_err(bad)?;
+                *pending = reader.next().await.transpose().map_err(bad)?;
                 let batch = batch
                     .map(|b| conform(b, &self.schema, display))
                     .transpose()?;
@@ -480,7 +501,7 @@ impl SourceReader for FileReader {
 
     async fn next_batch(&mut self) -> Result<Option<SourceBatch>> {
         let max_open = match self.format {
-            pb::FileFormat::Parquet => 1,
+            pb::FileFormat::Parquet => MAX_OPEN_PARQUET_FILES,
             _ => MAX_OPEN_TEXT_FILES,
         };
         loop {
