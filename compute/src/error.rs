@@ -57,6 +57,12 @@ pub enum Error {
         /// The underlying failure.
         source: Box<Error>,
     },
+    /// The task stopped because another task of the job failed first.
+    #[error("cancelled because another task failed")]
+    Cancelled,
+    /// A channel's other end is gone (its task ended or failed).
+    #[error("channel closed: {0}")]
+    Disconnected(&'static str),
     /// A bug in Sluice: an invariant did not hold.
     #[error("internal error: {0}")]
     Internal(String),
@@ -68,6 +74,15 @@ impl Error {
         Error::Io {
             path: path.into(),
             source,
+        }
+    }
+
+    /// True when this only reports that another task failed first (not a root cause).
+    pub fn is_knock_on(&self) -> bool {
+        match self {
+            Error::Cancelled | Error::Disconnected(_) => true,
+            Error::Task { source, .. } => source.is_knock_on(),
+            _ => false,
         }
     }
 

@@ -30,10 +30,6 @@ use sluice_common::state::{KeyedStateBackend, WriteOp, encode_key};
 
 use super::{Operator, OperatorContext, Output};
 use crate::element::Timestamp;
-
-/// Per-batch maps hash short keys millions of times a second: a fast, non-DoS-resistant
-/// hasher is right for them (keys come from the job's own data, bounded per batch).
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
 use crate::expr::aggregate::AggregateCall;
@@ -42,6 +38,10 @@ use crate::window::accumulator::{self, Acc, evaluate_args};
 use crate::window::assigner::WindowAssigner;
 use crate::window::session::{self, Session};
 use crate::window::timers::TimerQueue;
+
+/// Per-batch maps hash short keys millions of times a second: a fast, non-DoS-resistant
+/// hasher is right for them (keys come from the job's own data, bounded per batch).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 const SLOT_STATE: &[u8] = b"window";
 const SESSION_STATE: &[u8] = b"sessions";
@@ -610,10 +610,7 @@ impl Operator for WindowOperator {
 
     async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
         let times = self.times(&batch)?;
-        let mut keys = std::mem::take(&mut self.keys);
-        let encoded = self.key_encoder.encode(&batch, &mut keys);
-        self.keys = keys;
-        encoded?;
+        self.key_encoder.encode(&batch, &mut self.keys)?;
         let late = if matches!(self.assigner, WindowAssigner::Session { .. }) {
             self.process_sessions(&batch, &times, out).await?
         } else {

@@ -336,15 +336,14 @@ async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
         let Some(kind) = node.kind.as_ref() else {
             return Err(at(plan_err("the node has no operator")));
         };
-        let input = incoming.get(&id).map(|e| outputs[&e.source].clone());
         let is_source = matches!(kind, pb::node::Kind::Source(_));
-        if is_source != input.is_none() {
-            return Err(at(plan_err(if is_source {
-                "a source cannot have an input"
-            } else {
-                "the node has no input"
-            })));
-        }
+        let input: SchemaRef = match (incoming.get(&id), is_source) {
+            (Some(e), false) => outputs[&e.source].clone(),
+            // A source reads no stream; its schema is its own (below).
+            (None, true) => Arc::new(arrow::datatypes::Schema::empty()),
+            (Some(_), true) => return Err(at(plan_err("a source cannot have an input"))),
+            (None, false) => return Err(at(plan_err("the node has no input"))),
+        };
         let output = match kind {
             pb::node::Kind::Source(spec) => {
                 has_source = true;
@@ -356,7 +355,6 @@ async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
                 schema
             }
             pb::node::Kind::Filter(spec) => {
-                let input = input.unwrap_or_else(unreachable_schema);
                 if let Some(e) = &spec.predicate {
                     compiler
                         .compile(&e.sql, &input)
@@ -367,7 +365,6 @@ async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
                 input
             }
             pb::node::Kind::Select(spec) => {
-                let input = input.unwrap_or_else(unreachable_schema);
                 for e in &spec.exprs {
                     compiler
                         .compile(&e.sql, &input)
@@ -380,7 +377,6 @@ async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
                 schema
             }
             pb::node::Kind::Window(spec) => {
-                let input = input.unwrap_or_else(unreachable_schema);
                 for e in &spec.aggregates {
                     AggregateCall::compile(&compiler, &e.sql, &input)
                         .map_err(|err| locate(&graph, e.location.as_ref(), "aggregate", err))?;
@@ -398,13 +394,12 @@ async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
                 op.schema()
             }
             pb::node::Kind::Sink(_) => {
-                let input = input.unwrap_or_else(unreachable_schema);
                 inputs.insert(id, input.clone());
                 input
             }
         };
         if let Some(e) = incoming.get(&id) {
-            check_edge(&graph, &nodes, e, &outputs[&e.source]).map_err(at)?;
+            check_edge(&nodes, e, &outputs[&e.source]).map_err(at)?;
             if !e.side_output.is_empty() {
                 // Side outputs carry the emitting operator's input records.
                 let side = inputs[&e.source].clone();
@@ -448,17 +443,7 @@ async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
     })
 }
 
-/// Sources always have an input schema of their own; other nodes always have an input.
-fn unreachable_schema() -> SchemaRef {
-    Arc::new(arrow::datatypes::Schema::empty())
-}
-
-fn check_edge(
-    graph: &pb::JobGraph,
-    nodes: &HashMap<u32, pb::Node>,
-    e: &pb::Edge,
-    upstream: &SchemaRef,
-) -> Result<()> {
+fn check_edge(nodes: &HashMap<u32, pb::Node>, e: &pb::Edge, upstream: &SchemaRef) -> Result<()> {
     let (from, to) = (&nodes[&e.source], &nodes[&e.target]);
     match e.partitioning() {
         pb::Partitioning::Forward if from.parallelism != to.parallelism => Err(plan_err(format!(
@@ -469,10 +454,7 @@ fn check_edge(
             crate::keys::KeyEncoder::new(upstream, &e.key_columns)?;
             Ok(())
         }
-        _ => {
-            let _ = graph;
-            Ok(())
-        }
+        _ => Ok(()),
     }
 }
 

@@ -46,7 +46,7 @@ impl QueueSender {
         self.budget
             .acquire_many(permits)
             .await
-            .map_err(|_| Error::Internal("queue closed".into()))?
+            .map_err(|_| Error::Disconnected("queue closed"))?
             .forget();
         self.tx
             .send(Envelope {
@@ -54,7 +54,7 @@ impl QueueSender {
                 element,
                 permits,
             })
-            .map_err(|_| Error::Internal("the downstream task is gone".into()))
+            .map_err(|_| Error::Disconnected("the downstream task is gone"))
     }
 }
 

@@ -77,7 +77,7 @@ impl Task {
         let mut last_tick = Instant::now();
         loop {
             if *cancel.borrow() {
-                return Err(Error::Internal("cancelled".into()));
+                return Err(Error::Cancelled);
             }
             if ticks && last_tick.elapsed() >= TICK {
                 last_tick = Instant::now();
