@@ -229,44 +229,56 @@ impl WindowOperator {
         encode_key(key_group, self.operator_id, name, key, ns)
     }
 
+    /// Pane length and window length of a fixed-size assigner: a window is `size / pane`
+    /// consecutive panes (one for tumbling windows).
+    fn pane_and_size(&self) -> (i64, i64) {
+        match self.assigner {
+            WindowAssigner::Tumbling { size } => (size, size),
+            WindowAssigner::Sliding { size, slide } => (slide, size),
+            WindowAssigner::Session { gap } => (gap, gap),
+        }
+    }
+
+    /// Tumbling and sliding windows. State holds one accumulator set per key and *pane*
+    /// (a `slide`-long slice; for tumbling windows the window itself), so a record
+    /// updates one entry however many windows it belongs to; a window's result merges
+    /// its panes when it fires. A pane is dropped when the last window holding it (the
+    /// one starting with it) fires, or after allowed lateness.
     async fn process_fixed(
         &mut self,
         batch: &RecordBatch,
         times: &[Timestamp],
         out: &mut Output,
     ) -> Result<Vec<u32>> {
+        let (pane, size) = self.pane_and_size();
         let naggs = self.calls.len();
         let args = evaluate_args(&self.calls, batch)?;
         let mut key_ids: HashMap<&[u8], u32> = HashMap::default();
         let mut key_list: Vec<&[u8]> = Vec::new();
         let mut slot_ids: HashMap<(u32, Timestamp), u32> = HashMap::default();
-        let mut slots: Vec<(u32, Timestamp, Timestamp)> = Vec::new();
+        let mut slots: Vec<(u32, Timestamp)> = Vec::new();
         let mut partial: Vec<Acc> = Vec::new();
         let mut late = Vec::new();
         for (row, &ts) in times.iter().enumerate() {
+            let start = ts - ts.rem_euclid(pane);
+            // The last window holding this pane starts with it.
+            if self.window_closed(start + size) {
+                late.push(row as u32);
+                continue;
+            }
             let key = self.keys.row(row);
             let kid = *key_ids.entry(key).or_insert_with(|| {
                 key_list.push(key);
                 (key_list.len() - 1) as u32
             });
-            let mut assigned = false;
-            for (start, end) in self.assigner.windows(ts) {
-                if self.window_closed(end) {
-                    continue;
-                }
-                assigned = true;
-                let sid = *slot_ids.entry((kid, start)).or_insert_with(|| {
-                    slots.push((kid, start, end));
-                    partial.resize(partial.len() + naggs, Acc::default());
-                    (slots.len() - 1) as u32
-                }) as usize;
-                let accs = &mut partial[sid * naggs..(sid + 1) * naggs];
-                for ((acc, call), arg) in accs.iter_mut().zip(&self.calls).zip(&args) {
-                    accumulator::update(call.func, acc, arg, row);
-                }
-            }
-            if !assigned {
-                late.push(row as u32);
+            let sid = *slot_ids.entry((kid, start)).or_insert_with(|| {
+                slots.push((kid, start));
+                partial.resize(partial.len() + naggs, Acc::default());
+                (slots.len() - 1) as u32
+            }) as usize;
+            let accs = &mut partial[sid * naggs..(sid + 1) * naggs];
+            for ((acc, call), arg) in accs.iter_mut().zip(&self.calls).zip(&args) {
+                accumulator::update(call.func, acc, arg, row);
             }
         }
         if slots.is_empty() {
@@ -278,25 +290,22 @@ impl WindowOperator {
             .collect();
         let state_keys: Vec<Bytes> = slots
             .iter()
-            .map(|&(kid, start, end)| {
-                self.state_key(
-                    SLOT_STATE,
-                    groups[kid as usize],
-                    key_list[kid as usize],
-                    start,
-                    end,
-                )
+            .map(|&(kid, start)| {
+                let (kg, key) = (groups[kid as usize], key_list[kid as usize]);
+                self.state_key(SLOT_STATE, kg, key, start, start + pane)
             })
             .collect();
         let stored = self.state.get_many(&state_keys).await?;
         let mut ops = Vec::with_capacity(slots.len());
-        let mut refire = Vec::new();
+        let mut refire: Vec<(u16, Bytes, Timestamp)> = Vec::new();
         let mut merged = Vec::with_capacity(naggs);
         let mut buf = Vec::with_capacity(naggs * accumulator::ACC_BYTES);
         for (sid, (value, state_key)) in stored.into_iter().zip(state_keys).enumerate() {
-            let (kid, start, end) = slots[sid];
+            let (kid, start) = slots[sid];
+            let key_group = groups[kid as usize];
             let part = &partial[sid * naggs..(sid + 1) * naggs];
             merged.clear();
+            let is_new = value.is_none();
             match value {
                 Some(bytes) => {
                     accumulator::decode(&bytes, naggs, &mut merged)?;
@@ -304,40 +313,43 @@ impl WindowOperator {
                         accumulator::merge(call.func, call.arg_kind, acc, p);
                     }
                 }
-                None => {
-                    merged.extend_from_slice(part);
-                    let key = Bytes::copy_from_slice(key_list[kid as usize]);
-                    let key_group = groups[kid as usize];
-                    if self.is_event_time() && end - 1 <= self.watermark {
-                        // Opened within allowed lateness: emitted below, only cleaned up later.
-                        let at = end - 1 + self.lateness;
-                        let timer = Timer::Cleanup {
-                            key_group,
-                            key,
-                            start,
-                            end,
-                        };
-                        self.timers.register(at, timer);
-                    } else {
-                        let timer = Timer::Fire {
-                            key_group,
-                            key,
-                            start,
-                            end,
-                        };
-                        self.timers.register(end - 1, timer);
-                    }
-                }
+                None => merged.extend_from_slice(part),
             }
-            if self.is_event_time() && end - 1 <= self.watermark {
-                // Late but within allowed lateness: the window already fired; update it now.
+            // The windows holding this pane start at start - size + pane ..= start.
+            let mut w = start - size + pane;
+            while w <= start {
+                let end = w + size;
+                let fired = self.is_event_time() && end - 1 <= self.watermark;
+                if fired && !self.window_closed(end) {
+                    // Already fired, within allowed lateness: emit the update now.
+                    refire.push((key_group, Bytes::copy_from_slice(key_list[kid as usize]), w));
+                } else if !fired && is_new {
+                    let key = Bytes::copy_from_slice(key_list[kid as usize]);
+                    self.timers.register(
+                        end - 1,
+                        Timer::Fire {
+                            key_group,
+                            key,
+                            start: w,
+                            end,
+                        },
+                    );
+                }
+                w += pane;
+            }
+            if is_new && self.is_event_time() && start + size - 1 <= self.watermark {
+                // Its last window has fired already, so nothing will schedule its cleanup.
                 let key = Bytes::copy_from_slice(key_list[kid as usize]);
-                refire.push(Fired {
-                    key,
-                    start,
-                    end,
-                    accs: merged.clone(),
-                });
+                let at = start + size - 1 + self.lateness;
+                self.timers.register(
+                    at,
+                    Timer::Cleanup {
+                        key_group,
+                        key,
+                        start,
+                        end: start + pane,
+                    },
+                );
             }
             buf.clear();
             accumulator::encode(&merged, &mut buf);
@@ -348,9 +360,56 @@ impl WindowOperator {
         }
         self.state.write(ops).await?;
         if !refire.is_empty() {
-            out.batch(self.results(refire)?);
+            refire.sort();
+            refire.dedup();
+            let fired = self.read_windows(&refire).await?;
+            if !fired.is_empty() {
+                out.batch(self.results(fired)?);
+            }
         }
         Ok(late)
+    }
+
+    /// The current results of fixed windows `(key group, key, start)`, merged from their
+    /// panes; windows with no pane left are skipped.
+    async fn read_windows(&self, windows: &[(u16, Bytes, Timestamp)]) -> Result<Vec<Fired>> {
+        let (pane, size) = self.pane_and_size();
+        let naggs = self.calls.len();
+        let per_window = (size / pane) as usize;
+        let mut keys = Vec::with_capacity(windows.len() * per_window);
+        for (kg, key, start) in windows {
+            for p in 0..per_window as i64 {
+                let s = start + p * pane;
+                keys.push(self.state_key(SLOT_STATE, *kg, key, s, s + pane));
+            }
+        }
+        let values = self.state.get_many(&keys).await?;
+        let mut fired = Vec::with_capacity(windows.len());
+        let mut pane_accs = Vec::with_capacity(naggs);
+        for ((_, key, start), panes) in windows.iter().zip(values.chunks(per_window)) {
+            let mut accs: Option<Vec<Acc>> = None;
+            for bytes in panes.iter().flatten() {
+                pane_accs.clear();
+                accumulator::decode(bytes, naggs, &mut pane_accs)?;
+                match accs.as_mut() {
+                    None => accs = Some(pane_accs.clone()),
+                    Some(accs) => {
+                        for ((a, p), call) in accs.iter_mut().zip(&pane_accs).zip(&self.calls) {
+                            accumulator::merge(call.func, call.arg_kind, a, p);
+                        }
+                    }
+                }
+            }
+            if let Some(accs) = accs {
+                fired.push(Fired {
+                    key: key.clone(),
+                    start: *start,
+                    end: start + size,
+                    accs,
+                });
+            }
+        }
+        Ok(fired)
     }
 
     async fn process_sessions(
@@ -465,8 +524,8 @@ impl WindowOperator {
             return Ok(());
         }
         let naggs = self.calls.len();
-        let mut fire_keys = Vec::new();
-        let mut fire_meta = Vec::new();
+        let (pane, _) = self.pane_and_size();
+        let mut windows = Vec::new();
         let mut ops = Vec::new();
         let mut session_keys: Vec<(u16, Bytes)> = Vec::new();
         for (_, timer) in due {
@@ -477,24 +536,23 @@ impl WindowOperator {
                     start,
                     end,
                 } => {
-                    let state_key = self.state_key(SLOT_STATE, key_group, &key, start, end);
+                    // This is the last window holding its first pane: drop that pane now,
+                    // or once allowed lateness has passed.
                     if self.lateness > 0 && self.is_event_time() && end - 1 + self.lateness > now {
-                        self.timers.register(
-                            end - 1 + self.lateness,
-                            Timer::Cleanup {
-                                key_group,
-                                key: key.clone(),
-                                start,
-                                end,
-                            },
-                        );
+                        let at = end - 1 + self.lateness;
+                        let cleanup = Timer::Cleanup {
+                            key_group,
+                            key: key.clone(),
+                            start,
+                            end: start + pane,
+                        };
+                        self.timers.register(at, cleanup);
                     } else {
-                        ops.push(WriteOp::Delete {
-                            key: state_key.clone(),
-                        });
+                        let pane_key =
+                            self.state_key(SLOT_STATE, key_group, &key, start, start + pane);
+                        ops.push(WriteOp::Delete { key: pane_key });
                     }
-                    fire_keys.push(state_key);
-                    fire_meta.push((key, start, end));
+                    windows.push((key_group, key, start));
                 }
                 Timer::Cleanup {
                     key_group,
@@ -509,21 +567,14 @@ impl WindowOperator {
                 Timer::Sessions { key_group, key } => session_keys.push((key_group, key)),
             }
         }
-        let mut fired = Vec::with_capacity(fire_keys.len());
-        if !fire_keys.is_empty() {
-            let values = self.state.get_many(&fire_keys).await?;
-            for (value, (key, start, end)) in values.into_iter().zip(fire_meta) {
-                let Some(bytes) = value else { continue };
-                let mut accs = Vec::with_capacity(naggs);
-                accumulator::decode(&bytes, naggs, &mut accs)?;
-                fired.push(Fired {
-                    key,
-                    start,
-                    end,
-                    accs,
-                });
-            }
-        }
+        // Several panes of one key register the same window: fire it once.
+        windows.sort();
+        windows.dedup();
+        let mut fired = if windows.is_empty() {
+            Vec::new()
+        } else {
+            self.read_windows(&windows).await?
+        };
         if !session_keys.is_empty() {
             session_keys.sort();
             session_keys.dedup();
@@ -761,6 +812,43 @@ mod tests {
         assert_eq!(op.counters.late_records.load(Ordering::Relaxed), 1);
         op.on_watermark(i64::MAX, &mut out).await.unwrap();
         assert_eq!(results(&out), vec![(1, 10, 1, 1)]);
+    }
+
+    #[tokio::test]
+    async fn sliding_windows_merge_panes_and_refire_within_lateness() {
+        let sliding = pb::window_spec::Kind::Sliding(pb::SlidingWindow {
+            size_ms: 10,
+            slide_ms: 5,
+        });
+        let mut op = window(sliding, pb::TimeCharacteristic::TimeEvent).await;
+        op.lateness = 5;
+        let mut out = Output::default();
+        op.process_batch(batch(&[(1, 1, 3), (1, 10, 7), (2, 100, 12)]), &mut out)
+            .await
+            .unwrap();
+        op.on_watermark(4, &mut out).await.unwrap();
+        assert_eq!(results(&out), vec![(1, -5, 1, 1)]);
+        // Late for [-5, 5), which fired, but within lateness: it is emitted again at once.
+        let mut out = Output::default();
+        op.process_batch(batch(&[(1, 2, 2)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(results(&out), vec![(1, -5, 2, 3)]);
+        let mut out = Output::default();
+        op.on_watermark(9, &mut out).await.unwrap();
+        // [0, 10) holds both panes of key 1: 1 + 2 + 10.
+        assert_eq!(results(&out), vec![(1, 0, 3, 13)]);
+        let mut out = Output::default();
+        op.on_watermark(14, &mut out).await.unwrap();
+        assert_eq!(results(&out), vec![(1, 5, 1, 10), (2, 5, 1, 100)]);
+        // Pane [0, 5) is past its last window plus lateness: a record for it is late.
+        op.process_batch(batch(&[(1, 4, 4)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(op.counters.late_records.load(Ordering::Relaxed), 1);
+        let mut out = Output::default();
+        op.on_watermark(i64::MAX, &mut out).await.unwrap();
+        assert_eq!(results(&out), vec![(2, 10, 1, 100)]);
     }
 
     #[tokio::test]
