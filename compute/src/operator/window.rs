@@ -1,9 +1,11 @@
 //! `window` + `aggregate`: keyed (or global) tumbling, sliding and session windows.
 //!
-//! Per batch, rows are first folded into partial accumulators per distinct (key, window)
-//! in operator memory; then each touched window's accumulators in keyed state are read
-//! in one `get_many`, merged, and written back in one `write`. State is thereby touched
-//! once per key and window per batch, which is what keeps a remote backend affordable.
+//! Per batch, rows are first folded into partial accumulators per distinct key and
+//! *pane* in operator memory (a pane is a `slide`-long slice of time; a tumbling window
+//! is its own single pane); then each touched pane's accumulators in keyed state are
+//! read in one `get_many`, merged, and written back in one `write`. State is thereby
+//! touched once per key and pane per batch however many windows a record belongs to,
+//! which is what keeps a remote backend affordable. A firing window merges its panes.
 //!
 //! Firing: an event-time window fires when the watermark reaches `end - 1`; results
 //! carry `window_start` and `window_end`. With allowed lateness a fired window is kept
