@@ -231,14 +231,20 @@ impl WindowOperator {
         encode_key(key_group, self.operator_id, name, key, ns)
     }
 
-    /// Pane length and window length of a fixed-size assigner: a window is `size / pane`
-    /// consecutive panes (one for tumbling windows).
-    fn pane_and_size(&self) -> (i64, i64) {
-        match self.assigner {
+    /// Pane, window and slide lengths of a fixed-size assigner. Panes are
+    /// `gcd(size, slide)` long, so every window is a whole number of panes and starts on
+    /// a pane boundary (a tumbling window is a single pane).
+    fn panes(&self) -> (i64, i64, i64) {
+        let (size, slide) = match self.assigner {
             WindowAssigner::Tumbling { size } => (size, size),
-            WindowAssigner::Sliding { size, slide } => (slide, size),
+            WindowAssigner::Sliding { size, slide } => (size, slide),
             WindowAssigner::Session { gap } => (gap, gap),
+        };
+        let (mut a, mut b) = (size, slide);
+        while b != 0 {
+            (a, b) = (b, a % b);
         }
+        (a, size, slide)
     }
 
     /// Tumbling and sliding windows. State holds one accumulator set per key and *pane*
@@ -252,7 +258,7 @@ impl WindowOperator {
         times: &[Timestamp],
         out: &mut Output,
     ) -> Result<Vec<u32>> {
-        let (pane, size) = self.pane_and_size();
+        let (pane, size, slide) = self.panes();
         let naggs = self.calls.len();
         let args = evaluate_args(&self.calls, batch)?;
         let mut key_ids: HashMap<&[u8], u32> = HashMap::default();
@@ -263,8 +269,8 @@ impl WindowOperator {
         let mut late = Vec::new();
         for (row, &ts) in times.iter().enumerate() {
             let start = ts - ts.rem_euclid(pane);
-            // The last window holding this pane starts with it.
-            if self.window_closed(start + size) {
+            // The last window holding this pane is the one starting last at or before it.
+            if self.window_closed(start - start.rem_euclid(slide) + size) {
                 late.push(row as u32);
                 continue;
             }
@@ -317,9 +323,10 @@ impl WindowOperator {
                 }
                 None => merged.extend_from_slice(part),
             }
-            // The windows holding this pane start at start - size + pane ..= start.
-            let mut w = start - size + pane;
-            while w <= start {
+            // The windows holding this pane start on a slide boundary in (start - size, start].
+            let last = start - start.rem_euclid(slide);
+            let mut w = last;
+            while w > start - size {
                 let end = w + size;
                 let fired = self.is_event_time() && end - 1 <= self.watermark;
                 if fired && !self.window_closed(end) {
@@ -337,12 +344,12 @@ impl WindowOperator {
                         },
                     );
                 }
-                w += pane;
+                w -= slide;
             }
-            if is_new && self.is_event_time() && start + size - 1 <= self.watermark {
+            if is_new && self.is_event_time() && last + size - 1 <= self.watermark {
                 // Its last window has fired already, so nothing will schedule its cleanup.
                 let key = Bytes::copy_from_slice(key_list[kid as usize]);
-                let at = start + size - 1 + self.lateness;
+                let at = last + size - 1 + self.lateness;
                 self.timers.register(
                     at,
                     Timer::Cleanup {
@@ -375,7 +382,7 @@ impl WindowOperator {
     /// The current results of fixed windows `(key group, key, start)`, merged from their
     /// panes; windows with no pane left are skipped.
     async fn read_windows(&self, windows: &[(u16, Bytes, Timestamp)]) -> Result<Vec<Fired>> {
-        let (pane, size) = self.pane_and_size();
+        let (pane, size, _) = self.panes();
         let naggs = self.calls.len();
         let per_window = (size / pane) as usize;
         let mut keys = Vec::with_capacity(windows.len() * per_window);
@@ -526,7 +533,7 @@ impl WindowOperator {
             return Ok(());
         }
         let naggs = self.calls.len();
-        let (pane, _) = self.pane_and_size();
+        let (pane, _, slide) = self.panes();
         let mut windows = Vec::new();
         let mut ops = Vec::new();
         let mut session_keys: Vec<(u16, Bytes)> = Vec::new();
@@ -538,21 +545,26 @@ impl WindowOperator {
                     start,
                     end,
                 } => {
-                    // This is the last window holding its first pane: drop that pane now,
-                    // or once allowed lateness has passed.
-                    if self.lateness > 0 && self.is_event_time() && end - 1 + self.lateness > now {
-                        let at = end - 1 + self.lateness;
-                        let cleanup = Timer::Cleanup {
-                            key_group,
-                            key: key.clone(),
-                            start,
-                            end: start + pane,
-                        };
-                        self.timers.register(at, cleanup);
-                    } else {
-                        let pane_key =
-                            self.state_key(SLOT_STATE, key_group, &key, start, start + pane);
-                        ops.push(WriteOp::Delete { key: pane_key });
+                    // This is the last window holding the panes of its first slide: drop
+                    // them now, or once allowed lateness has passed.
+                    let keep =
+                        self.lateness > 0 && self.is_event_time() && end - 1 + self.lateness > now;
+                    let mut p = start;
+                    while p < start + slide {
+                        if keep {
+                            let at = end - 1 + self.lateness;
+                            let cleanup = Timer::Cleanup {
+                                key_group,
+                                key: key.clone(),
+                                start: p,
+                                end: p + pane,
+                            };
+                            self.timers.register(at, cleanup);
+                        } else {
+                            let pane_key = self.state_key(SLOT_STATE, key_group, &key, p, p + pane);
+                            ops.push(WriteOp::Delete { key: pane_key });
+                        }
+                        p += pane;
                     }
                     windows.push((key_group, key, start));
                 }
@@ -851,6 +863,56 @@ mod tests {
         let mut out = Output::default();
         op.on_watermark(i64::MAX, &mut out).await.unwrap();
         assert_eq!(results(&out), vec![(2, 10, 1, 100)]);
+    }
+
+    #[tokio::test]
+    async fn pane_results_equal_a_naive_assignment_for_any_slide() {
+        for (size, slide) in [(10, 4), (10, 5), (10, 10), (9, 2), (12, 12)] {
+            let kind = if size == slide {
+                pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: size })
+            } else {
+                pb::window_spec::Kind::Sliding(pb::SlidingWindow {
+                    size_ms: size,
+                    slide_ms: slide,
+                })
+            };
+            let mut op = window(kind, pb::TimeCharacteristic::TimeEvent).await;
+            let assigner = op.assigner;
+            // A deterministic, slightly out-of-order stream (at most 3 ms back).
+            let mut x: u64 = 7;
+            let mut rows = Vec::new();
+            for i in 0..400i64 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                rows.push((
+                    (x >> 33) as i64 % 5,
+                    (x >> 40) as i64 % 100,
+                    i / 3 - ((x >> 50) as i64 % 4),
+                ));
+            }
+            let mut expected = std::collections::BTreeMap::new();
+            for &(k, v, t) in &rows {
+                for (start, _) in assigner.windows(t) {
+                    let e = expected.entry((k, start)).or_insert((0, 0));
+                    *e = (e.0 + 1, e.1 + v);
+                }
+            }
+            let expected: Vec<_> = expected
+                .into_iter()
+                .map(|((k, s), (n, v))| (k, s, n, v))
+                .collect();
+            let mut all = Output::default();
+            let mut max_t = i64::MIN;
+            for chunk in rows.chunks(17) {
+                op.process_batch(batch(chunk), &mut all).await.unwrap();
+                max_t = max_t.max(chunk.iter().map(|r| r.2).max().unwrap());
+                op.on_watermark(max_t - 3 - 1, &mut all).await.unwrap();
+            }
+            op.on_watermark(i64::MAX, &mut all).await.unwrap();
+            assert_eq!(op.counters.late_records.load(Ordering::Relaxed), 0);
+            assert_eq!(results(&all), expected, "size {size} slide {slide}");
+        }
     }
 
     #[tokio::test]
