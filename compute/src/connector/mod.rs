@@ -198,6 +198,3 @@ pub async fn create_sink(
         None => Err(crate::error::Error::Plan("the sink has no kind".into())),
     }
 }
-
-/// Shared handle to a schema, re-exported for connector modules.
-pub type Schema = Arc<arrow::datatypes::Schema>;
