@@ -3,14 +3,12 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::backend::{KeyedStateBackend, WriteOp};
 use super::clock::StateClock;
 use super::codec::StateCodec;
 use super::descriptor::StateDescriptor;
 use super::error::StateResult;
-use super::handle::{StateCore, first_occurrences};
+use super::handle::StateCore;
 use super::scope::KeyScope;
 
 /// How inputs fold into a stored accumulator and how it yields a result (Flink's
@@ -139,26 +137,6 @@ impl<F: AggregateFunction> AggregatingState<F> {
         items: Vec<(KeyScope<'_>, V)>,
         fold: impl Fn(Option<F::Acc>, V) -> F::Acc,
     ) -> StateResult<()> {
-        let scopes: Vec<KeyScope<'_>> = items.iter().map(|(s, _)| *s).collect();
-        let keys = self.core.value_keys_for_read(&scopes);
-        // TTL follow-ups are dropped: the write below replaces every value read.
-        let (mut current, _superseded) = self.core.read_values::<F::Acc>(&keys).await?;
-        let first = first_occurrences(&keys);
-        for ((_, value), &slot) in items.into_iter().zip(&first) {
-            current[slot] = Some(fold(current[slot].take(), value));
-        }
-        let expires = self.core.write_expiry();
-        let ops = first
-            .iter()
-            .enumerate()
-            .filter(|&(i, &slot)| i == slot)
-            .filter_map(|(i, _)| {
-                current[i].as_ref().map(|acc| WriteOp::Put {
-                    key: Bytes::copy_from_slice(&keys[i]),
-                    value: self.core.encode_value(expires, acc),
-                })
-            })
-            .collect();
-        self.core.write(ops).await
+        self.core.fold_many(items, fold).await
     }
 }

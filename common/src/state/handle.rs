@@ -172,6 +172,37 @@ impl StateCore {
     }
 
     /// Whether reads under this state's TTL restart it; if so, the new expiry.
+    /// Read-modify-write of many values in one read and one write: each item is folded
+    /// into its scope's stored value with `fold(stored, item)`, items of the same scope in
+    /// order. Reducing and aggregating state both update this way.
+    pub(crate) async fn fold_many<A: StateCodec, V>(
+        &self,
+        items: Vec<(KeyScope<'_>, V)>,
+        fold: impl Fn(Option<A>, V) -> A,
+    ) -> StateResult<()> {
+        let scopes: Vec<KeyScope<'_>> = items.iter().map(|(s, _)| *s).collect();
+        let keys = self.value_keys_for_read(&scopes);
+        // TTL follow-ups are dropped: the write below replaces every value read.
+        let (mut current, _superseded) = self.read_values::<A>(&keys).await?;
+        let first = first_occurrences(&keys);
+        for ((_, value), &slot) in items.into_iter().zip(&first) {
+            current[slot] = Some(fold(current[slot].take(), value));
+        }
+        let expires = self.write_expiry();
+        let ops = first
+            .iter()
+            .enumerate()
+            .filter(|&(i, &slot)| i == slot)
+            .filter_map(|(i, _)| {
+                current[i].as_ref().map(|acc| WriteOp::Put {
+                    key: Bytes::copy_from_slice(&keys[i]),
+                    value: self.encode_value(expires, acc),
+                })
+            })
+            .collect();
+        self.write(ops).await
+    }
+
     pub(crate) fn read_refresh(&self, now: i64) -> Option<i64> {
         ttl::refreshes_on_read(self.descriptor.ttl.as_ref())
             .then(|| ttl::expires_at(self.descriptor.ttl.as_ref(), now))

@@ -3,14 +3,12 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::backend::{KeyedStateBackend, WriteOp};
 use super::clock::StateClock;
 use super::codec::StateCodec;
 use super::descriptor::StateDescriptor;
 use super::error::StateResult;
-use super::handle::{StateCore, first_occurrences};
+use super::handle::StateCore;
 use super::scope::KeyScope;
 
 /// A value per key and namespace that `add` folds new values into with `F`.
@@ -75,30 +73,12 @@ where
     /// Folds many values in one backend read and one write; values for the same scope are
     /// folded in order.
     pub async fn add_many(&self, items: Vec<(KeyScope<'_>, T)>) -> StateResult<()> {
-        let scopes: Vec<KeyScope<'_>> = items.iter().map(|(s, _)| *s).collect();
-        let keys = self.core.value_keys_for_read(&scopes);
-        // TTL follow-ups are dropped: the write below replaces every value read.
-        let (mut current, _superseded) = self.core.read_values::<T>(&keys).await?;
-        let first = first_occurrences(&keys);
-        for ((_, value), &slot) in items.into_iter().zip(&first) {
-            current[slot] = Some(match current[slot].take() {
-                Some(acc) => (self.reduce)(acc, value),
-                None => value,
-            });
-        }
-        let expires = self.core.write_expiry();
-        let ops = first
-            .iter()
-            .enumerate()
-            .filter(|&(i, &slot)| i == slot)
-            .filter_map(|(i, _)| {
-                current[i].as_ref().map(|v| WriteOp::Put {
-                    key: Bytes::copy_from_slice(&keys[i]),
-                    value: self.core.encode_value(expires, v),
-                })
-            })
-            .collect();
-        self.core.write(ops).await
+        let reduce = &self.reduce;
+        let fold = |stored: Option<T>, value: T| match stored {
+            Some(acc) => reduce(acc, value),
+            None => value,
+        };
+        self.core.fold_many(items, fold).await
     }
 
     /// Removes the value.
