@@ -231,22 +231,6 @@ impl WindowOperator {
         encode_key(key_group, self.operator_id, name, key, ns)
     }
 
-    /// Pane, window and slide lengths of a fixed-size assigner. Panes are
-    /// `gcd(size, slide)` long, so every window is a whole number of panes and starts on
-    /// a pane boundary (a tumbling window is a single pane).
-    fn panes(&self) -> (i64, i64, i64) {
-        let (size, slide) = match self.assigner {
-            WindowAssigner::Tumbling { size } => (size, size),
-            WindowAssigner::Sliding { size, slide } => (size, slide),
-            WindowAssigner::Session { gap } => (gap, gap),
-        };
-        let (mut a, mut b) = (size, slide);
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        (a, size, slide)
-    }
-
     /// Tumbling and sliding windows. State holds one accumulator set per key and *pane*
     /// (a `slide`-long slice; for tumbling windows the window itself), so a record
     /// updates one entry however many windows it belongs to; a window's result merges
@@ -258,7 +242,7 @@ impl WindowOperator {
         times: &[Timestamp],
         out: &mut Output,
     ) -> Result<Vec<u32>> {
-        let (pane, size, slide) = self.panes();
+        let (pane, _, _) = self.assigner.panes();
         let naggs = self.calls.len();
         let args = evaluate_args(&self.calls, batch)?;
         let mut key_ids: HashMap<&[u8], u32> = HashMap::default();
@@ -269,8 +253,7 @@ impl WindowOperator {
         let mut late = Vec::new();
         for (row, &ts) in times.iter().enumerate() {
             let start = ts - ts.rem_euclid(pane);
-            // The last window holding this pane is the one starting last at or before it.
-            if self.window_closed(start - start.rem_euclid(slide) + size) {
+            if self.window_closed(self.assigner.last_window_end(start)) {
                 late.push(row as u32);
                 continue;
             }
@@ -323,11 +306,10 @@ impl WindowOperator {
                 }
                 None => merged.extend_from_slice(part),
             }
-            // The windows holding this pane start on a slide boundary in (start - size, start].
-            let last = start - start.rem_euclid(slide);
-            let mut w = last;
-            while w > start - size {
-                let end = w + size;
+            // Panes align with window boundaries: the windows holding a pane are those
+            // holding its start.
+            let last_end = self.assigner.last_window_end(start);
+            for (w, end) in self.assigner.windows(start) {
                 let fired = self.is_event_time() && end - 1 <= self.watermark;
                 if fired && !self.window_closed(end) {
                     // Already fired, within allowed lateness: emit the update now.
@@ -344,12 +326,11 @@ impl WindowOperator {
                         },
                     );
                 }
-                w -= slide;
             }
-            if is_new && self.is_event_time() && last + size - 1 <= self.watermark {
+            if is_new && self.is_event_time() && last_end - 1 <= self.watermark {
                 // Its last window has fired already, so nothing will schedule its cleanup.
                 let key = Bytes::copy_from_slice(key_list[kid as usize]);
-                let at = last + size - 1 + self.lateness;
+                let at = last_end - 1 + self.lateness;
                 self.timers.register(
                     at,
                     Timer::Cleanup {
@@ -382,7 +363,7 @@ impl WindowOperator {
     /// The current results of fixed windows `(key group, key, start)`, merged from their
     /// panes; windows with no pane left are skipped.
     async fn read_windows(&self, windows: &[(u16, Bytes, Timestamp)]) -> Result<Vec<Fired>> {
-        let (pane, size, _) = self.panes();
+        let (pane, size, _) = self.assigner.panes();
         let naggs = self.calls.len();
         let per_window = (size / pane) as usize;
         let mut keys = Vec::with_capacity(windows.len() * per_window);
@@ -533,7 +514,7 @@ impl WindowOperator {
             return Ok(());
         }
         let naggs = self.calls.len();
-        let (pane, _, slide) = self.panes();
+        let (pane, _, slide) = self.assigner.panes();
         let mut windows = Vec::new();
         let mut ops = Vec::new();
         let mut session_keys: Vec<(u16, Bytes)> = Vec::new();
@@ -877,7 +858,6 @@ mod tests {
                 })
             };
             let mut op = window(kind, pb::TimeCharacteristic::TimeEvent).await;
-            let assigner = op.assigner;
             // A deterministic, slightly out-of-order stream (at most 3 ms back).
             let mut x: u64 = 7;
             let mut rows = Vec::new();
@@ -893,7 +873,10 @@ mod tests {
             }
             let mut expected = std::collections::BTreeMap::new();
             for &(k, v, t) in &rows {
-                for (start, _) in assigner.windows(t) {
+                // Independent of the assigner: every slide multiple within `size` before t.
+                let starts = (t - size as i64 - slide as i64..=t)
+                    .filter(|w| w.rem_euclid(slide as i64) == 0 && *w <= t && t < w + size as i64);
+                for start in starts {
                     let e = expected.entry((k, start)).or_insert((0, 0));
                     *e = (e.0 + 1, e.1 + v);
                 }

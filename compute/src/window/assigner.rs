@@ -61,6 +61,28 @@ impl WindowAssigner {
         }
     }
 
+    /// Pane, window and slide lengths of a fixed-size assigner. Panes are
+    /// `gcd(size, slide)` long, so every window is a whole number of panes and starts on
+    /// a pane boundary (a tumbling window is a single pane).
+    pub fn panes(&self) -> (i64, i64, i64) {
+        let (size, slide) = match *self {
+            Self::Tumbling { size } => (size, size),
+            Self::Sliding { size, slide } => (size, slide),
+            Self::Session { gap } => (gap, gap),
+        };
+        let (mut a, mut b) = (size, slide);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        (a, size, slide)
+    }
+
+    /// End of the last window holding `ts`: once it has fired (and its lateness passed),
+    /// a record at `ts` is late.
+    pub fn last_window_end(&self, ts: Timestamp) -> Timestamp {
+        self.windows(ts).next().map_or(ts, |(_, end)| end)
+    }
+
     /// The `[start, end)` windows of a fixed-size assigner that contain `ts`, latest first.
     /// Session assigners yield the record's own proto-session `[ts, ts + gap)`.
     pub fn windows(&self, ts: Timestamp) -> Windows {
