@@ -1,1 +1,166 @@
-//! state service
+//! The Sluice state service (DESIGN §7-8): keyed state of jobs' shards, served over gRPC
+//! (`common/proto/state_service.proto`), on RocksDB behind a foyer cache, durable in an
+//! object store.
+//!
+//! # Parts
+//! - [`server`]: the gRPC service, request limits and the map of open shards.
+//! - [`shard`]: one key-group range of one job in one RocksDB instance; writes with their
+//!   undo records ([`undo`]), reads through the cache ([`cache`]), flush and commit.
+//! - [`delta`]: the checksummed record format of uploaded deltas and the local spool.
+//! - [`manifest`]: what a restore of a committed checkpoint needs.
+//! - [`snapshot`]: background, incremental upload of RocksDB checkpoints.
+//! - [`restore`]: opening a shard empty or from the object store; [`gc`]: deleting
+//!   objects no retained checkpoint needs.
+//! - [`rocks`]: RocksDB options shared by all shards (one block cache, one write buffer
+//!   manager, the merge operator, the TTL compaction filter of [`ttl_filter`]).
+//! - [`store`]: the object store from its URL; [`config`], [`error`].
+//!
+//! # Durability in one paragraph
+//! A write is applied to RocksDB (without WAL) and appended to the shard's spool file.
+//! `Flush` cuts the spool into delta `n` and uploads it; only then does it answer, so an
+//! answered flush is durable. `Commit(C)` writes manifest C (the last complete snapshot
+//! plus every delta since) and forgets undo records of epochs `<= C`. A node that dies
+//! loses nothing that was acknowledged: another one restores the shard from manifest C.
+//! Uncommitted epochs are undone from the undo log, in O(uncommitted writes).
+//!
+//! This crate must not know about operators, the compute side or the coordinator.
+
+pub mod cache;
+pub mod config;
+pub mod delta;
+pub mod error;
+pub mod gc;
+pub mod manifest;
+pub mod restore;
+pub mod rocks;
+pub mod server;
+pub mod shard;
+pub mod shard_id;
+pub mod snapshot;
+pub mod store;
+pub mod ttl_filter;
+pub mod undo;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use sluice_common::pb::state::state_service_server::StateServiceServer;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+pub use crate::config::StateServiceConfig;
+pub use crate::error::{Error, Result};
+use crate::restore::NodeParts;
+use crate::server::{Node, StateServer};
+
+/// A running state service (embedded mode and tests).
+#[derive(Debug)]
+pub struct RunningStateService {
+    local_addr: SocketAddr,
+    node: Arc<Node>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<()>>>,
+}
+
+impl RunningStateService {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The node behind the service (status, forced compaction in tests).
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Stops serving, closes every shard and waits for it.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.take() {
+            Some(task) => task.await?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningStateService {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn build_node(config: StateServiceConfig) -> Result<Node> {
+    if config.max_batch_ops == 0 || config.max_message_bytes < (1 << 20) {
+        return Err(Error::Config(
+            "max_batch_ops must be positive and max_message_bytes at least 1 MiB".into(),
+        ));
+    }
+    let data_dir = config.data_dir.clone();
+    std::fs::create_dir_all(&data_dir).map_err(|e| Error::io(&data_dir, e))?;
+    let durable = store::Durable::from_url(&config.object_store_url)?;
+    let split = config.memory_split();
+    let rocks = Arc::new(rocks::Rocks::new(split));
+    let cache = Arc::new(
+        cache::StateCache::build(
+            split.foyer_memory,
+            config.disk_cache_bytes,
+            &data_dir.join("foyer"),
+        )
+        .await?,
+    );
+    let parts = NodeParts {
+        data_dir,
+        rocks,
+        cache,
+        durable,
+    };
+    Ok(Node::new(config, parts))
+}
+
+/// Binds `config.listen` and serves in the background.
+pub async fn start(config: StateServiceConfig) -> Result<RunningStateService> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", config.listen)))?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|e| Error::Config(format!("listening socket: {e}")))?;
+    let max_message = config.max_message_bytes;
+    let node = Arc::new(build_node(config).await?);
+    let svc = StateServiceServer::new(StateServer(Arc::clone(&node)))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = Arc::clone(&node);
+    let task = tokio::spawn(async move {
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let result = Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            })
+            .await
+            .map_err(|e| Error::Internal(format!("gRPC server: {e}")));
+        serving.close_all().await;
+        result
+    });
+    tracing::info!("state service listening on {local_addr}");
+    Ok(RunningStateService {
+        local_addr,
+        node,
+        stop: Some(stop),
+        task: Some(task),
+    })
+}
+
+/// Serves until `shutdown` completes.
+pub async fn serve(config: StateServiceConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let running = start(config).await?;
+    shutdown.await;
+    running.shutdown().await
+}

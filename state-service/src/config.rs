@@ -1,0 +1,77 @@
+//! The state service's settings, as the CLI (or a test) fills them in.
+//!
+//! It owns the defaults and the split of the one memory budget between RocksDB's block
+//! cache, RocksDB's write buffers and foyer's memory tier; it knows nothing of how those
+//! are built.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Settings of one state-service node.
+#[derive(Clone, Debug)]
+pub struct StateServiceConfig {
+    /// Address to listen on; port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// This node's name, reported by `Status`.
+    pub node_id: String,
+    /// Local RocksDB directories, the foyer disk cache and delta spool files.
+    pub data_dir: PathBuf,
+    /// The durable tier: `file:///abs/dir` or `s3://bucket/prefix`.
+    pub object_store_url: String,
+    /// One budget for RocksDB's block cache and write buffers and foyer's memory.
+    pub memory_bytes: u64,
+    /// Size of foyer's disk tier (0: memory only).
+    pub disk_cache_bytes: u64,
+    /// gRPC message decode/encode limit.
+    pub max_message_bytes: usize,
+    /// Most operations or keys in one request.
+    pub max_batch_ops: usize,
+}
+
+impl Default for StateServiceConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            node_id: "state-0".to_string(),
+            data_dir: PathBuf::from("sluice-state"),
+            object_store_url: String::new(),
+            memory_bytes: 1 << 30,
+            disk_cache_bytes: 1 << 30,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_batch_ops: DEFAULT_MAX_BATCH_OPS,
+        }
+    }
+}
+
+/// Default gRPC message limit: 64 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Default most operations per request.
+pub const DEFAULT_MAX_BATCH_OPS: usize = 100_000;
+
+/// How the memory budget is split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemorySplit {
+    /// RocksDB's shared LRU block cache, write buffers included: the write buffer
+    /// manager charges memtable memory to this cache, so blocks and memtables together
+    /// stay within it.
+    pub block_cache: usize,
+    /// RocksDB's memtables of all shards together.
+    pub write_buffers: usize,
+    /// foyer's memory tier.
+    pub foyer_memory: usize,
+}
+
+impl StateServiceConfig {
+    /// 50% block cache plus 25% write buffers (charged to one cache of 75%), 25% foyer
+    /// memory (each at least 1 MiB).
+    pub fn memory_split(&self) -> MemorySplit {
+        let total = usize::try_from(self.memory_bytes).unwrap_or(usize::MAX);
+        let min = 1 << 20;
+        MemorySplit {
+            block_cache: (total / 4 * 3).max(2 * min),
+            write_buffers: (total / 4).max(min),
+            foyer_memory: (total / 4).max(min),
+        }
+    }
+}

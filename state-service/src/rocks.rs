@@ -1,0 +1,118 @@
+//! RocksDB options shared by every shard of a node: one LRU block cache, one write buffer
+//! manager charged to it, the concatenating merge operator and the TTL compaction filter.
+//!
+//! It owns how a shard's database is opened (column families `default`, `undo`, `meta`);
+//! it knows nothing of epochs or the object store. The write-ahead log is off for every
+//! write: durability is the object store, and a shard is never reopened from its local
+//! files after a crash (it is restored from the object store instead).
+
+use std::path::Path;
+
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, MergeOperands, Options,
+    WriteBufferManager, WriteOptions,
+};
+
+use crate::config::MemorySplit;
+use crate::error::Result;
+use crate::ttl_filter::{TtlStates, now_ms};
+use crate::undo::{CF_DEFAULT, CF_META, CF_UNDO};
+
+/// The node-wide RocksDB resources.
+pub struct Rocks {
+    cache: Cache,
+    write_buffers: WriteBufferManager,
+    write_buffer_size: usize,
+}
+
+impl std::fmt::Debug for Rocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rocks")
+            .field("write_buffer_size", &self.write_buffer_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Appends every operand to the existing value.
+fn concat(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
+    let len = existing.map_or(0, <[u8]>::len) + operands.iter().map(<[u8]>::len).sum::<usize>();
+    let mut out = Vec::with_capacity(len);
+    if let Some(e) = existing {
+        out.extend_from_slice(e);
+    }
+    for op in operands {
+        out.extend_from_slice(op);
+    }
+    Some(out)
+}
+
+impl Rocks {
+    /// Builds the shared cache and write buffer manager for `split`.
+    pub fn new(split: MemorySplit) -> Self {
+        let cache = Cache::new_lru_cache(split.block_cache);
+        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+            split.write_buffers,
+            true,
+            cache.clone(),
+        );
+        Self {
+            cache,
+            write_buffers,
+            // Several memtables per shard fit in the budget; at most 64 MiB each.
+            write_buffer_size: (split.write_buffers / 8).clamp(1 << 20, 64 << 20),
+        }
+    }
+
+    fn table_options(&self) -> BlockBasedOptions {
+        let mut t = BlockBasedOptions::default();
+        t.set_block_cache(&self.cache);
+        t.set_cache_index_and_filter_blocks(true);
+        t.set_bloom_filter(10.0, false);
+        t
+    }
+
+    /// Opens (creating) a shard's database in `dir`.
+    pub fn open(&self, dir: &Path, ttl: &TtlStates) -> Result<DB> {
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_write_buffer_manager(&self.write_buffers);
+        db_opts.set_max_background_jobs(2);
+        db_opts.set_max_open_files(256);
+        db_opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+
+        let mut state = Options::default();
+        state.set_block_based_table_factory(&self.table_options());
+        state.set_write_buffer_size(self.write_buffer_size);
+        state.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        state.set_merge_operator_associative("sluice-concat", concat);
+        let ttl = ttl.clone();
+        state.set_compaction_filter(
+            "sluice-ttl",
+            move |_level: u32, key: &[u8], value: &[u8]| ttl.decide(key, value, now_ms()),
+        );
+
+        let mut small = Options::default();
+        small.set_block_based_table_factory(&self.table_options());
+        small.set_write_buffer_size(self.write_buffer_size / 2);
+
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(CF_DEFAULT, state),
+            ColumnFamilyDescriptor::new(CF_UNDO, small.clone()),
+            ColumnFamilyDescriptor::new(CF_META, small),
+        ];
+        Ok(DB::open_cf_descriptors(&db_opts, dir, cfs)?)
+    }
+
+    /// Bytes the block cache holds now (memtables charged to it included).
+    pub fn cache_usage(&self) -> usize {
+        self.cache.get_usage()
+    }
+}
+
+/// Write options of every write: no write-ahead log.
+pub fn write_options() -> WriteOptions {
+    let mut w = WriteOptions::default();
+    w.disable_wal(true);
+    w
+}

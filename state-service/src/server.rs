@@ -1,0 +1,319 @@
+//! The gRPC face of the node: request validation and limits, the map of open shards,
+//! and the mapping of each RPC onto a shard.
+//!
+//! It owns which shards are open here and the node-wide counters (`Status`); it must not
+//! know how a shard stores or makes data durable. RocksDB work runs in `spawn_blocking`,
+//! never on the runtime's threads. Every input error becomes a gRPC status through
+//! [`Error`]; nothing here panics on input.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use sluice_common::pb::state::state_service_server::StateService;
+use sluice_common::pb::state::{
+    CloseShardRequest, CloseShardResponse, CommitRequest, CommitResponse, FlushRequest,
+    FlushResponse, MultiGetRequest, MultiGetResponse, OpenShardRequest, OpenShardResponse,
+    RollbackRequest, RollbackResponse, ScanRequest, ScanResponse, ShardStatus, StatusRequest,
+    StatusResponse, WriteRequest, WriteResponse, write_op,
+};
+use tonic::{Request, Response, Status};
+
+use crate::config::StateServiceConfig;
+use crate::delta::Op;
+use crate::error::{Error, Result};
+use crate::restore::{self, NodeParts};
+use crate::shard::{Shard, lock};
+use crate::shard_id::ShardKey;
+use crate::ttl_filter::TtlStates;
+
+/// Entries a scan page holds when the request does not say.
+const DEFAULT_SCAN_PAGE: usize = 1000;
+
+/// The node: its open shards and what they share.
+pub struct Node {
+    config: StateServiceConfig,
+    parts: NodeParts,
+    shards: std::sync::Mutex<HashMap<ShardKey, Arc<Shard>>>,
+    /// Serializes opening and closing shards (rare, and never on the data path).
+    open_lock: tokio::sync::Mutex<()>,
+    restore_bytes_total: AtomicU64,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("node_id", &self.config.node_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// A node with no shard open.
+    pub fn new(config: StateServiceConfig, parts: NodeParts) -> Self {
+        Self {
+            config,
+            parts,
+            shards: std::sync::Mutex::new(HashMap::new()),
+            open_lock: tokio::sync::Mutex::new(()),
+            restore_bytes_total: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, id: Option<&sluice_common::pb::state::ShardId>) -> Result<Arc<Shard>> {
+        let key = ShardKey::from_pb(id)?;
+        lock(&self.shards).get(&key).cloned().ok_or_else(|| {
+            Error::NotFound(format!(
+                "{key} is not open on node {}: call OpenShard first",
+                self.config.node_id
+            ))
+        })
+    }
+
+    fn check_count(&self, what: &str, n: usize) -> Result<()> {
+        if n > self.config.max_batch_ops {
+            return Err(Error::TooLarge(format!(
+                "{n} {what} in one request; at most {} are allowed: split the batch",
+                self.config.max_batch_ops
+            )));
+        }
+        Ok(())
+    }
+
+    /// Opens (or re-targets) a shard.
+    pub async fn open_shard(&self, req: OpenShardRequest) -> Result<OpenShardResponse> {
+        let key = ShardKey::from_pb(req.shard.as_ref())?;
+        let _open = self.open_lock.lock().await;
+        let existing = lock(&self.shards).get(&key).cloned();
+        if let Some(shard) = existing {
+            shard.ttl.extend(&req.ttl_states);
+            let c = req.checkpoint_id;
+            if c == 0 || c >= shard.committed() {
+                if c > 0 {
+                    let s = Arc::clone(&shard);
+                    tokio::task::spawn_blocking(move || s.rollback(c)).await??;
+                }
+                return Ok(OpenShardResponse {
+                    checkpoint_id: shard.committed(),
+                    restored_from_object_store: false,
+                    restore_bytes: 0,
+                });
+            }
+            // Older than what is committed here: only the object store has it.
+            self.close_locked(&key).await;
+        }
+        let ttl = TtlStates::default();
+        ttl.extend(&req.ttl_states);
+        let opened = restore::open(&self.parts, key.clone(), req.checkpoint_id, ttl).await?;
+        self.restore_bytes_total
+            .fetch_add(opened.bytes, Ordering::Relaxed);
+        lock(&self.shards).insert(key, opened.shard);
+        Ok(OpenShardResponse {
+            checkpoint_id: opened.checkpoint,
+            restored_from_object_store: opened.restored,
+            restore_bytes: opened.bytes,
+        })
+    }
+
+    async fn close_locked(&self, key: &ShardKey) {
+        let removed = lock(&self.shards).remove(key);
+        if let Some(shard) = removed {
+            if let Some(task) = lock(&shard.snapshot_task).take() {
+                task.abort();
+            }
+            let dir = shard.dir.clone();
+            drop(shard);
+            let _ = tokio::task::spawn_blocking(move || Shard::remove_local(&dir)).await;
+        }
+    }
+
+    /// Compacts a shard's live state now (tests use it to run the TTL filter).
+    pub async fn compact(&self, id: &sluice_common::pb::state::ShardId) -> Result<()> {
+        let shard = self.shard(Some(id))?;
+        tokio::task::spawn_blocking(move || shard.compact()).await?
+    }
+
+    async fn multi_get(&self, req: MultiGetRequest) -> Result<MultiGetResponse> {
+        let shard = self.shard(req.shard.as_ref())?;
+        self.check_count("keys", req.keys.len())?;
+        let values = shard.multi_get(req.keys).await?;
+        let bytes: usize = values
+            .iter()
+            .map(|v| v.as_ref().map_or(0, Bytes::len))
+            .sum();
+        if bytes > self.config.max_message_bytes.saturating_sub(1 << 20) {
+            return Err(Error::TooLarge(format!(
+                "the {} values asked for hold {bytes} bytes, more than a response may \
+                 ({} bytes): ask for fewer keys at a time",
+                values.len(),
+                self.config.max_message_bytes
+            )));
+        }
+        let found = values.iter().map(Option::is_some).collect();
+        let values = values.into_iter().map(Option::unwrap_or_default).collect();
+        Ok(MultiGetResponse { values, found })
+    }
+
+    async fn write(&self, req: WriteRequest) -> Result<WriteResponse> {
+        let shard = self.shard(req.shard.as_ref())?;
+        self.check_count("ops", req.ops.len())?;
+        let mut ops = Vec::with_capacity(req.ops.len());
+        for op in req.ops {
+            let kind = write_op::Kind::try_from(op.kind)
+                .map_err(|_| Error::InvalidArgument(format!("unknown write kind {}", op.kind)))?;
+            ops.push(match kind {
+                write_op::Kind::Put => Op::Put(op.key, op.value),
+                write_op::Kind::Delete => Op::Delete(op.key),
+                write_op::Kind::Merge => Op::Merge(op.key, op.value),
+                write_op::Kind::DeleteRange => Op::DeleteRange(op.key, op.end),
+            });
+        }
+        let epoch = req.epoch;
+        tokio::task::spawn_blocking(move || shard.write(epoch, ops)).await??;
+        Ok(WriteResponse {})
+    }
+
+    async fn scan(&self, req: ScanRequest) -> Result<ScanResponse> {
+        let shard = self.shard(req.shard.as_ref())?;
+        let limit = match req.limit as usize {
+            0 => DEFAULT_SCAN_PAGE,
+            n => n.min(self.config.max_batch_ops),
+        };
+        let max_bytes = self.config.max_message_bytes / 2;
+        let (entries, resume) =
+            tokio::task::spawn_blocking(move || shard.scan(&req.start, &req.end, limit, max_bytes))
+                .await??;
+        let (keys, values) = entries.into_iter().unzip();
+        Ok(ScanResponse {
+            keys,
+            values,
+            more: resume.is_some(),
+            resume_key: resume.unwrap_or_default(),
+        })
+    }
+
+    async fn flush(&self, req: FlushRequest) -> Result<FlushResponse> {
+        let shard = self.shard(req.shard.as_ref())?;
+        let (handle, durable_bytes) = shard.flush().await?;
+        Ok(FlushResponse {
+            handle,
+            durable_bytes,
+        })
+    }
+
+    async fn commit(&self, req: CommitRequest) -> Result<CommitResponse> {
+        let shard = self.shard(req.shard.as_ref())?;
+        if req.checkpoint_id == 0 {
+            return Err(Error::InvalidArgument(
+                "checkpoint 0 cannot be committed (the first checkpoint is 1)".into(),
+            ));
+        }
+        let manifest = shard.commit(req.checkpoint_id, &req.retained).await?;
+        Ok(CommitResponse { manifest })
+    }
+
+    async fn rollback(&self, req: RollbackRequest) -> Result<RollbackResponse> {
+        let shard = self.shard(req.shard.as_ref())?;
+        let c = req.checkpoint_id;
+        let undone = tokio::task::spawn_blocking(move || shard.rollback(c)).await??;
+        Ok(RollbackResponse { undone })
+    }
+
+    async fn close_shard(&self, req: CloseShardRequest) -> Result<CloseShardResponse> {
+        let key = ShardKey::from_pb(req.shard.as_ref())?;
+        let _open = self.open_lock.lock().await;
+        if !lock(&self.shards).contains_key(&key) {
+            return Err(Error::NotFound(format!("{key} is not open on this node")));
+        }
+        self.close_locked(&key).await;
+        Ok(CloseShardResponse {})
+    }
+
+    /// The node's status.
+    pub fn status(&self) -> StatusResponse {
+        let shards: Vec<Arc<Shard>> = lock(&self.shards).values().cloned().collect();
+        let (cache_hits, cache_misses) = self.parts.cache.stats();
+        StatusResponse {
+            node_id: self.config.node_id.clone(),
+            shards: shards
+                .iter()
+                .map(|s| ShardStatus {
+                    shard: Some(s.id.to_pb()),
+                    committed_checkpoint: s.committed(),
+                    last_durable_epoch: s.last_durable_epoch.load(Ordering::SeqCst),
+                    approximate_bytes: s.approximate_bytes(),
+                })
+                .collect(),
+            restore_bytes_total: self.restore_bytes_total.load(Ordering::Relaxed),
+            cache_hits,
+            cache_misses,
+            memory_limit_bytes: self.config.memory_bytes,
+        }
+    }
+
+    /// Closes every shard (at shutdown).
+    pub async fn close_all(&self) {
+        let keys: Vec<ShardKey> = lock(&self.shards).keys().cloned().collect();
+        let _open = self.open_lock.lock().await;
+        for k in keys {
+            self.close_locked(&k).await;
+        }
+        self.parts.cache.close().await;
+    }
+}
+
+/// The tonic service over a [`Node`].
+#[derive(Clone, Debug)]
+pub struct StateServer(pub Arc<Node>);
+
+#[tonic::async_trait]
+impl StateService for StateServer {
+    async fn open_shard(
+        &self,
+        r: Request<OpenShardRequest>,
+    ) -> Result<Response<OpenShardResponse>, Status> {
+        Ok(Response::new(self.0.open_shard(r.into_inner()).await?))
+    }
+
+    async fn multi_get(
+        &self,
+        r: Request<MultiGetRequest>,
+    ) -> Result<Response<MultiGetResponse>, Status> {
+        Ok(Response::new(self.0.multi_get(r.into_inner()).await?))
+    }
+
+    async fn write(&self, r: Request<WriteRequest>) -> Result<Response<WriteResponse>, Status> {
+        Ok(Response::new(self.0.write(r.into_inner()).await?))
+    }
+
+    async fn scan(&self, r: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
+        Ok(Response::new(self.0.scan(r.into_inner()).await?))
+    }
+
+    async fn flush(&self, r: Request<FlushRequest>) -> Result<Response<FlushResponse>, Status> {
+        Ok(Response::new(self.0.flush(r.into_inner()).await?))
+    }
+
+    async fn commit(&self, r: Request<CommitRequest>) -> Result<Response<CommitResponse>, Status> {
+        Ok(Response::new(self.0.commit(r.into_inner()).await?))
+    }
+
+    async fn rollback(
+        &self,
+        r: Request<RollbackRequest>,
+    ) -> Result<Response<RollbackResponse>, Status> {
+        Ok(Response::new(self.0.rollback(r.into_inner()).await?))
+    }
+
+    async fn close_shard(
+        &self,
+        r: Request<CloseShardRequest>,
+    ) -> Result<Response<CloseShardResponse>, Status> {
+        Ok(Response::new(self.0.close_shard(r.into_inner()).await?))
+    }
+
+    async fn status(&self, _r: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        Ok(Response::new(self.0.status()))
+    }
+}

@@ -1,0 +1,255 @@
+//! The durable tier: an [`ObjectStore`] and the root prefix built from the configured URL,
+//! and the object names of a shard below it.
+//!
+//! `file:///abs/dir` is a [`LocalFileSystem`] rooted at that directory (created if
+//! missing); `s3://bucket/prefix` is S3 with credentials, region and endpoint from the
+//! usual AWS environment variables (`AWS_ENDPOINT_URL` or `AWS_ENDPOINT` for an
+//! S3-compatible server, path-style requests, plain HTTP allowed when the endpoint is
+//! `http://`). The URL may also carry them: `s3://bucket/prefix?endpoint=http://host:8333
+//! &region=us-east-1` (query parameters win over the environment). Credentials are never logged or put in errors. This module knows nothing
+//! about what the objects hold.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+
+use crate::error::{Error, Result};
+use crate::shard_id::ShardKey;
+
+/// Objects bigger than this are uploaded in parts.
+const MULTIPART_THRESHOLD: usize = 16 << 20;
+/// Size of one part of a multipart upload.
+const PART_SIZE: usize = 8 << 20;
+
+/// An object store and the prefix everything of this service lives under.
+#[derive(Clone, Debug)]
+pub struct Durable {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+    display: String,
+}
+
+impl Durable {
+    /// Builds the store `url` names.
+    pub fn from_url(url: &str) -> Result<Self> {
+        if let Some(rest) = url.strip_prefix("file://") {
+            if !rest.starts_with('/') {
+                return Err(Error::Config(format!(
+                    "object store URL '{url}' is not an absolute file URL (use file:///abs/dir)"
+                )));
+            }
+            let parsed = url::Url::parse(url)
+                .map_err(|e| Error::Config(format!("cannot parse '{url}': {e}")))?;
+            let dir = parsed
+                .to_file_path()
+                .map_err(|()| Error::Config(format!("'{url}' is not a local file URL")))?;
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            let fs = LocalFileSystem::new_with_prefix(&dir)
+                .map_err(|e| Error::Config(format!("cannot use '{}': {e}", dir.display())))?;
+            return Ok(Self {
+                store: Arc::new(fs),
+                root: Path::default(),
+                display: format!("file://{}", dir.display()),
+            });
+        }
+        let parsed = url::Url::parse(url)
+            .map_err(|e| Error::Config(format!("cannot parse '{url}': {e}")))?;
+        match parsed.scheme() {
+            "s3" | "s3a" => {
+                let bucket = parsed
+                    .host_str()
+                    .filter(|b| !b.is_empty())
+                    .ok_or_else(|| Error::Config(format!("'{url}' names no bucket")))?
+                    .to_string();
+                let root = Path::from_url_path(parsed.path())
+                    .map_err(|e| Error::Config(format!("invalid prefix in '{url}': {e}")))?;
+                let mut endpoint = None;
+                let mut region = None;
+                for (k, v) in parsed.query_pairs() {
+                    match k.as_ref() {
+                        "endpoint" => endpoint = Some(v.into_owned()),
+                        "region" => region = Some(v.into_owned()),
+                        other => {
+                            return Err(Error::Config(format!(
+                                "unknown parameter '{other}' in object store URL (known: \
+                                 endpoint, region)"
+                            )));
+                        }
+                    }
+                }
+                let store = s3_store(&bucket, endpoint, region)?;
+                Ok(Self {
+                    store,
+                    display: format!("s3://{bucket}/{root}"),
+                    root,
+                })
+            }
+            other => Err(Error::Config(format!(
+                "unsupported object store scheme '{other}' in '{url}': use file:///abs/dir or \
+                 s3://bucket/prefix"
+            ))),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// The URL-like form of the root, for messages.
+    pub fn display(&self) -> &str {
+        &self.display
+    }
+
+    /// `<root>/jobs/<job>/shards/<start>-<end>`.
+    pub fn shard_root(&self, shard: &ShardKey) -> Path {
+        self.root
+            .clone()
+            .join("jobs")
+            .join(shard.job.as_str())
+            .join("shards")
+            .join(format!("{}-{}", shard.start, shard.end))
+    }
+
+    /// Uploads `bytes` to `location` (multipart when big).
+    pub async fn put(&self, location: &Path, bytes: Bytes) -> Result<()> {
+        let what = format!("uploading {location}");
+        if bytes.len() <= MULTIPART_THRESHOLD {
+            self.store
+                .put(location, PutPayload::from_bytes(bytes))
+                .await
+                .map_err(|e| Error::store(&what, e))?;
+            return Ok(());
+        }
+        let upload = self
+            .store
+            .put_multipart(location)
+            .await
+            .map_err(|e| Error::store(&what, e))?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+        for chunk in bytes.chunks(PART_SIZE) {
+            writer
+                .wait_for_capacity(4)
+                .await
+                .map_err(|e| Error::store(&what, e))?;
+            writer.write(chunk);
+        }
+        writer.finish().await.map_err(|e| Error::store(&what, e))?;
+        Ok(())
+    }
+
+    /// Uploads the local file `path` to `location`, returning its size.
+    pub async fn put_file(&self, location: &Path, path: &std::path::Path) -> Result<u64> {
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|e| Error::io(path, e))?;
+        let len = bytes.len() as u64;
+        self.put(location, Bytes::from(bytes)).await?;
+        Ok(len)
+    }
+
+    /// Reads a whole object.
+    pub async fn get(&self, location: &Path) -> Result<Bytes> {
+        let what = format!("reading {location}");
+        let got = self
+            .store
+            .get(location)
+            .await
+            .map_err(|e| Error::store(&what, e))?;
+        got.bytes().await.map_err(|e| Error::store(&what, e))
+    }
+
+    /// Every object below `prefix`.
+    pub async fn list(&self, prefix: &Path) -> Result<Vec<Path>> {
+        let what = format!("listing {prefix}");
+        let metas: Vec<_> = self
+            .store
+            .list(Some(prefix))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store(&what, e))?;
+        Ok(metas.into_iter().map(|m| m.location).collect())
+    }
+
+    /// Deletes an object; a missing one is not an error.
+    pub async fn delete(&self, location: &Path) -> Result<()> {
+        match self.store.delete(location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::store(&format!("deleting {location}"), e)),
+        }
+    }
+}
+
+/// The object `rel` (slash-separated) below `root`.
+pub fn child(root: &Path, rel: &str) -> Path {
+    rel.split('/').fold(root.clone(), |p, part| p.join(part))
+}
+
+fn s3_store(
+    bucket: &str,
+    endpoint: Option<String>,
+    region: Option<String>,
+) -> Result<Arc<dyn ObjectStore>> {
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_virtual_hosted_style_request(false);
+    let endpoint = endpoint.or_else(|| {
+        std::env::var("AWS_ENDPOINT_URL")
+            .or_else(|_| std::env::var("AWS_ENDPOINT"))
+            .ok()
+            .filter(|e| !e.is_empty())
+    });
+    if let Some(endpoint) = &endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some(region) = region {
+        builder = builder.with_region(region);
+    }
+    if builder
+        .get_config_value(&AmazonS3ConfigKey::Region)
+        .is_none()
+    {
+        let region = builder
+            .get_config_value(&AmazonS3ConfigKey::DefaultRegion)
+            .unwrap_or_else(|| "us-east-1".to_string());
+        builder = builder.with_region(region);
+    }
+    let plain_http = builder
+        .get_config_value(&AmazonS3ConfigKey::Endpoint)
+        .is_some_and(|e| e.starts_with("http://"));
+    if plain_http {
+        builder = builder.with_allow_http(true);
+    }
+    let store = builder
+        .build()
+        .map_err(|e| Error::Config(format!("cannot configure S3 for bucket '{bucket}': {e}")))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_urls_make_the_directory_and_bad_urls_are_config_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("a/b");
+        let url = format!("file://{}", sub.display());
+        let d = Durable::from_url(&url).unwrap();
+        assert!(sub.is_dir());
+        assert!(d.display().contains("a/b"));
+        assert!(matches!(
+            Durable::from_url("file://relative"),
+            Err(Error::Config(_))
+        ));
+        assert!(matches!(
+            Durable::from_url("gs://bucket/x"),
+            Err(Error::Config(m)) if m.contains("gs://bucket/x")
+        ));
+    }
+}

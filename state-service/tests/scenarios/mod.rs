@@ -1,0 +1,215 @@
+//! Scenarios run against every object store (local file system and S3): the same
+//! commit, rollback, restore and garbage-collection checks.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use object_store::path::Path as ObjectPath;
+use sluice_state_service::shard_id::ShardKey;
+use sluice_state_service::store::Durable;
+
+use crate::common::*;
+
+/// Objects below the shard's root, relative to it, sorted.
+pub async fn objects(url: &str, job: &str, start: u32, end: u32) -> Vec<String> {
+    let durable = Durable::from_url(url).expect("store");
+    let key = ShardKey::from_pb(Some(&shard(job, start, end))).expect("shard key");
+    let root: ObjectPath = durable.shard_root(&key);
+    let mut out: Vec<String> = durable
+        .list(&root)
+        .await
+        .expect("list")
+        .iter()
+        .filter_map(|p| {
+            p.prefix_match(&root).map(|parts| {
+                parts
+                    .map(|p| p.as_ref().to_string())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Write, flush, commit, roll back, rewrite an epoch, restore on a fresh node.
+pub async fn commit_rollback_restore(url: &str) {
+    let s = shard("job-a", 0, 8);
+    let d1 = tempfile::tempdir().unwrap();
+    let (node1, mut c) = start(config(d1.path(), url)).await;
+    assert_eq!(open(&mut c, &s, 0).await, (0, false, 0));
+
+    write(
+        &mut c,
+        &s,
+        1,
+        vec![put(0, "a", "1"), put(3, "b", "1"), merge(5, "l", "x")],
+    )
+    .await;
+    let h1 = flush(&mut c, &s, 1).await;
+    assert!(h1.ends_with("00000000000000000001.delta"), "{h1}");
+    // Nothing new: the same handle.
+    assert_eq!(flush(&mut c, &s, 1).await, h1);
+    let m1 = commit(&mut c, &s, 1, vec![1]).await;
+    assert!(
+        m1.ends_with("manifests/00000000000000000001.manifest"),
+        "{m1}"
+    );
+    // Idempotent.
+    assert_eq!(commit(&mut c, &s, 1, vec![1]).await, m1);
+
+    write(
+        &mut c,
+        &s,
+        2,
+        vec![
+            put(0, "a", "2"),
+            del(3, "b"),
+            merge(5, "l", "y"),
+            merge(5, "l", "z"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        get(&mut c, &s, &[(0, "a"), (3, "b"), (5, "l")]).await,
+        vec![some("2"), None, some("xyz")]
+    );
+    write(&mut c, &s, 2, vec![del_groups(5, 6), put(7, "new", "n")]).await;
+    flush(&mut c, &s, 2).await;
+    assert_eq!(get(&mut c, &s, &[(5, "l")]).await, vec![None]);
+
+    let undone = rollback(&mut c, &s, 1).await;
+    assert!(undone >= 6, "undone {undone}");
+    assert_eq!(
+        get(&mut c, &s, &[(0, "a"), (3, "b"), (5, "l"), (7, "new")]).await,
+        vec![some("1"), some("1"), some("x"), None]
+    );
+
+    // Epoch 2 again, after the rollback: only the new writes count.
+    write(&mut c, &s, 2, vec![put(0, "a", "22")]).await;
+    flush(&mut c, &s, 2).await;
+    commit(&mut c, &s, 2, vec![1, 2]).await;
+    // Acknowledged durable but never committed: a restore must not show it.
+    write(&mut c, &s, 3, vec![put(0, "a", "3"), put(1, "c", "3")]).await;
+    flush(&mut c, &s, 3).await;
+    node1.shutdown().await.unwrap();
+
+    let d2 = tempfile::tempdir().unwrap();
+    let (node2, mut c) = start(config(d2.path(), url)).await;
+    let (cp, restored, bytes) = open(&mut c, &s, 0).await;
+    assert_eq!((cp, restored), (2, true));
+    assert!(bytes > 0);
+    assert_eq!(
+        get(
+            &mut c,
+            &s,
+            &[(0, "a"), (3, "b"), (5, "l"), (7, "new"), (1, "c")]
+        )
+        .await,
+        vec![some("22"), some("1"), some("x"), None, None]
+    );
+    let status = c
+        .status(sluice_common::pb::state::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.restore_bytes_total, bytes);
+    assert_eq!(status.shards.len(), 1);
+    assert_eq!(status.shards[0].committed_checkpoint, 2);
+
+    // Writes continue on the new node, and survive another restore.
+    write(&mut c, &s, 3, vec![put(1, "c", "33")]).await;
+    flush(&mut c, &s, 3).await;
+    commit(&mut c, &s, 3, vec![2, 3]).await;
+
+    // Back to checkpoint 2, which is older than what is committed here: from the store.
+    let (cp, restored, _) = open(&mut c, &s, 2).await;
+    assert_eq!((cp, restored), (2, true));
+    assert_eq!(
+        get(&mut c, &s, &[(0, "a"), (1, "c")]).await,
+        vec![some("22"), None]
+    );
+    node2.shutdown().await.unwrap();
+
+    let d3 = tempfile::tempdir().unwrap();
+    let (node3, mut c) = start(config(d3.path(), url)).await;
+    assert_eq!(open(&mut c, &s, 3).await.0, 3);
+    assert_eq!(
+        get(&mut c, &s, &[(0, "a"), (1, "c"), (3, "b")]).await,
+        vec![some("22"), some("33"), some("1")]
+    );
+    node3.shutdown().await.unwrap();
+}
+
+/// Many checkpoints: snapshots get taken and uploaded, GC keeps only what the retained
+/// checkpoints need, and a restore from snapshot + deltas is exact.
+pub async fn snapshots_and_gc(url: &str) {
+    let job = "job-gc";
+    let s = shard(job, 0, 8);
+    let d1 = tempfile::tempdir().unwrap();
+    let (node1, mut c) = start(config(d1.path(), url)).await;
+    open(&mut c, &s, 0).await;
+    let epochs = 30u64;
+    for e in 1..=epochs {
+        let kg = (e % 8) as u16;
+        let k = format!("k{e}");
+        write(
+            &mut c,
+            &s,
+            e,
+            vec![
+                put(kg, &k, &format!("v{e}")),
+                put(0, "hot", &e.to_string()),
+                merge(1, "list", "+"),
+            ],
+        )
+        .await;
+        flush(&mut c, &s, e).await;
+        let retained = if e > 1 { vec![e - 1, e] } else { vec![e] };
+        commit(&mut c, &s, e, retained).await;
+        if e % 5 == 0 {
+            // Let a background snapshot upload finish.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    let objs = objects(url, job, 0, 8).await;
+    let manifests: Vec<_> = objs
+        .iter()
+        .filter(|o| o.starts_with("manifests/"))
+        .collect();
+    let deltas = objs.iter().filter(|o| o.starts_with("deltas/")).count();
+    let ssts = objs.iter().filter(|o| o.starts_with("sst/")).count();
+    assert_eq!(manifests.len(), 2, "{objs:#?}");
+    assert!(deltas < 15, "{deltas} deltas kept: {objs:#?}");
+    assert!(ssts > 0, "no snapshot uploaded: {objs:#?}");
+    node1.shutdown().await.unwrap();
+
+    for cp in [epochs, epochs - 1] {
+        let d = tempfile::tempdir().unwrap();
+        let (node, mut c) = start(config(d.path(), url)).await;
+        assert_eq!(open(&mut c, &s, cp).await.0, cp);
+        let all = scan_all(&mut c, &s, 7).await;
+        assert_eq!(all.len() as u64, cp + 2, "keys k1..k{cp}, hot and list");
+        let got = get(
+            &mut c,
+            &s,
+            &[
+                (0, "hot"),
+                (1, "list"),
+                ((cp % 8) as u16, &format!("k{cp}")),
+            ],
+        )
+        .await;
+        assert_eq!(
+            got,
+            vec![
+                some(&cp.to_string()),
+                some(&"+".repeat(cp as usize)),
+                some(&format!("v{cp}"))
+            ]
+        );
+        node.shutdown().await.unwrap();
+    }
+}
