@@ -8,6 +8,8 @@ command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+# RocksDB's bindings (librocksdb-sys) run bindgen, which needs libclang.
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || need_apt+=(libclang-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing system packages: ${need_apt[*]}" >&2
   apt-get update -qq >&2

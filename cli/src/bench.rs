@@ -7,7 +7,7 @@
 use clap::{Args, ValueEnum};
 use sluice_common::job_spec;
 
-use crate::run::execute;
+use crate::run::{StateArgs, execute};
 use crate::{Failure, rss};
 
 /// Benchmark queries.
@@ -44,6 +44,21 @@ pub struct BenchArgs {
     /// Read bids from CSV files in this directory instead of the generator.
     #[arg(long)]
     input: Option<String>,
+    /// Where window state lives: `memory`, or `remote` (an embedded state service unless
+    /// --state-service names one).
+    #[arg(long, value_enum, default_value_t = StateChoice::Memory)]
+    state: StateChoice,
+    #[command(flatten)]
+    state_args: StateArgs,
+}
+
+/// The state backend of a benchmark run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StateChoice {
+    /// In the worker's memory.
+    Memory,
+    /// In the state service.
+    Remote,
 }
 
 fn pipeline(query: Query) -> &'static str {
@@ -71,7 +86,13 @@ fn pipeline(query: Query) -> &'static str {
 }
 
 /// The job file text of a benchmark run.
-pub fn job_text(query: Query, events: u64, parallelism: u32, input: Option<&str>) -> String {
+pub fn job_text(
+    query: Query,
+    events: u64,
+    parallelism: u32,
+    input: Option<&str>,
+    state: StateChoice,
+) -> String {
     let source = match input {
         None => format!(
             "  nexmark: {{ stream: bid, events: {events}, seed: 42, max_out_of_orderness: 2s }}\n"
@@ -80,8 +101,12 @@ pub fn job_text(query: Query, events: u64, parallelism: u32, input: Option<&str>
             "  file:\n    path: \"{dir}\"\n    format: csv\n    schema: {{ auction: int64, bidder: int64, price: int64, channel: string, url: string, date_time: timestamp, extra: string }}\n"
         ),
     };
+    let state = match state {
+        StateChoice::Memory => "memory",
+        StateChoice::Remote => "remote",
+    };
     format!(
-        "name: bench-{q:?}\nparallelism: {parallelism}\nsource:\n{source}watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n{p}sink:\n  blackhole: {{}}\n",
+        "name: bench-{q:?}\nparallelism: {parallelism}\nstate: {{ backend: {state} }}\nsource:\n{source}watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n{p}sink:\n  blackhole: {{}}\n",
         q = query,
         p = pipeline(query)
     )
@@ -97,9 +122,10 @@ pub fn nexmark(args: BenchArgs) -> Result<(), Failure> {
         args.events,
         args.parallelism,
         args.input.as_deref(),
+        args.state,
     );
     let graph = job_spec::parse_job("<bench>", &text).map_err(|e| Failure::usage(e.to_string()))?;
-    let s = execute(graph, true)?;
+    let s = execute(graph, true, &args.state_args)?;
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -108,8 +134,9 @@ pub fn nexmark(args: BenchArgs) -> Result<(), Failure> {
         .map(|b| b as f64 / (1 << 20) as f64)
         .unwrap_or(f64::NAN);
     println!(
-        "query={:?} source={} parallelism={} events={} seconds={:.3} events_per_s={:.0} events_per_s_per_core={:.0} peak_rss_mb={:.1} out={}",
+        "query={:?} state={:?} source={} parallelism={} events={} seconds={:.3} events_per_s={:.0} events_per_s_per_core={:.0} peak_rss_mb={:.1} out={}",
         args.query,
+        args.state,
         if args.input.is_some() {
             "csv"
         } else {
@@ -134,7 +161,7 @@ mod tests {
     fn every_query_is_a_valid_job() {
         for q in Query::value_variants() {
             for input in [None, Some("/tmp/bids")] {
-                let text = job_text(*q, 10, 2, input);
+                let text = job_text(*q, 10, 2, input, StateChoice::Remote);
                 job_spec::parse_job("<bench>", &text)
                     .unwrap_or_else(|e| panic!("{q:?}: {e}\n{text}"));
             }

@@ -3,16 +3,20 @@
 //! - `sluice run JOB.yaml`: runs a job on the embedded local runtime.
 //! - `sluice nexmark gen`: writes the Nexmark events the built-in source produces.
 //! - `sluice bench nexmark`: runs a benchmark query and prints one line of figures.
-//! - `sluice worker | coordinator | state-service`: the cluster roles (not built yet).
+//! - `sluice state-service`: a state-service node.
+//! - `sluice worker | coordinator`: the other cluster roles (not built yet).
 //!
 //! Exit codes: 0 success, 1 a job or I/O failure, 2 a mistake in the job or the command
 //! line (the message names file, line and column where there is one).
 
 mod bench;
+mod bench_state;
+mod byte_size;
 mod nexmark_gen;
 mod progress;
 mod rss;
 mod run;
+mod state_service;
 
 use std::process::ExitCode;
 
@@ -47,8 +51,9 @@ enum Command {
     Worker,
     /// Run the coordinator (cluster role; not built yet).
     Coordinator,
-    /// Run a state-service node (cluster role; not built yet).
-    StateService,
+    /// Run a state-service node: keyed-state shards on RocksDB behind a cache, durable
+    /// in an object store.
+    StateService(state_service::StateServiceArgs),
 }
 
 #[derive(Subcommand)]
@@ -61,6 +66,8 @@ enum NexmarkCommand {
 enum BenchCommand {
     /// Run a Nexmark query and print events, seconds, events/s, events/s per core, peak RSS.
     Nexmark(bench::BenchArgs),
+    /// State-service operations per second over gRPC on loopback.
+    State(bench_state::StateBenchArgs),
 }
 
 /// A failure with the exit code it maps to.
@@ -118,9 +125,12 @@ fn main() -> ExitCode {
         Command::Bench {
             command: BenchCommand::Nexmark(args),
         } => bench::nexmark(args),
+        Command::Bench {
+            command: BenchCommand::State(args),
+        } => bench_state::bench(args),
         Command::Worker => Err(not_built("worker")),
         Command::Coordinator => Err(not_built("coordinator")),
-        Command::StateService => Err(not_built("state-service")),
+        Command::StateService(args) => state_service::serve(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

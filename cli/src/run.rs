@@ -7,11 +7,15 @@ use std::time::Instant;
 
 use clap::Args;
 use sluice_common::{job_spec, pb};
+use sluice_compute::plan::PhysicalPlan;
 use sluice_compute::runtime::local::{self, LocalOptions};
 use sluice_compute::runtime::metrics::JobMetrics;
+use sluice_compute::state_client::{RemoteState, RemoteStateConfig};
+use sluice_state_service::RunningStateService;
 
 use crate::progress::{Progress, human};
-use crate::{Failure, runtime};
+use crate::state_service::start_embedded;
+use crate::{Failure, byte_size, runtime};
 
 /// Arguments of `sluice run`.
 #[derive(Args)]
@@ -21,6 +25,25 @@ pub struct RunArgs {
     /// No progress line and no summary.
     #[arg(long, short)]
     quiet: bool,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
+/// Where a job with `state: { backend: remote }` keeps its state.
+#[derive(Args, Clone, Default)]
+pub struct StateArgs {
+    /// A running state service (`http://host:port`); without it, `sluice run` starts an
+    /// embedded one.
+    #[arg(long, env = "SLUICE_STATE_SERVICE")]
+    pub state_service: Option<String>,
+    /// Directory of the embedded state service (its object store and RocksDB); kept
+    /// after the run, so a later run with the same job name restores from it. Default:
+    /// a temporary directory removed at the end.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Memory budget of the embedded state service.
+    #[arg(long, default_value = "256MiB", value_parser = byte_size::parse)]
+    pub state_memory: u64,
 }
 
 /// Reads and parses a job file; errors name file, line and column.
@@ -46,7 +69,7 @@ pub struct Summary {
 }
 
 /// Plans and runs `graph` to the end on a fresh runtime.
-pub fn execute(graph: pb::JobGraph, quiet: bool) -> Result<Summary, Failure> {
+pub fn execute(graph: pb::JobGraph, quiet: bool, state: &StateArgs) -> Result<Summary, Failure> {
     let rt = runtime()?;
     let metrics = Arc::new(JobMetrics::default());
     let start = Instant::now();
@@ -54,9 +77,17 @@ pub fn execute(graph: pb::JobGraph, quiet: bool) -> Result<Summary, Failure> {
         let plan = sluice_compute::plan::plan(graph)
             .await
             .map_err(Failure::from_compute)?;
+        let remote = connect_state(&plan, state).await?;
+        let options = LocalOptions {
+            remote_state: remote.as_ref().map(|r| r.state.clone()),
+            ..LocalOptions::default()
+        };
         let progress = Progress::start(metrics.clone(), quiet);
-        let result = local::run(&plan, metrics.clone(), &LocalOptions::default()).await;
+        let result = local::run(&plan, metrics.clone(), &options).await;
         progress.finish();
+        if let Some(r) = remote {
+            r.close().await;
+        }
         result.map_err(Failure::from_compute)
     })?;
     Ok(Summary {
@@ -68,11 +99,87 @@ pub fn execute(graph: pb::JobGraph, quiet: bool) -> Result<Summary, Failure> {
     })
 }
 
+/// The state service a run uses, and the embedded one it started, if any.
+struct RunState {
+    state: Arc<RemoteState>,
+    embedded: Option<RunningStateService>,
+    _temp_dir: Option<tempfile::TempDir>,
+}
+
+impl RunState {
+    async fn close(self) {
+        if let Some(service) = self.embedded
+            && let Err(e) = service.shutdown().await
+        {
+            tracing::warn!("embedded state service did not shut down cleanly: {e}");
+        }
+    }
+}
+
+/// Connects to (or starts) the state service when the job keeps its state remotely.
+async fn connect_state(plan: &PhysicalPlan, args: &StateArgs) -> Result<Option<RunState>, Failure> {
+    let Some(config) = plan.graph.state.as_ref() else {
+        return Ok(None);
+    };
+    if config.backend() != pb::StateBackend::Remote {
+        return Ok(None);
+    }
+    let (endpoint, embedded, temp) = match &args.state_service {
+        Some(url) => (url.clone(), None, None),
+        None => {
+            let (dir, temp) = match &args.state_dir {
+                Some(d) => (d.clone(), None),
+                None => {
+                    let t = tempfile::Builder::new()
+                        .prefix("sluice-state-")
+                        .tempdir()
+                        .map_err(|e| Failure::from(anyhow::anyhow!("temporary state dir: {e}")))?;
+                    (t.path().to_path_buf(), Some(t))
+                }
+            };
+            let service = start_embedded(&dir, args.state_memory).await?;
+            (
+                format!("http://{}", service.local_addr()),
+                Some(service),
+                temp,
+            )
+        }
+    };
+    let mut remote =
+        RemoteStateConfig::new(endpoint, job_id(&plan.graph.name), plan.max_parallelism);
+    if config.shards > 0 {
+        remote.shards = config.shards;
+    }
+    let state = RemoteState::connect(remote)
+        .await
+        .map_err(|e| Failure::from_compute(e.into()))?;
+    Ok(Some(RunState {
+        state,
+        embedded,
+        _temp_dir: temp,
+    }))
+}
+
+/// The state-service job id of a job name: letters, digits, `-` and `_` kept.
+fn job_id(name: &str) -> String {
+    let id: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if id.is_empty() { "job".into() } else { id }
+}
+
 /// Runs `sluice run`.
 pub fn run(args: RunArgs) -> Result<(), Failure> {
     let graph = load_job(&args.job)?;
     let name = graph.name.clone();
-    let s = execute(graph, args.quiet)?;
+    let s = execute(graph, args.quiet, &args.state)?;
     if !args.quiet {
         eprintln!(
             "finished {name}: {} records in, {} out, {:.2} s, {} events/s, {} late, {} skipped",

@@ -21,6 +21,12 @@ pub mod state;
 #[allow(missing_docs, clippy::all)]
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/sluice.job.rs"));
+
+    /// The keyed-state service's gRPC API, generated from `proto/state_service.proto`.
+    #[allow(missing_docs, clippy::all)]
+    pub mod state {
+        include!(concat!(env!("OUT_DIR"), "/sluice.state.rs"));
+    }
 }
 
 /// Number of key groups when a job does not say (DESIGN §4).

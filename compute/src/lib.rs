@@ -15,6 +15,8 @@
 //! - [`window`]: window assignment, accumulators, sessions, timers.
 //! - [`time`]: per-split watermark generation at the sources.
 //! - [`keys`]: canonical key bytes for hashing and keyed state.
+//! - [`state_client`]: the remote keyed-state backend (gRPC client of the state service
+//!   with an epoch write buffer and a read cache).
 //!
 //! This crate must not know about the coordinator or the storage engine behind remote
 //! state: it sees state only through `KeyedStateBackend`.
@@ -27,6 +29,7 @@ pub mod keys;
 pub mod operator;
 pub mod plan;
 pub mod runtime;
+pub mod state_client;
 pub mod time;
 pub mod window;
 

@@ -11,6 +11,9 @@
 //! - [`read_bids_csv`] parses `sluice nexmark gen --format csv` output with plain Rust, so
 //!   expected results never depend on the engine's own readers.
 //!
+//! - [`service::ServiceProcess`] runs a long-lived role (`sluice state-service`) and kills
+//!   it on drop.
+//!
 //! Nothing here uses a sluice crate: the expected side of every test is computed
 //! independently of the engine.
 
@@ -22,6 +25,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Number, Value};
+
+pub mod service;
 
 /// One output record: column name to JSON value.
 pub type Row = Map<String, Value>;

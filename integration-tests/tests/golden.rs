@@ -83,6 +83,9 @@ enum Input {
     /// The generated CSV (two files covering the same event time) read by one subtask:
     /// both files must advance together, or one would be late behind the other.
     CsvOneReader,
+    /// The generated CSV, with window state in the state service (`state: { backend:
+    /// remote }`): the embedded node `sluice run` starts, reached over gRPC.
+    CsvRemoteState,
 }
 
 /// The example `name`, with its source replaced per `input` and its sink writing JSON
@@ -100,7 +103,7 @@ fn adapt_example(name: &str, input: Input, csv_dir: &Path, out: &Path) -> String
         );
     }
     let source = match input {
-        Input::Csv | Input::CsvOneReader => {
+        Input::Csv | Input::CsvOneReader | Input::CsvRemoteState => {
             format!("file: {{ path: {}, format: csv }}", yaml_path(csv_dir))
         }
         Input::Nexmark => NEXMARK_SOURCE.to_owned(),
@@ -120,6 +123,8 @@ fn adapt_example(name: &str, input: Input, csv_dir: &Path, out: &Path) -> String
             adapted.push_str(&format!("{indent}{source}\n"));
         } else if trimmed == "parallelism: 2" && input == Input::CsvOneReader {
             adapted.push_str("parallelism: 1\n");
+        } else if trimmed == "parallelism: 2" && input == Input::CsvRemoteState {
+            adapted.push_str("parallelism: 2\nstate: { backend: remote, shards: 3 }\n");
         } else if trimmed.starts_with("file:") && trimmed.contains("path: out/") {
             sinks += 1;
             adapted.push_str(&format!("{indent}{sink}\n"));
@@ -406,4 +411,19 @@ fn q5_hot_items_csv_one_reader_of_two_files() {
 #[test]
 fn q11_user_sessions_csv_one_reader_of_two_files() {
     check_example("q11-user-sessions", Input::CsvOneReader, q11_expected);
+}
+
+#[test]
+fn q5_hot_items_csv_remote_state() {
+    check_example("q5-hot-items", Input::CsvRemoteState, q5_expected);
+}
+
+#[test]
+fn q7_highest_bid_csv_remote_state() {
+    check_example("q7-highest-bid", Input::CsvRemoteState, q7_expected);
+}
+
+#[test]
+fn q11_user_sessions_csv_remote_state() {
+    check_example("q11-user-sessions", Input::CsvRemoteState, q11_expected);
 }

@@ -54,9 +54,7 @@ pub(super) fn job(root: &Node) -> Result<JobSpec> {
             value
         }
     };
-    let state = fields
-        .opt("state", state)?
-        .unwrap_or(pb::StateBackend::Memory);
+    let state = fields.opt("state", state)?.unwrap_or_default();
 
     let source_entry = fields.require("source", "; e.g. `source: { nexmark: { stream: bid } }`")?;
     let mut source = connector::source(source_entry.value, "source")?;
@@ -83,19 +81,26 @@ pub(super) fn job(root: &Node) -> Result<JobSpec> {
     })
 }
 
-fn state(node: &Node, path: &str) -> Result<pb::StateBackend> {
-    let fields = Fields::new(node, path, &["backend"])?;
+fn state(node: &Node, path: &str) -> Result<pb::StateConfig> {
+    let fields = Fields::new(node, path, &["backend", "shards"])?;
     let backends = [
         ("memory", pb::StateBackend::Memory),
         ("remote", pb::StateBackend::Remote),
     ];
-    choice(
+    let backend = choice(
         fields
             .require("backend", "; expected memory or remote")?
             .value,
         &fields.path_of("backend"),
         &backends,
-    )
+    )?;
+    let shards = fields
+        .opt("shards", |n, p| u32_in(n, p, 1, 32768))?
+        .unwrap_or(0);
+    Ok(pb::StateConfig {
+        backend: backend as i32,
+        shards,
+    })
 }
 
 fn watermark(node: &Node, path: &str) -> Result<pb::WatermarkSpec> {

@@ -89,9 +89,7 @@ pub(super) fn job_graph(file: &str, spec: JobSpec) -> pb::JobGraph {
         nodes: graph.nodes,
         edges: graph.edges,
         origin_file: file.to_owned(),
-        state: Some(pb::StateConfig {
-            backend: spec.state as i32,
-        }),
+        state: Some(spec.state),
     }
 }
 

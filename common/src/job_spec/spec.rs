@@ -12,7 +12,7 @@ pub(super) struct JobSpec {
     pub name: String,
     pub parallelism: u32,
     pub max_parallelism: u32,
-    pub state: pb::StateBackend,
+    pub state: pb::StateConfig,
     /// Includes the watermark and batch size.
     pub source: pb::SourceSpec,
     /// Where the `source:` key is.

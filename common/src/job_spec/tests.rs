@@ -83,7 +83,8 @@ fn full_example_becomes_the_expected_graph() {
     assert_eq!(
         graph.state,
         Some(pb::StateConfig {
-            backend: pb::StateBackend::Remote as i32
+            backend: pb::StateBackend::Remote as i32,
+            shards: 0,
         })
     );
 
@@ -223,7 +224,8 @@ fn defaults_fill_in_what_is_left_out() {
     assert_eq!(
         graph.state,
         Some(pb::StateConfig {
-            backend: pb::StateBackend::Memory as i32
+            backend: pb::StateBackend::Memory as i32,
+            shards: 0,
         })
     );
     assert_eq!(graph.nodes.len(), 2);

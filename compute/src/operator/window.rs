@@ -17,6 +17,7 @@
 //! Timers live in operator memory for now: they can be rebuilt from state by a scan when
 //! checkpoint restore arrives.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -31,11 +32,12 @@ use sluice_common::pb;
 use sluice_common::state::{KeyedStateBackend, WriteOp, encode_key};
 
 use super::{Operator, OperatorContext, Output};
-use crate::element::Timestamp;
+use crate::element::{Barrier, Timestamp};
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
 use crate::expr::aggregate::AggregateCall;
 use crate::keys::{EncodedKeys, KeyEncoder, decode_keys};
+use crate::state_client::RemoteStateBackend;
 use crate::window::accumulator::{self, Acc, evaluate_args};
 use crate::window::assigner::WindowAssigner;
 use crate::window::session::{self, Session};
@@ -103,15 +105,68 @@ pub struct WindowOperator {
     late_to_side: bool,
     schema: SchemaRef,
     state: Arc<dyn KeyedStateBackend>,
+    /// The remote backend behind `state`, when there is one: barriers flush its epochs.
+    epochs: Option<Arc<RemoteStateBackend>>,
     counters: Arc<WindowCounters>,
     operator_id: u32,
     max_parallelism: u32,
     timers: TimerQueue<Timer>,
     watermark: Timestamp,
     keys: EncodedKeys,
+    /// Batches whose state reads are in flight (remote state only), oldest first.
+    inflight: VecDeque<InFlight>,
+}
+
+/// Batches of fixed windows whose remote reads may be in flight at once.
+const READS_IN_FLIGHT: usize = 4;
+
+/// A batch folded into partial accumulators, waiting for its state values.
+struct FixedBatch {
+    /// Distinct keys of the batch (canonical bytes).
+    keys: Vec<Bytes>,
+    /// Key group of each key.
+    groups: Vec<u16>,
+    /// (key index, pane start) of each state entry the batch updates.
+    slots: Vec<(u32, Timestamp)>,
+    /// The batch's accumulators, `calls.len()` per slot.
+    partial: Vec<Acc>,
+    /// The state key of each slot.
+    state_keys: Vec<Bytes>,
+}
+
+/// A prepared batch and its state read.
+struct InFlight {
+    keys: std::collections::HashSet<Bytes, foldhash::fast::RandomState>,
+    prepared: FixedBatch,
+    read: AbortOnDrop<sluice_common::state::StateResult<Vec<Option<Bytes>>>>,
+}
+
+/// A spawned task that is aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn overlaps<S: std::hash::BuildHasher>(
+    a: &std::collections::HashSet<Bytes, S>,
+    b: &std::collections::HashSet<Bytes, S>,
+) -> bool {
+    let (small, large) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    small.iter().any(|k| large.contains(k))
 }
 
 impl WindowOperator {
+    /// Uses `remote` (also passed as the state) for state, flushing its epoch at every
+    /// barrier and at the end of input.
+    pub fn with_remote_state(mut self, remote: Arc<RemoteStateBackend>) -> Self {
+        self.state = remote.clone();
+        self.epochs = Some(remote);
+        self
+    }
+
     /// Builds the operator of `node_id` over `input`; errors name the offending column or call.
     pub fn build(
         node_id: u32,
@@ -177,6 +232,8 @@ impl WindowOperator {
             late_to_side: spec.late() == pb::LatePolicy::SideOutput,
             schema: Arc::new(Schema::new(fields)),
             state,
+            epochs: None,
+            inflight: VecDeque::new(),
             counters,
             operator_id: node_id,
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
@@ -242,6 +299,73 @@ impl WindowOperator {
         times: &[Timestamp],
         out: &mut Output,
     ) -> Result<Vec<u32>> {
+        let (prepared, late) = self.prepare_fixed(batch, times)?;
+        let Some(prepared) = prepared else {
+            return Ok(late);
+        };
+        if self.epochs.is_none() {
+            let stored = self.state.get_many(&prepared.state_keys).await?;
+            self.apply_fixed(prepared, stored, out).await?;
+            return Ok(late);
+        }
+        // Remote state: the read goes out now and the batch is applied later, in order,
+        // so the reads of the next batches overlap with this one's round trip. A batch
+        // touching a key an earlier batch still waits on applies that one first (per-key
+        // order).
+        let keys: std::collections::HashSet<Bytes, foldhash::fast::RandomState> =
+            prepared.state_keys.iter().cloned().collect();
+        if let Some(last) = self
+            .inflight
+            .iter()
+            .rposition(|f| f.keys.len().min(keys.len()) > 0 && overlaps(&f.keys, &keys))
+        {
+            for _ in 0..=last {
+                self.apply_oldest(out).await?;
+            }
+        }
+        let state = Arc::clone(&self.state);
+        let read_keys = prepared.state_keys.clone();
+        let read = AbortOnDrop(tokio::spawn(
+            async move { state.get_many(&read_keys).await },
+        ));
+        self.inflight.push_back(InFlight {
+            keys,
+            prepared,
+            read,
+        });
+        while self.inflight.len() > READS_IN_FLIGHT {
+            self.apply_oldest(out).await?;
+        }
+        Ok(late)
+    }
+
+    /// Applies the oldest batch whose read is in flight.
+    async fn apply_oldest(&mut self, out: &mut Output) -> Result<()> {
+        let Some(mut f) = self.inflight.pop_front() else {
+            return Ok(());
+        };
+        let stored = (&mut f.read.0)
+            .await
+            .map_err(|e| Error::Internal(format!("a state read task failed: {e}")))??;
+        self.apply_fixed(f.prepared, stored, out).await
+    }
+
+    /// Applies every batch whose read is in flight: before time advances, a barrier
+    /// passes or the input ends, the state must hold every record seen.
+    async fn drain(&mut self, out: &mut Output) -> Result<()> {
+        while !self.inflight.is_empty() {
+            self.apply_oldest(out).await?;
+        }
+        Ok(())
+    }
+
+    /// Folds a batch into partial accumulators per key and pane, and names the state
+    /// entries it updates; returns the rows that are late.
+    fn prepare_fixed(
+        &mut self,
+        batch: &RecordBatch,
+        times: &[Timestamp],
+    ) -> Result<(Option<FixedBatch>, Vec<u32>)> {
         let (pane, _, _) = self.assigner.panes();
         let naggs = self.calls.len();
         let args = evaluate_args(&self.calls, batch)?;
@@ -273,7 +397,7 @@ impl WindowOperator {
             }
         }
         if slots.is_empty() {
-            return Ok(late);
+            return Ok((None, late));
         }
         let groups: Vec<u16> = key_list
             .iter()
@@ -286,7 +410,43 @@ impl WindowOperator {
                 self.state_key(SLOT_STATE, kg, key, start, start + pane)
             })
             .collect();
-        let stored = self.state.get_many(&state_keys).await?;
+        let keys = key_list.iter().map(|k| Bytes::copy_from_slice(k)).collect();
+        Ok((
+            Some(FixedBatch {
+                keys,
+                groups,
+                slots,
+                partial,
+                state_keys,
+            }),
+            late,
+        ))
+    }
+
+    /// Merges a prepared batch into the state values read for it, registers timers of
+    /// new windows, and re-emits fired windows it updated (allowed lateness).
+    async fn apply_fixed(
+        &mut self,
+        prepared: FixedBatch,
+        stored: Vec<Option<Bytes>>,
+        out: &mut Output,
+    ) -> Result<()> {
+        let FixedBatch {
+            keys: key_list,
+            groups,
+            slots,
+            partial,
+            state_keys,
+        } = prepared;
+        if stored.len() != state_keys.len() {
+            return Err(Error::Internal(format!(
+                "state returned {} values for {} keys",
+                stored.len(),
+                state_keys.len()
+            )));
+        }
+        let (pane, _, _) = self.assigner.panes();
+        let naggs = self.calls.len();
         let mut ops = Vec::with_capacity(slots.len());
         let mut refire: Vec<(u16, Bytes, Timestamp)> = Vec::new();
         let mut merged = Vec::with_capacity(naggs);
@@ -313,14 +473,13 @@ impl WindowOperator {
                 let fired = self.is_event_time() && end - 1 <= self.watermark;
                 if fired && !self.window_closed(end) {
                     // Already fired, within allowed lateness: emit the update now.
-                    refire.push((key_group, Bytes::copy_from_slice(key_list[kid as usize]), w));
+                    refire.push((key_group, key_list[kid as usize].clone(), w));
                 } else if !fired && is_new {
-                    let key = Bytes::copy_from_slice(key_list[kid as usize]);
                     self.timers.register(
                         end - 1,
                         Timer::Fire {
                             key_group,
-                            key,
+                            key: key_list[kid as usize].clone(),
                             start: w,
                             end,
                         },
@@ -329,13 +488,12 @@ impl WindowOperator {
             }
             if is_new && self.is_event_time() && last_end - 1 <= self.watermark {
                 // Its last window has fired already, so nothing will schedule its cleanup.
-                let key = Bytes::copy_from_slice(key_list[kid as usize]);
                 let at = last_end - 1 + self.lateness;
                 self.timers.register(
                     at,
                     Timer::Cleanup {
                         key_group,
-                        key,
+                        key: key_list[kid as usize].clone(),
                         start,
                         end: start + pane,
                     },
@@ -357,7 +515,7 @@ impl WindowOperator {
                 out.batch(self.results(fired)?);
             }
         }
-        Ok(late)
+        Ok(())
     }
 
     /// The current results of fixed windows `(key group, key, start)`, merged from their
@@ -675,6 +833,7 @@ impl Operator for WindowOperator {
 
     async fn on_watermark(&mut self, ts: Timestamp, out: &mut Output) -> Result<()> {
         if self.is_event_time() && ts > self.watermark {
+            self.drain(out).await?;
             self.watermark = ts;
             self.fire(ts, out).await?;
         }
@@ -688,14 +847,30 @@ impl Operator for WindowOperator {
 
     async fn on_processing_time(&mut self, now: Timestamp, out: &mut Output) -> Result<()> {
         if !self.is_event_time() {
+            self.drain(out).await?;
             self.fire(now, out).await?;
         }
         Ok(())
     }
 
+    async fn on_barrier(&mut self, barrier: Barrier, out: &mut Output) -> Result<()> {
+        self.drain(out).await?;
+        if let Some(remote) = &self.epochs {
+            remote.flush_epoch(barrier.checkpoint_id).await?;
+        }
+        out.barrier(barrier);
+        Ok(())
+    }
+
     async fn close(&mut self, out: &mut Output) -> Result<()> {
         // The end of a bounded input closes every window, whatever the time mode.
-        self.fire(Timestamp::MAX, out).await
+        self.drain(out).await?;
+        self.fire(Timestamp::MAX, out).await?;
+        if let Some(remote) = &self.epochs {
+            // What the last windows wrote becomes durable with the open epoch.
+            remote.flush_epoch(remote.epoch()).await?;
+        }
+        Ok(())
     }
 }
 

@@ -422,16 +422,6 @@ async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
     {
         return Err(plan_err(format!("{file}: the job has no sink")));
     }
-    if graph
-        .state
-        .as_ref()
-        .is_some_and(|s| s.backend() == pb::StateBackend::Remote)
-    {
-        return Err(plan_err(format!(
-            "{file}: state backend `remote` is not available in this build yet; use `memory`"
-        )));
-    }
-
     let chains = chain(&order, &nodes, &incoming, &outgoing, &inputs);
     Ok(PhysicalPlan {
         graph,

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use sluice_common::key_group::key_group_range;
 use sluice_common::pb;
 use sluice_common::state::{KeyedStateBackend, MemoryStateBackend};
 use tokio::sync::watch;
@@ -30,6 +31,7 @@ use crate::runtime::metrics::JobMetrics;
 use crate::runtime::queue::{self, QueueReceiver, QueueSender};
 use crate::runtime::router::{OutputEdge, Partitioner};
 use crate::runtime::task::{SourceInput, Task, TaskInput};
+use crate::state_client::{RemoteState, RemoteStateBackend};
 use crate::time::watermark::WatermarkGenerator;
 
 /// Settings of the local runtime.
@@ -37,12 +39,15 @@ use crate::time::watermark::WatermarkGenerator;
 pub struct LocalOptions {
     /// Byte budget of each channel between tasks.
     pub channel_bytes: usize,
+    /// The state service a job with `state: { backend: remote }` uses.
+    pub remote_state: Option<Arc<RemoteState>>,
 }
 
 impl Default for LocalOptions {
     fn default() -> Self {
         Self {
             channel_bytes: queue::DEFAULT_CHANNEL_BYTES,
+            remote_state: None,
         }
     }
 }
@@ -54,7 +59,12 @@ pub async fn run(
     options: &LocalOptions,
 ) -> Result<()> {
     let (cancel_tx, cancel_rx) = watch::channel(false);
-    let tasks = build_tasks(plan, &metrics, options).await?;
+    let remote = remote_state(plan, options)?;
+    let first_epoch = match remote {
+        Some(r) => r.open_all().await? + 1,
+        None => 1,
+    };
+    let tasks = build_tasks(plan, &metrics, options, first_epoch).await?;
     let mut set = JoinSet::new();
     for task in tasks {
         set.spawn(task.run(cancel_rx.clone()));
@@ -72,7 +82,36 @@ pub async fn run(
             }
         }
     }
-    first.map_or(Ok(()), Err)
+    if let Some(e) = first {
+        return Err(e);
+    }
+    if let Some(r) = remote
+        && let Some(epoch) = r.last_flushed_epoch()
+    {
+        // Every task flushed its last epoch at the end of input: with no coordinator to
+        // commit checkpoints, the finished run commits that epoch as its checkpoint.
+        r.commit(epoch, &[epoch]).await?;
+    }
+    Ok(())
+}
+
+/// The remote state a job needs, or an error when it asks for it and none was given.
+fn remote_state<'a>(
+    plan: &PhysicalPlan,
+    options: &'a LocalOptions,
+) -> Result<Option<&'a Arc<RemoteState>>> {
+    let wants = plan
+        .graph
+        .state
+        .as_ref()
+        .is_some_and(|s| s.backend() == pb::StateBackend::Remote);
+    match (&options.remote_state, wants) {
+        (Some(r), true) => Ok(Some(r)),
+        (None, true) => Err(Error::Plan(
+            "the job asks for `state: { backend: remote }` but no state service was given".into(),
+        )),
+        (_, false) => Ok(None),
+    }
 }
 
 /// Errors that only say another task failed first.
@@ -87,6 +126,7 @@ async fn build_tasks(
     plan: &PhysicalPlan,
     metrics: &Arc<JobMetrics>,
     options: &LocalOptions,
+    first_epoch: u64,
 ) -> Result<Vec<Task>> {
     // Input queues of every subtask of every chain that reads from another chain.
     let mut senders: Vec<Vec<Vec<QueueSender>>> = Vec::with_capacity(plan.chains.len());
@@ -121,7 +161,15 @@ async fn build_tasks(
             let mut contexts = Vec::new();
             for &id in &chain.operators {
                 let node = plan.node(id);
-                let op = build_operator(plan, node, info, &compiler, metrics)
+                let remote = remote_state(plan, options)?.map(|r| {
+                    let groups = key_group_range(
+                        plan.max_parallelism,
+                        chain.parallelism as u32,
+                        subtask as u32,
+                    );
+                    Arc::new(r.backend(groups, first_epoch))
+                });
+                let op = build_operator(plan, node, info, &compiler, metrics, remote)
                     .await
                     .map_err(|e| plan.locate(node, e))?;
                 operators.push(op);
@@ -226,6 +274,7 @@ async fn build_operator(
     info: SubtaskInfo,
     compiler: &ExprCompiler,
     metrics: &Arc<JobMetrics>,
+    remote: Option<Arc<RemoteStateBackend>>,
 ) -> Result<Box<dyn Operator>> {
     let input = plan.input_schema(node.id);
     Ok(match &node.kind {
@@ -237,14 +286,18 @@ async fn build_operator(
         }
         Some(pb::node::Kind::Window(spec)) => {
             let state: Arc<dyn KeyedStateBackend> = Arc::new(MemoryStateBackend::new());
-            Box::new(WindowOperator::build(
+            let op = WindowOperator::build(
                 node.id,
                 spec,
                 &input,
                 compiler,
                 state,
                 metrics.window_counters(),
-            )?)
+            )?;
+            Box::new(match remote {
+                Some(remote) => op.with_remote_state(remote),
+                None => op,
+            })
         }
         Some(pb::node::Kind::Sink(spec)) => {
             let writer = connector::create_sink(spec, input, info).await?;

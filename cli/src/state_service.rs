@@ -1,0 +1,126 @@
+//! `sluice state-service`: runs a state-service node until interrupted, and the embedded
+//! node `sluice run` starts for jobs with remote state.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use sluice_state_service::{RunningStateService, StateServiceConfig};
+
+use crate::{Failure, byte_size, runtime};
+
+/// Arguments of `sluice state-service`.
+#[derive(Args)]
+pub struct StateServiceArgs {
+    /// Address to serve gRPC on (port 0: any free port; the chosen one is printed).
+    #[arg(long, default_value = "127.0.0.1:7071")]
+    listen: SocketAddr,
+    /// This node's name in status reports (default: the listen address).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Local directory for RocksDB shards, the disk cache and spool files.
+    #[arg(long, default_value = ".sluice/state-service")]
+    data_dir: PathBuf,
+    /// Durable tier: `s3://bucket/prefix` (AWS_* variables, AWS_ENDPOINT_URL) or
+    /// `file:///dir`.
+    #[arg(long, env = "SLUICE_STATE_STORE")]
+    object_store: String,
+    /// Memory budget for RocksDB's block cache and write buffers and the memory cache.
+    #[arg(long, default_value = "1GiB", value_parser = byte_size::parse)]
+    memory: u64,
+    /// Size of the local-disk cache tier.
+    #[arg(long, default_value = "4GiB", value_parser = byte_size::parse)]
+    disk_cache: u64,
+}
+
+/// Runs `sluice state-service` until Ctrl-C or SIGTERM.
+pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
+    let config = StateServiceConfig {
+        node_id: args.node_id.unwrap_or_else(|| args.listen.to_string()),
+        memory_bytes: args.memory,
+        disk_cache_bytes: args.disk_cache,
+        listen: args.listen,
+        data_dir: args.data_dir,
+        object_store_url: object_store_url(&args.object_store)?,
+        ..StateServiceConfig::default()
+    };
+    let rt = runtime()?;
+    rt.block_on(async {
+        let service = sluice_state_service::start(config)
+            .await
+            .map_err(|e| Failure::from(anyhow::anyhow!("state service: {e}")))?;
+        // Scripts and tests read the bound address from this line.
+        println!("state-service listening on {}", service.local_addr());
+        shutdown_signal().await;
+        service
+            .shutdown()
+            .await
+            .map_err(|e| Failure::from(anyhow::anyhow!("state service shutdown: {e}")))
+    })
+}
+
+/// An embedded node for `sluice run`, storing its durable tier under `dir/objects`.
+pub async fn start_embedded(dir: &Path, memory: u64) -> Result<RunningStateService, Failure> {
+    std::fs::create_dir_all(dir.join("objects")).map_err(|e| {
+        Failure::usage(format!(
+            "cannot create state directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let objects = dir.join("objects").canonicalize().map_err(|e| {
+        Failure::usage(format!(
+            "cannot resolve state directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let config = StateServiceConfig {
+        node_id: "embedded".into(),
+        memory_bytes: memory,
+        disk_cache_bytes: 1 << 30,
+        data_dir: dir.join("node"),
+        object_store_url: format!("file://{}", objects.display()),
+        ..StateServiceConfig::default()
+    };
+    sluice_state_service::start(config)
+        .await
+        .map_err(|e| Failure::from(anyhow::anyhow!("embedded state service: {e}")))
+}
+
+/// Accepts `s3://...` and `file:///...` as they are and a plain path as a local directory.
+fn object_store_url(text: &str) -> Result<String, Failure> {
+    if text.starts_with("s3://") || text.starts_with("file://") {
+        return Ok(text.to_owned());
+    }
+    if text.contains("://") {
+        return Err(Failure::usage(format!(
+            "--object-store `{text}`: use s3://bucket/prefix or file:///dir"
+        )));
+    }
+    std::fs::create_dir_all(text)
+        .and_then(|()| std::fs::canonicalize(text))
+        .map(|p| format!("file://{}", p.display()))
+        .map_err(|e| Failure::usage(format!("--object-store `{text}`: {e}")))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

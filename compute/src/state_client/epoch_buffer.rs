@@ -1,0 +1,163 @@
+//! The epoch write buffer: mutations a subtask made since it last shipped them.
+//!
+//! Writes between two barriers stay here, one entry per key holding the key's latest
+//! pending mutation, so a key written a thousand times in an epoch costs one operation
+//! on the wire. The buffer is shipped to the state service at the barrier (or earlier,
+//! when it outgrows its budget; the writes still belong to the open epoch and stay
+//! uncommitted until the checkpoint completes). Reads consult it first, so a subtask
+//! always reads its own writes.
+//!
+//! It knows nothing of the network: it turns writes into entries and entries into
+//! [`WriteOp`]s.
+
+use std::collections::BTreeMap;
+
+use bytes::{Bytes, BytesMut};
+use sluice_common::pb::state as pb;
+
+/// The pending mutation of one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pending {
+    /// The key's value is this.
+    Put(Bytes),
+    /// The key is absent.
+    Delete,
+    /// These bytes are appended to whatever value the service holds.
+    Merge(Bytes),
+}
+
+/// What the buffer knows of a key's value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The buffer decides the value (`None`: absent).
+    Known(Option<Bytes>),
+    /// The value is the service's value with these bytes appended.
+    Append(Bytes),
+    /// The buffer holds nothing for the key.
+    Unknown,
+}
+
+/// Pending mutations, keyed and ordered by state key.
+#[derive(Debug, Default)]
+pub struct EpochBuffer {
+    entries: BTreeMap<Bytes, Pending>,
+    bytes: usize,
+}
+
+impl EpochBuffer {
+    /// Records a put.
+    pub fn put(&mut self, key: Bytes, value: Bytes) {
+        self.set(key, Pending::Put(value));
+    }
+
+    /// Records a delete.
+    pub fn delete(&mut self, key: Bytes) {
+        self.set(key, Pending::Delete);
+    }
+
+    /// Records an append, folding it into what is already pending for the key.
+    pub fn merge(&mut self, key: Bytes, operand: Bytes) {
+        let next = match self.entries.get(&key) {
+            Some(Pending::Put(v)) => Pending::Put(concat(v, &operand)),
+            Some(Pending::Delete) => Pending::Put(operand),
+            Some(Pending::Merge(m)) => Pending::Merge(concat(m, &operand)),
+            None => Pending::Merge(operand),
+        };
+        self.set(key, next);
+    }
+
+    fn set(&mut self, key: Bytes, pending: Pending) {
+        let add = key.len() + pending_len(&pending);
+        if let Some(old) = self.entries.insert(key.clone(), pending) {
+            self.bytes -= key.len() + pending_len(&old);
+        }
+        self.bytes += add;
+    }
+
+    /// What the buffer knows of `key`.
+    pub fn lookup(&self, key: &[u8]) -> Lookup {
+        match self.entries.get(key) {
+            Some(Pending::Put(v)) => Lookup::Known(Some(v.clone())),
+            Some(Pending::Delete) => Lookup::Known(None),
+            Some(Pending::Merge(m)) => Lookup::Append(m.clone()),
+            None => Lookup::Unknown,
+        }
+    }
+
+    /// Approximate bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Empties the buffer, returning its entries in key order.
+    pub fn take(&mut self) -> BTreeMap<Bytes, Pending> {
+        self.bytes = 0;
+        std::mem::take(&mut self.entries)
+    }
+}
+
+/// The wire form of one pending mutation.
+pub fn to_wire(key: Bytes, pending: Pending) -> pb::WriteOp {
+    let (kind, value) = match pending {
+        Pending::Put(v) => (pb::write_op::Kind::Put, v),
+        Pending::Delete => (pb::write_op::Kind::Delete, Bytes::new()),
+        Pending::Merge(m) => (pb::write_op::Kind::Merge, m),
+    };
+    pb::WriteOp {
+        kind: kind as i32,
+        key,
+        value,
+        end: Bytes::new(),
+    }
+}
+
+/// `base` followed by `tail`.
+pub fn concat(base: &[u8], tail: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(base.len() + tail.len());
+    out.extend_from_slice(base);
+    out.extend_from_slice(tail);
+    out.freeze()
+}
+
+fn pending_len(p: &Pending) -> usize {
+    match p {
+        Pending::Put(v) | Pending::Merge(v) => v.len() + 16,
+        Pending::Delete => 16,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[test]
+    fn the_latest_mutation_of_a_key_wins_and_merges_fold() {
+        let mut buf = EpochBuffer::default();
+        buf.merge(b("k"), b("a"));
+        buf.merge(b("k"), b("b"));
+        assert_eq!(buf.lookup(b"k"), Lookup::Append(b("ab")));
+        buf.put(b("k"), b("x"));
+        buf.merge(b("k"), b("y"));
+        assert_eq!(buf.lookup(b"k"), Lookup::Known(Some(b("xy"))));
+        buf.delete(b("k"));
+        assert_eq!(buf.lookup(b"k"), Lookup::Known(None));
+        buf.merge(b("k"), b("z"));
+        assert_eq!(buf.lookup(b"k"), Lookup::Known(Some(b("z"))));
+        assert_eq!(buf.lookup(b"other"), Lookup::Unknown);
+        let bytes = buf.bytes();
+        assert!(bytes > 0);
+        let taken = buf.take();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(buf.bytes(), 0);
+        assert!(buf.is_empty());
+    }
+}

@@ -1,0 +1,671 @@
+//! The worker's client of the remote state service (DESIGN §7): a [`KeyedStateBackend`]
+//! whose state lives in `sluice state-service` shards, reached over gRPC.
+//!
+//! # Parts
+//! - [`RemoteState`]: one per worker process and job: the gRPC channel, the job's
+//!   [`ShardLayout`], lazy shard opening, and the job-level calls a checkpoint needs
+//!   (commit, rollback, status).
+//! - [`RemoteStateBackend`]: one per subtask, implementing [`KeyedStateBackend`]. It holds
+//!   an [`EpochBuffer`] (writes stay in the worker until the epoch's barrier, then go as
+//!   one batched `Write` per shard, then `Flush` makes them durable) and a bounded
+//!   [`ReadCache`] that its own shipped writes keep correct.
+//!
+//! # Reads
+//! A read looks at the epoch buffer, then at writes being shipped, then at the cache;
+//! what is left goes to the service as one `MultiGet` per shard (chunked), all shards in
+//! parallel. A pending append (list state) is resolved against the service's value.
+//!
+//! # Ordering
+//! Accesses to one key are serial (the state API's contract), so a write never races
+//! with a read of the same key; writes of different keys and reads proceed concurrently.
+//! A ship holds its entries readable until the service acknowledges them, so no read
+//! falls between the buffer and the service.
+//!
+//! # Failure
+//! A failed `Write` leaves the service with part of an epoch: the backend then refuses
+//! further use, and the job must restart from its last checkpoint (the service rolls
+//! the shards back). Nothing acknowledged durable is lost.
+//!
+//! It must not know RocksDB, foyer's disk tier or the object store: those are the
+//! service's.
+
+mod epoch_buffer;
+mod read_cache;
+mod shards;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::future::try_join_all;
+use sluice_common::pb::state as pb;
+use sluice_common::pb::state::state_service_client::StateServiceClient;
+use sluice_common::state::{KeyedStateBackend, StateError, StateResult, WriteOp};
+use tokio::sync::OnceCell;
+use tonic::transport::{Channel, Endpoint};
+
+pub use epoch_buffer::{EpochBuffer, Lookup, Pending};
+pub use read_cache::ReadCache;
+pub use shards::{KEY_GROUP_SPACE, ShardLayout, key_group_of_key};
+
+/// Largest gRPC message either side sends or accepts.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// How a worker reaches the state service and how much it keeps locally.
+#[derive(Clone, Debug)]
+pub struct RemoteStateConfig {
+    /// `http://host:port` of a state-service node.
+    pub endpoint: String,
+    /// The job whose shards are used.
+    pub job_id: String,
+    /// The job's key groups.
+    pub max_parallelism: u32,
+    /// Shards the job's key groups are cut into.
+    pub shards: u32,
+    /// A subtask ships its epoch buffer early when it holds more than this.
+    pub write_buffer_bytes: usize,
+    /// Read cache per subtask; 0 disables it.
+    pub read_cache_bytes: usize,
+    /// Keys per `MultiGet` and operations per `Write`.
+    pub max_keys_per_rpc: usize,
+    /// The checkpoint to open shards at (0: the latest committed one).
+    pub restore_checkpoint: u64,
+}
+
+impl RemoteStateConfig {
+    /// Defaults for a job: 4 MiB write buffer, 32 MiB read cache, 8192 keys per call.
+    pub fn new(
+        endpoint: impl Into<String>,
+        job_id: impl Into<String>,
+        max_parallelism: u32,
+    ) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            job_id: job_id.into(),
+            max_parallelism,
+            shards: 4,
+            write_buffer_bytes: 4 << 20,
+            read_cache_bytes: 32 << 20,
+            max_keys_per_rpc: 8192,
+            restore_checkpoint: 0,
+        }
+    }
+}
+
+/// A job's connection to the state service, shared by the subtasks of one process.
+pub struct RemoteState {
+    client: StateServiceClient<Channel>,
+    layout: ShardLayout,
+    config: RemoteStateConfig,
+    opened: Vec<OnceCell<u64>>,
+    ttl_states: Mutex<Vec<pb::TtlState>>,
+    /// The highest epoch any subtask made durable (0: none).
+    flushed: AtomicU64,
+}
+
+impl std::fmt::Debug for RemoteState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteState")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteState {
+    /// Connects to the service at `config.endpoint`.
+    pub async fn connect(config: RemoteStateConfig) -> StateResult<Arc<Self>> {
+        let endpoint = Endpoint::from_shared(config.endpoint.clone())
+            .map_err(|e| {
+                StateError::Rejected(format!(
+                    "state service address `{}` is not a valid URL: {e}",
+                    config.endpoint
+                ))
+            })?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .http2_adaptive_window(true);
+        let channel = endpoint.connect().await.map_err(|e| {
+            StateError::Unavailable(format!(
+                "cannot connect to the state service at {}: {e}",
+                config.endpoint
+            ))
+        })?;
+        let client = StateServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let layout = ShardLayout::new(&config.job_id, config.max_parallelism, config.shards);
+        let opened = (0..layout.len()).map(|_| OnceCell::new()).collect();
+        Ok(Arc::new(Self {
+            client,
+            layout,
+            config,
+            opened,
+            ttl_states: Mutex::new(Vec::new()),
+            flushed: AtomicU64::new(0),
+        }))
+    }
+
+    /// The highest epoch a subtask of this process made durable, if any.
+    pub fn last_flushed_epoch(&self) -> Option<u64> {
+        Some(self.flushed.load(Ordering::Acquire)).filter(|&e| e > 0)
+    }
+
+    /// The job's shards.
+    pub fn layout(&self) -> &ShardLayout {
+        &self.layout
+    }
+
+    /// A backend for the subtask owning `key_groups`, writing epochs from `first_epoch`.
+    pub fn backend(
+        self: &Arc<Self>,
+        key_groups: Range<u32>,
+        first_epoch: u64,
+    ) -> RemoteStateBackend {
+        let owned = self.layout.shards_for_key_groups(key_groups);
+        RemoteStateBackend {
+            remote: Arc::clone(self),
+            buffer: Mutex::new(Buffers::default()),
+            ship_lock: tokio::sync::Mutex::new(()),
+            cache: ReadCache::new(self.config.read_cache_bytes),
+            epoch: AtomicU64::new(first_epoch.max(1)),
+            owned_shards: owned,
+            written: Mutex::new(BTreeSet::new()),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Declares a state whose values carry a TTL header, so the service's compaction
+    /// drops them once expired. Takes effect for shards opened afterwards.
+    pub fn declare_ttl_state(&self, operator_id: u32, name: &str, list: bool) {
+        let kind = if list {
+            pb::ttl_state::Kind::List
+        } else {
+            pb::ttl_state::Kind::Value
+        };
+        let mut states = self.ttl_states.lock().unwrap_or_else(|p| p.into_inner());
+        states.push(pb::TtlState {
+            operator_id,
+            state_name: Bytes::copy_from_slice(name.as_bytes()),
+            kind: kind as i32,
+        });
+    }
+
+    /// Opens shard `index` once per process; returns the checkpoint it holds.
+    async fn open(&self, index: usize) -> StateResult<u64> {
+        self.opened[index]
+            .get_or_try_init(|| async {
+                let ttl_states = self
+                    .ttl_states
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                let req = pb::OpenShardRequest {
+                    shard: Some(self.layout.id(index)),
+                    checkpoint_id: self.config.restore_checkpoint,
+                    ttl_states,
+                };
+                let resp = self
+                    .client
+                    .clone()
+                    .open_shard(req)
+                    .await
+                    .map_err(|s| status_error("open shard", &s))?;
+                Ok(resp.into_inner().checkpoint_id)
+            })
+            .await
+            .copied()
+    }
+
+    /// Opens every shard; returns the checkpoint they hold (the oldest, should they
+    /// differ).
+    pub async fn open_all(&self) -> StateResult<u64> {
+        let held = try_join_all((0..self.layout.len()).map(|i| self.open(i))).await?;
+        Ok(held.into_iter().min().unwrap_or(0))
+    }
+
+    /// Tells every shard that `checkpoint` is complete, keeping `retained`.
+    pub async fn commit(&self, checkpoint: u64, retained: &[u64]) -> StateResult<Vec<String>> {
+        let calls = (0..self.layout.len()).map(|i| async move {
+            self.open(i).await?;
+            let req = pb::CommitRequest {
+                shard: Some(self.layout.id(i)),
+                checkpoint_id: checkpoint,
+                retained: retained.to_vec(),
+            };
+            let resp = self
+                .client
+                .clone()
+                .commit(req)
+                .await
+                .map_err(|s| status_error("commit", &s))?;
+            Ok::<_, StateError>(resp.into_inner().manifest)
+        });
+        try_join_all(calls).await
+    }
+
+    /// Returns every shard to `checkpoint`, dropping later writes; returns writes undone.
+    pub async fn rollback(&self, checkpoint: u64) -> StateResult<u64> {
+        let calls = (0..self.layout.len()).map(|i| async move {
+            self.open(i).await?;
+            let req = pb::RollbackRequest {
+                shard: Some(self.layout.id(i)),
+                checkpoint_id: checkpoint,
+            };
+            let resp = self
+                .client
+                .clone()
+                .rollback(req)
+                .await
+                .map_err(|s| status_error("rollback", &s))?;
+            Ok::<_, StateError>(resp.into_inner().undone)
+        });
+        Ok(try_join_all(calls).await?.into_iter().sum())
+    }
+
+    /// The service node's status.
+    pub async fn status(&self) -> StateResult<pb::StatusResponse> {
+        let resp = self
+            .client
+            .clone()
+            .status(pb::StatusRequest {})
+            .await
+            .map_err(|s| status_error("status", &s))?;
+        Ok(resp.into_inner())
+    }
+
+    async fn multi_get(&self, shard: usize, keys: Vec<Bytes>) -> StateResult<Vec<Option<Bytes>>> {
+        self.open(shard).await?;
+        let n = keys.len();
+        let req = pb::MultiGetRequest {
+            shard: Some(self.layout.id(shard)),
+            keys,
+        };
+        let resp = self
+            .client
+            .clone()
+            .multi_get(req)
+            .await
+            .map_err(|s| status_error("multi-get", &s))?
+            .into_inner();
+        if resp.values.len() != n || resp.found.len() != n {
+            return Err(StateError::Internal(format!(
+                "state service answered {} values for {n} keys",
+                resp.values.len()
+            )));
+        }
+        Ok(resp
+            .values
+            .into_iter()
+            .zip(resp.found)
+            .map(|(v, found)| found.then_some(v))
+            .collect())
+    }
+
+    async fn write(&self, shard: usize, epoch: u64, ops: Vec<pb::WriteOp>) -> StateResult<()> {
+        self.open(shard).await?;
+        let req = pb::WriteRequest {
+            shard: Some(self.layout.id(shard)),
+            epoch,
+            ops,
+        };
+        self.client
+            .clone()
+            .write(req)
+            .await
+            .map_err(|s| status_error("write", &s))?;
+        Ok(())
+    }
+
+    async fn flush(&self, shard: usize, epoch: u64) -> StateResult<String> {
+        self.open(shard).await?;
+        let req = pb::FlushRequest {
+            shard: Some(self.layout.id(shard)),
+            epoch,
+        };
+        let resp = self
+            .client
+            .clone()
+            .flush(req)
+            .await
+            .map_err(|s| status_error("flush", &s))?;
+        Ok(resp.into_inner().handle)
+    }
+
+    async fn scan_shard(
+        &self,
+        shard: usize,
+        start: Bytes,
+        end: Bytes,
+        limit: Option<usize>,
+        out: &mut Vec<(Bytes, Bytes)>,
+    ) -> StateResult<()> {
+        self.open(shard).await?;
+        let mut from = start;
+        loop {
+            let want = limit.map(|l| l - out.len());
+            if want == Some(0) {
+                return Ok(());
+            }
+            let page = want.map_or(0, |w| w.min(self.config.max_keys_per_rpc));
+            let req = pb::ScanRequest {
+                shard: Some(self.layout.id(shard)),
+                start: from.clone(),
+                end: end.clone(),
+                limit: u32::try_from(page).unwrap_or(u32::MAX),
+            };
+            let resp = self
+                .client
+                .clone()
+                .scan(req)
+                .await
+                .map_err(|s| status_error("scan", &s))?
+                .into_inner();
+            if resp.keys.len() != resp.values.len() {
+                return Err(StateError::Internal(
+                    "state service answered a scan with unpaired keys and values".into(),
+                ));
+            }
+            out.extend(resp.keys.into_iter().zip(resp.values));
+            if !resp.more {
+                return Ok(());
+            }
+            if resp.resume_key <= from {
+                return Err(StateError::Internal(
+                    "state service scan did not advance".into(),
+                ));
+            }
+            from = resp.resume_key;
+        }
+    }
+}
+
+/// The epoch buffer and the writes being shipped.
+#[derive(Default)]
+struct Buffers {
+    active: EpochBuffer,
+    shipping: Option<Arc<BTreeMap<Bytes, Pending>>>,
+}
+
+impl Buffers {
+    fn lookup(&self, key: &[u8]) -> Lookup {
+        match self.active.lookup(key) {
+            Lookup::Unknown => {}
+            Lookup::Append(tail) => {
+                // An append over a value still being shipped builds on that value.
+                return match self.shipping.as_ref().and_then(|s| s.get(key)) {
+                    Some(Pending::Put(v)) => Lookup::Known(Some(epoch_buffer::concat(v, &tail))),
+                    Some(Pending::Delete) => Lookup::Known(Some(tail)),
+                    Some(Pending::Merge(m)) => Lookup::Append(epoch_buffer::concat(m, &tail)),
+                    None => Lookup::Append(tail),
+                };
+            }
+            known => return known,
+        }
+        match self.shipping.as_ref().and_then(|s| s.get(key)) {
+            Some(Pending::Put(v)) => Lookup::Known(Some(v.clone())),
+            Some(Pending::Delete) => Lookup::Known(None),
+            Some(Pending::Merge(m)) => Lookup::Append(m.clone()),
+            None => Lookup::Unknown,
+        }
+    }
+}
+
+/// One subtask's keyed state in the remote service.
+pub struct RemoteStateBackend {
+    remote: Arc<RemoteState>,
+    buffer: Mutex<Buffers>,
+    ship_lock: tokio::sync::Mutex<()>,
+    cache: ReadCache,
+    epoch: AtomicU64,
+    owned_shards: Range<usize>,
+    written: Mutex<BTreeSet<usize>>,
+    failed: AtomicBool,
+}
+
+impl std::fmt::Debug for RemoteStateBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteStateBackend")
+            .field("epoch", &self.epoch)
+            .field("owned_shards", &self.owned_shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteStateBackend {
+    /// The epoch writes now belong to.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Barrier `epoch` passed: ships the buffer and makes every write of this subtask
+    /// durable; later writes belong to `epoch + 1`. Returns the shards' durable handles.
+    pub async fn flush_epoch(&self, epoch: u64) -> StateResult<Vec<String>> {
+        self.ship().await?;
+        let mut shards: BTreeSet<usize> = self.owned_shards.clone().collect();
+        shards.extend(std::mem::take(&mut *self.lock_written()));
+        let handles = try_join_all(shards.into_iter().map(|s| self.remote.flush(s, epoch))).await;
+        let handles = self.check(handles)?;
+        self.epoch.fetch_max(epoch + 1, Ordering::AcqRel);
+        self.remote.flushed.fetch_max(epoch, Ordering::AcqRel);
+        Ok(handles)
+    }
+
+    fn lock_buffer(&self) -> std::sync::MutexGuard<'_, Buffers> {
+        self.buffer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_written(&self) -> std::sync::MutexGuard<'_, BTreeSet<usize>> {
+        self.written.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn usable(&self) -> StateResult<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(StateError::Unavailable(
+                "an earlier write to the state service failed; the job must restart from its last checkpoint"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check<T>(&self, r: StateResult<T>) -> StateResult<T> {
+        if r.is_err() {
+            self.failed.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// Sends the epoch buffer to the service and, once acknowledged, to the cache.
+    async fn ship(&self) -> StateResult<()> {
+        self.usable()?;
+        let _one_at_a_time = self.ship_lock.lock().await;
+        let entries = {
+            let mut buffers = self.lock_buffer();
+            if buffers.active.is_empty() {
+                return Ok(());
+            }
+            let entries = Arc::new(buffers.active.take());
+            buffers.shipping = Some(Arc::clone(&entries));
+            entries
+        };
+        let layout = self.remote.layout();
+        let mut per_shard: BTreeMap<usize, Vec<pb::WriteOp>> = BTreeMap::new();
+        for (key, pending) in entries.iter() {
+            per_shard
+                .entry(layout.shard_of(key))
+                .or_default()
+                .push(epoch_buffer::to_wire(key.clone(), pending.clone()));
+        }
+        self.lock_written().extend(per_shard.keys().copied());
+        let epoch = self.epoch();
+        let chunk = self.remote.config.max_keys_per_rpc.max(1);
+        let mut calls = Vec::new();
+        for (shard, ops) in per_shard {
+            let mut ops = ops.into_iter().peekable();
+            while ops.peek().is_some() {
+                let part: Vec<_> = ops.by_ref().take(chunk).collect();
+                calls.push(self.remote.write(shard, epoch, part));
+            }
+        }
+        let sent = try_join_all(calls).await;
+        self.check(sent)?;
+        for (key, pending) in entries.iter() {
+            match pending {
+                Pending::Put(v) => self.cache.set(key.clone(), Some(v.clone())),
+                Pending::Delete => self.cache.set(key.clone(), None),
+                Pending::Merge(_) => self.cache.remove(key),
+            }
+        }
+        self.lock_buffer().shipping = None;
+        Ok(())
+    }
+
+    async fn delete_range(&self, start: &[u8], end: &[u8]) -> StateResult<()> {
+        self.ship().await?;
+        let epoch = self.epoch();
+        let parts = self.remote.layout().split_range(start, end);
+        self.lock_written().extend(parts.iter().map(|p| p.0));
+        let calls = parts.into_iter().map(|(shard, lo, hi)| {
+            let op = pb::WriteOp {
+                kind: pb::write_op::Kind::DeleteRange as i32,
+                key: lo,
+                value: Bytes::new(),
+                end: hi,
+            };
+            self.remote.write(shard, epoch, vec![op])
+        });
+        let sent = try_join_all(calls).await;
+        self.cache.clear();
+        self.check(sent).map(|_| ())
+    }
+}
+
+#[async_trait]
+impl KeyedStateBackend for RemoteStateBackend {
+    async fn get_many(&self, keys: &[Bytes]) -> StateResult<Vec<Option<Bytes>>> {
+        self.usable()?;
+        let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
+        // (index, pending append) of keys the buffers do not decide.
+        let mut open: Vec<(usize, Option<Bytes>)> = Vec::new();
+        {
+            let buffers = self.lock_buffer();
+            for (i, key) in keys.iter().enumerate() {
+                match buffers.lookup(key) {
+                    Lookup::Known(v) => out[i] = v,
+                    Lookup::Append(tail) => open.push((i, Some(tail))),
+                    Lookup::Unknown => open.push((i, None)),
+                }
+            }
+        }
+        let generation = self.cache.generation();
+        let layout = self.remote.layout();
+        let mut remote: BTreeMap<usize, Vec<(usize, Option<Bytes>)>> = BTreeMap::new();
+        for (i, tail) in open {
+            match self.cache.get(&keys[i]) {
+                Some(base) => out[i] = apply_tail(base, tail),
+                None => remote
+                    .entry(layout.shard_of(&keys[i]))
+                    .or_default()
+                    .push((i, tail)),
+            }
+        }
+        if remote.is_empty() {
+            return Ok(out);
+        }
+        let chunk = self.remote.config.max_keys_per_rpc.max(1);
+        let mut calls = Vec::new();
+        for (shard, wanted) in remote {
+            for part in wanted.chunks(chunk) {
+                let part = part.to_vec();
+                let req_keys: Vec<Bytes> = part.iter().map(|(i, _)| keys[*i].clone()).collect();
+                calls.push(async move {
+                    let values = self.remote.multi_get(shard, req_keys).await?;
+                    Ok::<_, StateError>((part, values))
+                });
+            }
+        }
+        for (part, values) in try_join_all(calls).await? {
+            for ((i, tail), value) in part.into_iter().zip(values) {
+                self.cache.fill(generation, keys[i].clone(), value.clone());
+                out[i] = apply_tail(value, tail);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn write(&self, ops: Vec<WriteOp>) -> StateResult<()> {
+        self.usable()?;
+        let mut buffered = 0;
+        for op in ops {
+            let mut buffers = self.lock_buffer();
+            match op {
+                WriteOp::Put { key, value } => buffers.active.put(key, value),
+                WriteOp::Delete { key } => buffers.active.delete(key),
+                WriteOp::Merge { key, operand } => buffers.active.merge(key, operand),
+                WriteOp::DeleteRange { start, end } => {
+                    drop(buffers);
+                    self.delete_range(&start, &end).await?;
+                    continue;
+                }
+            }
+            buffered = buffers.active.bytes();
+        }
+        if buffered > self.remote.config.write_buffer_bytes {
+            self.ship().await?;
+        }
+        Ok(())
+    }
+
+    async fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: Option<usize>,
+    ) -> StateResult<Vec<(Bytes, Bytes)>> {
+        // Scans are rare (restoring timers, iterating a map): ship the buffer so the
+        // service's answer includes this subtask's writes.
+        self.ship().await?;
+        let mut out = Vec::new();
+        for (shard, lo, hi) in self.remote.layout().split_range(start, end) {
+            if limit.is_some_and(|l| out.len() >= l) {
+                break;
+            }
+            self.remote
+                .scan_shard(shard, lo, hi, limit, &mut out)
+                .await?;
+        }
+        Ok(out)
+    }
+}
+
+fn apply_tail(base: Option<Bytes>, tail: Option<Bytes>) -> Option<Bytes> {
+    match (base, tail) {
+        (base, None) => base,
+        (None, Some(tail)) => Some(tail),
+        (Some(base), Some(tail)) => Some(epoch_buffer::concat(&base, &tail)),
+    }
+}
+
+/// The state error for a failed call, keeping the service's message.
+fn status_error(call: &str, status: &tonic::Status) -> StateError {
+    use tonic::Code;
+    let msg = format!("state service {call}: {}", status.message());
+    match status.code() {
+        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted | Code::Cancelled => {
+            StateError::Unavailable(msg)
+        }
+        Code::InvalidArgument
+        | Code::OutOfRange
+        | Code::FailedPrecondition
+        | Code::NotFound
+        | Code::ResourceExhausted
+        | Code::PermissionDenied
+        | Code::Unauthenticated
+        | Code::AlreadyExists => StateError::Rejected(msg),
+        _ => StateError::Internal(msg),
+    }
+}

@@ -1,0 +1,286 @@
+//! Remote keyed state across process boundaries: the real `sluice state-service`
+//! process, reached over gRPC by the worker's state client (`sluice_compute::state_client`).
+//!
+//! - The state API's conformance suite (`sluice_common::state::conformance`) passes against
+//!   the service, once with the client's epoch buffer and cache in the way and once with
+//!   every write shipped at once and no cache.
+//! - A node killed with SIGKILL while writing loses nothing that was acknowledged durable:
+//!   a fresh node on a fresh disk restores every shard from the object store, at the last
+//!   committed checkpoint, or at a later one whose writes were all flushed. Run against a
+//!   local directory and against the S3 server the test services start (SeaweedFS).
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use sluice_common::state::conformance;
+use sluice_common::state::{KeyedStateBackend, WriteOp};
+use sluice_compute::state_client::{RemoteState, RemoteStateBackend, RemoteStateConfig};
+use sluice_integration_tests::service::ServiceProcess;
+use sluice_integration_tests::tempdir;
+
+const MAX_PARALLELISM: u32 = 128;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Starts a state-service node on an ephemeral port storing objects at `store`.
+fn start_node(dir: &Path, data: &str, store: &str, env: &[(&str, &str)]) -> ServiceProcess {
+    let data_dir = dir.join(data);
+    ServiceProcess::start(
+        &[
+            "state-service",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir.to_str().expect("UTF-8 path"),
+            "--object-store",
+            store,
+            "--memory",
+            "128MiB",
+            "--disk-cache",
+            "64MiB",
+        ],
+        dir,
+        env,
+    )
+}
+
+fn file_store(dir: &Path) -> String {
+    let objects = dir.join("objects");
+    std::fs::create_dir_all(&objects).expect("objects dir");
+    format!("file://{}", objects.display())
+}
+
+async fn connect(
+    node: &ServiceProcess,
+    job: &str,
+    tune: impl FnOnce(&mut RemoteStateConfig),
+) -> Arc<RemoteState> {
+    let mut config = RemoteStateConfig::new(node.url(), job, MAX_PARALLELISM);
+    config.shards = 3;
+    tune(&mut config);
+    RemoteState::connect(config).await.unwrap_or_else(|e| {
+        panic!(
+            "connecting to {}: {e}\n--- node stderr\n{}",
+            node.url(),
+            node.stderr()
+        )
+    })
+}
+
+fn whole_key_space(remote: &Arc<RemoteState>, first_epoch: u64) -> Arc<RemoteStateBackend> {
+    Arc::new(remote.backend(0..MAX_PARALLELISM, first_epoch))
+}
+
+fn conformance_over_grpc(mode: &str, tune: fn(&mut RemoteStateConfig)) {
+    let dir = tempdir();
+    let node = start_node(dir.path(), "node", &file_store(dir.path()), &[]);
+    let rt = rt();
+    rt.block_on(async {
+        for case in conformance::CASES {
+            let remote = connect(&node, &format!("conformance-{mode}-{case}"), tune).await;
+            conformance::run_one(case, whole_key_space(&remote, 1)).await;
+        }
+    });
+}
+
+#[test]
+fn conformance_suite_passes_over_grpc_with_buffer_and_cache() {
+    conformance_over_grpc("buffered", |_| {});
+}
+
+#[test]
+fn conformance_suite_passes_over_grpc_writing_through() {
+    conformance_over_grpc("write-through", |c| {
+        c.write_buffer_bytes = 0;
+        c.read_cache_bytes = 0;
+    });
+}
+
+/// A key in key group `i % 128` (the first two bytes), unique per `i`.
+fn key(i: u32) -> Bytes {
+    let kg = (i % MAX_PARALLELISM) as u16;
+    let mut k = kg.to_be_bytes().to_vec();
+    k.extend_from_slice(format!("key-{i:05}").as_bytes());
+    Bytes::from(k)
+}
+
+fn value(epoch: u64, i: u32) -> Bytes {
+    Bytes::from(format!("epoch{epoch}-value{i}"))
+}
+
+const KEYS: u32 = 2000;
+
+async fn read_all(backend: &RemoteStateBackend) -> Vec<Option<Bytes>> {
+    let keys: Vec<Bytes> = (0..KEYS).map(key).collect();
+    backend.get_many(&keys).await.expect("read every key")
+}
+
+/// Writes two epochs (the first committed, the second only flushed), then keeps writing
+/// a third while the node is killed; fresh nodes restore both checkpoints exactly.
+fn kill_during_writes_loses_nothing_acknowledged(store: &str, env: &[(&str, &str)]) {
+    let dir = tempdir();
+    let rt = rt();
+    let mut node = start_node(dir.path(), "node-a", store, env);
+    let job = "kill-test";
+    rt.block_on(async {
+        let remote = connect(&node, job, |c| c.write_buffer_bytes = 16 << 10).await;
+        let backend = whole_key_space(&remote, 1);
+        let ops = (0..KEYS)
+            .map(|i| WriteOp::Put {
+                key: key(i),
+                value: value(1, i),
+            })
+            .collect();
+        backend.write(ops).await.expect("epoch 1 writes");
+        backend.flush_epoch(1).await.expect("epoch 1 durable");
+        remote
+            .commit(1, &[1])
+            .await
+            .expect("checkpoint 1 committed");
+
+        // Epoch 2: half the keys change, one list-like append; flushed, not committed.
+        let mut ops: Vec<WriteOp> = (0..KEYS)
+            .filter(|i| i % 2 == 0)
+            .map(|i| WriteOp::Put {
+                key: key(i),
+                value: value(2, i),
+            })
+            .collect();
+        ops.push(WriteOp::Merge {
+            key: key(1),
+            operand: Bytes::from_static(b"+appended"),
+        });
+        ops.push(WriteOp::Delete { key: key(3) });
+        backend.write(ops).await.expect("epoch 2 writes");
+        backend.flush_epoch(2).await.expect("epoch 2 durable");
+
+        // Epoch 3: writes keep shipping (16 KiB buffer) until the node dies under them.
+        let writer = Arc::clone(&backend);
+        let writes = tokio::spawn(async move {
+            for round in 0..200u32 {
+                let ops = (0..KEYS)
+                    .map(|i| WriteOp::Put {
+                        key: key(i),
+                        value: value(3 + u64::from(round), i),
+                    })
+                    .collect();
+                if writer.write(ops).await.is_err() {
+                    return round;
+                }
+            }
+            200
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        node.kill();
+        let rounds = tokio::time::timeout(std::time::Duration::from_secs(30), writes)
+            .await
+            .expect("the writer notices the dead node within 30 s")
+            .expect("writer task");
+        assert!(
+            rounds < 200,
+            "the node was killed while writes were still going on"
+        );
+    });
+
+    // A fresh node, fresh disk: the latest committed checkpoint is 1.
+    let node_b = start_node(dir.path(), "node-b", store, env);
+    rt.block_on(async {
+        let remote = connect(&node_b, job, |_| {}).await;
+        assert_eq!(
+            remote
+                .open_all()
+                .await
+                .expect("open shards from the object store"),
+            1
+        );
+        let got = read_all(&whole_key_space(&remote, 2)).await;
+        for i in 0..KEYS {
+            assert_eq!(
+                got[i as usize],
+                Some(value(1, i)),
+                "key {i} at checkpoint 1"
+            );
+        }
+        let status = remote.status().await.expect("status");
+        assert!(
+            status.restore_bytes_total > 0,
+            "node b read the shards from the object store"
+        );
+    });
+    drop(node_b);
+
+    // Epoch 2 was acknowledged durable: a coordinator that saw every flush may commit
+    // it after the node died, and another fresh node restores it.
+    let node_c = start_node(dir.path(), "node-c", store, env);
+    rt.block_on(async {
+        let remote = connect(&node_c, job, |c| c.restore_checkpoint = 2).await;
+        assert_eq!(remote.open_all().await.expect("open at checkpoint 2"), 2);
+        let got = read_all(&whole_key_space(&remote, 3)).await;
+        let mut wrong = BTreeMap::new();
+        for i in 0..KEYS {
+            let want = match i {
+                1 => Some(Bytes::from(format!("epoch1-value1+appended"))),
+                3 => None,
+                i if i % 2 == 0 => Some(value(2, i)),
+                i => Some(value(1, i)),
+            };
+            if got[i as usize] != want {
+                wrong.insert(i, (got[i as usize].clone(), want));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "{} keys differ at checkpoint 2, e.g. {:?}",
+            wrong.len(),
+            wrong.iter().next()
+        );
+    });
+}
+
+#[test]
+fn killed_node_loses_nothing_acknowledged_local_store() {
+    let dir = tempdir();
+    kill_during_writes_loses_nothing_acknowledged(&file_store(dir.path()), &[]);
+}
+
+#[test]
+fn killed_node_loses_nothing_acknowledged_s3() {
+    let endpoint = std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap_or_default();
+    if endpoint.is_empty() {
+        if std::env::var("SLUICE_SKIP_S3").as_deref() == Ok("1") {
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n!!!!!!!! SKIPPED S3 state test: SLUICE_SKIP_S3=1. Remote state on S3 is NOT tested. !!!!!!!!\n"
+            );
+            return;
+        }
+        panic!(
+            "SLUICE_TEST_S3_ENDPOINT is not set: start the test services with\n    \
+             eval \"$(scripts/test-services.sh start)\"\n(scripts/test does this), or set \
+             SLUICE_SKIP_S3=1 to skip the S3 tests"
+        );
+    }
+    let bucket =
+        std::env::var("SLUICE_TEST_S3_BUCKET").expect("SLUICE_TEST_S3_BUCKET with the endpoint");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let store = format!(
+        "s3://{bucket}/sluice-it/state-kill-{}-{nanos}",
+        std::process::id()
+    );
+    kill_during_writes_loses_nothing_acknowledged(
+        &store,
+        &[("AWS_ENDPOINT_URL", &endpoint), ("AWS_ALLOW_HTTP", "true")],
+    );
+}
