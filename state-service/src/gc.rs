@@ -21,12 +21,11 @@ pub(crate) async fn collect(shard: &Arc<Shard>, d: &mut Durability, keep: &[u64]
     let keep: HashSet<u64> = keep.iter().copied().collect();
     let mut needed: HashSet<String> = HashSet::new();
     for &c in &keep {
-        if !d.manifests.contains_key(&c) {
-            let rel = manifest_path(c);
-            match shard.durable.get(&shard.object(&rel)).await {
+        if let std::collections::btree_map::Entry::Vacant(slot) = d.manifests.entry(c) {
+            let location = shard.object(&manifest_path(c));
+            match shard.durable.get(&location).await {
                 Ok(bytes) => {
-                    let m = Manifest::decode(&bytes, &shard.object(&rel).to_string())?;
-                    d.manifests.insert(c, m);
+                    slot.insert(Manifest::decode(&bytes, location.as_ref())?);
                 }
                 // A retained checkpoint this shard never committed: nothing to keep.
                 Err(crate::error::Error::NotFound(_)) => continue,

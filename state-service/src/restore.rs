@@ -136,7 +136,7 @@ pub async fn open(
 
     let manifest_location = child(&root, &manifest_path(target));
     let bytes = node.durable.get(&manifest_location).await?;
-    let manifest = Manifest::decode(&bytes, &manifest_location.to_string())?;
+    let manifest = Manifest::decode(&bytes, manifest_location.as_ref())?;
     let mut downloaded = bytes.len() as u64;
     let mut uploaded_sst = HashMap::new();
     if let Some(snap) = &manifest.snapshot {
@@ -192,7 +192,7 @@ pub async fn open(
         let location = child(&root, &delta_path(x.seq));
         let data = node.durable.get(&location).await?;
         downloaded += data.len() as u64;
-        let records = delta::decode(&data, &location.to_string())?;
+        let records = delta::decode(&data, location.as_ref())?;
         let s = Arc::clone(&shard);
         tokio::task::spawn_blocking(move || replay(&s, records)).await??;
     }

@@ -39,6 +39,9 @@ use crate::store::Durable;
 use crate::ttl_filter::TtlStates;
 use crate::undo::{self, CF_DEFAULT, CF_META, CF_UNDO};
 
+/// A scan page: entries, and the key to resume from when more follow.
+pub type ScanPage = (Vec<(Bytes, Bytes)>, Option<Bytes>);
+
 /// Meta key of the committed checkpoint.
 const META_COMMITTED: &[u8] = b"committed";
 
@@ -408,7 +411,7 @@ impl Shard {
         end: &[u8],
         limit: usize,
         max_bytes: usize,
-    ) -> Result<(Vec<(Bytes, Bytes)>, Option<Bytes>)> {
+    ) -> Result<ScanPage> {
         let (start, end) = self.id.clip_range(start, end)?;
         let mut ro = ReadOptions::default();
         if let Some(end) = end {

@@ -70,8 +70,12 @@ impl ShardKey {
         }
     }
 
-    /// First key of the shard.
+    /// First key of the shard: empty for the first shard, so keys shorter than a key
+    /// group (which sort before every two-byte prefix they start) belong somewhere.
     pub fn start_bytes(&self) -> Vec<u8> {
+        if self.start == 0 {
+            return Vec::new();
+        }
         (self.start as u16).to_be_bytes().to_vec()
     }
 
@@ -80,18 +84,19 @@ impl ShardKey {
         (self.end < KEY_GROUPS).then(|| (self.end as u16).to_be_bytes().to_vec())
     }
 
-    /// Checks that `key` starts with a key group of this shard.
+    /// Checks that `key` lies in this shard's byte range `[start BE, end BE)`: for a key
+    /// of two bytes or more, that its key group is the shard's. (A shorter key sorts
+    /// just before the groups its bytes start, and belongs where it sorts.)
     pub fn check_key(&self, key: &[u8]) -> Result<()> {
-        let Some(group) = key.first_chunk::<2>() else {
-            return Err(Error::InvalidArgument(format!(
-                "key of {} bytes has no 2-byte key group ({self})",
-                key.len()
-            )));
-        };
-        let group = u32::from(u16::from_be_bytes(*group));
-        if group < self.start || group >= self.end {
+        let below = key < self.start_bytes().as_slice();
+        let above = self.end_bytes().is_some_and(|e| key >= e.as_slice());
+        if below || above {
+            let group = match key.first_chunk::<2>() {
+                Some(g) => format!("key group {}", u16::from_be_bytes(*g)),
+                None => format!("key {key:02x?}"),
+            };
             return Err(Error::OutOfRange(format!(
-                "key group {group} is outside {self}: send it to the shard that owns it"
+                "{group} is outside {self}: send it to the shard that owns it"
             )));
         }
         Ok(())
@@ -146,7 +151,10 @@ mod tests {
         assert!(
             matches!(s.check_key(&[0, 8]), Err(Error::OutOfRange(m)) if m.contains("key group 8"))
         );
-        assert!(matches!(s.check_key(&[0]), Err(Error::InvalidArgument(_))));
+        assert!(matches!(s.check_key(&[0]), Err(Error::OutOfRange(_))));
+        let first = ShardKey::from_pb(Some(&id("j", 0, 4))).unwrap();
+        assert!(first.check_key(&[]).is_ok() && first.check_key(&[0]).is_ok());
+        assert!(s.check_key(&[0, 8, 0]).is_err() && s.check_key(&[1]).is_err());
         let (a, b) = s.clip_range(&[], &[]).unwrap();
         assert_eq!((a, b), (vec![0, 4], Some(vec![0, 8])));
         assert!(s.clip_range(&[0, 5], &[0, 9]).is_err());

@@ -25,7 +25,10 @@ pub enum TtlKind {
 
 /// The TTL states of one shard, by `(operator, state name)`.
 #[derive(Clone, Debug, Default)]
-pub struct TtlStates(Arc<RwLock<HashMap<(u32, Vec<u8>), TtlKind>>>);
+pub struct TtlStates(Arc<RwLock<TtlMap>>);
+
+/// TTL states by `(operator, state name)`.
+type TtlMap = HashMap<(u32, Vec<u8>), TtlKind>;
 
 impl TtlStates {
     /// Adds (or updates) the states of a request.

@@ -79,7 +79,7 @@ async fn ttl_compaction_drops_expired_values_and_lists() {
     };
     let mut mixed = frame(past);
     mixed.extend(frame(ttl::NEVER_EXPIRES));
-    let ops = vec![
+    let ops = [
         (k(b"v", "old"), ttl::wrap(past, b"x")),
         (k(b"v", "live"), ttl::wrap(ttl::NEVER_EXPIRES, b"x")),
         (k(b"l", "old"), [frame(past), frame(past)].concat()),
@@ -104,9 +104,10 @@ async fn ttl_compaction_drops_expired_values_and_lists() {
         .into_iter()
         .map(|(k, _)| k)
         .collect();
+    // Key order: the state name is length-prefixed, so "other" sorts after "v".
     assert_eq!(
         left,
-        vec![k(b"l", "mixed"), k(b"other", "old"), k(b"v", "live")]
+        vec![k(b"l", "mixed"), k(b"v", "live"), k(b"other", "old")]
     );
     node.shutdown().await.unwrap();
 }
