@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::cache::StateCache;
 use crate::delta::{self, Op, Record};
 use crate::error::{Error, Result};
-use crate::manifest::{Manifest, delta_path, manifest_path, parse_numbered};
+use crate::manifest::{DeltaRef, Manifest, delta_path, manifest_path, parse_numbered};
 use crate::rocks::Rocks;
 use crate::shard::{Durability, Shard, ShardParts, lock};
 use crate::shard_id::ShardKey;
@@ -103,13 +103,18 @@ pub async fn open(
     })
     .await??;
 
-    let target = match (manifests.last(), checkpoint) {
-        (None, 0) => None,
-        (Some(&latest), 0) => Some(latest),
-        (_, c) if manifests.binary_search(&c).is_ok() => Some(c),
+    // `base` is the manifest restored from; a checkpoint newer than every manifest is one
+    // the coordinator committed after every writer flushed it but before this shard
+    // heard of the commit (its node died): the deltas after the newest manifest hold it.
+    let (target, base, beyond) = match (manifests.last(), checkpoint) {
+        (None, 0) => (None, None, false),
+        (Some(&latest), 0) => (Some(latest), Some(latest), false),
+        (_, c) if manifests.binary_search(&c).is_ok() => (Some(c), Some(c), false),
+        (latest, c) if latest.is_none_or(|&l| l < c) => (Some(c), latest.copied(), true),
         (_, c) => {
             return Err(Error::NotFound(format!(
-                "checkpoint {c} of {id} has no manifest in {} (committed: {manifests:?})",
+                "checkpoint {c} of {id} has no manifest in {} (committed: {manifests:?}) and \
+                 is older than the newest one",
                 node.durable.display()
             )));
         }
@@ -134,10 +139,35 @@ pub async fn open(
         });
     };
 
-    let manifest_location = child(&root, &manifest_path(target));
-    let bytes = node.durable.get(&manifest_location).await?;
-    let manifest = Manifest::decode(&bytes, manifest_location.as_ref())?;
-    let mut downloaded = bytes.len() as u64;
+    let manifest_location = child(&root, &manifest_path(base.unwrap_or(target)));
+    let (mut manifest, mut downloaded) = match base {
+        Some(_) => {
+            let bytes = node.durable.get(&manifest_location).await?;
+            let manifest = Manifest::decode(&bytes, manifest_location.as_ref())?;
+            (manifest, bytes.len() as u64)
+        }
+        None => (
+            Manifest {
+                checkpoint: 0,
+                snapshot: None,
+                deltas: Vec::new(),
+            },
+            0,
+        ),
+    };
+    if beyond {
+        let covered = manifest
+            .deltas
+            .iter()
+            .map(|d| d.seq)
+            .chain(manifest.snapshot.as_ref().map(|s| s.seq))
+            .max()
+            .unwrap_or(0);
+        for &seq in deltas.iter().filter(|&&s| s > covered) {
+            manifest.deltas.push(DeltaRef { seq, bytes: 0 });
+        }
+        manifest.checkpoint = target;
+    }
     let mut uploaded_sst = HashMap::new();
     if let Some(snap) = &manifest.snapshot {
         for f in &snap.files {

@@ -50,7 +50,7 @@ use tonic::transport::{Channel, Endpoint};
 
 pub use epoch_buffer::{EpochBuffer, Lookup, Pending};
 pub use read_cache::ReadCache;
-pub use shards::{KEY_GROUP_SPACE, ShardLayout, key_group_of_key};
+pub use shards::{KEY_GROUP_SPACE, ShardLayout};
 
 /// Largest gRPC message either side sends or accepts.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;

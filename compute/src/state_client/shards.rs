@@ -4,9 +4,10 @@
 //! independent of its parallelism, so a rescale changes which subtask talks to which
 //! shard and moves no state. Shard `i` of `n` owns `key_group_range(max, n, i)`; the last
 //! shard also owns every key group above `max_parallelism` (up to `u16::MAX`), so any
-//! byte string is in exactly one shard. A key's key group is its first two bytes, big
-//! endian, with a short key padded with zeros: that keeps "key group of" monotonic in
-//! byte order, so a byte range maps to a contiguous run of shards.
+//! byte string is in exactly one shard. Shards are byte ranges between the big-endian
+//! first key groups of consecutive shards (the first shard starts at the empty key), so
+//! a key of two bytes or more is in the shard of its key group, a shorter key where it
+//! sorts, and a byte range maps to a contiguous run of shards.
 
 use std::ops::Range;
 
@@ -16,13 +17,6 @@ use sluice_common::pb::state::ShardId;
 
 /// One past the largest key group a two-byte prefix can name.
 pub const KEY_GROUP_SPACE: u32 = 1 << 16;
-
-/// The key group a state key belongs to (its first two bytes, zero padded).
-pub fn key_group_of_key(key: &[u8]) -> u32 {
-    let hi = key.first().copied().unwrap_or(0);
-    let lo = key.get(1).copied().unwrap_or(0);
-    u32::from(u16::from_be_bytes([hi, lo]))
-}
 
 /// The shards of one job.
 #[derive(Clone, Debug)]
@@ -62,10 +56,9 @@ impl ShardLayout {
         self.ranges.is_empty()
     }
 
-    /// The shard holding `key`.
+    /// The shard holding `key`: the last one whose first key is not after it.
     pub fn shard_of(&self, key: &[u8]) -> usize {
-        let kg = key_group_of_key(key);
-        self.ranges.partition_point(|r| r.end <= kg)
+        self.ranges[1..].partition_point(|r| group_bytes(r.start).as_ref() <= key)
     }
 
     /// The wire id of shard `index`.
@@ -147,7 +140,13 @@ mod tests {
         assert_eq!(layout.range(0), 0..32);
         assert_eq!(layout.range(3), 96..KEY_GROUP_SPACE);
         assert_eq!(layout.shard_of(b""), 0);
-        assert_eq!(layout.shard_of(b"a"), 3, "0x61 pads to group 0x6100");
+        assert_eq!(
+            layout.shard_of(b"a"),
+            3,
+            "0x61 sorts after group 96's first key"
+        );
+        assert_eq!(layout.shard_of(&[0]), 0);
+        assert_eq!(layout.shard_of(&[0, 31, 0xff]), 0);
         assert_eq!(layout.shard_of(&[0, 31, 9]), 0);
         assert_eq!(layout.shard_of(&[0, 32]), 1);
         assert_eq!(layout.shard_of(&[0xff, 0xff, 0xff]), 3);
