@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
+use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::{
     Bid, Row, Shared, assert_same_rows, read_bids_csv, read_jsonl_dir, row, run_sluice, tempdir,
     write_job, yaml_path,
@@ -144,12 +145,24 @@ fn adapt_example(name: &str, input: Input, csv_dir: &Path, out: &Path) -> String
 
 /// Runs example `name` on `input` and checks its rows against `expected(bids)`.
 fn check_example(name: &str, input: Input, expected: fn(&[Bid]) -> Vec<Row>) {
+    check_example_with(name, input, expected, &[]);
+}
+
+/// [`check_example`] with extra arguments to `sluice run`.
+fn check_example_with(
+    name: &str,
+    input: Input,
+    expected: fn(&[Bid]) -> Vec<Row>,
+    extra_args: &[&str],
+) {
     let fx = fixture();
     let dir = tempdir();
     let out = dir.path().join("out");
     let yaml = adapt_example(name, input, &fx.csv_dir, &out);
     let job = write_job(dir.path(), &format!("{name}.yaml"), &yaml);
-    let outcome = run_sluice(&["run", job.to_str().expect("UTF-8 path")], dir.path());
+    let mut args = vec!["run", job.to_str().expect("UTF-8 path")];
+    args.extend_from_slice(extra_args);
+    let outcome = run_sluice(&args, dir.path());
     outcome.assert_success().assert_no_panic();
     let summary = outcome.summary();
     assert_eq!(
@@ -426,4 +439,60 @@ fn q7_highest_bid_csv_remote_state() {
 #[test]
 fn q11_user_sessions_csv_remote_state() {
     check_example("q11-user-sessions", Input::CsvRemoteState, q11_expected);
+}
+
+/// The state service as its own process, durable in the S3 server of the test services.
+#[test]
+fn q5_hot_items_csv_remote_state_on_s3() {
+    let endpoint = std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap_or_default();
+    if endpoint.is_empty() {
+        if std::env::var("SLUICE_SKIP_S3").as_deref() == Ok("1") {
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n!!!!!!!! SKIPPED S3 remote-state golden test: SLUICE_SKIP_S3=1. !!!!!!!!\n"
+            );
+            return;
+        }
+        panic!(
+            "SLUICE_TEST_S3_ENDPOINT is not set: start the test services with\n    \
+             eval \"$(scripts/test-services.sh start)\"\n(scripts/test does this), or set \
+             SLUICE_SKIP_S3=1 to skip the S3 tests"
+        );
+    }
+    let bucket = std::env::var("SLUICE_TEST_S3_BUCKET").expect("SLUICE_TEST_S3_BUCKET");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let store = format!(
+        "s3://{bucket}/sluice-it/golden-q5-{}-{nanos}",
+        std::process::id()
+    );
+    let dir = tempdir();
+    let data = dir.path().join("node");
+    let node = ServiceProcess::start(
+        &[
+            "state-service",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().expect("UTF-8 path"),
+            "--object-store",
+            &store,
+            "--memory",
+            "128MiB",
+            "--disk-cache",
+            "64MiB",
+        ],
+        dir.path(),
+        &[("AWS_ENDPOINT_URL", &endpoint), ("AWS_ALLOW_HTTP", "true")],
+    );
+    let url = node.url();
+    check_example_with(
+        "q5-hot-items",
+        Input::CsvRemoteState,
+        q5_expected,
+        &["--state-service", &url],
+    );
 }
