@@ -486,7 +486,10 @@ fn q5_hot_items_csv_remote_state_on_s3() {
             "64MiB",
         ],
         dir.path(),
-        &[("AWS_ENDPOINT_URL", &endpoint), ("AWS_ALLOW_HTTP", "true")],
+        &[
+            ("AWS_ENDPOINT_URL", endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+        ],
     );
     let url = node.url();
     check_example_with(

@@ -228,7 +228,7 @@ fn kill_during_writes_loses_nothing_acknowledged(store: &str, env: &[(&str, &str
         let mut wrong = BTreeMap::new();
         for i in 0..KEYS {
             let want = match i {
-                1 => Some(Bytes::from(format!("epoch1-value1+appended"))),
+                1 => Some(Bytes::from_static(b"epoch1-value1+appended")),
                 3 => None,
                 i if i % 2 == 0 => Some(value(2, i)),
                 i => Some(value(1, i)),
@@ -281,6 +281,9 @@ fn killed_node_loses_nothing_acknowledged_s3() {
     );
     kill_during_writes_loses_nothing_acknowledged(
         &store,
-        &[("AWS_ENDPOINT_URL", &endpoint), ("AWS_ALLOW_HTTP", "true")],
+        &[
+            ("AWS_ENDPOINT_URL", endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+        ],
     );
 }

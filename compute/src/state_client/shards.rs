@@ -121,7 +121,7 @@ impl ShardLayout {
             return 0..0;
         }
         let first = self.ranges.partition_point(|r| r.end <= groups.start);
-        let last = self.ranges.partition_point(|r| r.end <= groups.end - 1);
+        let last = self.ranges.partition_point(|r| r.end < groups.end);
         first..(last + 1).min(self.ranges.len())
     }
 }
