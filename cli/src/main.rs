@@ -3,6 +3,8 @@
 //! - `sluice run JOB.yaml`: runs a job on the embedded local runtime.
 //! - `sluice nexmark gen`: writes the Nexmark events the built-in source produces.
 //! - `sluice bench nexmark`: runs a benchmark query and prints one line of figures.
+//! - `sluice bench state | checkpoint`: state-service operations per second; checkpoint
+//!   latency, memory and shard open time of state-service nodes run as child processes.
 //! - `sluice state-service`: a state-service node.
 //! - `sluice worker | coordinator`: the other cluster roles (not built yet).
 //!
@@ -10,6 +12,7 @@
 //! line (the message names file, line and column where there is one).
 
 mod bench;
+mod bench_checkpoint;
 mod bench_state;
 mod byte_size;
 mod nexmark_gen;
@@ -68,6 +71,9 @@ enum BenchCommand {
     Nexmark(bench::BenchArgs),
     /// State-service operations per second over gRPC on loopback.
     State(bench_state::StateBenchArgs),
+    /// State-service checkpoint latency, memory and shard open time, nodes as child
+    /// processes.
+    Checkpoint(bench_checkpoint::CheckpointBenchArgs),
 }
 
 /// A failure with the exit code it maps to.
@@ -128,6 +134,9 @@ fn main() -> ExitCode {
         Command::Bench {
             command: BenchCommand::State(args),
         } => bench_state::bench(args),
+        Command::Bench {
+            command: BenchCommand::Checkpoint(args),
+        } => bench_checkpoint::bench(args),
         Command::Worker => Err(not_built("worker")),
         Command::Coordinator => Err(not_built("coordinator")),
         Command::StateService(args) => state_service::serve(args),
