@@ -4,7 +4,10 @@ fn main() {
     println!("cargo:rerun-if-changed=proto");
     prost_build::Config::new()
         .protoc_executable(&protoc)
-        .compile_protos(&["proto/job_graph.proto"], &["proto"])
+        .compile_protos(
+            &["proto/job_graph.proto", "proto/checkpoint.proto"],
+            &["proto"],
+        )
         .expect("compile protos");
 
     // gRPC services: byte fields as `Bytes`, so keys and values move without copies.

@@ -22,6 +22,12 @@ pub mod state;
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/sluice.job.rs"));
 
+    /// A checkpoint's `_metadata` message, generated from `proto/checkpoint.proto`.
+    #[allow(missing_docs, clippy::all)]
+    pub mod checkpoint {
+        include!(concat!(env!("OUT_DIR"), "/sluice.checkpoint.rs"));
+    }
+
     /// The keyed-state service's gRPC API, generated from `proto/state_service.proto`.
     #[allow(missing_docs, clippy::all)]
     pub mod state {

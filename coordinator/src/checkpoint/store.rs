@@ -1,0 +1,600 @@
+//! Where `_metadata` objects live, behind a store whose one write primitive is
+//! "create if absent".
+//!
+//! ## Layout
+//!
+//! ```text
+//! <root>/jobs/<job>/checkpoints/<id, 20 digits>/_metadata
+//! <root>/jobs/<job>/savepoints/<name>/_metadata
+//! ```
+//!
+//! Ids are zero-padded so listing order is id order.
+//!
+//! ## Fencing
+//!
+//! Writing checkpoint N's `_metadata` IS committing checkpoint N, and
+//! [`MetadataStore::create_if_absent`] answers [`CreateOutcome::AlreadyExists`] to every
+//! writer but the first. Two coordinators that both believe they lead therefore can never
+//! both commit checkpoint N: the loser learns it was fenced and steps down.
+//!
+//! On S3 `create_if_absent` is a PUT with `If-None-Match: *` (object_store's
+//! `PutMode::Create` with `S3ConditionalPut::ETagMatch`), which SeaweedFS and AWS S3
+//! honour (`412 Precondition Failed` for the loser); on a local directory it is
+//! object_store's write-to-temporary-then-`link(2)`, which fails when the name exists.
+//!
+//! A write whose answer is lost (timeout, connection reset, a retried request that finds
+//! its own earlier attempt) is resolved by reading the object back: the same bytes mean
+//! this writer created it (metadata carries the writer's coordinator id and timestamps,
+//! so two writers never produce equal bytes), other bytes mean someone else did, no
+//! object means the write did not happen *yet*: that is returned as an error, and the
+//! caller must treat the checkpoint as aborted and never reuse its id.
+//!
+//! ## Recovery
+//!
+//! [`latest_valid`] returns the newest checkpoint whose `_metadata` decodes; a corrupt
+//! or truncated newer one is skipped with a warning.
+//!
+//! This module knows object paths and bytes; it does not know what a checkpoint means
+//! beyond [`decode`](super::metadata::decode).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use super::metadata::{CheckpointMetadata, decode};
+use crate::error::{Error, Result};
+
+/// The answer of [`MetadataStore::create_if_absent`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateOutcome {
+    /// This call created the object.
+    Created,
+    /// The object existed (written by someone else); nothing was changed.
+    AlreadyExists,
+}
+
+/// A store of `_metadata` objects, addressed by `/`-separated paths relative to the
+/// store's root (see the layout functions below).
+#[async_trait]
+pub trait MetadataStore: Send + Sync + fmt::Debug {
+    /// Writes `bytes` at `path` unless an object is there. The only write.
+    async fn create_if_absent(&self, path: &str, bytes: Bytes) -> Result<CreateOutcome>;
+    /// The object at `path`, `None` when absent.
+    async fn get(&self, path: &str) -> Result<Option<Bytes>>;
+    /// Paths of every object below the directory `prefix` (recursively), sorted.
+    async fn list(&self, prefix: &str) -> Result<Vec<String>>;
+}
+
+/// Checks that `value` can be one path segment: ASCII letters, digits, `.`, `_`, `-`,
+/// 1 to 200 characters, not `.` or `..`.
+pub fn validate_name(what: &'static str, value: &str) -> Result<()> {
+    let reason = if value.is_empty() {
+        Some("it is empty")
+    } else if value.len() > 200 {
+        Some("it is longer than 200 characters")
+    } else if value == "." || value == ".." {
+        Some("'.' and '..' are not names")
+    } else if !value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        Some("use only ASCII letters, digits, '.', '_' and '-'")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(Error::InvalidName {
+            what,
+            value: value.to_string(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `jobs/<job>/checkpoints`: the directory of a job's checkpoints.
+pub fn checkpoints_dir(job: &str) -> Result<String> {
+    validate_name("job id", job)?;
+    Ok(format!("jobs/{job}/checkpoints"))
+}
+
+/// `jobs/<job>/checkpoints/<id:020>/_metadata`.
+pub fn checkpoint_path(job: &str, id: u64) -> Result<String> {
+    Ok(format!("{}/{id:020}/_metadata", checkpoints_dir(job)?))
+}
+
+/// `jobs/<job>/savepoints/<name>/_metadata`.
+pub fn savepoint_path(job: &str, name: &str) -> Result<String> {
+    validate_name("job id", job)?;
+    validate_name("savepoint name", name)?;
+    Ok(format!("jobs/{job}/savepoints/{name}/_metadata"))
+}
+
+/// The checkpoint id of a path made by [`checkpoint_path`] (below `dir`), if it is one.
+fn checkpoint_id_of(dir: &str, path: &str) -> Option<u64> {
+    let rest = path.strip_prefix(dir)?.strip_prefix('/')?;
+    let id = rest.strip_suffix("/_metadata")?;
+    (id.len() == 20 && id.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| id.parse().ok())
+        .flatten()
+}
+
+/// Ids of the job's checkpoints that have a `_metadata` object, ascending (whether
+/// they decode is not checked).
+pub async fn checkpoint_ids(store: &dyn MetadataStore, job: &str) -> Result<Vec<u64>> {
+    let dir = checkpoints_dir(job)?;
+    let mut ids: Vec<u64> = store
+        .list(&dir)
+        .await?
+        .iter()
+        .filter_map(|p| checkpoint_id_of(&dir, p))
+        .collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Reads and decodes the `_metadata` object at `path`.
+pub async fn read_metadata(store: &dyn MetadataStore, path: &str) -> Result<CheckpointMetadata> {
+    let bytes = store
+        .get(path)
+        .await?
+        .ok_or_else(|| Error::NotFound(path.to_string()))?;
+    decode(&bytes).map_err(|source| Error::Corrupt {
+        path: path.to_string(),
+        source,
+    })
+}
+
+/// The newest checkpoint of `job` whose `_metadata` decodes; newer ones that do not are
+/// skipped with a warning. `None` when the job has no usable checkpoint.
+pub async fn latest_valid(
+    store: &dyn MetadataStore,
+    job: &str,
+) -> Result<Option<CheckpointMetadata>> {
+    for id in checkpoint_ids(store, job).await?.into_iter().rev() {
+        let path = checkpoint_path(job, id)?;
+        match read_metadata(store, &path).await {
+            Ok(meta) if meta.checkpoint_id == id && meta.job_id == job => return Ok(Some(meta)),
+            Ok(meta) => tracing::warn!(
+                %path, found_job = %meta.job_id, found_id = meta.checkpoint_id,
+                "checkpoint metadata names another job or checkpoint; using an older checkpoint"
+            ),
+            Err(Error::Corrupt { path, source }) => tracing::warn!(
+                %path, error = %source,
+                "checkpoint metadata is corrupt or truncated; using an older checkpoint"
+            ),
+            // Listed a moment ago, gone now (deleted by retention): not a corruption.
+            Err(Error::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+/// An in-memory store for unit tests (and embedded single-process runs that need no
+/// recovery).
+#[derive(Debug, Default, Clone)]
+pub struct MemoryMetadataStore {
+    objects: Arc<Mutex<BTreeMap<String, Bytes>>>,
+}
+
+impl MemoryMetadataStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces an object's bytes, bypassing create-if-absent: for tests that corrupt.
+    pub fn overwrite(&self, path: &str, bytes: Bytes) {
+        self.lock().insert(path.to_string(), bytes);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Bytes>> {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl MetadataStore for MemoryMetadataStore {
+    async fn create_if_absent(&self, path: &str, bytes: Bytes) -> Result<CreateOutcome> {
+        let mut objects = self.lock();
+        if objects.contains_key(path) {
+            return Ok(CreateOutcome::AlreadyExists);
+        }
+        objects.insert(path.to_string(), bytes);
+        Ok(CreateOutcome::Created)
+    }
+
+    async fn get(&self, path: &str) -> Result<Option<Bytes>> {
+        Ok(self.lock().get(path).cloned())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let dir = format!("{}/", prefix.trim_end_matches('/'));
+        Ok(self
+            .lock()
+            .keys()
+            .filter(|k| k.starts_with(&dir))
+            .cloned()
+            .collect())
+    }
+}
+
+/// A [`MetadataStore`] over an [`ObjectStore`]: a local directory or S3.
+#[derive(Debug, Clone)]
+pub struct ObjectMetadataStore {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+    display: String,
+}
+
+impl ObjectMetadataStore {
+    /// Uses `store`, with every path below `root`.
+    pub fn new(store: Arc<dyn ObjectStore>, root: Path) -> Self {
+        let display = format!("{store}/{root}");
+        Self {
+            store,
+            root,
+            display,
+        }
+    }
+
+    /// Builds the store a URL names.
+    ///
+    /// `file:///abs/dir` is a local directory (created if missing); `s3://bucket/prefix`
+    /// is S3 with credentials, region and endpoint from the usual AWS environment
+    /// variables (`AWS_ENDPOINT_URL` / `AWS_ENDPOINT` for an S3-compatible server, plain
+    /// HTTP allowed when the endpoint is `http://`); the URL may carry
+    /// `?endpoint=...&region=...`. Conditional puts use `If-None-Match: *`.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| Error::Config(format!("cannot parse '{url}': {e}")))?;
+        match parsed.scheme() {
+            "file" => {
+                let dir = parsed
+                    .to_file_path()
+                    .map_err(|()| Error::Config(format!("'{url}' is not an absolute file URL")))?;
+                std::fs::create_dir_all(&dir).map_err(|e| {
+                    Error::Config(format!("cannot create '{}': {e}", dir.display()))
+                })?;
+                let fs = LocalFileSystem::new_with_prefix(&dir)
+                    .map_err(|e| Error::Config(format!("cannot use '{}': {e}", dir.display())))?;
+                let mut s = Self::new(Arc::new(fs), Path::default());
+                s.display = format!("file://{}", dir.display());
+                Ok(s)
+            }
+            "s3" | "s3a" => {
+                let bucket = parsed
+                    .host_str()
+                    .filter(|b| !b.is_empty())
+                    .ok_or_else(|| Error::Config(format!("'{url}' names no bucket")))?;
+                let root = Path::from_url_path(parsed.path())
+                    .map_err(|e| Error::Config(format!("invalid prefix in '{url}': {e}")))?;
+                let mut builder = AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_virtual_hosted_style_request(false)
+                    .with_conditional_put(S3ConditionalPut::ETagMatch);
+                let env_endpoint = std::env::var("AWS_ENDPOINT_URL")
+                    .or_else(|_| std::env::var("AWS_ENDPOINT"))
+                    .ok()
+                    .filter(|e| !e.is_empty());
+                if let Some(e) = env_endpoint {
+                    builder = builder.with_endpoint(e);
+                }
+                for (k, v) in parsed.query_pairs() {
+                    builder = match k.as_ref() {
+                        "endpoint" => builder.with_endpoint(v.as_ref()),
+                        "region" => builder.with_region(v.as_ref()),
+                        other => {
+                            return Err(Error::Config(format!(
+                                "unknown parameter '{other}' in '{url}' (known: endpoint, region)"
+                            )));
+                        }
+                    };
+                }
+                if builder
+                    .get_config_value(&AmazonS3ConfigKey::Region)
+                    .is_none()
+                {
+                    builder = builder.with_region("us-east-1");
+                }
+                if builder
+                    .get_config_value(&AmazonS3ConfigKey::Endpoint)
+                    .is_some_and(|e| e.starts_with("http://"))
+                {
+                    builder = builder.with_allow_http(true);
+                }
+                let s3 = builder.build().map_err(|e| {
+                    Error::Config(format!("cannot configure S3 for bucket '{bucket}': {e}"))
+                })?;
+                let mut s = Self::new(Arc::new(s3), root.clone());
+                s.display = format!("s3://{bucket}/{root}");
+                Ok(s)
+            }
+            other => Err(Error::Config(format!(
+                "'{url}': unsupported scheme '{other}' (use file:///abs/dir or s3://bucket/prefix)"
+            ))),
+        }
+    }
+
+    /// Where the store is, for messages (no credentials).
+    pub fn display(&self) -> &str {
+        &self.display
+    }
+
+    fn location(&self, rel: &str) -> Path {
+        rel.split('/')
+            .filter(|p| !p.is_empty())
+            .fold(self.root.clone(), |p, part| p.join(part))
+    }
+
+    /// After an ambiguous or refused create: whose object is at `path`?
+    async fn resolve(&self, path: &str, ours: &Bytes) -> Result<Option<CreateOutcome>> {
+        Ok(self.get(path).await?.map(|found| {
+            if found == ours {
+                CreateOutcome::Created
+            } else {
+                CreateOutcome::AlreadyExists
+            }
+        }))
+    }
+}
+
+#[async_trait]
+impl MetadataStore for ObjectMetadataStore {
+    async fn create_if_absent(&self, path: &str, bytes: Bytes) -> Result<CreateOutcome> {
+        let location = self.location(path);
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        let put = self
+            .store
+            .put_opts(&location, PutPayload::from_bytes(bytes.clone()), opts)
+            .await;
+        match put {
+            Ok(_) => Ok(CreateOutcome::Created),
+            // Someone's object is there; it is ours only if our own earlier attempt (a
+            // retry inside the client) landed.
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(self
+                .resolve(path, &bytes)
+                .await?
+                .unwrap_or(CreateOutcome::AlreadyExists)),
+            Err(e @ object_store::Error::NotImplemented { .. }) => Err(Error::store(
+                format!("creating {location}: the store has no conditional put"),
+                e,
+            )),
+            Err(e) => match self.resolve(path, &bytes).await {
+                Ok(Some(outcome)) => Ok(outcome),
+                _ => Err(Error::store(format!("creating {location}"), e)),
+            },
+        }
+    }
+
+    async fn get(&self, path: &str) -> Result<Option<Bytes>> {
+        let location = self.location(path);
+        match self.store.get(&location).await {
+            Ok(r) => r
+                .bytes()
+                .await
+                .map(Some)
+                .map_err(|e| Error::store(format!("reading {location}"), e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::store(format!("reading {location}"), e)),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let location = self.location(prefix);
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&location))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store(format!("listing {location}"), e))?;
+        let root: Vec<_> = self.root.parts().collect();
+        let mut paths: Vec<String> = metas
+            .into_iter()
+            .map(|m| {
+                m.location
+                    .parts()
+                    .skip(root.len())
+                    .map(|p| p.as_ref().to_string())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+            .collect();
+        paths.sort();
+        Ok(paths)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::metadata::encode;
+    use crate::checkpoint::metadata::tests::sample;
+
+    fn meta(id: u64) -> CheckpointMetadata {
+        CheckpointMetadata {
+            savepoint: None,
+            kept: false,
+            ..sample(id)
+        }
+    }
+
+    #[test]
+    fn layout_and_names() {
+        assert_eq!(
+            checkpoint_path("q5", 42).unwrap(),
+            "jobs/q5/checkpoints/00000000000000000042/_metadata"
+        );
+        assert_eq!(
+            savepoint_path("q5", "v1.2_pre-upgrade").unwrap(),
+            "jobs/q5/savepoints/v1.2_pre-upgrade/_metadata"
+        );
+        for bad in ["", ".", "..", "a/b", "a b", "é"] {
+            let err = savepoint_path("q5", bad).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::InvalidName {
+                        what: "savepoint name",
+                        ..
+                    }
+                ),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            checkpoint_path("../x", 1),
+            Err(Error::InvalidName { .. })
+        ));
+        assert_eq!(
+            checkpoint_id_of("jobs/q5/checkpoints", &checkpoint_path("q5", 9).unwrap()),
+            Some(9)
+        );
+        assert_eq!(
+            checkpoint_id_of("jobs/q5/checkpoints", "jobs/q5/checkpoints/9/_metadata"),
+            None
+        );
+        assert_eq!(
+            checkpoint_id_of(
+                "jobs/q5/checkpoints",
+                "jobs/q5/checkpoints/00000000000000000009/other"
+            ),
+            None
+        );
+    }
+
+    async fn exercise(store: &dyn MetadataStore) {
+        assert_eq!(latest_valid(store, "q5").await.unwrap(), None);
+        for id in [1, 2, 10] {
+            let path = checkpoint_path("q5", id).unwrap();
+            let out = store
+                .create_if_absent(&path, encode(&meta(id)))
+                .await
+                .unwrap();
+            assert_eq!(out, CreateOutcome::Created);
+        }
+        // Same bytes again: our own object (an answer lost and retried).
+        let p10 = checkpoint_path("q5", 10).unwrap();
+        let again = store
+            .create_if_absent(&p10, encode(&meta(10)))
+            .await
+            .unwrap();
+        assert!(matches!(
+            again,
+            CreateOutcome::Created | CreateOutcome::AlreadyExists
+        ));
+        let other = CheckpointMetadata {
+            coordinator_id: "coord-b".into(),
+            ..meta(10)
+        };
+        assert_eq!(
+            store.create_if_absent(&p10, encode(&other)).await.unwrap(),
+            CreateOutcome::AlreadyExists
+        );
+        assert_eq!(read_metadata(store, &p10).await.unwrap(), meta(10));
+        // A job whose id is a prefix of another's is not listed with it.
+        let p_other_job = checkpoint_path("q55", 99).unwrap();
+        store
+            .create_if_absent(&p_other_job, encode(&meta(99)))
+            .await
+            .unwrap();
+        assert_eq!(checkpoint_ids(store, "q5").await.unwrap(), vec![1, 2, 10]);
+        assert_eq!(
+            latest_valid(store, "q5")
+                .await
+                .unwrap()
+                .unwrap()
+                .checkpoint_id,
+            10
+        );
+        assert!(matches!(
+            read_metadata(store, &checkpoint_path("q5", 3).unwrap()).await,
+            Err(Error::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn memory_store_creates_once_and_lists() {
+        exercise(&MemoryMetadataStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn local_store_creates_once_and_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().join("meta").display());
+        let store = ObjectMetadataStore::from_url(&url).unwrap();
+        exercise(&store).await;
+        // Exactly the objects written, no staging leftovers.
+        let all = store.list("jobs").await.unwrap();
+        assert_eq!(all.len(), 4, "{all:?}");
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_or_truncated_newest_checkpoint_is_skipped() {
+        let store = MemoryMetadataStore::new();
+        for id in 1..=3 {
+            let path = checkpoint_path("q5", id).unwrap();
+            store
+                .create_if_absent(&path, encode(&meta(id)))
+                .await
+                .unwrap();
+        }
+        let p3 = checkpoint_path("q5", 3).unwrap();
+        let good3 = encode(&meta(3));
+        store.overwrite(&p3, good3.slice(..good3.len() - 5));
+        assert_eq!(
+            latest_valid(&store, "q5")
+                .await
+                .unwrap()
+                .unwrap()
+                .checkpoint_id,
+            2
+        );
+        let p2 = checkpoint_path("q5", 2).unwrap();
+        let mut flipped = encode(&meta(2)).to_vec();
+        flipped[30] ^= 0x10;
+        store.overwrite(&p2, Bytes::from(flipped));
+        assert_eq!(
+            latest_valid(&store, "q5")
+                .await
+                .unwrap()
+                .unwrap()
+                .checkpoint_id,
+            1
+        );
+        assert!(matches!(
+            read_metadata(&store, &p2).await,
+            Err(Error::Corrupt { .. })
+        ));
+        // Metadata of another checkpoint copied into place is not trusted either.
+        let p1 = checkpoint_path("q5", 1).unwrap();
+        store.overwrite(&p1, encode(&meta(7)));
+        assert_eq!(latest_valid(&store, "q5").await.unwrap(), None);
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors() {
+        for url in ["gs://b/x", "file://relative", "s3:///nobucket", "not a url"] {
+            assert!(
+                matches!(ObjectMetadataStore::from_url(url), Err(Error::Config(_))),
+                "{url}"
+            );
+        }
+        assert!(matches!(
+            ObjectMetadataStore::from_url("s3://b/p?colour=blue"),
+            Err(Error::Config(m)) if m.contains("colour")
+        ));
+    }
+}
