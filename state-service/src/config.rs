@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Settings of one state-service node.
 #[derive(Clone, Debug)]
@@ -26,6 +27,37 @@ pub struct StateServiceConfig {
     pub max_message_bytes: usize,
     /// Most operations or keys in one request.
     pub max_batch_ops: usize,
+    /// How long an object-store request may take and how often it is retried before a
+    /// `Flush` or `Commit` fails with `Unavailable` (S3 only).
+    pub object_store_client: ObjectStoreClientConfig,
+}
+
+/// Timeouts and retries of the S3 client. While the store is unreachable, a `Flush` or
+/// `Commit` fails (retryably) after about `retry_timeout` plus one `request_timeout` at
+/// most, instead of the object_store crate's default of 10 retries within 3 minutes,
+/// which would hold every checkpoint of the job that long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectStoreClientConfig {
+    /// Time to establish a connection.
+    pub connect_timeout: Duration,
+    /// Time for one whole request, from connecting to the end of the response (uploads
+    /// are at most 16 MiB per request, see `store.rs`).
+    pub request_timeout: Duration,
+    /// Retries of a failed request (0: none).
+    pub max_retries: usize,
+    /// No retry starts later than this after the first attempt.
+    pub retry_timeout: Duration,
+}
+
+impl Default for ObjectStoreClientConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(10),
+            max_retries: 3,
+            retry_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 impl Default for StateServiceConfig {
@@ -39,6 +71,7 @@ impl Default for StateServiceConfig {
             disk_cache_bytes: 1 << 30,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_batch_ops: DEFAULT_MAX_BATCH_OPS,
+            object_store_client: ObjectStoreClientConfig::default(),
         }
     }
 }

@@ -49,7 +49,7 @@ use sluice_common::pb::state::state_service_server::StateServiceServer;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
-pub use crate::config::StateServiceConfig;
+pub use crate::config::{ObjectStoreClientConfig, StateServiceConfig};
 pub use crate::error::{Error, Result};
 use crate::restore::NodeParts;
 use crate::server::{Node, StateServer};
@@ -100,9 +100,16 @@ async fn build_node(config: StateServiceConfig) -> Result<Node> {
             "max_batch_ops must be positive and max_message_bytes at least 1 MiB".into(),
         ));
     }
+    let client = &config.object_store_client;
+    if client.connect_timeout.is_zero() || client.request_timeout.is_zero() {
+        return Err(Error::Config(
+            "object store connect and request timeouts must be positive".into(),
+        ));
+    }
     let data_dir = config.data_dir.clone();
     std::fs::create_dir_all(&data_dir).map_err(|e| Error::io(&data_dir, e))?;
-    let durable = store::Durable::from_url(&config.object_store_url)?;
+    let durable =
+        store::Durable::from_url_with(&config.object_store_url, &config.object_store_client)?;
     let split = config.memory_split();
     let rocks = Arc::new(rocks::Rocks::new(split));
     let cache = Arc::new(

@@ -6,8 +6,10 @@
 //! usual AWS environment variables (`AWS_ENDPOINT_URL` or `AWS_ENDPOINT` for an
 //! S3-compatible server, path-style requests, plain HTTP allowed when the endpoint is
 //! `http://`). The URL may also carry them: `s3://bucket/prefix?endpoint=http://host:8333
-//! &region=us-east-1` (query parameters win over the environment). Credentials are never logged or put in errors. This module knows nothing
-//! about what the objects hold.
+//! &region=us-east-1` (query parameters win over the environment). S3 requests time out
+//! and are retried as [`ObjectStoreClientConfig`] says, so an unreachable store fails a
+//! flush or commit with `Unavailable` within seconds. Credentials are never logged or put
+//! in errors. This module knows nothing about what the objects hold.
 
 use std::sync::Arc;
 
@@ -16,8 +18,12 @@ use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::{
+    BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
+    WriteMultipart,
+};
 
+use crate::config::ObjectStoreClientConfig;
 use crate::error::{Error, Result};
 use crate::shard_id::ShardKey;
 
@@ -35,8 +41,14 @@ pub struct Durable {
 }
 
 impl Durable {
-    /// Builds the store `url` names.
+    /// Builds the store `url` names, with the default client timeouts and retries.
     pub fn from_url(url: &str) -> Result<Self> {
+        Self::from_url_with(url, &ObjectStoreClientConfig::default())
+    }
+
+    /// Builds the store `url` names; an S3 client times out and retries as `client`
+    /// says.
+    pub fn from_url_with(url: &str, client: &ObjectStoreClientConfig) -> Result<Self> {
         if let Some(rest) = url.strip_prefix("file://") {
             if !rest.starts_with('/') {
                 return Err(Error::Config(format!(
@@ -82,7 +94,7 @@ impl Durable {
                         }
                     }
                 }
-                let store = s3_store(&bucket, endpoint, region)?;
+                let store = s3_store(&bucket, endpoint, region, client)?;
                 Ok(Self {
                     store,
                     display: format!("s3://{bucket}/{root}"),
@@ -194,10 +206,16 @@ fn s3_store(
     bucket: &str,
     endpoint: Option<String>,
     region: Option<String>,
+    client: &ObjectStoreClientConfig,
 ) -> Result<Arc<dyn ObjectStore>> {
     let mut builder = AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
-        .with_virtual_hosted_style_request(false);
+        .with_virtual_hosted_style_request(false)
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: client.max_retries,
+            retry_timeout: client.retry_timeout,
+        });
     let endpoint = endpoint.or_else(|| {
         std::env::var("AWS_ENDPOINT_URL")
             .or_else(|_| std::env::var("AWS_ENDPOINT"))
@@ -225,6 +243,18 @@ fn s3_store(
     if plain_http {
         builder = builder.with_allow_http(true);
     }
+    // Through the config keys, not `with_client_options`: that would drop client options
+    // `from_env` read (proxy, certificates ...).
+    let millis = |d: std::time::Duration| format!("{}ms", d.as_millis());
+    builder = builder
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+            millis(client.connect_timeout),
+        )
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+            millis(client.request_timeout),
+        );
     let store = builder
         .build()
         .map_err(|e| Error::Config(format!("cannot configure S3 for bucket '{bucket}': {e}")))?;
