@@ -175,7 +175,8 @@ async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
         .unwrap_err();
     assert_eq!(e.code(), Code::OutOfRange);
 
-    // A key too short to have a key group, a malformed shard id, no shard.
+    // A short key that sorts outside the shard (shards are byte ranges: `[4]` sorts
+    // before every key of key group 4), a malformed shard id, no shard.
     let mut op = put(4, "a", "v");
     op.key = vec![4u8].into();
     let (code, _) = code_of(unit(
@@ -186,7 +187,7 @@ async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
         })
         .await,
     ));
-    assert_eq!(code, Code::InvalidArgument);
+    assert_eq!(code, Code::OutOfRange);
     let e = c
         .open_shard(OpenShardRequest {
             shard: Some(shard("../etc", 0, 4)),
