@@ -4,6 +4,9 @@ fn main() {
     println!("cargo:rerun-if-changed=proto");
     prost_build::Config::new()
         .protoc_executable(protoc)
-        .compile_protos(&["proto/job_graph.proto"], &["proto"])
+        .compile_protos(
+            &["proto/job_graph.proto", "proto/cluster.proto"],
+            &["proto"],
+        )
         .expect("compile protos");
 }

@@ -3,12 +3,15 @@
 //! - `sluice run JOB.yaml`: runs a job on the embedded local runtime.
 //! - `sluice nexmark gen`: writes the Nexmark events the built-in source produces.
 //! - `sluice bench nexmark`: runs a benchmark query and prints one line of figures.
-//! - `sluice worker | coordinator | state-service`: the cluster roles (not built yet).
+//! - `sluice run JOB.yaml --workers N`: runs it across N worker processes.
+//! - `sluice worker`: a compute worker (see `cluster::worker`).
+//! - `sluice coordinator | state-service`: the other cluster roles (not built yet).
 //!
 //! Exit codes: 0 success, 1 a job or I/O failure, 2 a mistake in the job or the command
 //! line (the message names file, line and column where there is one).
 
 mod bench;
+mod cluster;
 mod nexmark_gen;
 mod progress;
 mod rss;
@@ -43,8 +46,8 @@ enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
-    /// Run a compute worker (cluster role; not built yet).
-    Worker,
+    /// Run a compute worker (under `sluice run --workers N`, or by hand).
+    Worker(cluster::worker::WorkerArgs),
     /// Run the coordinator (cluster role; not built yet).
     Coordinator,
     /// Run a state-service node (cluster role; not built yet).
@@ -75,6 +78,14 @@ impl Failure {
         Self {
             code: 2,
             message: message.into(),
+        }
+    }
+
+    /// A failure already reported elsewhere: exit with `code`, print nothing.
+    pub fn quiet(code: u8) -> Self {
+        Self {
+            code,
+            message: String::new(),
         }
     }
 
@@ -118,14 +129,16 @@ fn main() -> ExitCode {
         Command::Bench {
             command: BenchCommand::Nexmark(args),
         } => bench::nexmark(args),
-        Command::Worker => Err(not_built("worker")),
+        Command::Worker(args) => cluster::worker::worker(args),
         Command::Coordinator => Err(not_built("coordinator")),
         Command::StateService => Err(not_built("state-service")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("error: {}", f.message);
+            if !f.message.is_empty() {
+                eprintln!("error: {}", f.message);
+            }
             ExitCode::from(f.code)
         }
     }

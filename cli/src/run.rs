@@ -21,6 +21,36 @@ pub struct RunArgs {
     /// No progress line and no summary.
     #[arg(long, short)]
     quiet: bool,
+    /// Run across this many worker processes on this machine (0: in this process).
+    #[arg(long, default_value_t = 0)]
+    pub workers: u32,
+    /// Bytes per network buffer (with --workers).
+    #[arg(long, default_value_t = 32 << 10)]
+    pub buffer_bytes: usize,
+    /// Send a partly filled buffer after this many ms; 0 sends every batch at once.
+    #[arg(long, default_value_t = 100)]
+    pub buffer_timeout_ms: u64,
+    /// Workers print per-task metrics this often (ms; 0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub metrics_interval_ms: u64,
+}
+
+impl RunArgs {
+    /// The driver settings these arguments ask for.
+    pub fn driver_options(&self) -> crate::cluster::local_driver::DriverOptions {
+        let mut network = sluice_compute::network::NetworkConfig {
+            buffer_bytes: self.buffer_bytes.max(64),
+            flush_every_batch: self.buffer_timeout_ms == 0,
+            buffer_timeout: std::time::Duration::from_millis(self.buffer_timeout_ms.max(1)),
+            ..Default::default()
+        };
+        network.max_frame_bytes = network.buffer_bytes + 64;
+        crate::cluster::local_driver::DriverOptions {
+            workers: self.workers,
+            network,
+            metrics_interval_ms: self.metrics_interval_ms,
+        }
+    }
 }
 
 /// Reads and parses a job file; errors name file, line and column.
@@ -41,6 +71,8 @@ pub struct Summary {
     pub late: u64,
     /// Malformed records skipped.
     pub skipped: u64,
+    /// Checkpoint barriers that reached sinks.
+    pub barriers: u64,
     /// Wall-clock seconds from planning to the end.
     pub seconds: f64,
 }
@@ -64,6 +96,7 @@ pub fn execute(graph: pb::JobGraph, quiet: bool) -> Result<Summary, Failure> {
         records_out: metrics.records_out.load(Ordering::Relaxed),
         late: metrics.late_records(),
         skipped: metrics.skipped_records.load(Ordering::Relaxed),
+        barriers: metrics.sink_barriers.load(Ordering::Relaxed),
         seconds: start.elapsed().as_secs_f64(),
     })
 }
@@ -72,10 +105,20 @@ pub fn execute(graph: pb::JobGraph, quiet: bool) -> Result<Summary, Failure> {
 pub fn run(args: RunArgs) -> Result<(), Failure> {
     let graph = load_job(&args.job)?;
     let name = graph.name.clone();
-    let s = execute(graph, args.quiet)?;
+    let s = if args.workers > 0 {
+        let options = args.driver_options();
+        runtime()?.block_on(crate::cluster::local_driver::run(graph, &options))?
+    } else {
+        execute(graph, args.quiet)?
+    };
     if !args.quiet {
+        let barriers = if s.barriers > 0 {
+            format!(", {} barriers at sinks", s.barriers)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "finished {name}: {} records in, {} out, {:.2} s, {} events/s, {} late, {} skipped",
+            "finished {name}: {} records in, {} out, {:.2} s, {} events/s, {} late, {} skipped{barriers}",
             s.records_in,
             s.records_out,
             s.seconds,

@@ -21,6 +21,18 @@ pub mod state;
 #[allow(missing_docs, clippy::all)]
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/sluice.job.rs"));
+
+    /// Messages between a driver (later: the coordinator) and its workers, generated
+    /// from `proto/cluster.proto`.
+    pub mod cluster {
+        include!(concat!(env!("OUT_DIR"), "/sluice.cluster.rs"));
+    }
+
+    /// The path `cluster` uses for `sluice.job` types.
+    #[doc(hidden)]
+    pub mod job {
+        pub use super::JobGraph;
+    }
 }
 
 /// Number of key groups when a job does not say (DESIGN §4).

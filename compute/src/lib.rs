@@ -15,15 +15,19 @@
 //! - [`window`]: window assignment, accumulators, sessions, timers.
 //! - [`time`]: per-split watermark generation at the sources.
 //! - [`keys`]: canonical key bytes for hashing and keyed state.
+//! - [`network`]: the credit-based data plane between worker processes.
+//! - [`cluster`]: a worker process's side of a deployment (control protocol, run, report).
 //!
 //! This crate must not know about the coordinator or the storage engine behind remote
 //! state: it sees state only through `KeyedStateBackend`.
 
+pub mod cluster;
 pub mod connector;
 pub mod element;
 pub mod error;
 pub mod expr;
 pub mod keys;
+pub mod network;
 pub mod operator;
 pub mod plan;
 pub mod runtime;
