@@ -208,10 +208,10 @@ pub async fn run(graph: pb::JobGraph, options: &DriverOptions) -> Result<Summary
 async fn wait_any(children: &mut [Child]) -> (usize, String) {
     loop {
         for (i, c) in children.iter_mut().enumerate() {
-            if let Ok(Some(status)) = c.try_wait() {
-                if !status.success() {
-                    return (i, status.to_string());
-                }
+            if let Ok(Some(status)) = c.try_wait()
+                && !status.success()
+            {
+                return (i, status.to_string());
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

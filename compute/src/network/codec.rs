@@ -113,7 +113,7 @@ impl Decoder {
     }
 
     /// The next complete element, if the bytes so far hold one.
-    pub fn next(&mut self) -> Result<Option<StreamElement>, CodecError> {
+    pub fn next_element(&mut self) -> Result<Option<StreamElement>, CodecError> {
         let Some(&tag) = self.pending.first() else {
             return Ok(None);
         };
@@ -223,7 +223,7 @@ mod tests {
             let mut out = Vec::new();
             for chunk in bytes.chunks(cut) {
                 dec.push(chunk);
-                while let Some(e) = dec.next().unwrap() {
+                while let Some(e) = dec.next_element().unwrap() {
                     out.push(e);
                 }
             }
@@ -241,12 +241,18 @@ mod tests {
     fn corrupt_streams_are_errors() {
         let mut dec = Decoder::new(1000);
         dec.push(&[BATCH, 0xff, 0xff, 0xff, 0xff]);
-        assert!(matches!(dec.next(), Err(CodecError::TooLong { .. })));
+        assert!(matches!(
+            dec.next_element(),
+            Err(CodecError::TooLong { .. })
+        ));
         let mut dec = Decoder::new(1000);
         dec.push(&[42]);
-        assert!(matches!(dec.next(), Err(CodecError::UnknownTag(42))));
+        assert!(matches!(
+            dec.next_element(),
+            Err(CodecError::UnknownTag(42))
+        ));
         let mut dec = Decoder::new(1000);
         dec.push(&[BATCH, 0, 0, 0, 3, 1, 2, 3]);
-        assert!(matches!(dec.next(), Err(CodecError::Ipc(_))));
+        assert!(matches!(dec.next_element(), Err(CodecError::Ipc(_))));
     }
 }

@@ -68,7 +68,7 @@ impl RemoteInputChannel {
         loop {
             let element = self
                 .decoder
-                .next()
+                .next_element()
                 .map_err(|e| format!("channel {}: {e}", self.id))?;
             let Some(element) = element else { break };
             self.sequence += 1;
@@ -93,7 +93,7 @@ impl RemoteInputChannel {
     pub fn on_priority(&mut self, sequence: u64, data: &Bytes) -> Result<(), String> {
         let mut decoder = Decoder::new(data.len());
         decoder.push(data);
-        match decoder.next() {
+        match decoder.next_element() {
             Ok(Some(element)) if decoder.pending_bytes() == 0 => {
                 let _ = self.inlet.deliver_priority(sequence, element);
                 Ok(())

@@ -174,6 +174,8 @@ pub async fn build_tasks(
     let compiler = ExprCompiler::new();
     let mut tasks = Vec::new();
     for chain in &plan.chains {
+        // `subtask` names the task, its channels and its contexts, not only an index.
+        #[allow(clippy::needless_range_loop)]
         for subtask in 0..chain.parallelism {
             if !local(chain.id, subtask) {
                 continue;
