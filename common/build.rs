@@ -5,7 +5,11 @@ fn main() {
     prost_build::Config::new()
         .protoc_executable(&protoc)
         .compile_protos(
-            &["proto/job_graph.proto", "proto/checkpoint.proto"],
+            &[
+                "proto/job_graph.proto",
+                "proto/checkpoint.proto",
+                "proto/cluster.proto",
+            ],
             &["proto"],
         )
         .expect("compile protos");

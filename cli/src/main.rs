@@ -3,10 +3,12 @@
 //! - `sluice run JOB.yaml`: runs a job on the embedded local runtime.
 //! - `sluice nexmark gen`: writes the Nexmark events the built-in source produces.
 //! - `sluice bench nexmark`: runs a benchmark query and prints one line of figures.
+//! - `sluice run JOB.yaml --workers N`: runs it across N worker processes.
 //! - `sluice bench state | checkpoint`: state-service operations per second; checkpoint
 //!   latency, memory and shard open time of state-service nodes run as child processes.
 //! - `sluice state-service`: a state-service node.
-//! - `sluice worker | coordinator`: the other cluster roles (not built yet).
+//! - `sluice worker`: a compute worker (see `cluster::worker`).
+//! - `sluice coordinator`: the coordinator (not built yet).
 //!
 //! Exit codes: 0 success, 1 a job or I/O failure, 2 a mistake in the job or the command
 //! line (the message names file, line and column where there is one).
@@ -15,6 +17,7 @@ mod bench;
 mod bench_checkpoint;
 mod bench_state;
 mod byte_size;
+mod cluster;
 mod nexmark_gen;
 mod progress;
 mod rss;
@@ -50,8 +53,8 @@ enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
-    /// Run a compute worker (cluster role; not built yet).
-    Worker,
+    /// Run a compute worker (under `sluice run --workers N`, or by hand).
+    Worker(cluster::worker::WorkerArgs),
     /// Run the coordinator (cluster role; not built yet).
     Coordinator,
     /// Run a state-service node: keyed-state shards on RocksDB behind a cache, durable
@@ -88,6 +91,14 @@ impl Failure {
         Self {
             code: 2,
             message: message.into(),
+        }
+    }
+
+    /// A failure already reported elsewhere: exit with `code`, print nothing.
+    pub fn quiet(code: u8) -> Self {
+        Self {
+            code,
+            message: String::new(),
         }
     }
 
@@ -137,14 +148,16 @@ fn main() -> ExitCode {
         Command::Bench {
             command: BenchCommand::Checkpoint(args),
         } => bench_checkpoint::bench(args),
-        Command::Worker => Err(not_built("worker")),
+        Command::Worker(args) => cluster::worker::worker(args),
         Command::Coordinator => Err(not_built("coordinator")),
         Command::StateService(args) => state_service::serve(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("error: {}", f.message);
+            if !f.message.is_empty() {
+                eprintln!("error: {}", f.message);
+            }
             ExitCode::from(f.code)
         }
     }

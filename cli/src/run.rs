@@ -26,7 +26,37 @@ pub struct RunArgs {
     #[arg(long, short)]
     quiet: bool,
     #[command(flatten)]
-    state: StateArgs,
+    pub state: StateArgs,
+    /// Run across this many worker processes on this machine (0: in this process).
+    #[arg(long, default_value_t = 0)]
+    pub workers: u32,
+    /// Bytes per network buffer (with --workers).
+    #[arg(long, default_value_t = 32 << 10)]
+    pub buffer_bytes: usize,
+    /// Send a partly filled buffer after this many ms; 0 sends every batch at once.
+    #[arg(long, default_value_t = 100)]
+    pub buffer_timeout_ms: u64,
+    /// Workers print per-task metrics this often (ms; 0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub metrics_interval_ms: u64,
+}
+
+impl RunArgs {
+    /// The driver settings these arguments ask for.
+    pub fn driver_options(&self) -> crate::cluster::local_driver::DriverOptions {
+        let mut network = sluice_compute::network::NetworkConfig {
+            buffer_bytes: self.buffer_bytes.max(64),
+            flush_every_batch: self.buffer_timeout_ms == 0,
+            buffer_timeout: std::time::Duration::from_millis(self.buffer_timeout_ms.max(1)),
+            ..Default::default()
+        };
+        network.max_frame_bytes = network.buffer_bytes + 64;
+        crate::cluster::local_driver::DriverOptions {
+            workers: self.workers,
+            network,
+            metrics_interval_ms: self.metrics_interval_ms,
+        }
+    }
 }
 
 /// Where a job with `state: { backend: remote }` keeps its state.
@@ -64,6 +94,8 @@ pub struct Summary {
     pub late: u64,
     /// Malformed records skipped.
     pub skipped: u64,
+    /// Checkpoint barriers that reached sinks.
+    pub barriers: u64,
     /// Wall-clock seconds from planning to the end.
     pub seconds: f64,
 }
@@ -95,19 +127,24 @@ pub fn execute(graph: pb::JobGraph, quiet: bool, state: &StateArgs) -> Result<Su
         records_out: metrics.records_out.load(Ordering::Relaxed),
         late: metrics.late_records(),
         skipped: metrics.skipped_records.load(Ordering::Relaxed),
+        barriers: metrics.sink_barriers.load(Ordering::Relaxed),
         seconds: start.elapsed().as_secs_f64(),
     })
 }
 
 /// The state service a run uses, and the embedded one it started, if any.
-struct RunState {
-    state: Arc<RemoteState>,
+pub(crate) struct RunState {
+    /// The job's connection to it.
+    pub(crate) state: Arc<RemoteState>,
+    /// Its address.
+    pub(crate) endpoint: String,
     embedded: Option<RunningStateService>,
     _temp_dir: Option<tempfile::TempDir>,
 }
 
 impl RunState {
-    async fn close(self) {
+    /// Stops the embedded node, if there is one.
+    pub(crate) async fn close(self) {
         if let Some(service) = self.embedded
             && let Err(e) = service.shutdown().await
         {
@@ -117,7 +154,10 @@ impl RunState {
 }
 
 /// Connects to (or starts) the state service when the job keeps its state remotely.
-async fn connect_state(plan: &PhysicalPlan, args: &StateArgs) -> Result<Option<RunState>, Failure> {
+pub(crate) async fn connect_state(
+    plan: &PhysicalPlan,
+    args: &StateArgs,
+) -> Result<Option<RunState>, Failure> {
     let Some(config) = plan.graph.state.as_ref() else {
         return Ok(None);
     };
@@ -145,8 +185,11 @@ async fn connect_state(plan: &PhysicalPlan, args: &StateArgs) -> Result<Option<R
             )
         }
     };
-    let mut remote =
-        RemoteStateConfig::new(endpoint, job_id(&plan.graph.name), plan.max_parallelism);
+    let mut remote = RemoteStateConfig::new(
+        endpoint.clone(),
+        job_id(&plan.graph.name),
+        plan.max_parallelism,
+    );
     if config.shards > 0 {
         remote.shards = config.shards;
     }
@@ -155,6 +198,7 @@ async fn connect_state(plan: &PhysicalPlan, args: &StateArgs) -> Result<Option<R
         .map_err(|e| Failure::from_compute(e.into()))?;
     Ok(Some(RunState {
         state,
+        endpoint,
         embedded,
         _temp_dir: temp,
     }))
@@ -179,10 +223,24 @@ fn job_id(name: &str) -> String {
 pub fn run(args: RunArgs) -> Result<(), Failure> {
     let graph = load_job(&args.job)?;
     let name = graph.name.clone();
-    let s = execute(graph, args.quiet, &args.state)?;
+    let s = if args.workers > 0 {
+        let options = args.driver_options();
+        runtime()?.block_on(crate::cluster::local_driver::run(
+            graph,
+            &options,
+            &args.state,
+        ))?
+    } else {
+        execute(graph, args.quiet, &args.state)?
+    };
     if !args.quiet {
+        let barriers = if s.barriers > 0 {
+            format!(", {} barriers at sinks", s.barriers)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "finished {name}: {} records in, {} out, {:.2} s, {} events/s, {} late, {} skipped",
+            "finished {name}: {} records in, {} out, {:.2} s, {} events/s, {} late, {} skipped{barriers}",
             s.records_in,
             s.records_out,
             s.seconds,

@@ -33,6 +33,18 @@ pub mod pb {
     pub mod state {
         include!(concat!(env!("OUT_DIR"), "/sluice.state.rs"));
     }
+
+    /// Messages between a driver (later: the coordinator) and its workers, generated
+    /// from `proto/cluster.proto`.
+    pub mod cluster {
+        include!(concat!(env!("OUT_DIR"), "/sluice.cluster.rs"));
+    }
+
+    /// The path `cluster` uses for `sluice.job` types.
+    #[doc(hidden)]
+    pub mod job {
+        pub use super::JobGraph;
+    }
 }
 
 /// Number of key groups when a job does not say (DESIGN §4).

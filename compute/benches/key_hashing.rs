@@ -6,7 +6,6 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use futures::FutureExt;
 use sluice_common::DEFAULT_MAX_PARALLELISM;
 use sluice_common::key_group::key_group_of;
 use sluice_compute::element::StreamElement;
@@ -85,9 +84,11 @@ fn key_groups(c: &mut Criterion) {
 /// Takes everything already queued on `rx` without waiting; returns the rows received.
 fn drain(rx: &mut QueueReceiver) -> usize {
     let mut rows = 0;
-    while let Some(Some((_, element))) = rx.recv().now_or_never() {
-        rows += element.num_rows();
-        drop(black_box(element));
+    while let Some(env) = rx.try_recv() {
+        if let Ok(element) = env.item {
+            rows += element.num_rows();
+            drop(black_box(element));
+        }
     }
     rows
 }

@@ -63,6 +63,15 @@ pub enum Error {
     /// A channel's other end is gone (its task ended or failed).
     #[error("channel closed: {0}")]
     Disconnected(&'static str),
+    /// The data plane failed: a peer worker is gone, silent, or broke the protocol.
+    /// `peer` names the worker (`worker 1 (127.0.0.1:4000)`).
+    #[error("network: {peer}: {message}")]
+    Network {
+        /// The other end.
+        peer: String,
+        /// What went wrong.
+        message: String,
+    },
     /// A bug in Sluice: an invariant did not hold.
     #[error("internal error: {0}")]
     Internal(String),

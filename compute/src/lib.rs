@@ -17,15 +17,19 @@
 //! - [`keys`]: canonical key bytes for hashing and keyed state.
 //! - [`state_client`]: the remote keyed-state backend (gRPC client of the state service
 //!   with an epoch write buffer and a read cache).
+//! - [`network`]: the credit-based data plane between worker processes.
+//! - [`cluster`]: a worker process's side of a deployment (control protocol, run, report).
 //!
 //! This crate must not know about the coordinator or the storage engine behind remote
 //! state: it sees state only through `KeyedStateBackend`.
 
+pub mod cluster;
 pub mod connector;
 pub mod element;
 pub mod error;
 pub mod expr;
 pub mod keys;
+pub mod network;
 pub mod operator;
 pub mod plan;
 pub mod runtime;

@@ -50,8 +50,12 @@ pub(super) fn source(node: &Node, path: &str) -> Result<pb::SourceSpec> {
 
 /// Decodes a sink section (`sink:` or a late-records `sink:`).
 pub(super) fn sink(node: &Node, path: &str) -> Result<pb::SinkSpec> {
-    let fields = Fields::with_noun(node, path, SINK_CONNECTORS, "sink connector")?;
+    let allowed = [SINK_CONNECTORS, &["parallelism"]].concat();
+    let fields = Fields::with_noun(node, path, &allowed, "sink connector")?;
     let (name, entry) = exactly_one(&fields, SINK_CONNECTORS, "sink")?;
+    let parallelism = fields
+        .opt("parallelism", |node, path| u32_in(node, path, 1, 32_768))?
+        .unwrap_or(0);
     let path = fields.path_of(name);
     let kind = match name {
         "stdout" => {
@@ -64,8 +68,10 @@ pub(super) fn sink(node: &Node, path: &str) -> Result<pb::SinkSpec> {
             })
         }
         "blackhole" => {
-            Fields::or_empty(entry.value, &path, &[])?;
-            pb::sink_spec::Kind::Blackhole(pb::BlackholeSink {})
+            let fields = Fields::or_empty(entry.value, &path, &["delay_per_batch"])?;
+            pb::sink_spec::Kind::Blackhole(pb::BlackholeSink {
+                delay_per_batch_ms: fields.opt("delay_per_batch", duration_ms)?.unwrap_or(0),
+            })
         }
         _ => {
             let allowed = [&["path", "format"][..], STORE_KEYS].concat();
@@ -84,7 +90,10 @@ pub(super) fn sink(node: &Node, path: &str) -> Result<pb::SinkSpec> {
             })
         }
     };
-    Ok(pb::SinkSpec { kind: Some(kind) })
+    Ok(pb::SinkSpec {
+        kind: Some(kind),
+        parallelism,
+    })
 }
 
 /// The one connector key of a section; `what` is "source" or "sink".

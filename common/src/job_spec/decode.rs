@@ -3,7 +3,7 @@
 //! it).
 
 use super::connector;
-use super::fields::{Fields, Result, choice, duration_ms, string, u32_in};
+use super::fields::{Fields, Result, choice, duration_ms, positive_duration_ms, string, u32_in};
 use super::marked_yaml::{Node, PosError};
 use super::pipeline;
 use super::spec::JobSpec;
@@ -17,6 +17,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "parallelism",
     "max_parallelism",
     "state",
+    "checkpoint",
     "source",
     "watermark",
     "pipeline",
@@ -56,6 +57,8 @@ pub(super) fn job(root: &Node) -> Result<JobSpec> {
     };
     let state = fields.opt("state", state)?.unwrap_or_default();
 
+    let checkpoint = fields.opt("checkpoint", checkpoint)?;
+
     let source_entry = fields.require("source", "; e.g. `source: { nexmark: { stream: bid } }`")?;
     let mut source = connector::source(source_entry.value, "source")?;
     source.watermark = fields.opt("watermark", watermark)?;
@@ -73,6 +76,7 @@ pub(super) fn job(root: &Node) -> Result<JobSpec> {
         parallelism,
         max_parallelism,
         state,
+        checkpoint,
         source,
         source_at: source_entry.key.pos,
         pipeline,
@@ -100,6 +104,25 @@ fn state(node: &Node, path: &str) -> Result<pb::StateConfig> {
     Ok(pb::StateConfig {
         backend: backend as i32,
         shards,
+    })
+}
+
+fn checkpoint(node: &Node, path: &str) -> Result<pb::CheckpointConfig> {
+    let fields = Fields::new(node, path, &["interval", "mode"])?;
+    let interval_ms = positive_duration_ms(
+        fields.require("interval", "; e.g. `interval: 1s`")?.value,
+        &fields.path_of("interval"),
+    )?;
+    let modes = [
+        ("aligned", pb::CheckpointMode::Aligned),
+        ("unaligned", pb::CheckpointMode::Unaligned),
+    ];
+    let mode = fields
+        .opt("mode", |node, path| choice(node, path, &modes))?
+        .unwrap_or(pb::CheckpointMode::Aligned);
+    Ok(pb::CheckpointConfig {
+        interval_ms,
+        mode: mode as i32,
     })
 }
 

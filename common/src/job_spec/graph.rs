@@ -61,9 +61,13 @@ pub(super) fn job_graph(file: &str, spec: JobSpec) -> pb::JobGraph {
         graph.connect(upstream, node, edge_partitioning, key_columns, "");
         upstream = node;
     }
+    let sink_parallelism = match spec.sink.parallelism {
+        0 => upstream.parallelism,
+        p => p,
+    };
     let sink = graph.add_node(
         "sink",
-        upstream.parallelism,
+        sink_parallelism,
         spec.sink_at,
         pb::node::Kind::Sink(spec.sink),
     );
@@ -90,6 +94,7 @@ pub(super) fn job_graph(file: &str, spec: JobSpec) -> pb::JobGraph {
         edges: graph.edges,
         origin_file: file.to_owned(),
         state: Some(spec.state),
+        checkpoint: spec.checkpoint,
     }
 }
 

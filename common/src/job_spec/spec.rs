@@ -13,6 +13,8 @@ pub(super) struct JobSpec {
     pub parallelism: u32,
     pub max_parallelism: u32,
     pub state: pb::StateConfig,
+    /// Periodic barriers injected by the sources, when set.
+    pub checkpoint: Option<pb::CheckpointConfig>,
     /// Includes the watermark and batch size.
     pub source: pb::SourceSpec,
     /// Where the `source:` key is.

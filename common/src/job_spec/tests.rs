@@ -189,7 +189,8 @@ fn full_example_becomes_the_expected_graph() {
         Some(Kind::Sink(pb::SinkSpec {
             kind: Some(pb::sink_spec::Kind::Stdout(pb::StdoutSink {
                 format: pb::FileFormat::Jsonl as i32
-            }))
+            })),
+            parallelism: 0,
         }))
     );
     assert_eq!(
@@ -199,7 +200,8 @@ fn full_example_becomes_the_expected_graph() {
                 path: "out/late".into(),
                 format: pb::FileFormat::Csv as i32,
                 store: None,
-            }))
+            })),
+            parallelism: 0,
         }))
     );
 
@@ -300,6 +302,7 @@ sink:
     );
     let Some(Kind::Sink(pb::SinkSpec {
         kind: Some(pb::sink_spec::Kind::File(sink)),
+        ..
     })) = &graph.nodes[1].kind
     else {
         panic!("not a file sink")
@@ -775,4 +778,27 @@ fn every_example_parses() {
             "{name} missing: {parsed:?}"
         );
     }
+}
+
+#[test]
+fn checkpoint_settings_parse_with_positions() {
+    let ok = parse(
+        "name: t\ncheckpoint: { interval: 1s, mode: unaligned }\nsource:\n  nexmark: { stream: bid }\nsink:\n  blackhole: { delay_per_batch: 5ms }\n  parallelism: 1\n",
+    );
+    let cp = ok.checkpoint.expect("checkpoint");
+    assert_eq!(cp.interval_ms, 1000);
+    assert_eq!(cp.mode(), pb::CheckpointMode::Unaligned);
+    let Some(Kind::Sink(sink)) = &ok.nodes[1].kind else {
+        panic!("not a sink")
+    };
+    assert_eq!(sink.parallelism, 1);
+    assert_eq!(ok.nodes[1].parallelism, 1);
+    let err = crate::job_spec::parse_job(
+        "job.yaml",
+        "name: t\ncheckpoint: { interval: 1s, mode: sometimes }\nsource:\n  nexmark: { stream: bid }\nsink:\n  stdout: {}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.starts_with("job.yaml:2:"), "{err}");
+    assert!(err.contains("sometimes"), "{err}");
 }

@@ -191,7 +191,9 @@ pub async fn create_sink(
         Some(pb::sink_spec::Kind::Stdout(s)) => {
             Ok(Box::new(stdout::StdoutWriter::new(s.format(), schema)?))
         }
-        Some(pb::sink_spec::Kind::Blackhole(_)) => Ok(Box::new(blackhole::BlackholeWriter)),
+        Some(pb::sink_spec::Kind::Blackhole(b)) => Ok(Box::new(blackhole::BlackholeWriter {
+            delay_per_batch: std::time::Duration::from_millis(b.delay_per_batch_ms),
+        })),
         Some(pb::sink_spec::Kind::File(f)) => Ok(Box::new(
             file::FileWriter::create(f, schema, subtask).await?,
         )),

@@ -1,31 +1,66 @@
 //! A task's input gate: merges its input channels into one ordered stream of elements.
 //!
-//! The gate owns the per-channel bookkeeping that makes event time work across parallel
-//! inputs: a task's watermark is the minimum over channels that are neither idle nor
-//! finished, and it only moves forward. A channel that sent `Idle` is left out until it
-//! sends anything else; when every open channel is idle the gate reports `Idle` itself.
-//! A barrier is passed on once every open channel has delivered it (the alignment point);
-//! blocking channels during alignment arrives with the network stack. The gate ends when
-//! every channel has ended.
+//! The gate owns the per-channel bookkeeping that makes event time and checkpoints work
+//! across parallel inputs:
+//!
+//! - **Watermarks**: the task's watermark is the minimum over channels that are neither
+//!   idle nor finished, and only moves forward. A channel that sent `Idle` is left out
+//!   until it sends anything else; when every open channel is idle the gate reports
+//!   `Idle` itself.
+//! - **Aligned barriers**: a channel that delivered barrier N is *blocked* (its further
+//!   elements are kept aside, still holding their share of the channel's bound, so its
+//!   producer is back-pressured) until every open channel delivered N; then the barrier
+//!   is passed on once and the channels are unblocked in order.
+//! - **Unaligned barriers** arrive on the priority lane and are passed on at once, when
+//!   the first channel delivers them. Elements they overtook are the checkpoint's
+//!   *channel state*: for each channel, the elements sent before that channel's barrier
+//!   but not processed by the task before the barrier was passed on. They are still
+//!   processed as usual, and captured (cheap clones) in a [`ChannelState`] that
+//!   [`InputGate::take_channel_state`] hands to whoever stores checkpoints.
+//! - The gate ends when every channel has ended; a failed channel fails the gate.
+//!
+//! The gate does not know whether a channel is local or remote (see `runtime::queue`).
 
-use crate::element::{StreamElement, Timestamp};
-use crate::runtime::queue::QueueReceiver;
+use std::collections::VecDeque;
 
-#[derive(Debug, Clone, Copy)]
-struct ChannelState {
+use crate::element::{Barrier, BarrierKind, StreamElement, Timestamp};
+use crate::error::{Error, Result};
+use crate::runtime::queue::{Envelope, PriorityEnvelope, QueueReceiver, Received};
+
+#[derive(Debug)]
+struct ChannelInfo {
     watermark: Timestamp,
     idle: bool,
     finished: bool,
+    /// Last barrier this channel delivered.
     barrier: Option<u64>,
+    /// Blocked for alignment: elements go to `stash`.
+    blocked: bool,
+    stash: VecDeque<Envelope>,
+    /// Record processed elements into the pending channel state.
+    recording: bool,
+}
+
+/// The in-flight elements an unaligned barrier overtook, per input channel.
+#[derive(Debug, Clone)]
+pub struct ChannelState {
+    /// The checkpoint.
+    pub checkpoint_id: u64,
+    /// Per channel (by gate index): the overtaken elements, in channel order.
+    pub channels: Vec<Vec<StreamElement>>,
 }
 
 /// Merges the channels of one consumer.
 pub struct InputGate {
     rx: QueueReceiver,
-    channels: Vec<ChannelState>,
+    channels: Vec<ChannelInfo>,
     emitted_watermark: Timestamp,
     all_idle: bool,
-    pending_barrier: Option<crate::element::Barrier>,
+    pending_barrier: Option<Barrier>,
+    ready: VecDeque<StreamElement>,
+    capturing: Option<ChannelState>,
+    captured: Vec<ChannelState>,
+    next_stash: usize,
 }
 
 impl InputGate {
@@ -34,18 +69,24 @@ impl InputGate {
         let n = rx.channels();
         Self {
             rx,
-            channels: vec![
-                ChannelState {
+            channels: (0..n)
+                .map(|_| ChannelInfo {
                     watermark: Timestamp::MIN,
                     idle: false,
                     finished: false,
-                    barrier: None
-                };
-                n
-            ],
+                    barrier: None,
+                    blocked: false,
+                    stash: VecDeque::new(),
+                    recording: false,
+                })
+                .collect(),
             emitted_watermark: Timestamp::MIN,
             all_idle: false,
             pending_barrier: None,
+            ready: VecDeque::new(),
+            capturing: None,
+            captured: Vec::new(),
+            next_stash: 0,
         }
     }
 
@@ -54,50 +95,187 @@ impl InputGate {
         self.emitted_watermark
     }
 
-    /// The next element for the task; `None` once all channels ended.
-    pub async fn next(&mut self) -> Option<StreamElement> {
+    /// Channels currently blocked for barrier alignment.
+    pub fn blocked_channels(&self) -> usize {
+        self.channels.iter().filter(|c| c.blocked).count()
+    }
+
+    /// Channel state of the unaligned checkpoints completed at this gate so far.
+    pub fn take_channel_state(&mut self) -> Vec<ChannelState> {
+        std::mem::take(&mut self.captured)
+    }
+
+    /// The next element for the task; `None` once all channels ended. Cancel-safe.
+    pub async fn next(&mut self) -> Result<Option<StreamElement>> {
         loop {
-            if self.channels.iter().all(|c| c.finished) {
-                return None;
+            if let Some(e) = self.ready.pop_front() {
+                return Ok(Some(e));
             }
-            let Some((ch, element)) = self.rx.recv().await else {
-                // Every sender dropped without EndOfPartition: an upstream task failed.
-                return None;
-            };
-            if let Some(out) = self.handle(ch, element) {
-                return Some(out);
+            if self.channels.iter().all(|c| c.finished) {
+                return Ok(None);
+            }
+            if let Some(env) = self.pop_stash() {
+                self.process(env)?;
+                continue;
+            }
+            match self.rx.recv().await {
+                None => {
+                    return Err(Error::Disconnected(
+                        "every upstream channel closed before its end",
+                    ));
+                }
+                Some(Received::Priority(p)) => self.on_priority(p),
+                Some(Received::Element(env)) => {
+                    // A priority event sent before this element must be seen first.
+                    while let Some(p) = self.rx.try_recv_priority() {
+                        self.on_priority(p);
+                    }
+                    let c = &mut self.channels[env.channel];
+                    if c.blocked || !c.stash.is_empty() {
+                        c.stash.push_back(env);
+                    } else {
+                        self.process(env)?;
+                    }
+                }
             }
         }
     }
 
-    fn handle(&mut self, ch: usize, element: StreamElement) -> Option<StreamElement> {
+    /// An element kept aside on a channel that is no longer blocked.
+    fn pop_stash(&mut self) -> Option<Envelope> {
+        let n = self.channels.len();
+        for i in 0..n {
+            let ch = (self.next_stash + i) % n;
+            let c = &mut self.channels[ch];
+            if !c.blocked
+                && let Some(env) = c.stash.pop_front()
+            {
+                self.next_stash = ch;
+                return Some(env);
+            }
+        }
+        None
+    }
+
+    fn process(&mut self, env: Envelope) -> Result<()> {
+        let Envelope {
+            channel: ch,
+            item,
+            release,
+            ..
+        } = env;
+        let element = item?;
+        if self.channels[ch].recording
+            && let Some(state) = &mut self.capturing
+        {
+            state.channels[ch].push(element.clone());
+        }
         match element {
             StreamElement::Batch(b) => {
                 self.activate(ch);
-                Some(StreamElement::Batch(b))
+                self.ready.push_back(StreamElement::Batch(b));
             }
             StreamElement::Watermark(ts) => {
                 self.activate(ch);
                 let c = &mut self.channels[ch];
                 c.watermark = c.watermark.max(ts);
-                self.advance()
+                self.advance();
             }
             StreamElement::Idle => {
                 self.channels[ch].idle = true;
-                self.advance().or_else(|| self.check_all_idle())
+                self.advance();
+                self.check_all_idle();
             }
             StreamElement::EndOfPartition => {
-                self.channels[ch].finished = true;
-                if let Some(b) = self.barrier_complete() {
-                    return Some(b);
-                }
-                self.advance()
+                let c = &mut self.channels[ch];
+                c.finished = true;
+                c.blocked = false;
+                c.recording = false;
+                self.barrier_complete();
+                self.capture_complete();
+                self.advance();
+            }
+            StreamElement::Barrier(barrier) if barrier.kind == BarrierKind::Unaligned => {
+                // An unaligned barrier in band (its producer could not send it ahead):
+                // it overtook nothing on this channel.
+                let sequence = 0;
+                self.on_unaligned(ch, sequence, barrier);
             }
             StreamElement::Barrier(barrier) => {
-                self.channels[ch].barrier = Some(barrier.checkpoint_id);
-                self.pending_barrier = Some(barrier);
-                self.barrier_complete()
+                let c = &mut self.channels[ch];
+                c.barrier = Some(barrier.checkpoint_id);
+                if self
+                    .pending_barrier
+                    .is_none_or(|p| p.checkpoint_id < barrier.checkpoint_id)
+                {
+                    self.pending_barrier = Some(barrier);
+                }
+                if !self.barrier_complete() {
+                    self.channels[ch].blocked = true;
+                }
             }
+        }
+        drop(release);
+        Ok(())
+    }
+
+    fn on_priority(&mut self, p: PriorityEnvelope) {
+        match p.element {
+            StreamElement::Barrier(b) => self.on_unaligned(p.channel, p.sequence, b),
+            other => self.ready.push_back(other),
+        }
+    }
+
+    /// Barrier `b` arrived ahead of the elements of `ch` after position `sequence`.
+    fn on_unaligned(&mut self, ch: usize, sequence: u64, b: Barrier) {
+        let id = b.checkpoint_id;
+        if self.capturing.as_ref().is_none_or(|s| s.checkpoint_id < id)
+            && self.channels[ch].barrier.is_none_or(|last| last < id)
+        {
+            if let Some(old) = self.capturing.take() {
+                self.captured.push(old);
+            }
+            // The first channel with this barrier: the task snapshots now.
+            self.ready.push_back(StreamElement::Barrier(b));
+            self.capturing = Some(ChannelState {
+                checkpoint_id: id,
+                channels: vec![Vec::new(); self.channels.len()],
+            });
+            for c in &mut self.channels {
+                c.recording = !c.finished;
+            }
+        }
+        // Everything already queued goes aside so that the overtaken part is visible.
+        while let Some(env) = self.rx.try_recv() {
+            self.channels[env.channel].stash.push_back(env);
+        }
+        let c = &mut self.channels[ch];
+        c.barrier = Some(id);
+        c.recording = false;
+        if let Some(state) = &mut self.capturing
+            && state.checkpoint_id == id
+        {
+            for env in c.stash.iter().filter(|e| e.sequence <= sequence) {
+                if let Ok(element) = &env.item {
+                    state.channels[ch].push(element.clone());
+                }
+            }
+        }
+        self.capture_complete();
+    }
+
+    fn capture_complete(&mut self) {
+        let Some(state) = &self.capturing else {
+            return;
+        };
+        let id = state.checkpoint_id;
+        if self
+            .channels
+            .iter()
+            .all(|c| c.finished || c.barrier.is_some_and(|b| b >= id))
+            && let Some(state) = self.capturing.take()
+        {
+            self.captured.push(state);
         }
     }
 
@@ -107,7 +285,7 @@ impl InputGate {
     }
 
     /// Emits a new watermark when the minimum over open channels moved forward.
-    fn advance(&mut self) -> Option<StreamElement> {
+    fn advance(&mut self) {
         let min = self
             .channels
             .iter()
@@ -123,44 +301,87 @@ impl InputGate {
                         .max()
                         .unwrap_or(Timestamp::MIN)
                 })
-            })?;
-        if min > self.emitted_watermark {
+            });
+        if let Some(min) = min
+            && min > self.emitted_watermark
+        {
             self.emitted_watermark = min;
-            Some(StreamElement::Watermark(min))
-        } else {
-            None
+            self.ready.push_back(StreamElement::Watermark(min));
         }
     }
 
-    fn check_all_idle(&mut self) -> Option<StreamElement> {
-        let open: Vec<_> = self.channels.iter().filter(|c| !c.finished).collect();
-        if !open.is_empty() && open.iter().all(|c| c.idle) && !self.all_idle {
+    fn check_all_idle(&mut self) {
+        let mut open = self.channels.iter().filter(|c| !c.finished).peekable();
+        if open.peek().is_some() && open.all(|c| c.idle) && !self.all_idle {
             self.all_idle = true;
-            Some(StreamElement::Idle)
-        } else {
-            None
+            self.ready.push_back(StreamElement::Idle);
         }
     }
 
-    fn barrier_complete(&mut self) -> Option<StreamElement> {
-        let barrier = self.pending_barrier?;
+    /// Passes the pending aligned barrier on once every open channel delivered it.
+    fn barrier_complete(&mut self) -> bool {
+        let Some(barrier) = self.pending_barrier else {
+            return false;
+        };
         let done = self
             .channels
             .iter()
             .all(|c| c.finished || c.barrier == Some(barrier.checkpoint_id));
         if done {
             self.pending_barrier = None;
-            Some(StreamElement::Barrier(barrier))
-        } else {
-            None
+            for c in &mut self.channels {
+                c.blocked = false;
+            }
+            self.ready.push_back(StreamElement::Barrier(barrier));
         }
+        done
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+
     use super::*;
     use crate::runtime::queue::input_queue;
+
+    fn batch(v: i64) -> StreamElement {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        StreamElement::Batch(
+            RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![v]))]).unwrap(),
+        )
+    }
+
+    fn value(e: &StreamElement) -> i64 {
+        let StreamElement::Batch(b) = e else {
+            panic!("not a batch: {e:?}")
+        };
+        b.column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .value(0)
+    }
+
+    fn barrier(id: u64, kind: BarrierKind) -> StreamElement {
+        StreamElement::Barrier(Barrier {
+            checkpoint_id: id,
+            kind,
+        })
+    }
+
+    async fn next(gate: &mut InputGate) -> StreamElement {
+        tokio::time::timeout(Duration::from_secs(5), gate.next())
+            .await
+            .expect("gate stalled")
+            .unwrap()
+            .expect("gate ended")
+    }
 
     #[tokio::test]
     async fn watermark_is_the_minimum_of_active_channels() {
@@ -168,24 +389,21 @@ mod tests {
         let mut gate = InputGate::new(rx);
         tx[0].send(StreamElement::Watermark(10)).await.unwrap();
         tx[1].send(StreamElement::Watermark(5)).await.unwrap();
-        assert!(matches!(
-            gate.next().await,
-            Some(StreamElement::Watermark(5))
-        ));
+        assert!(matches!(next(&mut gate).await, StreamElement::Watermark(5)));
         tx[1].send(StreamElement::Idle).await.unwrap();
         // Channel 1 idle: channel 0 alone decides.
         assert!(matches!(
-            gate.next().await,
-            Some(StreamElement::Watermark(10))
+            next(&mut gate).await,
+            StreamElement::Watermark(10)
         ));
         tx[0].send(StreamElement::EndOfPartition).await.unwrap();
         tx[1].send(StreamElement::Watermark(20)).await.unwrap();
         assert!(matches!(
-            gate.next().await,
-            Some(StreamElement::Watermark(20))
+            next(&mut gate).await,
+            StreamElement::Watermark(20)
         ));
         tx[1].send(StreamElement::EndOfPartition).await.unwrap();
-        assert!(gate.next().await.is_none());
+        assert!(gate.next().await.unwrap().is_none());
     }
 
     #[tokio::test]
@@ -194,6 +412,96 @@ mod tests {
         let mut gate = InputGate::new(rx);
         tx[0].send(StreamElement::Idle).await.unwrap();
         tx[1].send(StreamElement::Idle).await.unwrap();
-        assert!(matches!(gate.next().await, Some(StreamElement::Idle)));
+        assert!(matches!(next(&mut gate).await, StreamElement::Idle));
+    }
+
+    #[tokio::test]
+    async fn aligned_barrier_blocks_the_channel_that_delivered_it() {
+        let (tx, rx) = input_queue(2, 1 << 20);
+        let mut gate = InputGate::new(rx);
+        tx[0].send(barrier(1, BarrierKind::Aligned)).await.unwrap();
+        tx[0].send(batch(1)).await.unwrap();
+        tx[1].send(batch(2)).await.unwrap();
+        // Channel 0 is blocked behind barrier 1: only channel 1's record comes through.
+        assert_eq!(value(&next(&mut gate).await), 2);
+        assert_eq!(gate.blocked_channels(), 1);
+        let stalled = tokio::time::timeout(Duration::from_millis(50), gate.next()).await;
+        assert!(stalled.is_err(), "channel 0 must stay blocked");
+        tx[1].send(barrier(1, BarrierKind::Aligned)).await.unwrap();
+        assert!(matches!(
+            next(&mut gate).await,
+            StreamElement::Barrier(Barrier {
+                checkpoint_id: 1,
+                ..
+            })
+        ));
+        assert_eq!(value(&next(&mut gate).await), 1);
+        assert_eq!(gate.blocked_channels(), 0);
+    }
+
+    #[tokio::test]
+    async fn blocked_channel_keeps_its_budget() {
+        let (tx, rx) = input_queue(2, 100);
+        let mut gate = InputGate::new(rx);
+        tx[0].send(barrier(1, BarrierKind::Aligned)).await.unwrap();
+        let _ = tokio::time::timeout(Duration::from_millis(50), gate.next()).await;
+        assert_eq!(gate.blocked_channels(), 1);
+        // Fill channel 0 behind its barrier: six 16-byte elements fit in 100 bytes.
+        for _ in 0..6 {
+            tx[0].send(StreamElement::Idle).await.unwrap();
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(50), gate.next()).await;
+        let blocked =
+            tokio::time::timeout(Duration::from_millis(50), tx[0].send(StreamElement::Idle)).await;
+        assert!(
+            blocked.is_err(),
+            "a blocked channel's producer must be back-pressured"
+        );
+    }
+
+    #[tokio::test]
+    async fn unaligned_barrier_overtakes_and_captures_in_flight_elements() {
+        let (tx, rx) = input_queue(2, 1 << 20);
+        let mut gate = InputGate::new(rx);
+        // Channel 0: 1, 2 queued, then the barrier (priority), then 3.
+        tx[0].send(batch(1)).await.unwrap();
+        tx[0].send(batch(2)).await.unwrap();
+        tx[1].send(batch(10)).await.unwrap();
+        tx[0]
+            .send_priority(barrier(7, BarrierKind::Unaligned))
+            .unwrap();
+        tx[0].send(batch(3)).await.unwrap();
+        // The barrier comes first, ahead of everything queued.
+        assert!(matches!(
+            next(&mut gate).await,
+            StreamElement::Barrier(Barrier {
+                checkpoint_id: 7,
+                ..
+            })
+        ));
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            seen.push(value(&next(&mut gate).await));
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, [1, 2, 3, 10]);
+        // Channel 1 sends 11 (processed after the snapshot, before its barrier), then
+        // its barrier, then 12.
+        tx[1].send(batch(11)).await.unwrap();
+        assert_eq!(value(&next(&mut gate).await), 11);
+        tx[1]
+            .send_priority(barrier(7, BarrierKind::Unaligned))
+            .unwrap();
+        tx[1].send(batch(12)).await.unwrap();
+        assert_eq!(value(&next(&mut gate).await), 12);
+        let states = gate.take_channel_state();
+        assert_eq!(states.len(), 1);
+        let captured: Vec<Vec<i64>> = states[0]
+            .channels
+            .iter()
+            .map(|c| c.iter().map(value).collect())
+            .collect();
+        // Exactly the overtaken elements: 1 and 2 on channel 0; 10 and 11 on channel 1.
+        assert_eq!(captured, vec![vec![1, 2], vec![10, 11]]);
     }
 }

@@ -15,6 +15,8 @@ pub struct JobMetrics {
     pub records_out: Arc<AtomicU64>,
     /// Malformed input records skipped or sent to a dead-letter output.
     pub skipped_records: Arc<AtomicU64>,
+    /// Barriers that reached sinks (in order; a sink fails otherwise).
+    pub sink_barriers: Arc<AtomicU64>,
     /// Watermark of each source subtask (`i64::MIN` before the first).
     pub source_watermarks: std::sync::Mutex<Vec<Arc<AtomicI64>>>,
     /// Late-record counters of every window subtask.
@@ -58,5 +60,60 @@ impl JobMetrics {
         w.iter()
             .map(|c| c.late_records.load(Ordering::Relaxed))
             .sum()
+    }
+}
+
+/// Per-task figures (DESIGN §6): where the task's time goes and what flows through it.
+///
+/// Times are cumulative nanoseconds; a reporter turns deltas into milliseconds per
+/// second. *Idle* is time waiting for input, *back-pressured* time waiting for room
+/// downstream (a full queue or subpartition), *busy* the rest of the time spent on
+/// elements.
+#[derive(Debug, Default)]
+pub struct TaskMetrics {
+    /// `node[subtask]`.
+    pub name: String,
+    /// Nanoseconds handling elements (including back-pressured time).
+    pub work_ns: AtomicU64,
+    /// Nanoseconds waiting for room downstream.
+    pub backpressured_ns: AtomicU64,
+    /// Nanoseconds waiting for input.
+    pub idle_ns: AtomicU64,
+    /// Records taken in (read by a source or received).
+    pub records_in: AtomicU64,
+    /// Records sent downstream.
+    pub records_out: AtomicU64,
+    /// Bytes received (approximate in-memory size for local channels).
+    pub bytes_in: AtomicU64,
+    /// Bytes sent on local channels (remote ones are counted by their subpartitions).
+    pub bytes_out: AtomicU64,
+    /// Barriers this task passed on.
+    pub barriers: AtomicU64,
+}
+
+/// Sends slower than this count as waiting for room downstream.
+const BLOCKED_AFTER: std::time::Duration = std::time::Duration::from_micros(50);
+
+impl TaskMetrics {
+    /// Metrics of task `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ..Self::default()
+        }
+    }
+
+    /// One send of `rows` records that took `took`.
+    pub fn add_send(&self, rows: u64, took: std::time::Duration) {
+        self.records_out.fetch_add(rows, Ordering::Relaxed);
+        if took > BLOCKED_AFTER {
+            self.backpressured_ns
+                .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes sent on a local channel.
+    pub fn add_bytes_out(&self, bytes: u64) {
+        self.bytes_out.fetch_add(bytes, Ordering::Relaxed);
     }
 }

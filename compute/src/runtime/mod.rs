@@ -5,11 +5,13 @@
 //! - [`router`]: forward / hash / rebalance / broadcast partitioning of a task's output.
 //! - [`chain`]: operators of one task called in sequence.
 //! - [`task`]: the loop of one subtask.
+//! - [`build`]: builds the tasks placed on this process, local and remote channels.
 //! - [`local`]: runs a whole plan in this process (the embedded default).
 //! - [`metrics`]: job-wide counters for progress and benchmarks.
 //!
 //! Nothing here knows what an operator computes, or where a source reads from.
 
+pub mod build;
 pub mod chain;
 pub mod input_gate;
 pub mod local;

@@ -4,17 +4,63 @@
 //! subtask), hash (by the key group of the key columns, DESIGN §4), rebalance (round
 //! robin by batch) or broadcast. Control elements (watermarks, barriers, idleness, end
 //! of partition) go to every channel of every edge, so downstream gates see them on
-//! each input.
+//! each input; an unaligned barrier goes ahead of what is queued (a priority event).
+//!
+//! A channel is local (a byte-bounded queue into a gate of this process) or remote (a
+//! subpartition of the data plane, `network::partition`); the router does not care.
 
 use arrow::array::UInt32Array;
 use arrow::compute::take_record_batch;
 use arrow::record_batch::RecordBatch;
 use sluice_common::key_group::{key_group_of, subtask_for_key_group};
 
-use crate::element::StreamElement;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::element::{BarrierKind, StreamElement};
 use crate::error::Result;
 use crate::keys::{EncodedKeys, KeyEncoder};
+use crate::network::partition::SubpartitionWriter;
+use crate::runtime::metrics::TaskMetrics;
 use crate::runtime::queue::QueueSender;
+
+/// One outgoing channel.
+#[derive(Debug)]
+pub enum ChannelSender {
+    /// To a task of this process.
+    Local(QueueSender),
+    /// To a task of another worker.
+    Remote(SubpartitionWriter),
+}
+
+impl ChannelSender {
+    async fn send(&mut self, element: StreamElement, metrics: &TaskMetrics) -> Result<()> {
+        let rows = element.num_rows() as u64;
+        let start = Instant::now();
+        let r = match self {
+            ChannelSender::Local(q) => {
+                let bytes = element.size_bytes() as u64;
+                let r = q.send(element).await;
+                metrics.add_bytes_out(bytes);
+                r
+            }
+            ChannelSender::Remote(w) => w.write(&element).await,
+        };
+        metrics.add_send(rows, start.elapsed());
+        r
+    }
+
+    /// Sends an unaligned barrier ahead of queued data; returns the buffers it overtook
+    /// (remote channels; a local channel's consumer captures them itself).
+    fn send_priority(&mut self, element: &StreamElement) -> Result<Vec<Bytes>> {
+        match self {
+            ChannelSender::Local(q) => q.send_priority(element.clone()).map(|_| Vec::new()),
+            ChannelSender::Remote(w) => w.write_priority(element),
+        }
+    }
+}
 
 /// How records of one edge are spread over the consumer's subtasks.
 #[derive(Debug, Clone)]
@@ -38,19 +84,38 @@ pub enum Partitioner {
 #[derive(Debug)]
 pub struct OutputEdge {
     partitioner: Partitioner,
-    senders: Vec<QueueSender>,
+    senders: Vec<ChannelSender>,
+    metrics: Arc<TaskMetrics>,
+    /// Buffers the last unaligned barrier overtook, per channel (output channel state).
+    pub output_state: Vec<Vec<Bytes>>,
     next: usize,
     keys: EncodedKeys,
     targets: Vec<Vec<u32>>,
 }
 
 impl OutputEdge {
-    /// An edge sending through `senders` (one per consumer subtask; one for forward).
+    /// An edge sending through local `senders` (one per consumer subtask; one for
+    /// forward).
     pub fn new(partitioner: Partitioner, senders: Vec<QueueSender>) -> Self {
+        Self::with_channels(
+            partitioner,
+            senders.into_iter().map(ChannelSender::Local).collect(),
+            Arc::default(),
+        )
+    }
+
+    /// An edge over local or remote channels, counting into `metrics`.
+    pub fn with_channels(
+        partitioner: Partitioner,
+        senders: Vec<ChannelSender>,
+        metrics: Arc<TaskMetrics>,
+    ) -> Self {
         let targets = vec![Vec::new(); senders.len()];
         Self {
             partitioner,
             senders,
+            metrics,
+            output_state: Vec::new(),
             next: 0,
             keys: EncodedKeys::default(),
             targets,
@@ -59,22 +124,33 @@ impl OutputEdge {
 
     /// Sends `element` to the right channels.
     pub async fn emit(&mut self, element: &StreamElement) -> Result<()> {
+        let metrics = &*self.metrics;
         let StreamElement::Batch(batch) = element else {
-            for s in &self.senders {
-                s.send(element.clone()).await?;
+            if let StreamElement::Barrier(b) = element
+                && b.kind == BarrierKind::Unaligned
+            {
+                self.output_state.clear();
+                for s in &mut self.senders {
+                    let overtaken = s.send_priority(element)?;
+                    self.output_state.push(overtaken);
+                }
+                return Ok(());
+            }
+            for s in &mut self.senders {
+                s.send(element.clone(), metrics).await?;
             }
             return Ok(());
         };
         match &self.partitioner {
-            Partitioner::Forward => self.senders[0].send(element.clone()).await,
+            Partitioner::Forward => self.senders[0].send(element.clone(), metrics).await,
             Partitioner::Rebalance => {
                 let i = self.next % self.senders.len();
                 self.next = self.next.wrapping_add(1);
-                self.senders[i].send(element.clone()).await
+                self.senders[i].send(element.clone(), metrics).await
             }
             Partitioner::Broadcast => {
-                for s in &self.senders {
-                    s.send(element.clone()).await?;
+                for s in &mut self.senders {
+                    s.send(element.clone(), metrics).await?;
                 }
                 Ok(())
             }
@@ -91,9 +167,10 @@ impl OutputEdge {
             return Ok(());
         };
         let parallelism = self.senders.len() as u32;
+        let metrics = &*self.metrics;
         if parallelism == 1 {
             return self.senders[0]
-                .send(StreamElement::Batch(batch.clone()))
+                .send(StreamElement::Batch(batch.clone()), metrics)
                 .await;
         }
         encoder.encode(batch, &mut self.keys)?;
@@ -115,7 +192,7 @@ impl OutputEdge {
                 take_record_batch(batch, &UInt32Array::from(std::mem::take(rows)))?
             };
             self.senders[target]
-                .send(StreamElement::Batch(part))
+                .send(StreamElement::Batch(part), metrics)
                 .await?;
         }
         Ok(())
@@ -155,7 +232,10 @@ mod tests {
         drop((s0, s1));
         let mut total = 0;
         for (subtask, rx) in [(0u32, &mut r0), (1, &mut r1)] {
-            while let Some((_, StreamElement::Batch(b))) = rx.recv().await {
+            while let Some(crate::runtime::queue::Received::Element(env)) = rx.recv().await {
+                let Ok(StreamElement::Batch(b)) = env.item else {
+                    break;
+                };
                 let mut keys = EncodedKeys::default();
                 encoder.encode(&b, &mut keys).unwrap();
                 for row in 0..b.num_rows() {

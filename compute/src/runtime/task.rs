@@ -5,6 +5,10 @@
 //! idleness). At the end of a bounded input a source emits the final watermark
 //! (`i64::MAX`, so every event-time window fires), the chain is closed, and
 //! `EndOfPartition` goes downstream.
+//!
+//! Until a coordinator triggers checkpoints, a source task can inject barriers itself
+//! every `interval` ([`CheckpointTrigger`], from the job's `checkpoint:` setting). The
+//! task times where it spends its time into its [`TaskMetrics`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -13,11 +17,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::connector::SourceReader;
-use crate::element::{StreamElement, Timestamp};
+use crate::element::{Barrier, BarrierKind, StreamElement, Timestamp};
 use crate::error::{Error, Result};
 use crate::operator::OperatorContext;
 use crate::runtime::chain::{Chain, TaskOutput};
-use crate::runtime::input_gate::InputGate;
+use crate::runtime::input_gate::{ChannelState, InputGate};
+use crate::runtime::metrics::TaskMetrics;
 use crate::time::watermark::WatermarkGenerator;
 
 /// How often processing-time operators and source idleness are checked.
@@ -35,6 +40,44 @@ pub struct SourceInput {
     pub records_in: Arc<AtomicU64>,
     /// Job-wide count of malformed records skipped.
     pub skipped: Arc<AtomicU64>,
+}
+
+/// Periodic barriers injected by a source task.
+#[derive(Debug, Clone)]
+pub struct CheckpointTrigger {
+    /// Time between barriers.
+    pub interval: Duration,
+    /// Aligned or unaligned.
+    pub kind: BarrierKind,
+    /// Id of the next barrier.
+    pub next_id: u64,
+    /// When the last one was injected.
+    pub last: Instant,
+}
+
+impl CheckpointTrigger {
+    /// Barriers every `interval` of `kind`, the first after one interval.
+    pub fn new(interval: Duration, kind: BarrierKind) -> Self {
+        Self {
+            interval,
+            kind,
+            next_id: 1,
+            last: Instant::now(),
+        }
+    }
+
+    fn due(&mut self) -> Option<Barrier> {
+        if self.last.elapsed() < self.interval {
+            return None;
+        }
+        self.last = Instant::now();
+        let b = Barrier {
+            checkpoint_id: self.next_id,
+            kind: self.kind,
+        };
+        self.next_id += 1;
+        Some(b)
+    }
 }
 
 /// Where a task's elements come from.
@@ -57,6 +100,12 @@ pub struct Task {
     pub contexts: Vec<OperatorContext>,
     /// The output router.
     pub output: TaskOutput,
+    /// Where the task's time goes.
+    pub metrics: Arc<TaskMetrics>,
+    /// Barriers to inject (source tasks, when the job asks for checkpoints).
+    pub checkpoints: Option<CheckpointTrigger>,
+    /// Channel state of the last unaligned checkpoint this task's gate completed.
+    pub channel_state: Option<ChannelState>,
 }
 
 impl Task {
@@ -83,26 +132,71 @@ impl Task {
                 last_tick = Instant::now();
                 self.on_tick().await?;
             }
+            if let Some(barrier) = self.checkpoints.as_mut().and_then(|c| c.due()) {
+                self.metrics.barriers.fetch_add(1, Ordering::Relaxed);
+                self.chain
+                    .push(StreamElement::Barrier(barrier), &mut self.output)
+                    .await?;
+            }
             // Only the wait for input races the clock and cancellation: receiving is
             // cancel-safe, pushing through the chain is not, so it happens outside.
+            let waiting = Instant::now();
             let element = match &mut self.input {
-                TaskInput::Gate(gate) => tokio::select! {
-                    biased;
-                    _ = cancel.changed() => continue,
-                    _ = tokio::time::sleep(TICK), if ticks => continue,
-                    element = gate.next() => element,
-                },
+                TaskInput::Gate(gate) => {
+                    let next = tokio::select! {
+                        biased;
+                        _ = cancel.changed() => continue,
+                        _ = tokio::time::sleep(TICK), if ticks || self.checkpoints.is_some() => {
+                            self.metrics.idle_ns.fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                            continue;
+                        }
+                        element = gate.next() => element?,
+                    };
+                    if matches!(next, Some(StreamElement::Barrier(_))) {
+                        self.metrics.barriers.fetch_add(1, Ordering::Relaxed);
+                        if let Some(state) = gate.take_channel_state().pop() {
+                            self.channel_state = Some(state);
+                        }
+                    }
+                    if let Some(StreamElement::Batch(b)) = &next {
+                        self.metrics
+                            .records_in
+                            .fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                        self.metrics
+                            .bytes_in
+                            .fetch_add(b.get_array_memory_size() as u64, Ordering::Relaxed);
+                    }
+                    self.metrics
+                        .idle_ns
+                        .fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    next
+                }
                 TaskInput::Source(_) => {
-                    if self.step_source().await? {
+                    let more = self.step_source().await?;
+                    self.metrics
+                        .work_ns
+                        .fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    if more {
                         continue;
                     }
                     None
                 }
             };
             match element {
-                Some(element) => self.chain.push(element, &mut self.output).await?,
+                Some(element) => {
+                    let start = Instant::now();
+                    self.chain.push(element, &mut self.output).await?;
+                    self.metrics
+                        .work_ns
+                        .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
                 None => break,
             }
+        }
+        if let TaskInput::Gate(gate) = &mut self.input
+            && let Some(state) = gate.take_channel_state().pop()
+        {
+            self.channel_state = Some(state);
         }
         self.chain.close(&mut self.output).await?;
         self.output.broadcast(&StreamElement::EndOfPartition).await
@@ -144,6 +238,9 @@ impl Task {
             return Ok(false);
         };
         src.records_in
+            .fetch_add(sb.batch.num_rows() as u64, Ordering::Relaxed);
+        self.metrics
+            .records_in
             .fetch_add(sb.batch.num_rows() as u64, Ordering::Relaxed);
         let mut wm = match src.watermarks.as_mut() {
             Some(g) => g.on_batch(sb.split, &sb.batch)?,

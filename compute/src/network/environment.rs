@@ -1,0 +1,295 @@
+//! A worker's data plane: its listener, one connection per peer, and the registry that
+//! wires channels to connections before they start.
+//!
+//! Worker `i` connects to every peer `j > i` and accepts from every `j < i`, so each
+//! pair has exactly one connection. A connection attempt that fails its hello (wrong
+//! magic, wrong version, an unexpected worker index) fails the worker with a message
+//! naming the address and the problem. Every wait here is bounded by the connect
+//! timeout.
+//!
+//! [`NetworkBuilder`] collects, while tasks are built, which subpartitions go to which
+//! peer and which remote input channels come from it; [`NetworkBuilder::start`] starts
+//! every connection's tasks, owned by the returned [`RunningNetwork`] (aborted when it
+//! is dropped). [`RunningNetwork::finish`] waits for everything to be sent and for each
+//! peer to close its end.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::error::{Error, Result};
+use crate::network::NetworkConfig;
+use crate::network::codec::DEFAULT_MAX_ELEMENT_BYTES;
+use crate::network::connection::{self, ConnectionPlan, ConnectionSettings};
+use crate::network::credit::{CreditStats, FloatingPool, InputCredit};
+use crate::network::frame::ChannelId;
+use crate::network::input_channel::RemoteInputChannel;
+use crate::network::partition::{Subpartition, SubpartitionStats, SubpartitionWriter};
+use crate::runtime::queue::Inlet;
+
+fn peer_name(index: u32, addr: &str) -> String {
+    format!("worker {index} ({addr})")
+}
+
+/// Connects this worker (`me`) to every other worker of `peers` (data addresses by
+/// worker index).
+pub async fn connect_peers(
+    listener: &TcpListener,
+    me: u32,
+    peers: &[String],
+    config: &NetworkConfig,
+) -> Result<HashMap<u32, TcpStream>> {
+    let deadline = Instant::now() + config.connect_timeout;
+    let hello_timeout = Duration::from_secs(10).min(config.connect_timeout);
+    let n = peers.len() as u32;
+    let outgoing = async {
+        let mut out = HashMap::new();
+        for j in (me + 1)..n {
+            let addr = &peers[j as usize];
+            let mut stream = loop {
+                match TcpStream::connect(addr.as_str()).await {
+                    Ok(s) => break s,
+                    Err(e) if Instant::now() >= deadline => {
+                        return Err(Error::Network {
+                            peer: peer_name(j, addr),
+                            message: format!("cannot connect: {e}"),
+                        });
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            };
+            let got = connection::handshake(&mut stream, me, hello_timeout)
+                .await
+                .map_err(|message| Error::Network {
+                    peer: peer_name(j, addr),
+                    message,
+                })?;
+            if got != j {
+                return Err(Error::Network {
+                    peer: peer_name(j, addr),
+                    message: format!("answered as worker {got}"),
+                });
+            }
+            out.insert(j, stream);
+        }
+        Ok::<_, Error>(out)
+    };
+    let incoming = async {
+        let mut got: HashMap<u32, TcpStream> = HashMap::new();
+        while (got.len() as u32) < me {
+            let accepted = tokio::time::timeout_at(deadline.into(), listener.accept()).await;
+            let (mut stream, addr) = match accepted {
+                Err(_) => {
+                    let missing: Vec<String> = (0..me)
+                        .filter(|j| !got.contains_key(j))
+                        .map(|j| peer_name(j, &peers[j as usize]))
+                        .collect();
+                    return Err(Error::Network {
+                        peer: missing.join(", "),
+                        message: format!("did not connect within {:?}", config.connect_timeout),
+                    });
+                }
+                Ok(Err(e)) => {
+                    return Err(Error::Network {
+                        peer: "listener".into(),
+                        message: format!("accept failed: {e}"),
+                    });
+                }
+                Ok(Ok(s)) => s,
+            };
+            let index = connection::handshake(&mut stream, me, hello_timeout)
+                .await
+                .map_err(|message| {
+                    tracing::error!(peer = %addr, "refused a data connection: {message}");
+                    Error::Network {
+                        peer: addr.to_string(),
+                        message,
+                    }
+                })?;
+            if index >= me || got.contains_key(&index) {
+                let message = format!("claims to be worker {index}, which is not expected here");
+                tracing::error!(peer = %addr, "refused a data connection: {message}");
+                return Err(Error::Network {
+                    peer: addr.to_string(),
+                    message,
+                });
+            }
+            got.insert(index, stream);
+        }
+        Ok::<_, Error>(got)
+    };
+    let (out, inc) = tokio::try_join!(outgoing, incoming)?;
+    let mut all = out;
+    all.extend(inc);
+    Ok(all)
+}
+
+/// Live figures of this worker's remote channels, for metrics.
+#[derive(Debug, Default, Clone)]
+pub struct NetworkProbes {
+    /// Subpartitions by producing task name.
+    pub outputs: Vec<(String, Arc<Subpartition>)>,
+    /// Input credits by consuming task name.
+    pub inputs: Vec<(String, Arc<InputCredit>)>,
+}
+
+impl NetworkProbes {
+    /// Sums over the subpartitions of `task`.
+    pub fn output_stats(&self, task: &str) -> SubpartitionStats {
+        let mut s = SubpartitionStats::default();
+        for (_, p) in self.outputs.iter().filter(|(t, _)| t == task) {
+            let x = p.stats();
+            s.buffers += x.buffers;
+            s.credit += x.credit;
+            s.bytes_out += x.bytes_out;
+        }
+        s
+    }
+
+    /// Sums over the input channels of `task`.
+    pub fn input_stats(&self, task: &str) -> CreditStats {
+        let mut s = CreditStats::default();
+        for (_, c) in self.inputs.iter().filter(|(t, _)| t == task) {
+            let x = c.stats();
+            s.in_use += x.in_use;
+            s.announced += x.announced;
+            s.backlog += x.backlog;
+        }
+        s
+    }
+}
+
+/// Collects the remote channels of this worker's tasks before the connections start.
+#[derive(Debug)]
+pub struct NetworkBuilder {
+    config: NetworkConfig,
+    peers: Vec<String>,
+    plans: HashMap<u32, ConnectionPlan>,
+    probes: NetworkProbes,
+}
+
+impl NetworkBuilder {
+    /// A builder for a worker among `peers`.
+    pub fn new(config: NetworkConfig, peers: Vec<String>) -> Self {
+        Self {
+            config,
+            peers,
+            plans: HashMap::new(),
+            probes: NetworkProbes::default(),
+        }
+    }
+
+    fn plan(&mut self, peer: u32) -> &mut ConnectionPlan {
+        let name = peer_name(peer, self.peers.get(peer as usize).map_or("?", |s| s));
+        self.plans
+            .entry(peer)
+            .or_insert_with(|| ConnectionPlan::new(name))
+    }
+
+    /// A floating-buffer pool for one input gate.
+    pub fn floating_pool(&self) -> Arc<FloatingPool> {
+        FloatingPool::new(self.config.floating_buffers)
+    }
+
+    /// The producer end of channel `id`, whose consumer runs on worker `peer`.
+    pub fn output(&mut self, task: &str, peer: u32, id: ChannelId) -> SubpartitionWriter {
+        let (bytes, cap, flush) = (
+            self.config.buffer_bytes,
+            self.config.subpartition_buffers,
+            self.config.flush_every_batch,
+        );
+        let plan = self.plan(peer);
+        let part = Subpartition::new(id, plan.peer.clone(), bytes, cap);
+        plan.outputs.push(part.clone());
+        self.probes.outputs.push((task.to_owned(), part.clone()));
+        SubpartitionWriter::new(part, flush)
+    }
+
+    /// The consumer end of channel `id` (fed into `inlet`), whose producer runs on
+    /// worker `peer`.
+    pub fn input(
+        &mut self,
+        task: &str,
+        peer: u32,
+        id: ChannelId,
+        inlet: Inlet,
+        pool: &Arc<FloatingPool>,
+    ) {
+        let exclusive = self.config.exclusive_buffers;
+        let plan = self.plan(peer);
+        let credit = Arc::new(InputCredit::new(
+            id,
+            exclusive,
+            pool.clone(),
+            plan.credit_tx.clone(),
+        ));
+        plan.inputs.push(RemoteInputChannel::new(
+            id,
+            credit.clone(),
+            inlet,
+            DEFAULT_MAX_ELEMENT_BYTES,
+        ));
+        self.probes.inputs.push((task.to_owned(), credit));
+    }
+
+    /// Live figures of the channels registered so far.
+    pub fn probes(&self) -> NetworkProbes {
+        self.probes.clone()
+    }
+
+    /// Starts every connection over `streams` (by peer index).
+    pub fn start(self, mut streams: HashMap<u32, TcpStream>) -> Result<RunningNetwork> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let settings = ConnectionSettings {
+            max_frame_bytes: self.config.max_frame_bytes,
+            buffer_timeout: (!self.config.flush_every_batch).then_some(self.config.buffer_timeout),
+            peer_timeout: self.config.peer_timeout,
+        };
+        let mut tasks = JoinSet::new();
+        let mut plans = self.plans;
+        for (peer, stream) in streams.drain() {
+            let plan = plans.remove(&peer).unwrap_or_else(|| {
+                ConnectionPlan::new(peer_name(peer, &self.peers[peer as usize]))
+            });
+            connection::start(stream, plan, settings, stop_rx.clone(), &mut tasks);
+        }
+        if let Some((peer, _)) = plans.into_iter().next() {
+            return Err(Error::Internal(format!(
+                "channels registered for worker {peer}, which has no connection"
+            )));
+        }
+        Ok(RunningNetwork {
+            tasks,
+            stop: stop_tx,
+        })
+    }
+}
+
+/// The tasks of every connection; aborted when dropped.
+#[derive(Debug)]
+pub struct RunningNetwork {
+    tasks: JoinSet<Result<()>>,
+    stop: watch::Sender<bool>,
+}
+
+impl RunningNetwork {
+    /// This worker's tasks are done: sends what is left, closes each connection once the
+    /// peer closed its end too, and returns the first connection error.
+    pub async fn finish(mut self) -> Result<()> {
+        let _ = self.stop.send(true);
+        let mut first = None;
+        while let Some(joined) = self.tasks.join_next().await {
+            let r = joined.map_err(|e| Error::Internal(format!("a network task panicked: {e}")));
+            if let Err(e) = r.and_then(|r| r)
+                && first.is_none()
+            {
+                first = Some(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,331 @@
+//! The wire format of the data plane: length-prefixed frames.
+//!
+//! Every frame is `u32 length` (big-endian, counting what follows), a `u8` type and a
+//! body. The reader checks the length against the configured maximum *before* it
+//! allocates, so a peer cannot make a worker allocate more than one maximal frame.
+//! A connection opens with a [`Frame::Hello`] each way (magic, protocol version, worker
+//! index); everything else names its channel by [`ChannelId`].
+//!
+//! This file knows bytes and frame types only: not what a buffer holds, nor credits'
+//! meaning.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// `SLCE`: the first bytes of a hello.
+pub const MAGIC: u32 = 0x534c_4345;
+/// Version of this protocol; a peer with another version is refused.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Identifies one channel of a job: the consuming chain, the consuming subtask and the
+/// channel index within that subtask's input gate (the producer subtask, 0 for forward).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChannelId {
+    /// Consuming chain.
+    pub chain: u32,
+    /// Consuming subtask.
+    pub subtask: u32,
+    /// Channel index in the consumer's gate.
+    pub channel: u32,
+}
+
+impl std::fmt::Display for ChannelId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.chain, self.subtask, self.channel)
+    }
+}
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Opens a connection.
+    Hello {
+        /// Must be [`MAGIC`].
+        magic: u32,
+        /// Must be [`PROTOCOL_VERSION`].
+        version: u16,
+        /// The sender's worker index.
+        worker: u32,
+    },
+    /// A network buffer of a subpartition's element stream, sent against one credit.
+    Buffer {
+        /// The channel.
+        id: ChannelId,
+        /// Finished buffers still queued at the producer after this one.
+        backlog: u32,
+        /// Up to one buffer of encoded elements.
+        data: Bytes,
+    },
+    /// The consumer grants `credits` more buffers.
+    Credit {
+        /// The channel.
+        id: ChannelId,
+        /// How many.
+        credits: u32,
+    },
+    /// A priority event (an unaligned barrier) that overtakes queued buffers; needs no
+    /// credit.
+    Priority {
+        /// The channel.
+        id: ChannelId,
+        /// Elements of the channel written before the event.
+        sequence: u64,
+        /// One encoded element.
+        data: Bytes,
+    },
+    /// Keeps an idle connection alive.
+    Ping,
+}
+
+const HELLO: u8 = 1;
+const BUFFER: u8 = 2;
+const CREDIT: u8 = 3;
+const PRIORITY: u8 = 4;
+const PING: u8 = 5;
+
+/// What was wrong with bytes read from a peer.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FrameError {
+    /// Longer than the configured maximum.
+    #[error("frame of {len} bytes exceeds the maximum of {max}")]
+    TooLong {
+        /// Announced length.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// A type byte this version does not know.
+    #[error("unknown frame type {0}")]
+    UnknownType(u8),
+    /// The body is shorter or longer than its type needs.
+    #[error("malformed {0} frame")]
+    Malformed(&'static str),
+    /// An empty frame.
+    #[error("empty frame")]
+    Empty,
+}
+
+impl Frame {
+    /// Appends the encoded frame (length prefix included) to `out`.
+    pub fn encode(&self, out: &mut BytesMut) {
+        let start = out.len();
+        out.put_u32(0);
+        match self {
+            Frame::Hello {
+                magic,
+                version,
+                worker,
+            } => {
+                out.put_u8(HELLO);
+                out.put_u32(*magic);
+                out.put_u16(*version);
+                out.put_u32(*worker);
+            }
+            Frame::Buffer { id, backlog, data } => {
+                out.put_u8(BUFFER);
+                put_id(out, id);
+                out.put_u32(*backlog);
+                out.put_slice(data);
+            }
+            Frame::Credit { id, credits } => {
+                out.put_u8(CREDIT);
+                put_id(out, id);
+                out.put_u32(*credits);
+            }
+            Frame::Priority { id, sequence, data } => {
+                out.put_u8(PRIORITY);
+                put_id(out, id);
+                out.put_u64(*sequence);
+                out.put_slice(data);
+            }
+            Frame::Ping => out.put_u8(PING),
+        }
+        let len = (out.len() - start - 4) as u32;
+        out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+    }
+
+    /// Decodes one frame body (after the length prefix).
+    pub fn decode(mut body: Bytes) -> Result<Frame, FrameError> {
+        if body.is_empty() {
+            return Err(FrameError::Empty);
+        }
+        let kind = body.get_u8();
+        let need = |body: &Bytes, n: usize, what: &'static str| {
+            if body.len() < n {
+                Err(FrameError::Malformed(what))
+            } else {
+                Ok(())
+            }
+        };
+        match kind {
+            HELLO => {
+                if body.len() != 10 {
+                    return Err(FrameError::Malformed("hello"));
+                }
+                Ok(Frame::Hello {
+                    magic: body.get_u32(),
+                    version: body.get_u16(),
+                    worker: body.get_u32(),
+                })
+            }
+            BUFFER => {
+                need(&body, 16, "buffer")?;
+                let id = get_id(&mut body);
+                let backlog = body.get_u32();
+                Ok(Frame::Buffer {
+                    id,
+                    backlog,
+                    data: body,
+                })
+            }
+            CREDIT => {
+                if body.len() != 16 {
+                    return Err(FrameError::Malformed("credit"));
+                }
+                Ok(Frame::Credit {
+                    id: get_id(&mut body),
+                    credits: body.get_u32(),
+                })
+            }
+            PRIORITY => {
+                need(&body, 20, "priority")?;
+                let id = get_id(&mut body);
+                let sequence = body.get_u64();
+                Ok(Frame::Priority {
+                    id,
+                    sequence,
+                    data: body,
+                })
+            }
+            PING if body.is_empty() => Ok(Frame::Ping),
+            PING => Err(FrameError::Malformed("ping")),
+            other => Err(FrameError::UnknownType(other)),
+        }
+    }
+}
+
+fn put_id(out: &mut BytesMut, id: &ChannelId) {
+    out.put_u32(id.chain);
+    out.put_u32(id.subtask);
+    out.put_u32(id.channel);
+}
+
+fn get_id(body: &mut Bytes) -> ChannelId {
+    ChannelId {
+        chain: body.get_u32(),
+        subtask: body.get_u32(),
+        channel: body.get_u32(),
+    }
+}
+
+/// Why reading a frame failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The socket failed or closed mid-frame.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The peer sent something invalid.
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+}
+
+/// Reads one frame; `Ok(None)` on a clean end of stream between frames. Allocates at
+/// most `max_len` bytes.
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_len: usize,
+) -> Result<Option<Frame>, ReadError> {
+    let mut len = [0u8; 4];
+    match reader.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > max_len {
+        return Err(FrameError::TooLong { len, max: max_len }.into());
+    }
+    let mut body = BytesMut::zeroed(len);
+    reader.read_exact(&mut body).await?;
+    Ok(Some(Frame::decode(body.freeze())?))
+}
+
+/// Writes one frame (unflushed).
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    frame: &Frame,
+    scratch: &mut BytesMut,
+) -> std::io::Result<()> {
+    scratch.clear();
+    frame.encode(scratch);
+    writer.write_all(scratch).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(frame: Frame) {
+        let mut buf = BytesMut::new();
+        frame.encode(&mut buf);
+        let body = buf.split_off(4).freeze();
+        assert_eq!(
+            u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize,
+            body.len()
+        );
+        assert_eq!(Frame::decode(body).unwrap(), frame);
+    }
+
+    #[test]
+    fn frames_round_trip() {
+        let id = ChannelId {
+            chain: 1,
+            subtask: 2,
+            channel: 3,
+        };
+        round_trip(Frame::Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            worker: 7,
+        });
+        round_trip(Frame::Buffer {
+            id,
+            backlog: 4,
+            data: Bytes::from_static(b"abc"),
+        });
+        round_trip(Frame::Credit { id, credits: 2 });
+        round_trip(Frame::Priority {
+            id,
+            sequence: 9,
+            data: Bytes::from_static(b"x"),
+        });
+        round_trip(Frame::Ping);
+    }
+
+    #[test]
+    fn bad_frames_are_errors_not_panics() {
+        assert_eq!(Frame::decode(Bytes::new()), Err(FrameError::Empty));
+        assert_eq!(
+            Frame::decode(Bytes::from_static(&[99])),
+            Err(FrameError::UnknownType(99))
+        );
+        assert_eq!(
+            Frame::decode(Bytes::from_static(&[CREDIT, 0, 0])),
+            Err(FrameError::Malformed("credit"))
+        );
+        assert_eq!(
+            Frame::decode(Bytes::from_static(&[BUFFER, 1])),
+            Err(FrameError::Malformed("buffer"))
+        );
+    }
+
+    #[tokio::test]
+    async fn oversized_frames_are_refused_before_allocation() {
+        let bytes = [0x7f, 0xff, 0xff, 0xff, 1];
+        let err = read_frame(&mut &bytes[..], 1024).await.unwrap_err();
+        assert!(
+            err.to_string().contains("exceeds the maximum of 1024"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,402 @@
+//! Producer side of a remote channel: one subpartition of a task's result partition.
+//!
+//! The producing task encodes elements into the subpartition's byte stream
+//! ([`SubpartitionWriter`]); the stream is cut into buffers of `buffer_bytes`. Finished
+//! buffers queue in the subpartition until the consumer grants credit; the connection's
+//! sender loop ([`send_loop`]) sends one buffer per credit and announces the backlog
+//! (buffers still queued). At most `capacity` finished buffers queue: beyond that the
+//! producer waits (that wait is back pressure), so memory is bounded by configuration.
+//!
+//! Flushing: a full buffer is finished at once; watermarks, barriers and the end of the
+//! partition finish the current buffer immediately; batches either do too
+//! (`flush_every_batch`, a buffer timeout of 0) or wait until the buffer is full or
+//! `buffer_timeout` passed, which the sender loop checks.
+//!
+//! An unaligned barrier goes ahead of the queued buffers as a priority frame that needs
+//! no credit; the buffers it overtook are returned as the channel's *output* state.
+//!
+//! Locks are held for queue operations only, never across an await.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::{Notify, mpsc};
+
+use crate::element::StreamElement;
+use crate::error::{Error, Result};
+use crate::network::codec;
+use crate::network::frame::{ChannelId, Frame};
+
+#[derive(Debug, Default)]
+struct Inner {
+    current: BytesMut,
+    current_since: Option<Instant>,
+    queue: VecDeque<Bytes>,
+    priority: VecDeque<(u64, Bytes)>,
+    credit: u32,
+    failed: Option<String>,
+    finished: bool,
+    elements: u64,
+    bytes_out: u64,
+}
+
+/// One subpartition, shared by its producer and the connection's sender loop.
+#[derive(Debug)]
+pub struct Subpartition {
+    id: ChannelId,
+    peer: String,
+    buffer_bytes: usize,
+    capacity: usize,
+    inner: Mutex<Inner>,
+    space: Notify,
+    ready: Notify,
+}
+
+/// Figures for metrics.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SubpartitionStats {
+    /// Finished buffers queued, plus one for a partly filled buffer.
+    pub buffers: u32,
+    /// Credit granted by the consumer and not used yet.
+    pub credit: u32,
+    /// Bytes sent.
+    pub bytes_out: u64,
+}
+
+impl Subpartition {
+    /// A subpartition of channel `id` to `peer`.
+    pub fn new(id: ChannelId, peer: String, buffer_bytes: usize, capacity: usize) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            peer,
+            buffer_bytes: buffer_bytes.max(64),
+            capacity: capacity.max(1),
+            inner: Mutex::new(Inner::default()),
+            space: Notify::new(),
+            ready: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The channel.
+    pub fn id(&self) -> ChannelId {
+        self.id
+    }
+
+    /// The consumer granted `credits` more buffers.
+    pub fn add_credit(&self, credits: u32) {
+        let mut s = self.lock();
+        s.credit = s.credit.saturating_add(credits);
+        drop(s);
+        self.ready.notify_one();
+    }
+
+    /// The connection failed: the producer fails on its next write.
+    pub fn fail(&self, message: String) {
+        let mut s = self.lock();
+        if s.failed.is_none() && !(s.finished && s.queue.is_empty() && s.current.is_empty()) {
+            s.failed = Some(message);
+        }
+        drop(s);
+        self.space.notify_one();
+        self.ready.notify_one();
+    }
+
+    /// True once everything, end of partition included, was handed to the connection.
+    pub fn is_done(&self) -> bool {
+        let s = self.lock();
+        s.finished && s.queue.is_empty() && s.current.is_empty() && s.priority.is_empty()
+    }
+
+    /// Current figures.
+    pub fn stats(&self) -> SubpartitionStats {
+        let s = self.lock();
+        SubpartitionStats {
+            buffers: s.queue.len() as u32 + u32::from(!s.current.is_empty()),
+            credit: s.credit,
+            bytes_out: s.bytes_out,
+        }
+    }
+
+    fn error(&self, message: &str) -> Error {
+        Error::Network {
+            peer: self.peer.clone(),
+            message: format!("channel {}: {message}", self.id),
+        }
+    }
+
+    /// Appends encoded bytes, finishing full buffers; waits while the queue is full.
+    async fn append(&self, mut data: &[u8], flush: bool, end: bool) -> Result<()> {
+        loop {
+            {
+                let mut s = self.lock();
+                if let Some(f) = &s.failed {
+                    return Err(self.error(f));
+                }
+                while s.queue.len() < self.capacity {
+                    if s.current.is_empty() {
+                        s.current.reserve(self.buffer_bytes);
+                        s.current_since = Some(Instant::now());
+                    }
+                    let room = self.buffer_bytes - s.current.len();
+                    let take = room.min(data.len());
+                    s.current.extend_from_slice(&data[..take]);
+                    data = &data[take..];
+                    let full = s.current.len() >= self.buffer_bytes;
+                    if full || (data.is_empty() && flush && !s.current.is_empty()) {
+                        let buf = s.current.split().freeze();
+                        s.queue.push_back(buf);
+                        s.current_since = None;
+                        self.ready.notify_one();
+                    }
+                    if data.is_empty() && (!flush || s.current.is_empty()) {
+                        if end {
+                            s.finished = true;
+                            self.ready.notify_one();
+                        }
+                        return Ok(());
+                    }
+                }
+            }
+            // Queue full: back pressure until the sender takes a buffer.
+            self.space.notified().await;
+        }
+    }
+}
+
+/// The producer's handle: encodes elements into the subpartition.
+#[derive(Debug)]
+pub struct SubpartitionWriter {
+    part: Arc<Subpartition>,
+    scratch: Vec<u8>,
+    flush_every_batch: bool,
+}
+
+impl SubpartitionWriter {
+    /// A writer into `part`.
+    pub fn new(part: Arc<Subpartition>, flush_every_batch: bool) -> Self {
+        Self {
+            part,
+            scratch: Vec::new(),
+            flush_every_batch,
+        }
+    }
+
+    /// The subpartition.
+    pub fn subpartition(&self) -> &Arc<Subpartition> {
+        &self.part
+    }
+
+    /// Writes `element`; waits while the subpartition is full.
+    pub async fn write(&mut self, element: &StreamElement) -> Result<()> {
+        self.scratch.clear();
+        codec::encode(element, &mut self.scratch)?;
+        let (flush, end) = match element {
+            StreamElement::Batch(_) => (self.flush_every_batch, false),
+            StreamElement::EndOfPartition => (true, true),
+            _ => (true, false),
+        };
+        self.part.lock().elements += 1;
+        self.part.append(&self.scratch, flush, end).await
+    }
+
+    /// Sends `element` (an unaligned barrier) ahead of every queued buffer; returns the
+    /// buffers it overtook (the partly filled one finished first).
+    pub fn write_priority(&mut self, element: &StreamElement) -> Result<Vec<Bytes>> {
+        self.scratch.clear();
+        codec::encode(element, &mut self.scratch)?;
+        let mut s = self.part.lock();
+        if let Some(f) = &s.failed {
+            return Err(self.part.error(f));
+        }
+        if !s.current.is_empty() {
+            let buf = s.current.split().freeze();
+            s.queue.push_back(buf);
+            s.current_since = None;
+        }
+        let overtaken: Vec<Bytes> = s.queue.iter().cloned().collect();
+        let sequence = s.elements;
+        s.priority
+            .push_back((sequence, Bytes::copy_from_slice(&self.scratch)));
+        drop(s);
+        self.part.ready.notify_one();
+        Ok(overtaken)
+    }
+}
+
+enum Step {
+    Send(Frame),
+    Wait(Option<Instant>),
+    Done,
+    Failed(String),
+}
+
+/// Sends the subpartition's buffers against credit until its end of partition is out.
+/// `timeout` is the buffer timeout (`None`: buffers are finished by the producer).
+pub async fn send_loop(
+    part: Arc<Subpartition>,
+    frames: mpsc::Sender<Frame>,
+    timeout: Option<Duration>,
+) -> Result<()> {
+    loop {
+        let step = {
+            let mut s = part.lock();
+            if let Some(f) = &s.failed {
+                Step::Failed(f.clone())
+            } else if let Some((sequence, data)) = s.priority.pop_front() {
+                Step::Send(Frame::Priority {
+                    id: part.id,
+                    sequence,
+                    data,
+                })
+            } else if s.credit > 0 && !s.queue.is_empty() {
+                s.credit -= 1;
+                let data = s.queue.pop_front().unwrap_or_default();
+                s.bytes_out += data.len() as u64;
+                Step::Send(Frame::Buffer {
+                    id: part.id,
+                    backlog: s.queue.len() as u32,
+                    data,
+                })
+            } else if s.finished && s.queue.is_empty() && s.current.is_empty() {
+                Step::Done
+            } else {
+                let due = match (timeout, s.current_since) {
+                    (Some(t), Some(since)) if !s.current.is_empty() => {
+                        if since.elapsed() >= t && s.queue.len() < part.capacity {
+                            let buf = s.current.split().freeze();
+                            s.queue.push_back(buf);
+                            s.current_since = None;
+                            continue;
+                        }
+                        Some(since + t)
+                    }
+                    _ => None,
+                };
+                Step::Wait(due)
+            }
+        };
+        match step {
+            Step::Send(frame) => {
+                let is_buffer = matches!(frame, Frame::Buffer { .. });
+                frames
+                    .send(frame)
+                    .await
+                    .map_err(|_| part.error("connection closed"))?;
+                if is_buffer {
+                    part.space.notify_one();
+                }
+            }
+            Step::Wait(due) => match due {
+                Some(due) => {
+                    tokio::select! {
+                        _ = part.ready.notified() => {}
+                        _ = tokio::time::sleep_until(due.into()) => {}
+                    }
+                }
+                None => part.ready.notified().await,
+            },
+            Step::Done => return Ok(()),
+            Step::Failed(f) => return Err(part.error(&f)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc as StdArc;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+
+    use super::*;
+    use crate::element::{Barrier, BarrierKind};
+
+    fn id() -> ChannelId {
+        ChannelId {
+            chain: 1,
+            subtask: 0,
+            channel: 0,
+        }
+    }
+
+    fn batch(rows: i64) -> StreamElement {
+        let schema = StdArc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        StreamElement::Batch(
+            RecordBatch::try_new(
+                schema,
+                vec![StdArc::new(Int64Array::from_iter_values(0..rows))],
+            )
+            .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn producer_blocks_without_credit_and_resumes_with_it() {
+        let part = Subpartition::new(id(), "peer".into(), 1024, 2);
+        let mut w = SubpartitionWriter::new(part.clone(), true);
+        // A 1000-row batch is ~8 KiB: more than two 1 KiB buffers, so the write blocks.
+        let blocked = tokio::time::timeout(Duration::from_millis(100), w.write(&batch(1000))).await;
+        assert!(
+            blocked.is_err(),
+            "the producer must block on a full subpartition"
+        );
+        assert_eq!(part.stats().buffers, 2);
+        let (tx, mut rx) = mpsc::channel(16);
+        let sender = tokio::spawn(send_loop(part.clone(), tx, None));
+        part.add_credit(1);
+        let Some(Frame::Buffer { backlog, data, .. }) = rx.recv().await else {
+            panic!("expected a buffer")
+        };
+        assert_eq!(data.len(), 1024);
+        assert_eq!(backlog, 1);
+        part.add_credit(100);
+        let mut w2 = SubpartitionWriter::new(part.clone(), true);
+        w2.write(&StreamElement::EndOfPartition).await.unwrap();
+        let mut n = 1;
+        while let Some(f) = rx.recv().await {
+            assert!(matches!(f, Frame::Buffer { .. }));
+            n += 1;
+        }
+        assert!(n >= 2);
+        sender.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn priority_barrier_overtakes_queued_buffers_and_returns_them() {
+        let part = Subpartition::new(id(), "peer".into(), 1 << 20, 8);
+        let mut w = SubpartitionWriter::new(part.clone(), true);
+        w.write(&batch(10)).await.unwrap();
+        w.write(&batch(20)).await.unwrap();
+        let overtaken = w
+            .write_priority(&StreamElement::Barrier(Barrier {
+                checkpoint_id: 1,
+                kind: BarrierKind::Unaligned,
+            }))
+            .unwrap();
+        assert_eq!(overtaken.len(), 2, "both queued buffers were overtaken");
+        let (tx, mut rx) = mpsc::channel(16);
+        let _sender = tokio::spawn(send_loop(part.clone(), tx, None));
+        // No credit: only the priority frame goes out.
+        let Some(Frame::Priority { sequence, .. }) = rx.recv().await else {
+            panic!("expected the barrier first")
+        };
+        assert_eq!(sequence, 2);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), rx.recv())
+                .await
+                .is_err()
+        );
+        part.add_credit(2);
+        let Some(Frame::Buffer { data, .. }) = rx.recv().await else {
+            panic!("expected a buffer")
+        };
+        assert_eq!(data, overtaken[0]);
+    }
+}

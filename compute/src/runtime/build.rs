@@ -1,0 +1,391 @@
+//! Builds the tasks of the subtasks placed on this process, wired to each other with
+//! local queues and to other workers through the data plane.
+//!
+//! [`Placement`] says which worker runs each subtask: subtasks are dealt round-robin
+//! over the workers in chain order (the `k`-th subtask of the job, counting chains in
+//! order, goes to worker `k mod N`), which every worker computes alike from the same
+//! plan. A channel whose both ends are on this worker is a byte-bounded queue; a channel
+//! that crosses workers becomes a subpartition on the producer's side and a remote input
+//! channel on the consumer's ([`NetworkBuilder`]). Channel ids are
+//! `(consumer chain, consumer subtask, channel index)`, the same on both sides.
+//!
+//! The embedded runtime (`runtime::local`) is the one-worker case.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_common::key_group::key_group_range;
+use sluice_common::pb;
+use sluice_common::state::{KeyedStateBackend, MemoryStateBackend};
+
+use crate::connector::{self, SubtaskInfo};
+use crate::element::BarrierKind;
+use crate::error::{Error, Result};
+use crate::expr::ExprCompiler;
+use crate::keys::KeyEncoder;
+use crate::network::environment::NetworkBuilder;
+use crate::network::frame::ChannelId;
+use crate::operator::filter::FilterOperator;
+use crate::operator::select::SelectOperator;
+use crate::operator::sink::SinkOperator;
+use crate::operator::window::WindowOperator;
+use crate::operator::{Operator, OperatorContext};
+use crate::plan::PhysicalPlan;
+use crate::runtime::chain::{Chain, SideRoute, TaskOutput};
+use crate::runtime::input_gate::InputGate;
+use crate::runtime::metrics::{JobMetrics, TaskMetrics};
+use crate::runtime::queue::{self, QueueReceiver, QueueSender};
+use crate::runtime::router::{ChannelSender, OutputEdge, Partitioner};
+use crate::runtime::task::{CheckpointTrigger, SourceInput, Task, TaskInput};
+use crate::state_client::{RemoteState, RemoteStateBackend};
+use crate::time::watermark::WatermarkGenerator;
+
+/// Which worker runs each subtask.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    workers: u32,
+    offsets: Vec<usize>,
+}
+
+impl Placement {
+    /// Subtasks of `plan` dealt round-robin over `workers`.
+    pub fn round_robin(plan: &PhysicalPlan, workers: u32) -> Self {
+        let mut offsets = Vec::with_capacity(plan.chains.len());
+        let mut k = 0;
+        for c in &plan.chains {
+            offsets.push(k);
+            k += c.parallelism;
+        }
+        Self {
+            workers: workers.max(1),
+            offsets,
+        }
+    }
+
+    /// The worker of `subtask` of `chain`.
+    pub fn worker_of(&self, chain: usize, subtask: usize) -> u32 {
+        ((self.offsets[chain] + subtask) % self.workers as usize) as u32
+    }
+
+    /// Number of workers.
+    pub fn workers(&self) -> u32 {
+        self.workers
+    }
+}
+
+/// Settings of task building.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    /// Byte budget of each local channel.
+    pub channel_bytes: usize,
+    /// The state service a job with `state: { backend: remote }` uses.
+    pub remote_state: Option<Arc<RemoteState>>,
+    /// The epoch remote-state writes start in (the restored checkpoint + 1).
+    pub first_epoch: u64,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        Self {
+            channel_bytes: queue::DEFAULT_CHANNEL_BYTES,
+            remote_state: None,
+            first_epoch: 1,
+        }
+    }
+}
+
+/// The remote state a job needs, or an error when it asks for it and none was given.
+pub fn remote_state<'a>(
+    plan: &PhysicalPlan,
+    options: &'a BuildOptions,
+) -> Result<Option<&'a Arc<RemoteState>>> {
+    let wants = plan
+        .graph
+        .state
+        .as_ref()
+        .is_some_and(|s| s.backend() == pb::StateBackend::Remote);
+    match (&options.remote_state, wants) {
+        (Some(r), true) => Ok(Some(r)),
+        (None, true) => Err(Error::Plan(
+            "the job asks for `state: { backend: remote }` but no state service was given".into(),
+        )),
+        (_, false) => Ok(None),
+    }
+}
+
+fn task_name(plan: &PhysicalPlan, chain: usize, subtask: usize) -> String {
+    let c = &plan.chains[chain];
+    let first = c
+        .source
+        .or(c.operators.first().copied())
+        .unwrap_or_default();
+    format!("{}[{subtask}]", plan.node(first).name)
+}
+
+/// Builds the tasks that `placement` puts on worker `me`; remote channels are
+/// registered with `net` (required when there is more than one worker).
+pub async fn build_tasks(
+    plan: &PhysicalPlan,
+    metrics: &Arc<JobMetrics>,
+    options: &BuildOptions,
+    placement: &Placement,
+    me: u32,
+    mut net: Option<&mut NetworkBuilder>,
+) -> Result<Vec<Task>> {
+    let local = |chain: usize, subtask: usize| placement.worker_of(chain, subtask) == me;
+    let no_net = || Error::Internal("a remote channel without a network".into());
+    // Input queues of every local subtask that reads from another chain; a slot per
+    // channel, `None` where the producer is remote.
+    let mut senders: Vec<Vec<Vec<Option<QueueSender>>>> = Vec::with_capacity(plan.chains.len());
+    let mut receivers: Vec<Vec<Option<QueueReceiver>>> = Vec::with_capacity(plan.chains.len());
+    for chain in &plan.chains {
+        let (mut s, mut r) = (Vec::new(), Vec::new());
+        if let Some((from, producers)) = chain.input {
+            let forward = plan.chains[from]
+                .outputs
+                .iter()
+                .any(|e| e.to_chain == chain.id && e.partitioning == pb::Partitioning::Forward);
+            let channels = if forward { 1 } else { producers };
+            for subtask in 0..chain.parallelism {
+                if !local(chain.id, subtask) {
+                    s.push(Vec::new());
+                    r.push(None);
+                    continue;
+                }
+                let (tx, rx) = queue::input_queue(channels, options.channel_bytes);
+                let pool = net.as_ref().map(|n| n.floating_pool());
+                let mut slots = Vec::with_capacity(channels);
+                for (c, sender) in tx.into_iter().enumerate() {
+                    let producer = if forward { subtask } else { c };
+                    let worker = placement.worker_of(from, producer);
+                    if worker == me {
+                        slots.push(Some(sender));
+                    } else {
+                        let n = net.as_deref_mut().ok_or_else(no_net)?;
+                        let id = ChannelId {
+                            chain: chain.id as u32,
+                            subtask: subtask as u32,
+                            channel: c as u32,
+                        };
+                        let pool = pool.as_ref().ok_or_else(no_net)?;
+                        n.input(
+                            &task_name(plan, chain.id, subtask),
+                            worker,
+                            id,
+                            sender.into_inlet(),
+                            pool,
+                        );
+                        slots.push(None);
+                    }
+                }
+                s.push(slots);
+                r.push(Some(rx));
+            }
+        }
+        senders.push(s);
+        receivers.push(r);
+    }
+
+    let checkpoint = plan
+        .graph
+        .checkpoint
+        .as_ref()
+        .filter(|c| c.interval_ms > 0)
+        .map(|c| {
+            let kind = match c.mode() {
+                pb::CheckpointMode::Aligned => BarrierKind::Aligned,
+                pb::CheckpointMode::Unaligned => BarrierKind::Unaligned,
+            };
+            CheckpointTrigger::new(Duration::from_millis(c.interval_ms), kind)
+        });
+    let compiler = ExprCompiler::new();
+    let mut tasks = Vec::new();
+    for chain in &plan.chains {
+        // `subtask` names the task, its channels and its contexts, not only an index.
+        #[allow(clippy::needless_range_loop)]
+        for subtask in 0..chain.parallelism {
+            if !local(chain.id, subtask) {
+                continue;
+            }
+            let name = task_name(plan, chain.id, subtask);
+            let task_metrics = Arc::new(TaskMetrics::new(name.clone()));
+            let info = SubtaskInfo {
+                index: subtask,
+                parallelism: chain.parallelism,
+            };
+            let mut operators: Vec<Box<dyn Operator>> = Vec::new();
+            let mut contexts = Vec::new();
+            for &id in &chain.operators {
+                let node = plan.node(id);
+                let remote = remote_state(plan, options)?.map(|r| {
+                    let groups = key_group_range(
+                        plan.max_parallelism,
+                        chain.parallelism as u32,
+                        subtask as u32,
+                    );
+                    Arc::new(r.backend(groups, options.first_epoch))
+                });
+                let op = build_operator(plan, node, info, &compiler, metrics, remote)
+                    .await
+                    .map_err(|e| plan.locate(node, e))?;
+                operators.push(op);
+                contexts.push(OperatorContext {
+                    node_id: id,
+                    node_name: node.name.clone(),
+                    subtask,
+                    parallelism: chain.parallelism,
+                    max_parallelism: plan.max_parallelism,
+                });
+            }
+            let mut output = TaskOutput::default();
+            for edge in &chain.outputs {
+                let to = edge.to_chain;
+                let consumers = plan.chains[to].parallelism;
+                let forward = edge.partitioning == pb::Partitioning::Forward;
+                let mut channel = |consumer: usize| -> Result<ChannelSender> {
+                    let c = if forward { 0 } else { subtask };
+                    if local(to, consumer) {
+                        let s = senders[to][consumer][c]
+                            .clone()
+                            .ok_or_else(|| Error::Internal("local channel missing".into()))?;
+                        Ok(ChannelSender::Local(s))
+                    } else {
+                        let n = net.as_deref_mut().ok_or_else(no_net)?;
+                        let id = ChannelId {
+                            chain: to as u32,
+                            subtask: consumer as u32,
+                            channel: c as u32,
+                        };
+                        Ok(ChannelSender::Remote(n.output(
+                            &name,
+                            placement.worker_of(to, consumer),
+                            id,
+                        )))
+                    }
+                };
+                let (partitioner, targets): (Partitioner, Vec<ChannelSender>) = match edge
+                    .partitioning
+                {
+                    pb::Partitioning::Forward => (Partitioner::Forward, vec![channel(subtask)?]),
+                    pb::Partitioning::Hash => (
+                        Partitioner::Hash {
+                            encoder: KeyEncoder::new(&edge.schema, &edge.key_columns)?,
+                            max_parallelism: plan.max_parallelism,
+                        },
+                        (0..consumers).map(&mut channel).collect::<Result<_>>()?,
+                    ),
+                    pb::Partitioning::Rebalance => (
+                        Partitioner::Rebalance,
+                        (0..consumers).map(&mut channel).collect::<Result<_>>()?,
+                    ),
+                    pb::Partitioning::Broadcast => (
+                        Partitioner::Broadcast,
+                        (0..consumers).map(&mut channel).collect::<Result<_>>()?,
+                    ),
+                };
+                let out_edge =
+                    OutputEdge::with_channels(partitioner, targets, task_metrics.clone());
+                match edge.side_operator {
+                    Some(operator) if !edge.tag.is_empty() => output.side.push(SideRoute {
+                        operator,
+                        tag: edge.tag.clone(),
+                        edge: out_edge,
+                    }),
+                    _ => output.main.push(out_edge),
+                }
+            }
+            let input = match chain.source {
+                Some(id) => {
+                    let node = plan.node(id);
+                    let Some(pb::node::Kind::Source(spec)) = &node.kind else {
+                        return Err(Error::Internal("chain source is not a source".into()));
+                    };
+                    let reader = connector::create_source(spec, info)
+                        .await
+                        .map_err(|e| plan.locate(node, e))?;
+                    let watermarks = match &spec.watermark {
+                        Some(wm) => Some(WatermarkGenerator::new(
+                            wm,
+                            &reader.schema(),
+                            reader.num_splits(),
+                        )?),
+                        None => None,
+                    };
+                    TaskInput::Source(Box::new(SourceInput {
+                        reader,
+                        watermarks,
+                        watermark_cell: metrics.source_watermark(),
+                        records_in: metrics.records_in.clone(),
+                        skipped: metrics.skipped_records.clone(),
+                    }))
+                }
+                None => {
+                    let rx = receivers[chain.id][subtask]
+                        .take()
+                        .ok_or_else(|| Error::Internal("input queue taken twice".into()))?;
+                    TaskInput::Gate(InputGate::new(rx))
+                }
+            };
+            let checkpoints = chain.source.and(checkpoint.clone());
+            tasks.push(Task {
+                name,
+                input,
+                chain: Chain::new(operators),
+                contexts,
+                output,
+                metrics: task_metrics,
+                checkpoints,
+                channel_state: None,
+            });
+        }
+    }
+    Ok(tasks)
+}
+
+async fn build_operator(
+    plan: &PhysicalPlan,
+    node: &pb::Node,
+    info: SubtaskInfo,
+    compiler: &ExprCompiler,
+    metrics: &Arc<JobMetrics>,
+    remote: Option<Arc<RemoteStateBackend>>,
+) -> Result<Box<dyn Operator>> {
+    let input = plan.input_schema(node.id);
+    Ok(match &node.kind {
+        Some(pb::node::Kind::Filter(spec)) => {
+            Box::new(FilterOperator::build(spec, &input, compiler)?)
+        }
+        Some(pb::node::Kind::Select(spec)) => {
+            Box::new(SelectOperator::build(spec, &input, compiler)?)
+        }
+        Some(pb::node::Kind::Window(spec)) => {
+            let state: Arc<dyn KeyedStateBackend> = Arc::new(MemoryStateBackend::new());
+            let op = WindowOperator::build(
+                node.id,
+                spec,
+                &input,
+                compiler,
+                state,
+                metrics.window_counters(),
+            )?;
+            Box::new(match remote {
+                Some(remote) => op.with_remote_state(remote),
+                None => op,
+            })
+        }
+        Some(pb::node::Kind::Sink(spec)) => {
+            let writer = connector::create_sink(spec, input, info).await?;
+            Box::new(SinkOperator::new(
+                writer,
+                metrics.records_out.clone(),
+                metrics.sink_barriers.clone(),
+            ))
+        }
+        Some(pb::node::Kind::Source(_)) | None => {
+            return Err(Error::Internal(format!(
+                "node `{}` cannot be a chained operator",
+                node.name
+            )));
+        }
+    })
+}
