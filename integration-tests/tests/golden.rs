@@ -499,3 +499,15 @@ fn q5_hot_items_csv_remote_state_on_s3() {
         &["--state-service", &url],
     );
 }
+
+/// Remote state with the job spread over two worker processes: both reach the embedded
+/// state service the driver starts.
+#[test]
+fn q5_hot_items_csv_remote_state_two_workers() {
+    check_example_with(
+        "q5-hot-items",
+        Input::CsvRemoteState,
+        q5_expected,
+        &["--workers", "2"],
+    );
+}
