@@ -117,6 +117,11 @@ impl InputGate {
             if self.channels.iter().all(|c| c.finished) {
                 return Ok(None);
             }
+            // A priority event sent before a kept-aside element must be seen first.
+            if let Some(p) = self.rx.try_recv_priority() {
+                self.on_priority(p);
+                continue;
+            }
             if let Some(env) = self.pop_stash() {
                 self.process(env)?;
                 continue;
