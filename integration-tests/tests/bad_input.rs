@@ -279,14 +279,13 @@ fn bad_jsonl_line_is_skipped() {
 }
 
 #[test]
-fn worker_role_is_not_built() {
+fn worker_without_a_deployment_says_what_it_needs() {
     let dir = tempdir();
     let outcome = run_sluice(&["worker"], dir.path());
     outcome
         .assert_code(2)
         .assert_no_panic()
-        .assert_stderr_contains("`worker`")
-        .assert_stderr_contains("sluice run");
+        .assert_stderr_contains("`sluice worker` needs --control");
 }
 
 #[test]

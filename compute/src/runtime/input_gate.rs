@@ -61,6 +61,8 @@ pub struct InputGate {
     capturing: Option<ChannelState>,
     captured: Vec<ChannelState>,
     next_stash: usize,
+    /// The newest barrier passed on: barriers leave the gate in increasing order.
+    last_emitted: u64,
 }
 
 impl InputGate {
@@ -87,6 +89,7 @@ impl InputGate {
             capturing: None,
             captured: Vec::new(),
             next_stash: 0,
+            last_emitted: 0,
         }
     }
 
@@ -113,6 +116,11 @@ impl InputGate {
             }
             if self.channels.iter().all(|c| c.finished) {
                 return Ok(None);
+            }
+            // A priority event sent before a kept-aside element must be seen first.
+            if let Some(p) = self.rx.try_recv_priority() {
+                self.on_priority(p);
+                continue;
             }
             if let Some(env) = self.pop_stash() {
                 self.process(env)?;
@@ -229,9 +237,8 @@ impl InputGate {
     /// Barrier `b` arrived ahead of the elements of `ch` after position `sequence`.
     fn on_unaligned(&mut self, ch: usize, sequence: u64, b: Barrier) {
         let id = b.checkpoint_id;
-        if self.capturing.as_ref().is_none_or(|s| s.checkpoint_id < id)
-            && self.channels[ch].barrier.is_none_or(|last| last < id)
-        {
+        if id > self.last_emitted {
+            self.last_emitted = id;
             if let Some(old) = self.capturing.take() {
                 self.captured.push(old);
             }
@@ -250,11 +257,11 @@ impl InputGate {
             self.channels[env.channel].stash.push_back(env);
         }
         let c = &mut self.channels[ch];
-        c.barrier = Some(id);
-        c.recording = false;
+        c.barrier = Some(c.barrier.map_or(id, |last| last.max(id)));
         if let Some(state) = &mut self.capturing
             && state.checkpoint_id == id
         {
+            c.recording = false;
             for env in c.stash.iter().filter(|e| e.sequence <= sequence) {
                 if let Ok(element) = &env.item {
                     state.channels[ch].push(element.clone());
@@ -332,7 +339,10 @@ impl InputGate {
             for c in &mut self.channels {
                 c.blocked = false;
             }
-            self.ready.push_back(StreamElement::Barrier(barrier));
+            if barrier.checkpoint_id > self.last_emitted {
+                self.last_emitted = barrier.checkpoint_id;
+                self.ready.push_back(StreamElement::Barrier(barrier));
+            }
         }
         done
     }
@@ -503,5 +513,31 @@ mod tests {
             .collect();
         // Exactly the overtaken elements: 1 and 2 on channel 0; 10 and 11 on channel 1.
         assert_eq!(captured, vec![vec![1, 2], vec![10, 11]]);
+    }
+
+    #[tokio::test]
+    async fn unaligned_barriers_leave_the_gate_once_and_in_order() {
+        let (tx, rx) = input_queue(2, 1 << 20);
+        let mut gate = InputGate::new(rx);
+        // Channel 0 runs ahead by two checkpoints; channel 1 catches up later.
+        for id in 1..=3 {
+            tx[0]
+                .send_priority(barrier(id, BarrierKind::Unaligned))
+                .unwrap();
+        }
+        for id in 1..=3 {
+            tx[1]
+                .send_priority(barrier(id, BarrierKind::Unaligned))
+                .unwrap();
+        }
+        tx[0].send(StreamElement::EndOfPartition).await.unwrap();
+        tx[1].send(StreamElement::EndOfPartition).await.unwrap();
+        let mut ids = Vec::new();
+        while let Some(e) = gate.next().await.unwrap() {
+            if let StreamElement::Barrier(b) = e {
+                ids.push(b.checkpoint_id);
+            }
+        }
+        assert_eq!(ids, [1, 2, 3]);
     }
 }
