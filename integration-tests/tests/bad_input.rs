@@ -309,3 +309,63 @@ fn nexmark_gen_refuses_zero_events() {
         .assert_stderr_contains("--events");
     assert!(!out.exists(), "nothing should be written");
 }
+
+#[test]
+fn state_service_refuses_an_unknown_object_store_scheme() {
+    let dir = tempdir();
+    let outcome = run_sluice(
+        &[
+            "state-service",
+            "--listen",
+            "127.0.0.1:0",
+            "--object-store",
+            "ftp://x/y",
+        ],
+        dir.path(),
+    );
+    outcome
+        .assert_code(2)
+        .assert_no_panic()
+        .assert_stderr_contains(
+            "--object-store `ftp://x/y`: use s3://bucket/prefix or file:///dir",
+        );
+}
+
+#[test]
+fn remote_state_job_with_an_unreachable_state_service_fails_clearly() {
+    let dir = tempdir();
+    let job = write_job(
+        dir.path(),
+        "remote.yaml",
+        "name: remote\nparallelism: 1\nstate: { backend: remote }\nsource:\n  nexmark: { stream: bid, events: 1000, seed: 1 }\nwatermark: { column: date_time, max_out_of_orderness: 4s }\npipeline:\n  - key_by: [auction]\n  - window: { tumbling: 10s }\n    aggregate: [\"count(*) AS bids\"]\nsink:\n  blackhole: {}\n",
+    );
+    // Port 1 on loopback: nothing listens there.
+    let outcome = run_sluice(
+        &[
+            "run",
+            job.to_str().expect("UTF-8 path"),
+            "--state-service",
+            "http://127.0.0.1:1",
+        ],
+        dir.path(),
+    );
+    outcome
+        .assert_code(1)
+        .assert_no_panic()
+        .assert_stderr_contains("cannot connect to the state service at http://127.0.0.1:1");
+}
+
+#[test]
+fn remote_state_shards_must_be_positive() {
+    let dir = tempdir();
+    let job = write_job(
+        dir.path(),
+        "shards.yaml",
+        "name: shards\nstate: { backend: remote, shards: 0 }\nsource:\n  nexmark: { stream: bid, events: 10 }\nsink:\n  blackhole: {}\n",
+    );
+    let outcome = run_sluice(&["run", job.to_str().expect("UTF-8 path")], dir.path());
+    outcome
+        .assert_code(2)
+        .assert_no_panic()
+        .assert_stderr_contains("shards.yaml:2:");
+}
