@@ -61,11 +61,42 @@ pub trait SourceReader: Send {
 }
 
 /// Writes what reaches one sink subtask.
+///
+/// # Exactly once
+///
+/// A transactional sink (the file sink) commits in two phases, driven by checkpoints:
+/// [`pre_commit`](SinkWriter::pre_commit) at every barrier, [`commit`](SinkWriter::commit)
+/// once the checkpoint is committed job-wide, and [`recover`](SinkWriter::recover) when a
+/// subtask restarts from a checkpoint. The defaults do nothing, which is right for sinks
+/// that cannot take back what they wrote (stdout, blackhole: at least once).
 #[async_trait]
 pub trait SinkWriter: Send {
     /// Writes one batch.
     async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
-    /// Flushes and closes at the end of a bounded input.
+
+    /// The barrier of `checkpoint` arrived: makes everything written so far durable but
+    /// not yet visible, and returns what waits for a commit (every pending transaction of
+    /// this checkpoint and of earlier ones not committed yet; for files, their names).
+    /// That list is the sink's pre-commit state for `checkpoint`.
+    async fn pre_commit(&mut self, _checkpoint: u64) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    /// Checkpoint `checkpoint` is committed: makes visible what was pre-committed for it
+    /// and for every earlier checkpoint. Idempotent.
+    async fn commit(&mut self, _checkpoint: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// Called before the first record of a subtask restarted from checkpoint
+    /// `last_committed` (0: no checkpoint was committed): commits what was pre-committed
+    /// for checkpoints up to it, and discards what an earlier attempt wrote after it.
+    async fn recover(&mut self, _last_committed: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// Flushes and closes at the end of a bounded input; a transactional sink commits
+    /// everything (the job is over, its final checkpoint implied).
     async fn finish(&mut self) -> Result<()>;
 }
 

@@ -1,7 +1,18 @@
-//! The sink operator: hands batches to a connector's [`SinkWriter`].
+//! The sink operator: hands batches to a connector's [`SinkWriter`] and drives its
+//! two-phase commit.
 //!
-//! It also checks that checkpoint barriers reach it in order (each id larger than the
-//! last) and counts them, so tests see barriers end to end.
+//! It checks that checkpoint barriers reach it in order (each id larger than the last)
+//! and counts them, so tests see barriers end to end.
+//!
+//! # Checkpoints
+//!
+//! - [`open`](Operator::open): when the subtask restarts from a checkpoint
+//!   ([`SinkOperator::restored_from`]), the writer recovers what an earlier attempt left.
+//! - [`on_barrier`](Operator::on_barrier): the writer pre-commits; the returned list
+//!   ([`SinkOperator::pre_committed`]) is the sink's state for that checkpoint.
+//! - [`notify_checkpoint_complete`](Operator::notify_checkpoint_complete): the writer
+//!   commits everything pre-committed up to that checkpoint.
+//! - [`close`](Operator::close): the end of a bounded input; the writer commits all.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 
-use super::{Operator, Output};
+use super::{Operator, OperatorContext, Output};
 use crate::connector::SinkWriter;
 use crate::element::{Barrier, Timestamp};
 use crate::error::{Error, Result};
@@ -20,6 +31,8 @@ pub struct SinkOperator {
     records: Arc<AtomicU64>,
     barriers: Arc<AtomicU64>,
     last_barrier: u64,
+    restored_from: Option<u64>,
+    pre_committed: Vec<String>,
 }
 
 impl SinkOperator {
@@ -35,12 +48,36 @@ impl SinkOperator {
             records,
             barriers,
             last_barrier: 0,
+            restored_from: None,
+            pre_committed: Vec::new(),
         }
+    }
+
+    /// The subtask restarts from the committed checkpoint `checkpoint` (0 when the job
+    /// restarts before any checkpoint was committed): [`open`](Operator::open) lets the
+    /// writer recover, and later barriers must be numbered above it.
+    pub fn restored_from(mut self, checkpoint: u64) -> Self {
+        self.restored_from = Some(checkpoint);
+        self.last_barrier = checkpoint;
+        self
+    }
+
+    /// What the writer pre-committed at the last barrier and has not committed yet: the
+    /// sink's state for that checkpoint, to be recorded with it.
+    pub fn pre_committed(&self) -> &[String] {
+        &self.pre_committed
     }
 }
 
 #[async_trait]
 impl Operator for SinkOperator {
+    async fn open(&mut self, _ctx: &OperatorContext) -> Result<()> {
+        match self.restored_from {
+            Some(checkpoint) => self.writer.recover(checkpoint).await,
+            None => Ok(()),
+        }
+    }
+
     async fn process_batch(&mut self, batch: RecordBatch, _out: &mut Output) -> Result<()> {
         self.writer.write(&batch).await?;
         self.records
@@ -60,11 +97,150 @@ impl Operator for SinkOperator {
             )));
         }
         self.last_barrier = barrier.checkpoint_id;
+        self.pre_committed = self.writer.pre_commit(barrier.checkpoint_id).await?;
         self.barriers.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
+    async fn notify_checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<()> {
+        if checkpoint_id > self.last_barrier {
+            return Err(Error::Internal(format!(
+                "checkpoint {checkpoint_id} completed before its barrier reached the sink \
+                 (last barrier {})",
+                self.last_barrier
+            )));
+        }
+        self.writer.commit(checkpoint_id).await?;
+        if checkpoint_id == self.last_barrier {
+            self.pre_committed.clear();
+        }
+        Ok(())
+    }
+
     async fn close(&mut self, _out: &mut Output) -> Result<()> {
-        self.writer.finish().await
+        self.writer.finish().await?;
+        self.pre_committed.clear();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::element::BarrierKind;
+
+    /// Records the calls it receives.
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<String>>>);
+
+    #[async_trait]
+    impl SinkWriter for Recorder {
+        async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("write {}", batch.num_rows()));
+            Ok(())
+        }
+        async fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<String>> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("pre_commit {checkpoint}"));
+            Ok(vec![format!("pending-{checkpoint}")])
+        }
+        async fn commit(&mut self, checkpoint: u64) -> Result<()> {
+            self.0.lock().unwrap().push(format!("commit {checkpoint}"));
+            Ok(())
+        }
+        async fn recover(&mut self, last_committed: u64) -> Result<()> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("recover {last_committed}"));
+            Ok(())
+        }
+        async fn finish(&mut self) -> Result<()> {
+            self.0.lock().unwrap().push("finish".into());
+            Ok(())
+        }
+    }
+
+    fn ctx() -> OperatorContext {
+        OperatorContext {
+            node_id: 1,
+            node_name: "sink".into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+        }
+    }
+
+    fn barrier(checkpoint_id: u64) -> Barrier {
+        Barrier {
+            checkpoint_id,
+            kind: BarrierKind::Aligned,
+        }
+    }
+
+    fn batch(rows: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        RecordBatch::try_new(
+            schema,
+            vec![Arc::new(Int64Array::from_iter_values(0..rows))],
+        )
+        .unwrap()
+    }
+
+    fn operator(rec: &Recorder) -> SinkOperator {
+        SinkOperator::new(
+            Box::new(rec.clone()),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicU64::new(0)),
+        )
+    }
+
+    #[tokio::test]
+    async fn barriers_pre_commit_notifications_commit_close_finishes() {
+        let rec = Recorder::default();
+        let mut op = operator(&rec);
+        let mut out = Output::default();
+        op.open(&ctx()).await.unwrap();
+        op.process_batch(batch(3), &mut out).await.unwrap();
+        op.on_barrier(barrier(1), &mut out).await.unwrap();
+        assert_eq!(op.pre_committed(), ["pending-1"]);
+        op.notify_checkpoint_complete(1).await.unwrap();
+        assert!(op.pre_committed().is_empty());
+        op.on_barrier(barrier(2), &mut out).await.unwrap();
+        // A notification for a checkpoint whose barrier has not arrived is a bug.
+        assert!(op.notify_checkpoint_complete(3).await.is_err());
+        op.close(&mut out).await.unwrap();
+        assert!(out.main.is_empty());
+        assert_eq!(
+            *rec.0.lock().unwrap(),
+            [
+                "write 3",
+                "pre_commit 1",
+                "commit 1",
+                "pre_commit 2",
+                "finish"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_restored_subtask_recovers_on_open_and_numbers_barriers_after_it() {
+        let rec = Recorder::default();
+        let mut op = operator(&rec).restored_from(4);
+        let mut out = Output::default();
+        op.open(&ctx()).await.unwrap();
+        assert!(op.on_barrier(barrier(4), &mut out).await.is_err());
+        op.on_barrier(barrier(5), &mut out).await.unwrap();
+        assert_eq!(*rec.0.lock().unwrap(), ["recover 4", "pre_commit 5"]);
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! This module owns what the bytes of a file mean: schemas ([`schema`]), finding records
 //! and their lines ([`records`]), decoding with per-record error handling ([`decode`],
-//! [`dead_letter`]), reading a subtask's files ([`source`]) and writing its part file
-//! ([`sink`]). It must not know how a path becomes a store (that is
+//! [`dead_letter`]), reading a subtask's files ([`source`]) and writing its part files
+//! ([`sink`]), committed in two phases when the job checkpoints: part names and stages
+//! ([`part_name`]), the directory's atomic moves ([`part_dir`]) and recovery's decisions
+//! ([`recovery`]). It must not know how a path becomes a store (that is
 //! [`store`](crate::connector::store)) nor anything about watermarks or the runtime.
 //!
 //! # Formats
@@ -29,7 +31,10 @@
 pub mod dead_letter;
 pub mod decode;
 pub mod parquet_object;
+pub mod part_dir;
+pub mod part_name;
 pub mod records;
+pub mod recovery;
 pub mod schema;
 pub mod sink;
 pub mod source;
@@ -39,3 +44,5 @@ pub use source::{FileReader, source_schema};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod two_phase_tests;
