@@ -1,14 +1,18 @@
 //! `sluice bench nexmark`: a whole-job benchmark that prints one line of figures.
 //!
-//! The query runs on the embedded local runtime exactly as `sluice run` would run it,
+//! The query runs on the embedded local runtime exactly as `sluice run` would run it
+//! (with `--workers N`, across N worker processes as `sluice run --workers N` would),
 //! reading either the built-in generator or CSV files of bids (`--input`, as written by
 //! `sluice nexmark gen --format csv`), and writing to a blackhole sink.
 
 use clap::{Args, ValueEnum};
 use sluice_common::job_spec;
 
+use sluice_compute::network::NetworkConfig;
+
+use crate::cluster::local_driver::{self, DriverOptions};
 use crate::run::{StateArgs, execute};
-use crate::{Failure, rss};
+use crate::{Failure, rss, runtime};
 
 /// Benchmark queries.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -50,6 +54,11 @@ pub struct BenchArgs {
     state: StateChoice,
     #[command(flatten)]
     state_args: StateArgs,
+    /// Run across this many worker processes through the local driver (0: in this
+    /// process). With workers the seconds include starting them, and peak_rss_mb (this
+    /// process only) is NaN: the workers print theirs in their `metrics` lines.
+    #[arg(long, default_value_t = 0)]
+    workers: u32,
 }
 
 /// The state backend of a benchmark run.
@@ -125,16 +134,28 @@ pub fn nexmark(args: BenchArgs) -> Result<(), Failure> {
         args.state,
     );
     let graph = job_spec::parse_job("<bench>", &text).map_err(|e| Failure::usage(e.to_string()))?;
-    let s = execute(graph, true, &args.state_args)?;
+    let s = if args.workers > 0 {
+        let options = DriverOptions {
+            workers: args.workers,
+            network: NetworkConfig::default(),
+            metrics_interval_ms: 0,
+        };
+        runtime()?.block_on(local_driver::run(graph, &options, &args.state_args))?
+    } else {
+        execute(graph, true, &args.state_args)?
+    };
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
     let eps = s.records_in as f64 / s.seconds.max(1e-9);
-    let rss_mb = rss::peak_rss_bytes()
-        .map(|b| b as f64 / (1 << 20) as f64)
-        .unwrap_or(f64::NAN);
+    let rss_mb = match args.workers {
+        0 => rss::peak_rss_bytes()
+            .map(|b| b as f64 / (1 << 20) as f64)
+            .unwrap_or(f64::NAN),
+        _ => f64::NAN,
+    };
     println!(
-        "query={:?} state={:?} source={} parallelism={} events={} seconds={:.3} events_per_s={:.0} events_per_s_per_core={:.0} peak_rss_mb={:.1} out={}",
+        "query={:?} state={:?} source={} parallelism={} workers={} events={} seconds={:.3} events_per_s={:.0} events_per_s_per_core={:.0} peak_rss_mb={:.1} out={}",
         args.query,
         args.state,
         if args.input.is_some() {
@@ -143,6 +164,7 @@ pub fn nexmark(args: BenchArgs) -> Result<(), Failure> {
             "generator"
         },
         args.parallelism,
+        args.workers,
         s.records_in,
         s.seconds,
         eps,

@@ -4,6 +4,8 @@
 //! - `sluice nexmark gen`: writes the Nexmark events the built-in source produces.
 //! - `sluice bench nexmark`: runs a benchmark query and prints one line of figures.
 //! - `sluice run JOB.yaml --workers N`: runs it across N worker processes.
+//! - `sluice bench exchange`: data-plane throughput between two worker processes next to
+//!   a raw TCP pair, and producer memory under a slow consumer.
 //! - `sluice bench state | checkpoint`: state-service operations per second; checkpoint
 //!   latency, memory and shard open time of state-service nodes run as child processes.
 //! - `sluice state-service`: a state-service node.
@@ -15,6 +17,7 @@
 
 mod bench;
 mod bench_checkpoint;
+mod bench_exchange;
 mod bench_state;
 mod byte_size;
 mod cluster;
@@ -77,6 +80,9 @@ enum BenchCommand {
     /// State-service checkpoint latency, memory and shard open time, nodes as child
     /// processes.
     Checkpoint(bench_checkpoint::CheckpointBenchArgs),
+    /// Exchange throughput between two worker processes next to a raw TCP pair; with
+    /// --slow-consumer, the producer's RSS under back pressure.
+    Exchange(bench_exchange::ExchangeBenchArgs),
 }
 
 /// A failure with the exit code it maps to.
@@ -148,6 +154,9 @@ fn main() -> ExitCode {
         Command::Bench {
             command: BenchCommand::Checkpoint(args),
         } => bench_checkpoint::bench(args),
+        Command::Bench {
+            command: BenchCommand::Exchange(args),
+        } => bench_exchange::bench(args),
         Command::Worker(args) => cluster::worker::worker(args),
         Command::Coordinator => Err(not_built("coordinator")),
         Command::StateService(args) => state_service::serve(args),
