@@ -10,7 +10,7 @@
 //! It knows nothing of the network: it turns writes into entries and entries into
 //! [`WriteOp`]s.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use bytes::{Bytes, BytesMut};
 use sluice_common::pb::state as pb;
@@ -37,10 +37,17 @@ pub enum Lookup {
     Unknown,
 }
 
-/// Pending mutations, keyed and ordered by state key.
+/// Pending mutations by state key.
+///
+/// A hash map, not an ordered one: state keys share long prefixes (key group, operator,
+/// state name), so ordered lookups spend their time comparing those; nothing needs the
+/// order (a ship sends each key once, in any order).
+pub type Entries = HashMap<Bytes, Pending, foldhash::fast::RandomState>;
+
+/// Pending mutations by state key.
 #[derive(Debug, Default)]
 pub struct EpochBuffer {
-    entries: BTreeMap<Bytes, Pending>,
+    entries: Entries,
     bytes: usize,
 }
 
@@ -94,8 +101,8 @@ impl EpochBuffer {
         self.entries.is_empty()
     }
 
-    /// Empties the buffer, returning its entries in key order.
-    pub fn take(&mut self) -> BTreeMap<Bytes, Pending> {
+    /// Empties the buffer, returning its entries.
+    pub fn take(&mut self) -> Entries {
         self.bytes = 0;
         std::mem::take(&mut self.entries)
     }

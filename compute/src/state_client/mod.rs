@@ -387,7 +387,7 @@ impl RemoteState {
 #[derive(Default)]
 struct Buffers {
     active: EpochBuffer,
-    shipping: Option<Arc<BTreeMap<Bytes, Pending>>>,
+    shipping: Option<Arc<epoch_buffer::Entries>>,
 }
 
 impl Buffers {
