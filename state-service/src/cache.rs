@@ -5,8 +5,10 @@
 //! writes under a generation number; a range delete or a rollback moves the shard to a
 //! fresh generation, so entries cached before are never read again (they age out). Every
 //! generation is unique in the process, so a shard closed and reopened never sees the
-//! entries of its previous life. The shard decides what to insert and when; this module
-//! knows nothing of RocksDB.
+//! entries of its previous life. The shard decides what to insert and when (reads fill
+//! it, writes only remove); this module knows nothing of RocksDB. Memory: the memory
+//! tier by weight (key, value and a fixed overhead), plus the disk tier's bounded write
+//! buffers (`config.rs`).
 
 use std::hash::Hash;
 use std::path::Path;
@@ -18,6 +20,7 @@ use foyer::{
     RecoverMode,
 };
 
+use crate::config::FOYER_BLOCK_BYTES;
 use crate::error::{Error, Result};
 
 /// A cache key: the shard's generation and the state key.
@@ -90,8 +93,15 @@ impl std::fmt::Debug for StateCache {
 }
 
 impl StateCache {
-    /// A cache of `memory_bytes` in memory and `disk_bytes` on disk under `dir`.
-    pub async fn build(memory_bytes: usize, disk_bytes: u64, dir: &Path) -> Result<Self> {
+    /// A cache of `memory_bytes` in memory and `disk_bytes` on disk under `dir`, the
+    /// disk tier writing through a flush buffer pool (and a submit queue) of
+    /// `buffer_pool` bytes: entries evicted while those are full are dropped.
+    pub async fn build(
+        memory_bytes: usize,
+        disk_bytes: u64,
+        buffer_pool: usize,
+        dir: &Path,
+    ) -> Result<Self> {
         let builder = HybridCacheBuilder::new()
             .with_name("sluice-state")
             .memory(memory_bytes)
@@ -110,7 +120,12 @@ impl StateCache {
                     Error::Config(format!("foyer disk cache in {}: {e}", dir.display()))
                 })?;
             builder
-                .with_engine_config(BlockEngineConfig::new(device).with_block_size(4 << 20))
+                .with_engine_config(
+                    BlockEngineConfig::new(device)
+                        .with_block_size(FOYER_BLOCK_BYTES)
+                        .with_buffer_pool_size(buffer_pool)
+                        .with_submit_queue_size_threshold(buffer_pool),
+                )
                 // Entries of a previous process are of generations never used again.
                 .with_recover_mode(RecoverMode::None)
                 .build()
@@ -148,8 +163,11 @@ impl StateCache {
         }
     }
 
-    /// Caches `value` (or the absence) of `key`.
-    pub fn insert(&self, generation: u64, key: Bytes, value: Option<Bytes>) {
+    /// Caches `value` (or the absence) of `key`. The key is copied: a key of a request
+    /// is a slice of the request's whole receive buffer, which a cached slice would keep
+    /// alive unweighed. `value` must own its bytes (values read from RocksDB do).
+    pub fn insert(&self, generation: u64, key: &[u8], value: Option<Bytes>) {
+        let key = Bytes::copy_from_slice(key);
         self.inner
             .insert(CacheKey { generation, key }, CacheValue(value));
     }
@@ -157,6 +175,11 @@ impl StateCache {
     /// Forgets `key`.
     pub fn remove(&self, generation: u64, key: Bytes) {
         self.inner.remove(&CacheKey { generation, key });
+    }
+
+    /// Bytes foyer's memory tier holds now (by the weigher).
+    pub fn memory_usage(&self) -> usize {
+        self.inner.memory().usage()
     }
 
     /// `(hits, misses)` since start.

@@ -1,8 +1,8 @@
 //! The state service's settings, as the CLI (or a test) fills them in.
 //!
 //! It owns the defaults and the split of the one memory budget between RocksDB's block
-//! cache, RocksDB's write buffers and foyer's memory tier; it knows nothing of how those
-//! are built.
+//! cache, RocksDB's write buffers, foyer's memory tier and disk-tier buffers, and the
+//! headroom left for the rest of the process; it knows nothing of how those are built.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,7 +19,8 @@ pub struct StateServiceConfig {
     pub data_dir: PathBuf,
     /// The durable tier: `file:///abs/dir` or `s3://bucket/prefix`.
     pub object_store_url: String,
-    /// One budget for RocksDB's block cache and write buffers and foyer's memory.
+    /// One budget for the process: RocksDB's block cache and write buffers and foyer's
+    /// memory get 65% of it, the rest is headroom (see [`StateServiceConfig::memory_split`]).
     pub memory_bytes: u64,
     /// Size of foyer's disk tier (0: memory only).
     pub disk_cache_bytes: u64,
@@ -87,24 +88,70 @@ pub const DEFAULT_MAX_BATCH_OPS: usize = 100_000;
 pub struct MemorySplit {
     /// RocksDB's shared LRU block cache, write buffers included: the write buffer
     /// manager charges memtable memory to this cache, so blocks and memtables together
-    /// stay within it.
+    /// stay within it (index and filter blocks are cached in it too).
     pub block_cache: usize,
-    /// RocksDB's memtables of all shards together.
+    /// RocksDB's memtables of all shards together (part of `block_cache`).
     pub write_buffers: usize,
     /// foyer's memory tier.
     pub foyer_memory: usize,
+    /// foyer's disk-tier write buffers: [`MemorySplit::foyer_buffer_pool`] twice (the
+    /// flusher's buffer and its rotation) and once more the submit queue (entries
+    /// waiting for it). Outside foyer's weigher, so charged here; 0 without a disk tier.
+    pub foyer_disk_buffers: usize,
+    /// foyer's flush buffer pool (and submit queue threshold).
+    pub foyer_buffer_pool: usize,
 }
 
+/// Size of one block of foyer's disk tier (also the largest entry it takes).
+pub const FOYER_BLOCK_BYTES: usize = 4 << 20;
+
 impl StateServiceConfig {
-    /// 50% block cache plus 25% write buffers (charged to one cache of 75%), 25% foyer
-    /// memory (each at least 1 MiB).
+    /// 50% RocksDB block cache with the write buffers (25%) charged to it, 15% foyer
+    /// (memory tier plus its disk tier's write buffers), and 35% left for everything
+    /// the budget cannot cap: requests in flight, upload and download buffers, RocksDB's
+    /// compaction and iterator memory, allocator overhead. Each part has a small floor.
     pub fn memory_split(&self) -> MemorySplit {
         let total = usize::try_from(self.memory_bytes).unwrap_or(usize::MAX);
         let min = 1 << 20;
+        let foyer = (total / 100 * 15).max(2 * min);
+        // Disk-tier buffers: a pool holds one 4 MiB block at least (the largest entry).
+        let pool = (foyer / 12).clamp(FOYER_BLOCK_BYTES, 16 << 20);
+        let foyer_disk_buffers = if self.disk_cache_bytes == 0 {
+            0
+        } else {
+            3 * pool
+        };
         MemorySplit {
-            block_cache: (total / 4 * 3).max(2 * min),
+            block_cache: (total / 2).max(2 * min),
             write_buffers: (total / 4).max(min),
-            foyer_memory: (total / 4).max(min),
+            foyer_memory: foyer.saturating_sub(foyer_disk_buffers).max(min),
+            foyer_disk_buffers,
+            foyer_buffer_pool: pool,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_split_leaves_headroom_and_stays_within_the_budget() {
+        for (memory, disk) in [
+            (512u64 << 20, 1u64 << 30),
+            (128 << 20, 1 << 30),
+            (64 << 20, 0),
+        ] {
+            let config = StateServiceConfig {
+                memory_bytes: memory,
+                disk_cache_bytes: disk,
+                ..StateServiceConfig::default()
+            };
+            let s = config.memory_split();
+            let used = (s.block_cache + s.foyer_memory + s.foyer_disk_buffers) as u64;
+            assert!(used <= memory / 100 * 66, "{s:?} of {memory}");
+            assert!(s.write_buffers < s.block_cache);
+            assert_eq!(s.foyer_disk_buffers == 0, disk == 0);
         }
     }
 }

@@ -113,6 +113,93 @@ pub fn decode(bytes: &Bytes, object: &str) -> Result<Vec<Record>> {
     Ok(out)
 }
 
+/// Reads a delta file record by record (a restore replays big deltas without holding
+/// them in memory); errors name `object`.
+pub struct FileReader {
+    file: std::io::BufReader<File>,
+    object: String,
+    at: u64,
+    size: u64,
+}
+
+impl std::fmt::Debug for FileReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileReader")
+            .field("object", &self.object)
+            .field("at", &self.at)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileReader {
+    /// Opens the delta at `path` and checks its magic.
+    pub fn open(path: &Path, object: &str) -> Result<Self> {
+        use std::io::Read;
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let mut file = std::io::BufReader::with_capacity(256 << 10, file);
+        let mut magic = [0u8; MAGIC.len()];
+        if file.read_exact(&mut magic).is_err() || &magic != MAGIC {
+            return Err(Error::Corrupt {
+                object: object.to_string(),
+                reason: "not a delta (bad magic)".into(),
+            });
+        }
+        Ok(Self {
+            file,
+            object: object.to_string(),
+            at: MAGIC.len() as u64,
+            size,
+        })
+    }
+
+    fn corrupt(&self, reason: String) -> Error {
+        Error::Corrupt {
+            object: self.object.clone(),
+            reason,
+        }
+    }
+
+    /// The next record, `None` at the end.
+    pub fn next_record(&mut self) -> Result<Option<Record>> {
+        use std::io::Read;
+        let at = self.at;
+        let mut head = [0u8; FRAME_HEADER];
+        let mut got = 0;
+        while got < FRAME_HEADER {
+            match self.file.read(&mut head[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.corrupt(format!("reading byte {at}: {e}"))),
+            }
+        }
+        if got == 0 {
+            return Ok(None);
+        }
+        if got < FRAME_HEADER {
+            return Err(self.corrupt(format!("truncated frame header at byte {at}")));
+        }
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let mut sum = [0u8; 8];
+        sum.copy_from_slice(&head[4..]);
+        if at + (FRAME_HEADER + len) as u64 > self.size {
+            return Err(self.corrupt(format!("truncated frame at byte {at}")));
+        }
+        let mut payload = vec![0u8; len];
+        self.file
+            .read_exact(&mut payload)
+            .map_err(|_| self.corrupt(format!("truncated frame at byte {at}")))?;
+        if xxh3_64(&payload) != u64::from_be_bytes(sum) {
+            return Err(self.corrupt(format!("checksum mismatch in frame at byte {at}")));
+        }
+        let record = decode_payload(&Bytes::from(payload))
+            .ok_or_else(|| self.corrupt(format!("malformed frame at byte {at}")))?;
+        self.at += (FRAME_HEADER + len) as u64;
+        Ok(Some(record))
+    }
+}
+
 fn decode_payload(p: &Bytes) -> Option<Record> {
     let tag = *p.first()?;
     let epoch = u64::from_be_bytes(p.get(1..9)?.try_into().ok()?);
@@ -272,5 +359,33 @@ mod tests {
                 assert!(prefix.len() < records.len() && records.starts_with(&prefix));
             }
         }
+        // The file reader reads the same records, and the same damage is an error.
+        let read_all = |data: &[u8]| -> Result<Vec<Record>> {
+            let path = dir.path().join("read");
+            std::fs::write(&path, data).unwrap();
+            let mut reader = FileReader::open(&path, "x/0001.delta")?;
+            let mut out = Vec::new();
+            while let Some(r) = reader.next_record()? {
+                out.push(r);
+            }
+            Ok(out)
+        };
+        assert_eq!(read_all(&bytes).unwrap(), records);
+        for at in [0, 9, 20, bytes.len() - 1] {
+            let mut bad = bytes.to_vec();
+            bad[at] ^= 0x40;
+            let err = read_all(&bad).unwrap_err();
+            assert!(err.to_string().contains("x/0001.delta"), "{err}");
+        }
+        for cut_at in MAGIC.len() + 1..bytes.len() {
+            if let Ok(prefix) = read_all(&bytes[..cut_at]) {
+                assert!(prefix.len() < records.len() && records.starts_with(&prefix));
+            }
+        }
+        // A frame claiming more bytes than the file holds is not allocated.
+        let mut huge = bytes[..MAGIC.len()].to_vec();
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        huge.extend_from_slice(&[0; 8]);
+        assert!(read_all(&huge).is_err());
     }
 }

@@ -116,6 +116,7 @@ async fn build_node(config: StateServiceConfig) -> Result<Node> {
         cache::StateCache::build(
             split.foyer_memory,
             config.disk_cache_bytes,
+            split.foyer_buffer_pool,
             &data_dir.join("foyer"),
         )
         .await?,
@@ -128,6 +129,10 @@ async fn build_node(config: StateServiceConfig) -> Result<Node> {
     };
     Ok(Node::new(config, parts))
 }
+
+/// The log target of the periodic memory report (every 2 s when enabled at debug level,
+/// e.g. `SLUICE_LOG=warn,sluice_state_service::memory=debug`).
+pub const MEMORY_LOG: &str = "sluice_state_service::memory";
 
 /// Binds `config.listen` and serves in the background.
 pub async fn start(config: StateServiceConfig) -> Result<RunningStateService> {
@@ -143,6 +148,20 @@ pub async fn start(config: StateServiceConfig) -> Result<RunningStateService> {
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    if tracing::enabled!(target: MEMORY_LOG, tracing::Level::DEBUG) {
+        let weak = Arc::downgrade(&node);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+            loop {
+                tick.tick().await;
+                let Some(node) = weak.upgrade() else { break };
+                let report = tokio::task::spawn_blocking(move || node.memory_report()).await;
+                if let Ok(report) = report {
+                    tracing::debug!(target: MEMORY_LOG, "{report}");
+                }
+            }
+        });
+    }
     let serving = Arc::clone(&node);
     let task = tokio::spawn(async move {
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));

@@ -2,7 +2,7 @@
 //! otherwise restored from a manifest.
 //!
 //! Restore of checkpoint C: download the manifest's snapshot files into a fresh local
-//! directory, open RocksDB on them, replay the manifest's deltas in order through the
+//! directory (streamed to the files), open RocksDB on them, replay the manifest's deltas in order through the
 //! live write path (so their undo records exist, and the rollback markers in them roll
 //! back as they did live), then undo every epoch `> C` and record C as committed. The
 //! new spool starts with a rollback-to-C marker, so a later manifest that lists the
@@ -178,18 +178,15 @@ pub async fn open(
                 });
             }
             let location = child(&root, &f.object);
-            let data = node.durable.get(&location).await?;
-            if data.len() as u64 != f.size {
+            let path = dir.join("db").join(&f.local);
+            let size = node.durable.get_to_file(&location, &path).await?;
+            if size != f.size {
                 return Err(Error::Corrupt {
                     object: location.to_string(),
-                    reason: format!("{} bytes, the manifest says {}", data.len(), f.size),
+                    reason: format!("{size} bytes, the manifest says {}", f.size),
                 });
             }
             downloaded += f.size;
-            let path = dir.join("db").join(&f.local);
-            tokio::fs::write(&path, &data)
-                .await
-                .map_err(|e| Error::io(&path, e))?;
             if f.local.ends_with(".sst") {
                 uploaded_sst.insert(f.local.clone(), (f.object.clone(), f.size));
             }
@@ -218,13 +215,25 @@ pub async fn open(
     )
     .await?;
 
+    // Each delta is downloaded into a file and replayed from it record by record, so a
+    // restore holds neither a whole delta nor a whole snapshot file in memory.
+    let restore_dir = shard.dir.join("restore");
+    tokio::fs::create_dir_all(&restore_dir)
+        .await
+        .map_err(|e| Error::io(&restore_dir, e))?;
     for x in &manifest.deltas {
         let location = child(&root, &delta_path(x.seq));
-        let data = node.durable.get(&location).await?;
-        downloaded += data.len() as u64;
-        let records = delta::decode(&data, location.as_ref())?;
+        let path = restore_dir.join(format!("{:020}.delta", x.seq));
+        downloaded += node.durable.get_to_file(&location, &path).await?;
         let s = Arc::clone(&shard);
-        tokio::task::spawn_blocking(move || replay(&s, records)).await??;
+        let object = location.to_string();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut reader = delta::FileReader::open(&path, &object)?;
+            replay(&s, &mut reader)?;
+            drop(reader);
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))
+        })
+        .await??;
     }
     let s = Arc::clone(&shard);
     tokio::task::spawn_blocking(move || -> Result<()> {
@@ -244,11 +253,11 @@ pub async fn open(
 }
 
 /// Replays a delta's records (blocking).
-fn replay(shard: &Shard, records: Vec<Record>) -> Result<()> {
+fn replay(shard: &Shard, records: &mut delta::FileReader) -> Result<()> {
     let mut live = lock(&shard.live);
     let mut run: Vec<Op> = Vec::new();
     let mut run_epoch = 0;
-    for r in records {
+    while let Some(r) = records.next_record()? {
         match r {
             Record::Write { epoch, op } => {
                 if epoch != run_epoch && !run.is_empty() {

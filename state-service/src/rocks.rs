@@ -108,6 +108,11 @@ impl Rocks {
     pub fn cache_usage(&self) -> usize {
         self.cache.get_usage()
     }
+
+    /// Bytes of the block cache pinned by readers or memtables now.
+    pub fn cache_pinned_usage(&self) -> usize {
+        self.cache.get_pinned_usage()
+    }
 }
 
 /// Write options of every write: no write-ahead log.

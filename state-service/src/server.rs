@@ -252,6 +252,40 @@ impl Node {
         }
     }
 
+    /// One line on where the node's memory goes: RocksDB's block cache (memtables
+    /// charged to it included), memtables and table readers of every shard, foyer's
+    /// memory tier, and the process's resident set and threads (Linux).
+    pub fn memory_report(&self) -> String {
+        let shards: Vec<Arc<Shard>> = lock(&self.shards).values().cloned().collect();
+        let (mut memtables, mut readers) = (0u64, 0u64);
+        for s in &shards {
+            let (m, r) = s.rocksdb_memory();
+            memtables += m;
+            readers += r;
+        }
+        let mib = |b: u64| b >> 20;
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map_or_else(String::new, |v| v.trim().to_string())
+        };
+        format!(
+            "memory: budget {} MiB; block cache {} MiB (pinned {} MiB); memtables {} MiB; \
+             table readers {} MiB; foyer memory {} MiB; {} shards; rss {}; threads {}",
+            mib(self.config.memory_bytes),
+            mib(self.parts.rocks.cache_usage() as u64),
+            mib(self.parts.rocks.cache_pinned_usage() as u64),
+            mib(memtables),
+            mib(readers),
+            mib(self.parts.cache.memory_usage() as u64),
+            shards.len(),
+            field("VmRSS:"),
+            field("Threads:"),
+        )
+    }
+
     /// Closes every shard (at shutdown).
     pub async fn close_all(&self) {
         let keys: Vec<ShardKey> = lock(&self.shards).keys().cloned().collect();

@@ -7,15 +7,17 @@
 //! write batch holding the ops and their undo records (`undo.rs`). Readers never take
 //! that lock: they go through the cache (`cache.rs`) and RocksDB. Cache consistency: a
 //! reader that missed inserts what it read only if no write happened on the shard in the
-//! meantime (a per-shard write counter); writes put their results in the cache
-//! themselves; range deletes and rollbacks switch the shard to a fresh cache generation.
+//! meantime (a per-shard write counter); writes remove the keys they touch from the
+//! cache (write-invalidate: only reads fill it); range deletes and rollbacks switch the
+//! shard to a fresh cache generation.
 //!
 //! # Durability
 //! `flush` cuts the spool into a numbered delta and uploads every cut delta in order (a
 //! failed upload stays queued and is retried by the next flush); `commit` writes the
 //! manifest (latest complete snapshot + deltas since), drops the undo records it makes
 //! unnecessary and collects garbage (`gc.rs`). Snapshots (`snapshot.rs`) run in the
-//! background. Restore from the object store is in `restore.rs`.
+//! background: a flush that finds one due only starts it. Restore from the object
+//! store is in `restore.rs`.
 //!
 //! Every method here that touches RocksDB blocks: the server calls them through
 //! `spawn_blocking`.
@@ -355,8 +357,11 @@ impl Shard {
         if range_deleted {
             g.generation = self.cache.new_generation();
         } else {
-            for (k, v) in overlay {
-                self.cache.insert(g.generation, k, v);
+            // Write-invalidate: the next read fills the cache. Inserting here would fill
+            // foyer (and its disk tier) with every value written, and pin the requests'
+            // receive buffers the values are slices of.
+            for k in overlay.into_keys() {
+                self.cache.remove(g.generation, k);
             }
         }
         Ok(())
@@ -386,8 +391,7 @@ impl Shard {
         let unchanged = g.generation == seen.generation && g.writes == seen.writes;
         for (&i, v) in missed.iter().zip(values) {
             if unchanged {
-                self.cache
-                    .insert(seen.generation, keys[i].clone(), v.clone());
+                self.cache.insert(seen.generation, &keys[i], v.clone());
             }
             out[i] = v;
         }
@@ -514,11 +518,17 @@ impl Shard {
         std::fs::create_dir_all(&pending).map_err(|e| Error::io(&pending, e))?;
         let cut = live.spool.cut(&pending.join(format!("{seq:020}.delta")))?;
         live.next_delta_seq += 1;
+        // The cut delta must reach the upload queue whatever happens to the checkpoint.
         let checkpoint = match snapshot_to {
             Some(path_of) => {
                 let path = path_of(seq);
-                crate::snapshot::create_checkpoint(&self.db, &path)?;
-                Some(path)
+                match crate::snapshot::create_checkpoint(&self.db, &path) {
+                    Ok(()) => Some(path),
+                    Err(e) => {
+                        tracing::warn!("checkpoint of {} at delta {seq} failed: {e}", self.id);
+                        None
+                    }
+                }
             }
             None => None,
         };
@@ -544,21 +554,42 @@ impl Shard {
                 .is_none_or(|t| t.is_finished())
             && (since_count >= SNAPSHOT_EVERY_DELTAS || since_bytes >= SNAPSHOT_EVERY_BYTES);
         let shard = Arc::clone(self);
-        let cut = tokio::task::spawn_blocking(move || {
-            let dir = shard.dir.join("checkpoints");
-            let path_of = move |seq: u64| dir.join(format!("{seq:020}"));
-            let path_of: &dyn Fn(u64) -> PathBuf = &path_of;
-            shard.cut(want_snapshot.then_some(path_of))
-        })
-        .await??;
-        let mut checkpoint = None;
-        if let Some((seq, cut, cp)) = cut {
+        let cut = tokio::task::spawn_blocking(move || shard.cut(None)).await??;
+        if let Some((seq, cut, _)) = cut {
             d.pending.push_back((seq, cut));
-            checkpoint = cp.map(|p| (seq, p));
         }
-        if let Some((seq, path)) = checkpoint {
-            crate::snapshot::start_upload(self, d, seq, path)?;
+        self.upload_pending(d).await?;
+        if want_snapshot {
+            // In the background: this flush does not wait for the snapshot, and later
+            // ones only for the short cut that ends it (`snapshot.rs`).
+            crate::snapshot::start(self);
         }
+        Ok(())
+    }
+
+    /// Cuts the spool into delta `seq` and takes a RocksDB checkpoint of exactly that
+    /// state into `checkpoints/<seq>` (blocking, under the write lock); `None` when the
+    /// spool is empty. Cheap when the memtables were flushed just before.
+    pub(crate) fn cut_with_checkpoint(&self) -> Result<Option<(u64, CutSpool, PathBuf)>> {
+        let dir = self.dir.join("checkpoints");
+        let path_of = move |seq: u64| dir.join(format!("{seq:020}"));
+        let path_of: &dyn Fn(u64) -> PathBuf = &path_of;
+        Ok(self
+            .cut(Some(path_of))?
+            .and_then(|(seq, cut, path)| path.map(|p| (seq, cut, p))))
+    }
+
+    /// Flushes every column family's memtables to SST files (blocking, without the write
+    /// lock: writes go on meanwhile).
+    pub(crate) fn flush_memtables(&self) -> Result<()> {
+        for name in [CF_DEFAULT, CF_UNDO, CF_META] {
+            self.db.flush_cf(self.cf(name)?)?;
+        }
+        Ok(())
+    }
+
+    /// Uploads every cut delta waiting, oldest first; one that fails stays queued.
+    pub(crate) async fn upload_pending(&self, d: &mut Durability) -> Result<()> {
         while let Some((seq, cut)) = d.pending.front() {
             let (seq, cut) = (*seq, cut.clone());
             let location = self.object(&delta_path(seq));
@@ -640,6 +671,27 @@ impl Shard {
                 .unwrap_or(0)
         };
         prop("rocksdb.estimate-live-data-size") + prop("rocksdb.cur-size-all-mem-tables")
+    }
+
+    /// `(memtables, table readers)` bytes of all column families: RocksDB's
+    /// `size-all-mem-tables` (active, immutable and pinned) and
+    /// `estimate-table-readers-mem` (index and filter blocks outside the block cache).
+    pub fn rocksdb_memory(&self) -> (u64, u64) {
+        let mut memtables = 0;
+        let mut readers = 0;
+        for name in [CF_DEFAULT, CF_UNDO, CF_META] {
+            let Ok(cf) = self.cf(name) else { continue };
+            let prop = |p: &str| {
+                self.db
+                    .property_int_value_cf(cf, p)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0)
+            };
+            memtables += prop("rocksdb.size-all-mem-tables");
+            readers += prop("rocksdb.estimate-table-readers-mem");
+        }
+        (memtables, readers)
     }
 
     /// Forces a full compaction of live state (runs the TTL filter; blocking).

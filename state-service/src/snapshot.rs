@@ -1,6 +1,7 @@
 //! Snapshots: a RocksDB checkpoint (hard links) taken under the shard's write lock right
-//! after a delta is cut, uploaded in the background so flush latency does not pay for
-//! it.
+//! after a delta is cut, all in a background task (see [`start`]) so neither flush nor
+//! commit latency pays for it: the memtables are flushed before, without the lock, so
+//! the checkpoint under the lock only flushes what was written since.
 //!
 //! SST files are immutable and their names unique within one database, so a file
 //! uploaded for an earlier snapshot is not uploaded again (incremental, as Flink's
@@ -18,7 +19,7 @@ use rocksdb::checkpoint::Checkpoint;
 
 use crate::error::{Error, Result};
 use crate::manifest::{SnapshotFile, SnapshotRef};
-use crate::shard::{Durability, Shard, lock};
+use crate::shard::{Shard, lock};
 
 /// Creates a RocksDB checkpoint of `db` at `path` (which must not exist yet; blocking).
 pub fn create_checkpoint(db: &DB, path: &Path) -> Result<()> {
@@ -32,92 +33,134 @@ pub fn create_checkpoint(db: &DB, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Starts uploading the checkpoint in `dir`, cut at delta `seq`, in the background.
-pub(crate) fn start_upload(
-    shard: &Arc<Shard>,
-    d: &mut Durability,
-    seq: u64,
-    dir: PathBuf,
-) -> Result<()> {
-    let mut files = Vec::new();
-    let mut to_upload = Vec::new();
-    {
-        let uploaded = lock(&shard.uploaded_sst);
-        let entries = std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io(&dir, e))?;
-            let local = entry.file_name().to_string_lossy().into_owned();
-            let size = entry
-                .metadata()
-                .map_err(|e| Error::io(entry.path(), e))?
-                .len();
-            let known = local
-                .ends_with(".sst")
-                .then(|| uploaded.get(&local).cloned())
-                .flatten();
-            let object = match known {
-                Some((object, _)) => object,
-                None => {
-                    let object = if local.ends_with(".sst") {
-                        format!("sst/{}-{local}", shard.instance)
-                    } else {
-                        format!("snapshots/{seq:020}/{local}")
-                    };
-                    to_upload.push((local.clone(), object.clone(), size));
-                    object
-                }
-            };
-            files.push(SnapshotFile {
-                local,
-                object,
-                size,
-            });
-        }
-    }
-    files.sort_by(|a, b| a.local.cmp(&b.local));
-    d.snapshot_in_progress = Some(
-        files
-            .iter()
-            .map(|f| f.object.clone())
-            .collect::<HashSet<_>>(),
-    );
-    let shard2 = Arc::clone(shard);
+/// Starts a snapshot in the background, replacing (aborting) an earlier snapshot task.
+///
+/// Steps: flush the memtables without any lock (the slow part, while writes go on);
+/// then, under the durability lock, cut the spool into a delta and take the checkpoint
+/// under the write lock (cheap: only what was written since the flush is flushed again),
+/// queue that delta for the next flush to upload, and upload the checkpoint's files.
+/// Neither a flush nor a commit waits for it, except for the short cut.
+pub(crate) fn start(shard: &Arc<Shard>) {
+    let s = Arc::clone(shard);
     let task = tokio::spawn(async move {
-        let shard = shard2;
-        let mut failed = None;
-        for (local, object, size) in &to_upload {
-            match shard
-                .durable
-                .put_file(&shard.object(object), &dir.join(local))
-                .await
-            {
-                Ok(_) => {
-                    if local.ends_with(".sst") {
-                        lock(&shard.uploaded_sst).insert(local.clone(), (object.clone(), *size));
-                    }
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
+        if let Err(e) = run(&s).await {
+            tracing::warn!("snapshot of {} not taken: {e}", s.id);
         }
-        {
-            let mut d = shard.durability.lock().await;
-            d.snapshot_in_progress = None;
-            match failed {
-                None => {
-                    d.chain.retain(|x| x.seq > seq);
-                    d.snapshot = Some(SnapshotRef { seq, files });
-                    tracing::debug!("snapshot {seq} of {} uploaded", shard.id);
-                }
-                Some(e) => tracing::warn!("snapshot {seq} of {} not uploaded: {e}", shard.id),
-            }
-        }
-        let _ = tokio::task::spawn_blocking(move || Shard::remove_local(&dir)).await;
     });
     if let Some(old) = lock(&shard.snapshot_task).replace(task) {
         old.abort();
     }
+}
+
+async fn run(shard: &Arc<Shard>) -> Result<()> {
+    let s = Arc::clone(shard);
+    tokio::task::spawn_blocking(move || s.flush_memtables()).await??;
+    let (seq, dir, files, to_upload) = {
+        let mut d = shard.durability.lock().await;
+        if d.snapshot_in_progress.is_some() {
+            return Ok(());
+        }
+        let s = Arc::clone(shard);
+        let Some((seq, cut, dir)) =
+            tokio::task::spawn_blocking(move || s.cut_with_checkpoint()).await??
+        else {
+            return Ok(());
+        };
+        // The delta ends exactly where the checkpoint is; the next flush uploads it.
+        d.pending.push_back((seq, cut));
+        let (files, to_upload) = list_files(shard, seq, &dir)?;
+        d.snapshot_in_progress = Some(
+            files
+                .iter()
+                .map(|f| f.object.clone())
+                .collect::<HashSet<_>>(),
+        );
+        (seq, dir, files, to_upload)
+    };
+    upload(shard, seq, dir, files, to_upload).await;
     Ok(())
+}
+
+/// Files to upload: (local name, object, size).
+type ToUpload = Vec<(String, String, u64)>;
+
+/// The checkpoint's files with their objects, and those not uploaded yet.
+fn list_files(shard: &Shard, seq: u64, dir: &Path) -> Result<(Vec<SnapshotFile>, ToUpload)> {
+    let mut files = Vec::new();
+    let mut to_upload = Vec::new();
+    let uploaded = lock(&shard.uploaded_sst);
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let local = entry.file_name().to_string_lossy().into_owned();
+        let size = entry
+            .metadata()
+            .map_err(|e| Error::io(entry.path(), e))?
+            .len();
+        let known = local
+            .ends_with(".sst")
+            .then(|| uploaded.get(&local).cloned())
+            .flatten();
+        let object = match known {
+            Some((object, _)) => object,
+            None => {
+                let object = if local.ends_with(".sst") {
+                    format!("sst/{}-{local}", shard.instance)
+                } else {
+                    format!("snapshots/{seq:020}/{local}")
+                };
+                to_upload.push((local.clone(), object.clone(), size));
+                object
+            }
+        };
+        files.push(SnapshotFile {
+            local,
+            object,
+            size,
+        });
+    }
+    files.sort_by(|a, b| a.local.cmp(&b.local));
+    Ok((files, to_upload))
+}
+
+/// Uploads the files of the checkpoint in `dir` one at a time (each streamed), then
+/// makes it the shard's snapshot, or drops it when an upload failed.
+async fn upload(
+    shard: &Arc<Shard>,
+    seq: u64,
+    dir: PathBuf,
+    files: Vec<SnapshotFile>,
+    to_upload: ToUpload,
+) {
+    let mut failed = None;
+    for (local, object, size) in &to_upload {
+        match shard
+            .durable
+            .put_file(&shard.object(object), &dir.join(local))
+            .await
+        {
+            Ok(_) => {
+                if local.ends_with(".sst") {
+                    lock(&shard.uploaded_sst).insert(local.clone(), (object.clone(), *size));
+                }
+            }
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    {
+        let mut d = shard.durability.lock().await;
+        d.snapshot_in_progress = None;
+        match failed {
+            None => {
+                d.chain.retain(|x| x.seq > seq);
+                d.snapshot = Some(SnapshotRef { seq, files });
+                tracing::debug!("snapshot {seq} of {} uploaded", shard.id);
+            }
+            Some(e) => tracing::warn!("snapshot {seq} of {} not uploaded: {e}", shard.id),
+        }
+    }
+    let _ = tokio::task::spawn_blocking(move || Shard::remove_local(&dir)).await;
 }

@@ -31,6 +31,10 @@ use crate::shard_id::ShardKey;
 const MULTIPART_THRESHOLD: usize = 16 << 20;
 /// Size of one part of a multipart upload.
 const PART_SIZE: usize = 8 << 20;
+/// Parts of one multipart upload in flight at once.
+const PARTS_IN_FLIGHT: usize = 2;
+/// Bytes read from a local file at a time while uploading it in parts.
+const READ_CHUNK: usize = 1 << 20;
 
 /// An object store and the prefix everything of this service lives under.
 #[derive(Clone, Debug)]
@@ -146,7 +150,7 @@ impl Durable {
         let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
         for chunk in bytes.chunks(PART_SIZE) {
             writer
-                .wait_for_capacity(4)
+                .wait_for_capacity(PARTS_IN_FLIGHT)
                 .await
                 .map_err(|e| Error::store(&what, e))?;
             writer.write(chunk);
@@ -155,17 +159,56 @@ impl Durable {
         Ok(())
     }
 
-    /// Uploads the local file `path` to `location`, returning its size.
+    /// Uploads the local file `path` to `location`, returning its size. Streamed: a
+    /// small file is read whole (at most [`MULTIPART_THRESHOLD`]), a bigger one goes in
+    /// parts of [`PART_SIZE`] read one at a time, with at most [`PARTS_IN_FLIGHT`] parts
+    /// uploading, so an upload holds about 3 parts (the one being filled and those in flight) of memory whatever the file's size.
     pub async fn put_file(&self, location: &Path, path: &std::path::Path) -> Result<u64> {
-        let bytes = tokio::fs::read(path)
+        use tokio::io::AsyncReadExt;
+        let what = format!("uploading {location}");
+        let mut file = tokio::fs::File::open(path)
             .await
             .map_err(|e| Error::io(path, e))?;
-        let len = bytes.len() as u64;
-        self.put(location, Bytes::from(bytes)).await?;
-        Ok(len)
+        let len = file.metadata().await.map_err(|e| Error::io(path, e))?.len();
+        if len <= MULTIPART_THRESHOLD as u64 {
+            let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+            file.read_to_end(&mut bytes)
+                .await
+                .map_err(|e| Error::io(path, e))?;
+            let len = bytes.len() as u64;
+            self.put(location, Bytes::from(bytes)).await?;
+            return Ok(len);
+        }
+        let upload = self
+            .store
+            .put_multipart(location)
+            .await
+            .map_err(|e| Error::store(&what, e))?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+        let mut sent = 0u64;
+        // The writer gathers reads into parts of PART_SIZE itself.
+        let mut buf = vec![0u8; READ_CHUNK];
+        loop {
+            let n = match file.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) => {
+                    writer.abort().await.ok();
+                    return Err(Error::io(path, e));
+                }
+            };
+            writer
+                .wait_for_capacity(PARTS_IN_FLIGHT)
+                .await
+                .map_err(|e| Error::store(&what, e))?;
+            writer.write(&buf[..n]);
+            sent += n as u64;
+        }
+        writer.finish().await.map_err(|e| Error::store(&what, e))?;
+        Ok(sent)
     }
 
-    /// Reads a whole object.
+    /// Reads a whole object (for small ones: manifests).
     pub async fn get(&self, location: &Path) -> Result<Bytes> {
         let what = format!("reading {location}");
         let got = self
@@ -174,6 +217,36 @@ impl Durable {
             .await
             .map_err(|e| Error::store(&what, e))?;
         got.bytes().await.map_err(|e| Error::store(&what, e))
+    }
+
+    /// Downloads an object into the local file `path` (created or truncated), chunk by
+    /// chunk as the store streams it; returns its size.
+    pub async fn get_to_file(&self, location: &Path, path: &std::path::Path) -> Result<u64> {
+        use tokio::io::AsyncWriteExt;
+        let what = format!("reading {location}");
+        let got = self
+            .store
+            .get(location)
+            .await
+            .map_err(|e| Error::store(&what, e))?;
+        let mut stream = got.into_stream();
+        let file = tokio::fs::File::create(path)
+            .await
+            .map_err(|e| Error::io(path, e))?;
+        let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
+        let mut len = 0u64;
+        while let Some(chunk) = stream
+            .try_next()
+            .await
+            .map_err(|e| Error::store(&what, e))?
+        {
+            out.write_all(&chunk)
+                .await
+                .map_err(|e| Error::io(path, e))?;
+            len += chunk.len() as u64;
+        }
+        out.flush().await.map_err(|e| Error::io(path, e))?;
+        Ok(len)
     }
 
     /// Every object below `prefix`.
