@@ -568,15 +568,28 @@ impl Shard {
     }
 
     /// Cuts the spool into delta `seq` and takes a RocksDB checkpoint of exactly that
-    /// state into `checkpoints/<seq>` (blocking, under the write lock); `None` when the
-    /// spool is empty. Cheap when the memtables were flushed just before.
-    pub(crate) fn cut_with_checkpoint(&self) -> Result<Option<(u64, CutSpool, PathBuf)>> {
+    /// state into `checkpoints/<seq>` (blocking, under the write lock). With an empty
+    /// spool the state is that after the last cut delta: the checkpoint is taken at its
+    /// number, and no delta is cut. `None` when no delta was ever cut. Cheap when the
+    /// memtables were flushed just before.
+    pub(crate) fn cut_with_checkpoint(&self) -> Result<Option<(u64, Option<CutSpool>, PathBuf)>> {
         let dir = self.dir.join("checkpoints");
         let path_of = move |seq: u64| dir.join(format!("{seq:020}"));
+        {
+            let live = lock(&self.live);
+            if live.spool.is_empty() {
+                let Some(seq) = live.next_delta_seq.checked_sub(1).filter(|&s| s > 0) else {
+                    return Ok(None);
+                };
+                let path = path_of(seq);
+                crate::snapshot::create_checkpoint(&self.db, &path)?;
+                return Ok(Some((seq, None, path)));
+            }
+        }
         let path_of: &dyn Fn(u64) -> PathBuf = &path_of;
         Ok(self
             .cut(Some(path_of))?
-            .and_then(|(seq, cut, path)| path.map(|p| (seq, cut, p))))
+            .and_then(|(seq, cut, path)| path.map(|p| (seq, Some(cut), p))))
     }
 
     /// Flushes every column family's memtables to SST files (blocking, without the write
@@ -612,7 +625,9 @@ impl Shard {
     /// Commits checkpoint `c`: flushes what it needs, writes its manifest, drops undo
     /// records `<= c` and collects objects no retained checkpoint needs.
     pub async fn commit(self: &Arc<Self>, c: u64, retained: &[u64]) -> Result<String> {
+        let started = std::time::Instant::now();
         let mut d = self.durability.lock().await;
+        let locked = started.elapsed();
         let path = self.object(&manifest_path(c));
         let committed = self.committed();
         if c <= committed && committed > 0 {
@@ -631,6 +646,7 @@ impl Shard {
         if needs_flush {
             self.flush_locked(&mut d).await?;
         }
+        let flushed = started.elapsed();
         let manifest = Manifest {
             checkpoint: c,
             snapshot: d.snapshot.clone(),
@@ -647,6 +663,7 @@ impl Shard {
         d.manifests.insert(c, manifest);
         let shard = Arc::clone(self);
         tokio::task::spawn_blocking(move || shard.mark_committed(c)).await??;
+        let marked = started.elapsed();
         let mut keep: Vec<u64> = retained.to_vec();
         keep.push(c);
         if let Err(e) = crate::gc::collect(self, &mut d, &keep).await {
@@ -655,6 +672,16 @@ impl Shard {
                 self.id
             );
         }
+        let ms = |t: std::time::Duration| t.as_millis();
+        tracing::debug!(
+            "commit {c} of {}: {} ms (durability lock after {}, flushed after {}, marked \
+             after {}; flush needed: {needs_flush})",
+            self.id,
+            ms(started.elapsed()),
+            ms(locked),
+            ms(flushed),
+            ms(marked),
+        );
         Ok(path.to_string())
     }
 

@@ -53,8 +53,10 @@ pub(crate) fn start(shard: &Arc<Shard>) {
 }
 
 async fn run(shard: &Arc<Shard>) -> Result<()> {
+    let started = std::time::Instant::now();
     let s = Arc::clone(shard);
     tokio::task::spawn_blocking(move || s.flush_memtables()).await??;
+    let flushed = started.elapsed();
     let (seq, dir, files, to_upload) = {
         let mut d = shard.durability.lock().await;
         if d.snapshot_in_progress.is_some() {
@@ -67,13 +69,26 @@ async fn run(shard: &Arc<Shard>) -> Result<()> {
             return Ok(());
         };
         // The delta ends exactly where the checkpoint is; the next flush uploads it.
-        d.pending.push_back((seq, cut));
+        if let Some(cut) = cut {
+            d.pending.push_back((seq, cut));
+        }
+        if d.snapshot.as_ref().is_some_and(|s| s.seq >= seq) {
+            // Nothing was written since the last snapshot.
+            let _ = tokio::task::spawn_blocking(move || Shard::remove_local(&dir)).await;
+            return Ok(());
+        }
         let (files, to_upload) = list_files(shard, seq, &dir)?;
         d.snapshot_in_progress = Some(
             files
                 .iter()
                 .map(|f| f.object.clone())
                 .collect::<HashSet<_>>(),
+        );
+        tracing::debug!(
+            "snapshot {seq} of {}: memtables flushed in {} ms, cut and checkpoint after {} ms",
+            shard.id,
+            flushed.as_millis(),
+            started.elapsed().as_millis()
         );
         (seq, dir, files, to_upload)
     };
