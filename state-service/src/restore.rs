@@ -163,7 +163,16 @@ pub async fn open(
             .chain(manifest.snapshot.as_ref().map(|s| s.seq))
             .max()
             .unwrap_or(0);
-        for &seq in deltas.iter().filter(|&&s| s > covered) {
+        let later: Vec<u64> = deltas.iter().copied().filter(|&s| s > covered).collect();
+        if later.is_empty() {
+            // Nothing was flushed after the newest manifest: checkpoint C never existed.
+            return Err(Error::NotFound(format!(
+                "checkpoint {target} of {id} has no manifest in {} (committed: \
+                 {manifests:?}) and no delta was flushed after the newest one",
+                node.durable.display()
+            )));
+        }
+        for seq in later {
             manifest.deltas.push(DeltaRef { seq, bytes: 0 });
         }
         manifest.checkpoint = target;
