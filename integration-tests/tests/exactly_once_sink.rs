@@ -7,7 +7,6 @@
 //! (as in `s3.rs`). Every S3 test writes below its own prefix and removes it when it
 //! passes.
 
-use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -20,6 +19,7 @@ use sluice_compute::connector::file::sink::extension;
 use sluice_compute::connector::file::{FileReader, FileWriter};
 use sluice_compute::connector::nexmark;
 use sluice_compute::connector::{SinkWriter, SourceBatch, SourceReader, SubtaskInfo};
+use sluice_integration_tests::s3_env::{S3Env, s3_env};
 use sluice_integration_tests::{
     Row, assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, tempdir, write_job, yaml_path,
     yaml_str,
@@ -115,38 +115,11 @@ struct S3 {
 
 /// The S3 settings, `None` (after a loud message) when `SLUICE_SKIP_S3=1`.
 fn s3(test: &str) -> Option<S3> {
-    let endpoint = std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        if std::env::var("SLUICE_SKIP_S3").as_deref() == Ok("1") {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!!!!! SKIPPED S3 test `{test}`: SLUICE_SKIP_S3=1 and no \
-                 SLUICE_TEST_S3_ENDPOINT. The exactly-once sink on S3 is NOT tested. !!!!!!!!\n"
-            );
-            return None;
-        }
-        panic!(
-            "SLUICE_TEST_S3_ENDPOINT is not set: start the test services first with\n    \
-             eval \"$(scripts/test-services.sh start)\"\n(scripts/test does this), or set \
-             SLUICE_SKIP_S3=1 to skip the S3 tests"
-        );
-    }
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| {
-            panic!(
-                "{name} is not set although SLUICE_TEST_S3_ENDPOINT is: export everything \
-                 `scripts/test-services.sh start` prints"
-            )
-        })
-    };
-    let bucket = var("SLUICE_TEST_S3_BUCKET");
-    var("AWS_ACCESS_KEY_ID");
-    var("AWS_SECRET_ACCESS_KEY");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let prefix = format!("sluice-it/{test}-{}-{nanos}", std::process::id());
+    let S3Env {
+        endpoint,
+        bucket,
+        prefix,
+    } = s3_env(test, "The exactly-once sink on S3")?;
     let store = AmazonS3Builder::from_env()
         .with_endpoint(&endpoint)
         .with_allow_http(true)

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
+use sluice_integration_tests::s3_env::s3_env;
 use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::{
     Bid, Row, Shared, assert_same_rows, read_bids_csv, read_jsonl_dir, row, run_sluice, tempdir,
@@ -444,31 +445,10 @@ fn q11_user_sessions_csv_remote_state() {
 /// The state service as its own process, durable in the S3 server of the test services.
 #[test]
 fn q5_hot_items_csv_remote_state_on_s3() {
-    let endpoint = std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        if std::env::var("SLUICE_SKIP_S3").as_deref() == Ok("1") {
-            use std::io::Write as _;
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!!!!! SKIPPED S3 remote-state golden test: SLUICE_SKIP_S3=1. !!!!!!!!\n"
-            );
-            return;
-        }
-        panic!(
-            "SLUICE_TEST_S3_ENDPOINT is not set: start the test services with\n    \
-             eval \"$(scripts/test-services.sh start)\"\n(scripts/test does this), or set \
-             SLUICE_SKIP_S3=1 to skip the S3 tests"
-        );
-    }
-    let bucket = std::env::var("SLUICE_TEST_S3_BUCKET").expect("SLUICE_TEST_S3_BUCKET");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let store = format!(
-        "s3://{bucket}/sluice-it/golden-q5-{}-{nanos}",
-        std::process::id()
-    );
+    let Some(s3) = s3_env("golden-q5", "Remote state on S3") else {
+        return;
+    };
+    let (endpoint, store) = (s3.endpoint.clone(), s3.url());
     let dir = tempdir();
     let data = dir.path().join("node");
     let node = ServiceProcess::start(

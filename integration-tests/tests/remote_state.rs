@@ -10,7 +10,6 @@
 //!   local directory and against the S3 server the test services start (SeaweedFS).
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -18,6 +17,7 @@ use bytes::Bytes;
 use sluice_common::state::conformance;
 use sluice_common::state::{KeyedStateBackend, WriteOp};
 use sluice_compute::state_client::{RemoteState, RemoteStateBackend, RemoteStateConfig};
+use sluice_integration_tests::s3_env::s3_env;
 use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::tempdir;
 
@@ -254,31 +254,10 @@ fn killed_node_loses_nothing_acknowledged_local_store() {
 
 #[test]
 fn killed_node_loses_nothing_acknowledged_s3() {
-    let endpoint = std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        if std::env::var("SLUICE_SKIP_S3").as_deref() == Ok("1") {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!!!!! SKIPPED S3 state test: SLUICE_SKIP_S3=1. Remote state on S3 is NOT tested. !!!!!!!!\n"
-            );
-            return;
-        }
-        panic!(
-            "SLUICE_TEST_S3_ENDPOINT is not set: start the test services with\n    \
-             eval \"$(scripts/test-services.sh start)\"\n(scripts/test does this), or set \
-             SLUICE_SKIP_S3=1 to skip the S3 tests"
-        );
-    }
-    let bucket =
-        std::env::var("SLUICE_TEST_S3_BUCKET").expect("SLUICE_TEST_S3_BUCKET with the endpoint");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let store = format!(
-        "s3://{bucket}/sluice-it/state-kill-{}-{nanos}",
-        std::process::id()
-    );
+    let Some(s3) = s3_env("state-kill", "Remote state on S3") else {
+        return;
+    };
+    let (endpoint, store) = (s3.endpoint.clone(), s3.url());
     kill_during_writes_loses_nothing_acknowledged(
         &store,
         &[

@@ -10,7 +10,6 @@
 //! the same Nexmark events generated locally as CSV and parsed by the harness.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -18,6 +17,7 @@ use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
+use sluice_integration_tests::s3_env::{S3Env, s3_env};
 use sluice_integration_tests::{
     Bid, Outcome, Row, assert_same_rows, parse_jsonl, read_bids_csv, read_jsonl_dir, run_sluice,
     run_sluice_env, tempdir, write_job, yaml_path, yaml_str,
@@ -38,39 +38,11 @@ struct S3 {
 /// # Panics
 /// When the test services are not configured and skipping was not asked for.
 fn s3(test: &str) -> Option<S3> {
-    let endpoint = std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        if std::env::var("SLUICE_SKIP_S3").as_deref() == Ok("1") {
-            // Straight to stderr: the test harness captures `eprintln!` of passing tests.
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!!!!! SKIPPED S3 test `{test}`: SLUICE_SKIP_S3=1 and no \
-                 SLUICE_TEST_S3_ENDPOINT. S3 support is NOT tested. !!!!!!!!\n"
-            );
-            return None;
-        }
-        panic!(
-            "SLUICE_TEST_S3_ENDPOINT is not set: start the test services first with\n    \
-             eval \"$(scripts/test-services.sh start)\"\n(scripts/test does this), or set \
-             SLUICE_SKIP_S3=1 to skip the S3 tests"
-        );
-    }
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| {
-            panic!(
-                "{name} is not set although SLUICE_TEST_S3_ENDPOINT is: export everything \
-                 `scripts/test-services.sh start` prints"
-            )
-        })
-    };
-    let bucket = var("SLUICE_TEST_S3_BUCKET");
-    var("AWS_ACCESS_KEY_ID");
-    var("AWS_SECRET_ACCESS_KEY");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let prefix = format!("sluice-it/{test}-{}-{nanos}", std::process::id());
+    let S3Env {
+        endpoint,
+        bucket,
+        prefix,
+    } = s3_env(test, "S3 support")?;
     let store = AmazonS3Builder::from_env()
         .with_endpoint(&endpoint)
         .with_allow_http(true)
