@@ -14,7 +14,6 @@
 mod common;
 
 use std::future::Future;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,44 +34,6 @@ const STEP: Duration = Duration::from_secs(15);
 /// Longest a `Flush` or `Commit` may take to fail while the store is unreachable, with
 /// the client settings of [`outage_client`].
 const FAIL_WITHIN: Duration = Duration::from_secs(10);
-
-/// The S3 server's endpoint and the bucket, `None` when skipping.
-fn s3_target(test: &str) -> Option<(String, String)> {
-    let endpoint = std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        if std::env::var("SLUICE_SKIP_S3").as_deref() == Ok("1") {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!!!!! SKIPPED S3 test `{test}`: SLUICE_SKIP_S3=1 and no \
-                 SLUICE_TEST_S3_ENDPOINT. S3 outages are NOT tested. !!!!!!!!\n"
-            );
-            return None;
-        }
-        panic!(
-            "SLUICE_TEST_S3_ENDPOINT is not set: start the test services first with\n    \
-             eval \"$(scripts/test-services.sh start)\"\nor set SLUICE_SKIP_S3=1 to skip the \
-             S3 tests"
-        );
-    }
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| {
-            panic!("{name} is not set although SLUICE_TEST_S3_ENDPOINT is: export everything `scripts/test-services.sh start` prints")
-        })
-    };
-    let bucket = var("SLUICE_TEST_S3_BUCKET");
-    var("AWS_ACCESS_KEY_ID");
-    var("AWS_SECRET_ACCESS_KEY");
-    Some((endpoint, bucket))
-}
-
-/// A prefix of its own for `test`.
-fn unique_prefix(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!("sluice-state-it/{test}-{}-{nanos}", std::process::id())
-}
 
 /// `fut`, or a panic naming `what` after `limit`.
 async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
@@ -317,7 +278,7 @@ async fn commit_fails(c: &mut Client, s: &ShardId, cp: u64, test: &str) {
 
 /// The scenario of the brief, with the proxy switched off as `off`.
 async fn outage_and_recovery(test: &str, off: Mode) {
-    let Some((endpoint, bucket)) = s3_target(test) else {
+    let Some((endpoint, bucket)) = common::s3_target(test, "S3 outages") else {
         return;
     };
     let parsed = url::Url::parse(&endpoint).expect("SLUICE_TEST_S3_ENDPOINT is a URL");
@@ -329,7 +290,7 @@ async fn outage_and_recovery(test: &str, off: Mode) {
         .next()
         .expect("an address for the S3 endpoint");
     let proxy = Proxy::start(upstream).await;
-    let prefix = unique_prefix(test);
+    let prefix = common::unique_prefix(test);
     let via_proxy = format!("s3://{bucket}/{prefix}?endpoint=http://{}", proxy.addr);
     let direct = format!("s3://{bucket}/{prefix}?endpoint={endpoint}");
 
