@@ -162,10 +162,9 @@ pub fn bench(args: StateBenchArgs) -> Result<(), Failure> {
     })
 }
 
-/// Calls made, operations per call and elapsed time of one figure.
+/// Calls made and elapsed time of one figure.
 struct Figure {
     calls: u64,
-    per_call: usize,
     elapsed: Duration,
 }
 
@@ -185,18 +184,17 @@ where
     }
     Ok(Figure {
         calls,
-        per_call: 0,
         elapsed: start.elapsed(),
     })
 }
 
-fn report(op: &str, batch: usize, mut f: Figure) {
-    f.per_call = batch;
+/// One CSV line: `batch` operations per call.
+fn report(op: &str, batch: usize, f: Figure) {
     let secs = f.elapsed.as_secs_f64().max(1e-9);
     let calls_per_s = f.calls as f64 / secs;
     println!(
         "{op},{batch},{:.0},{:.0},{:.1}",
-        calls_per_s * f.per_call as f64,
+        calls_per_s * batch as f64,
         calls_per_s,
         1e6 / calls_per_s.max(1e-9)
     );
