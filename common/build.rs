@@ -5,11 +5,7 @@ fn main() {
     prost_build::Config::new()
         .protoc_executable(&protoc)
         .compile_protos(
-            &[
-                "proto/job_graph.proto",
-                "proto/checkpoint.proto",
-                "proto/cluster.proto",
-            ],
+            &["proto/job_graph.proto", "proto/checkpoint.proto"],
             &["proto"],
         )
         .expect("compile protos");
@@ -18,6 +14,10 @@ fn main() {
     let mut config = prost_build::Config::new();
     config.protoc_executable(&protoc).bytes(["."]);
     tonic_prost_build::configure()
-        .compile_with_config(config, &["proto/state_service.proto"], &["proto"])
+        .compile_with_config(
+            config,
+            &["proto/state_service.proto", "proto/cluster.proto"],
+            &["proto"],
+        )
         .expect("compile service protos");
 }

@@ -10,7 +10,7 @@ use sluice_common::job_spec;
 
 use sluice_compute::network::NetworkConfig;
 
-use crate::cluster::local_driver::{self, DriverOptions};
+use crate::cluster::embedded::{self as local_driver, DriverOptions};
 use crate::run::{StateArgs, execute};
 use crate::{Failure, rss, runtime};
 

@@ -646,7 +646,7 @@ async fn drive(
             peers: peers.clone(),
             network: Some(network.to_proto()),
             metrics_interval_ms: 0,
-            remote_state: None,
+            ..Default::default()
         };
         control::write_message(&mut stream, &deployment)
             .await

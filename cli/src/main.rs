@@ -10,7 +10,9 @@
 //!   latency, memory and shard open time of state-service nodes run as child processes.
 //! - `sluice state-service`: a state-service node.
 //! - `sluice worker`: a compute worker (see `cluster::worker`).
-//! - `sluice coordinator`: the coordinator (not built yet).
+//! - `sluice coordinator`: the coordinator (REST for users, gRPC for workers).
+//! - `sluice submit | jobs | status | cancel | checkpoints | savepoint | stop | rescale`:
+//!   jobs on a coordinator.
 //!
 //! Exit codes: 0 success, 1 a job or I/O failure, 2 a mistake in the job or the command
 //! line (the message names file, line and column where there is one).
@@ -40,6 +42,8 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    client: cluster::client::ClientArgs,
 }
 
 #[derive(Subcommand)]
@@ -58,8 +62,10 @@ enum Command {
     },
     /// Run a compute worker (under `sluice run --workers N`, or by hand).
     Worker(cluster::worker::WorkerArgs),
-    /// Run the coordinator (cluster role; not built yet).
-    Coordinator,
+    /// Run the coordinator: REST API for users, gRPC API for workers.
+    Coordinator(cluster::coordinator::CoordinatorArgs),
+    #[command(flatten)]
+    Job(cluster::client::JobCommand),
     /// Run a state-service node: keyed-state shards on RocksDB behind a cache, durable
     /// in an object store.
     StateService(state_service::StateServiceArgs),
@@ -158,7 +164,8 @@ fn main() -> ExitCode {
             command: BenchCommand::Exchange(args),
         } => bench_exchange::bench(args),
         Command::Worker(args) => cluster::worker::worker(args),
-        Command::Coordinator => Err(not_built("coordinator")),
+        Command::Coordinator(args) => cluster::coordinator::serve(args),
+        Command::Job(command) => cluster::client::run(cli.client, command),
         Command::StateService(args) => state_service::serve(args),
     };
     match result {
@@ -170,12 +177,6 @@ fn main() -> ExitCode {
             ExitCode::from(f.code)
         }
     }
-}
-
-fn not_built(role: &str) -> Failure {
-    Failure::usage(format!(
-        "the `{role}` role is not part of this build yet; `sluice run JOB.yaml` runs jobs on the embedded local runtime"
-    ))
 }
 
 /// A multi-threaded runtime with one worker thread per core.

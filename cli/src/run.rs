@@ -43,7 +43,7 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// The driver settings these arguments ask for.
-    pub fn driver_options(&self) -> crate::cluster::local_driver::DriverOptions {
+    pub fn driver_options(&self) -> crate::cluster::embedded::DriverOptions {
         let mut network = sluice_compute::network::NetworkConfig {
             buffer_bytes: self.buffer_bytes.max(64),
             flush_every_batch: self.buffer_timeout_ms == 0,
@@ -51,7 +51,7 @@ impl RunArgs {
             ..Default::default()
         };
         network.max_frame_bytes = network.buffer_bytes + 64;
-        crate::cluster::local_driver::DriverOptions {
+        crate::cluster::embedded::DriverOptions {
             workers: self.workers,
             network,
             metrics_interval_ms: self.metrics_interval_ms,
@@ -225,11 +225,7 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     let name = graph.name.clone();
     let s = if args.workers > 0 {
         let options = args.driver_options();
-        runtime()?.block_on(crate::cluster::local_driver::run(
-            graph,
-            &options,
-            &args.state,
-        ))?
+        runtime()?.block_on(crate::cluster::embedded::run(graph, &options, &args.state))?
     } else {
         execute(graph, args.quiet, &args.state)?
     };

@@ -28,7 +28,10 @@
 //! [`checkpoint::store`].
 
 pub mod checkpoint;
+pub mod cluster;
 pub mod error;
 pub mod job;
+pub mod rest;
+pub mod service;
 
 pub use error::{Error, Result};

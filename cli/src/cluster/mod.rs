@@ -1,11 +1,17 @@
-//! Running jobs across worker processes on this machine, until the coordinator exists.
+//! Running jobs across processes: the coordinator role, the worker role, the embedded
+//! cluster of `sluice run --workers N`, and the job commands that talk to a coordinator.
 //!
-//! - [`local_driver`]: `sluice run --workers N`: starts N `sluice worker` processes,
-//!   deploys the job to them, collects their reports, fails fast.
-//! - [`worker`]: the `sluice worker` command: under a driver (`--control`), or by hand
-//!   from a job file and the peers' addresses.
-//!
-//! The coordinator issue replaces the driver; the worker side stays.
+//! - [`coordinator`]: `sluice coordinator`: REST for users, gRPC for workers, jobs
+//!   resumed from the metadata store on start.
+//! - [`embedded`]: `sluice run --workers N`: the same coordinator code in this process,
+//!   with worker child processes it starts (and restarts).
+//! - [`client`]: `sluice submit | jobs | status | cancel | checkpoints | savepoint | stop
+//!   | rescale` over the REST API.
+//! - [`worker`]: the `sluice worker` command.
+//! - [`state`]: the coordinator's access to a job's shards in the state service.
 
-pub mod local_driver;
+pub mod client;
+pub mod coordinator;
+pub mod embedded;
+pub mod state;
 pub mod worker;

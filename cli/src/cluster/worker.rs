@@ -1,6 +1,10 @@
 //! `sluice worker`: a compute worker process.
 //!
-//! Under a driver: `sluice worker --listen 127.0.0.1:0 --control HOST:PORT` binds its
+//! Under a coordinator: `sluice worker --coordinator http://HOST:PORT [--host H]
+//! [--slots N]` attaches to it and runs what it deploys, for as long as it lives
+//! (re-attaching when the coordinator restarts; `--exit-with-coordinator` exits instead).
+//!
+//! Under the exchange benchmark's driver: `sluice worker --listen 127.0.0.1:0 --control HOST:PORT` binds its
 //! data port, connects to the driver, says hello (data address, pid), receives its
 //! deployment, runs it and sends its report. If the driver goes away, the worker exits.
 //!
@@ -14,6 +18,7 @@ use std::path::PathBuf;
 use clap::Args;
 use sluice_common::pb::cluster as pbc;
 use sluice_compute::cluster::control::{self, CONTROL_VERSION};
+use sluice_compute::cluster::session::{self, SessionOptions};
 use sluice_compute::cluster::worker::run_deployment;
 use sluice_compute::network::NetworkConfig;
 use tokio::net::{TcpListener, TcpStream};
@@ -27,7 +32,19 @@ pub struct WorkerArgs {
     /// Address for data connections (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
-    /// The driver's control address; the deployment comes from there.
+    /// The coordinator's worker API (`http://host:port`).
+    #[arg(long, env = "SLUICE_COORDINATOR_GRPC", conflicts_with_all = ["job", "index", "peers", "control"])]
+    coordinator: Option<String>,
+    /// With --coordinator: the host to bind data ports on and advertise.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// With --coordinator: jobs this worker runs at once.
+    #[arg(long, default_value_t = 1)]
+    slots: u32,
+    /// With --coordinator: exit when the coordinator goes away.
+    #[arg(long)]
+    exit_with_coordinator: bool,
+    /// The benchmark driver's control address; the deployment comes from there.
     #[arg(long, conflicts_with_all = ["job", "index", "peers"])]
     control: Option<String>,
     /// By hand: the job file.
@@ -47,6 +64,18 @@ pub struct WorkerArgs {
 /// Runs `sluice worker`.
 pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
     let rt = runtime()?;
+    if let Some(url) = &args.coordinator {
+        let options = SessionOptions {
+            coordinator: url.clone(),
+            host: args.host.clone(),
+            slots: args.slots,
+            name: String::new(),
+            exit_with_coordinator: args.exit_with_coordinator,
+        };
+        return rt
+            .block_on(session::serve(options))
+            .map_err(Failure::from_compute);
+    }
     rt.block_on(async move {
         let listener = TcpListener::bind(&args.listen)
             .await
@@ -71,12 +100,13 @@ pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
                     // Remote state needs a driver (or the coordinator) to open and
                     // commit the job's shards.
                     remote_state: None,
+                    ..Default::default()
                 };
                 let report = run_deployment(&listener, deployment).await;
                 finish(&name, &report)
             }
             (None, None) => Err(Failure::usage(
-                "`sluice worker` needs --control ADDR (under a driver) or --job, --index and --peers",
+                "`sluice worker` needs --coordinator URL, --control ADDR (a benchmark driver) or --job, --index and --peers",
             )),
         }
     })

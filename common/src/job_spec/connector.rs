@@ -134,6 +134,7 @@ fn nexmark(node: &Node, path: &str) -> Result<pb::NexmarkSource> {
             "max_out_of_orderness",
             "events_per_second",
             "splits",
+            "max_events_per_second",
         ],
     )?;
     let streams = [
@@ -155,6 +156,7 @@ fn nexmark(node: &Node, path: &str) -> Result<pb::NexmarkSource> {
         splits: fields
             .opt("splits", |node, path| u32_in(node, path, 0, u32::MAX))?
             .unwrap_or(0),
+        max_events_per_second: fields.opt("max_events_per_second", u64_value)?.unwrap_or(0),
     })
 }
 

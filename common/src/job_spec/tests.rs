@@ -9,7 +9,7 @@ parallelism: 2
 max_parallelism: 128
 state: { backend: remote }
 source:
-  nexmark: { stream: bid, events: 10000000, seed: 42, max_out_of_orderness: 2s, events_per_second: 10000, splits: 4 }
+  nexmark: { stream: bid, events: 10000000, seed: 42, max_out_of_orderness: 2s, events_per_second: 10000, splits: 4, max_events_per_second: 50000 }
   batch_size: 8192
 watermark: { column: date_time, max_out_of_orderness: 4s, idleness: 1m }
 pipeline:
@@ -130,6 +130,7 @@ fn full_example_becomes_the_expected_graph() {
             max_out_of_orderness_ms: 2_000,
             events_per_second: 10_000,
             splits: 4,
+            max_events_per_second: 50_000,
         }))
     );
     assert_eq!(
@@ -619,6 +620,15 @@ fn more_mistakes_point_at_the_right_place() {
         2,
         24,
         &["two connectors (`nexmark` and `file`)"],
+    );
+    assert_err(
+        "name: x\nsource: { nexmark: { max_events_per_second: fast } }\nsink: { stdout: }\n",
+        2,
+        45,
+        &[
+            "`source.nexmark.max_events_per_second`",
+            "a non-negative integer",
+        ],
     );
     assert_err(
         "name: x\nsource: { nexmark: { stream: bids } }\nsink: { stdout: }\n",

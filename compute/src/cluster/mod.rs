@@ -1,19 +1,20 @@
 //! A worker process's side of running part of a job across several processes.
 //!
-//! Until the coordinator exists, a small driver (`sluice run --workers N`, in the CLI)
-//! deploys jobs: it sends each worker a [`pb::cluster::Deployment`] (the job graph, the
-//! worker's index, every worker's data address, network settings) over a control
-//! connection ([`control`]); the worker plans the job, runs the subtasks that the
-//! round-robin placement gives it ([`worker`]) and answers with a
-//! [`pb::cluster::Report`]. [`task_metrics`] samples the per-task figures that are
-//! printed, reported and exposed through the OpenTelemetry metrics API.
+//! [`session`] is the worker's life under the coordinator: it attaches over gRPC
+//! (`common/proto/cluster.proto`), registers, heartbeats, and runs deployment attempts;
+//! [`worker`] runs one attempt: plans the job, runs the subtasks that the round-robin
+//! placement gives this worker, links them to the coordinator's checkpoints, and ends
+//! with a [`pb::cluster::Report`]. [`task_metrics`] samples the per-task figures that are
+//! printed, reported and exposed through the OpenTelemetry metrics API. [`control`] is
+//! the older length-prefixed TCP control connection that `sluice bench exchange` still
+//! drives workers with.
 //!
-//! This module must not know how workers are started or found: that is the driver's
-//! (later the coordinator's) business.
+//! This module must not know how workers are started or found, or how the coordinator
+//! decides anything: it does what the control stream says.
 //!
-//! [`pb::cluster::Deployment`]: sluice_common::pb::cluster::Deployment
 //! [`pb::cluster::Report`]: sluice_common::pb::cluster::Report
 
 pub mod control;
+pub mod session;
 pub mod task_metrics;
 pub mod worker;

@@ -6,6 +6,10 @@
 //! then let the connections drain. Metrics are printed to stderr every
 //! `metrics_interval` (and once at the end) as `metrics worker=... task=...` lines.
 //! The returned [`pbc::Report`] carries the counts, the final metrics, or the error.
+//!
+//! Under the coordinator, an [`AttemptLink`] connects the run to it: the tasks built are
+//! announced, triggers reach the source tasks, acknowledgements come back, completed
+//! checkpoints reach every task.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -13,18 +17,49 @@ use std::time::Duration;
 
 use sluice_common::pb::cluster as pbc;
 use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
 
 use crate::cluster::task_metrics::{self, Sampler};
+use crate::element::{Barrier, BarrierKind};
 use crate::error::{Error, Result};
 use crate::network::NetworkConfig;
 use crate::network::environment::{self, NetworkBuilder};
-use crate::runtime::build::{self, BuildOptions, Placement};
+use crate::runtime::build::{self, BuildOptions, Placement, RestoreFrom};
 use crate::runtime::local;
 use crate::runtime::metrics::JobMetrics;
+use crate::runtime::task::{CheckpointEvent, CheckpointLink, Task};
 use crate::state_client::{RemoteState, RemoteStateConfig};
+
+/// What a deployment attempt tells its coordinator.
+#[derive(Debug)]
+pub enum AttemptEvent {
+    /// The tasks were built: (chain's first node, subtask, is a source).
+    Deployed(Vec<(u32, u32, bool)>),
+    /// A task acknowledged or declined a checkpoint.
+    Checkpoint(CheckpointEvent),
+}
+
+/// A deployment attempt's connection to the coordinator's checkpoints.
+pub struct AttemptLink {
+    /// Checkpoints to trigger: (id, unaligned).
+    pub triggers: mpsc::UnboundedReceiver<(u64, bool)>,
+    /// The newest checkpoint committed job-wide.
+    pub completed: watch::Receiver<u64>,
+    /// Where the attempt's events go.
+    pub events: mpsc::UnboundedSender<AttemptEvent>,
+}
 
 /// Runs `deployment` with the data plane on `listener`; never fails, the report says.
 pub async fn run_deployment(listener: &TcpListener, deployment: pbc::Deployment) -> pbc::Report {
+    run_attempt(listener, deployment, None).await
+}
+
+/// [`run_deployment`], linked to the coordinator when `link` is given.
+pub async fn run_attempt(
+    listener: &TcpListener,
+    deployment: pbc::Deployment,
+    link: Option<AttemptLink>,
+) -> pbc::Report {
     let metrics = Arc::new(JobMetrics::default());
     let me = deployment.worker_index;
     let interval = Duration::from_millis(deployment.metrics_interval_ms);
@@ -33,6 +68,7 @@ pub async fn run_deployment(listener: &TcpListener, deployment: pbc::Deployment)
     let result = run(
         listener,
         deployment,
+        link,
         &metrics,
         &mut sampler_slot,
         &mut remote,
@@ -58,6 +94,8 @@ pub async fn run_deployment(listener: &TcpListener, deployment: pbc::Deployment)
         ),
     };
     pbc::Report {
+        attempt: 0,
+        cancelled: false,
         r#final: true,
         error,
         user_error,
@@ -74,13 +112,78 @@ pub async fn run_deployment(listener: &TcpListener, deployment: pbc::Deployment)
     }
 }
 
+/// Links every task to the coordinator; returns the task that hands triggers to the
+/// source tasks (aborted when dropped). A trigger for a source task that has finished is
+/// declined for it, so the checkpoint is aborted at once rather than timing out.
+fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDrop {
+    let AttemptLink {
+        mut triggers,
+        completed,
+        events,
+    } = link;
+    let (checkpoint_tx, mut checkpoint_rx) = mpsc::unbounded_channel();
+    let mut sources = Vec::new();
+    let mut announced = Vec::new();
+    for task in tasks.iter_mut() {
+        let source = task.is_source();
+        announced.push((task.id.0, task.id.1, source));
+        let source_triggers = source.then(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            sources.push((task.id, tx));
+            rx
+        });
+        task.link = Some(CheckpointLink::new(
+            task.id,
+            source_triggers,
+            completed.clone(),
+            checkpoint_tx.clone(),
+        ));
+    }
+    let _ = events.send(AttemptEvent::Deployed(announced));
+    let handle = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                trigger = triggers.recv() => {
+                    let Some((id, unaligned)) = trigger else { break };
+                    let kind = if unaligned { BarrierKind::Unaligned } else { BarrierKind::Aligned };
+                    for (task, tx) in &sources {
+                        if tx.send(Barrier { checkpoint_id: id, kind }).is_err() {
+                            let _ = events.send(AttemptEvent::Checkpoint(CheckpointEvent::Decline {
+                                checkpoint_id: id,
+                                task: *task,
+                                reason: "the source task has finished".into(),
+                            }));
+                        }
+                    }
+                }
+                event = checkpoint_rx.recv() => {
+                    let Some(event) = event else { break };
+                    let _ = events.send(AttemptEvent::Checkpoint(event));
+                }
+            }
+        }
+    });
+    AbortOnDrop(handle)
+}
+
+/// A spawned task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 fn lock(s: &Arc<Mutex<Sampler>>) -> std::sync::MutexGuard<'_, Sampler> {
     s.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
     listener: &TcpListener,
     deployment: pbc::Deployment,
+    link: Option<AttemptLink>,
     metrics: &Arc<JobMetrics>,
     sampler_slot: &mut Option<Arc<Mutex<Sampler>>>,
     remote_slot: &mut Option<Arc<RemoteState>>,
@@ -107,12 +210,22 @@ async fn run(
         options.remote_state = Some(remote);
         options.first_epoch = r.first_epoch.max(1);
     }
+    options.coordinated_checkpoints = deployment.coordinated_checkpoints;
+    options.restore = deployment.restore.as_ref().map(|r| RestoreFrom {
+        checkpoint_id: r.checkpoint_id,
+        positions: r
+            .source_positions
+            .iter()
+            .map(|p| (p.split.clone(), p.position.clone()))
+            .collect(),
+    });
     let config = NetworkConfig::from_proto(deployment.network.as_ref());
     let placement = Placement::round_robin(&plan, peers.len() as u32);
     let streams = environment::connect_peers(listener, me, &peers, &config).await?;
     let mut net = NetworkBuilder::new(config, peers);
-    let tasks =
+    let mut tasks =
         build::build_tasks(&plan, metrics, &options, &placement, me, Some(&mut net)).await?;
+    let _fan_out = link.map(|link| connect_tasks(&mut tasks, link));
     let sampler = Arc::new(Mutex::new(Sampler::new(
         tasks.iter().map(|t| t.metrics.clone()).collect(),
         net.probes(),

@@ -5,19 +5,26 @@
 //! generated per split. Sinks write what reaches them. Neither knows about watermarks,
 //! chaining or the network: the runtime wraps them in operators.
 //!
+//! A source that can resume reports, per split, an opaque position
+//! ([`SourceReader::positions`]) under a split name that is the same at any parallelism,
+//! and continues from such positions ([`SourceReader::restore`]): that is its part of a
+//! checkpoint, and what lets a job restart or rescale without a gap or a duplicate.
+//!
 //! - [`nexmark`]: the deterministic Nexmark generator.
 //! - [`file`]: CSV, JSON lines and Parquet files on local disk or `s3://`.
 //! - [`stdout`], [`blackhole`]: sinks for people and benchmarks.
 //! - [`store`]: resolving a path or URL to an object store.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
+use bytes::Bytes;
 use sluice_common::pb;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 pub mod blackhole;
 pub mod file;
@@ -58,6 +65,28 @@ pub trait SourceReader: Send {
     }
     /// Counters so far.
     fn counters(&self) -> SourceCounters;
+    /// Where each split of this reader stands, so that a restarted job resumes there:
+    /// (split name, opaque position), one per split this reader owns, finished ones
+    /// included. Split names are global (the same split has the same name at any
+    /// parallelism).
+    fn positions(&self) -> Result<Vec<(String, Bytes)>> {
+        Err(cannot_resume())
+    }
+    /// Resumes from positions recorded by the readers of the same source at a checkpoint
+    /// (possibly at another parallelism): each split this reader owns continues where its
+    /// entry says; a split without an entry starts at its beginning.
+    fn restore(&mut self, _positions: &HashMap<String, Bytes>) -> Result<()> {
+        Err(cannot_resume())
+    }
+}
+
+/// The error of a source that cannot record where it stands.
+fn cannot_resume() -> Error {
+    Error::Plan(
+        "this source cannot record its position (of the sources, only `nexmark` can so far), \
+         so a job reading it cannot resume from a checkpoint"
+            .into(),
+    )
 }
 
 /// Writes what reaches one sink subtask.
@@ -117,7 +146,7 @@ pub async fn source_schema(spec: &pb::SourceSpec) -> Result<SchemaRef> {
     let full = match spec.kind.as_ref() {
         Some(pb::source_spec::Kind::Nexmark(n)) => nexmark::schema(n.stream()),
         Some(pb::source_spec::Kind::File(f)) => file::source_schema(f).await?,
-        None => return Err(crate::error::Error::Plan("the source has no kind".into())),
+        None => return Err(Error::Plan("the source has no kind".into())),
     };
     match projection(&full, &spec.columns)? {
         Some(indices) => Ok(Arc::new(full.project(&indices)?)),
@@ -176,6 +205,14 @@ impl SourceReader for ProjectedReader {
 
     fn counters(&self) -> SourceCounters {
         self.inner.counters()
+    }
+
+    fn positions(&self) -> Result<Vec<(String, Bytes)>> {
+        self.inner.positions()
+    }
+
+    fn restore(&mut self, positions: &HashMap<String, Bytes>) -> Result<()> {
+        self.inner.restore(positions)
     }
 }
 

@@ -14,10 +14,18 @@
 //! side output. Processing-time windows take the wall clock at arrival and fire on
 //! processing-time ticks. At the end of a bounded input every open window fires.
 //!
-//! Timers live in operator memory for now: they can be rebuilt from state by a scan when
-//! checkpoint restore arrives.
+//! # Restore
+//!
+//! Timers live in operator memory, not in state. At every barrier an event-time window
+//! records its watermark under each key group it owns; at `open` it scans the state of
+//! its key groups ([`WindowOperator::rebuild_timers_from_state`]) and registers the timers
+//! that its panes and sessions need, knowing per key group which windows had fired at
+//! the checkpoint. A job restarted from a checkpoint, at the same or another
+//! parallelism, thereby fires every window once, as an uninterrupted run would. Fresh
+//! state scans empty.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -27,8 +35,9 @@ use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use bytes::Bytes;
-use sluice_common::key_group::key_group_of;
+use sluice_common::key_group::{key_group_of, key_group_range};
 use sluice_common::pb;
+use sluice_common::state::key::{decode_key, key_group_range_bounds};
 use sluice_common::state::{KeyedStateBackend, WriteOp, encode_key};
 
 use super::{Operator, OperatorContext, Output};
@@ -49,6 +58,12 @@ type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState
 
 const SLOT_STATE: &[u8] = b"window";
 const SESSION_STATE: &[u8] = b"sessions";
+/// The operator's event-time watermark at the last barrier, one entry per key group it
+/// owned (empty key and namespace), so that a restore at any parallelism knows which
+/// windows of each key group had fired.
+const WATERMARK_STATE: &[u8] = b"watermark";
+/// State entries read per scan call while rebuilding timers.
+const SCAN_PAGE: usize = 1024;
 
 /// Where a record's time comes from.
 #[derive(Debug, Clone, Copy)]
@@ -112,6 +127,10 @@ pub struct WindowOperator {
     max_parallelism: u32,
     timers: TimerQueue<Timer>,
     watermark: Timestamp,
+    /// The key groups this subtask owns (set at `open`).
+    key_groups: Range<u32>,
+    /// The watermark last recorded in state at a barrier.
+    recorded_watermark: Option<Timestamp>,
     keys: EncodedKeys,
     /// Batches whose state reads are in flight (remote state only), oldest first.
     inflight: VecDeque<InFlight>,
@@ -239,6 +258,8 @@ impl WindowOperator {
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
             timers: TimerQueue::default(),
             watermark: Timestamp::MIN,
+            key_groups: 0..0,
+            recorded_watermark: None,
             keys: EncodedKeys::default(),
         })
     }
@@ -445,7 +466,6 @@ impl WindowOperator {
                 state_keys.len()
             )));
         }
-        let (pane, _, _) = self.assigner.panes();
         let naggs = self.calls.len();
         let mut ops = Vec::with_capacity(slots.len());
         let mut refire: Vec<(u16, Bytes, Timestamp)> = Vec::new();
@@ -468,36 +488,16 @@ impl WindowOperator {
             }
             // Panes align with window boundaries: the windows holding a pane are those
             // holding its start.
-            let last_end = self.assigner.last_window_end(start);
             for (w, end) in self.assigner.windows(start) {
                 let fired = self.is_event_time() && end - 1 <= self.watermark;
                 if fired && !self.window_closed(end) {
                     // Already fired, within allowed lateness: emit the update now.
                     refire.push((key_group, key_list[kid as usize].clone(), w));
-                } else if !fired && is_new {
-                    self.timers.register(
-                        end - 1,
-                        Timer::Fire {
-                            key_group,
-                            key: key_list[kid as usize].clone(),
-                            start: w,
-                            end,
-                        },
-                    );
                 }
             }
-            if is_new && self.is_event_time() && last_end - 1 <= self.watermark {
-                // Its last window has fired already, so nothing will schedule its cleanup.
-                let at = last_end - 1 + self.lateness;
-                self.timers.register(
-                    at,
-                    Timer::Cleanup {
-                        key_group,
-                        key: key_list[kid as usize].clone(),
-                        start,
-                        end: start + pane,
-                    },
-                );
+            if is_new {
+                let key = &key_list[kid as usize];
+                self.register_pane_timers(key_group, key, start, self.watermark);
             }
             buf.clear();
             accumulator::encode(&merged, &mut buf);
@@ -515,6 +515,146 @@ impl WindowOperator {
                 out.batch(self.results(fired)?);
             }
         }
+        Ok(())
+    }
+
+    /// Registers the timers of a pane that enters state while the watermark is
+    /// `watermark`: a firing for each of its windows that has not fired yet, and its
+    /// cleanup if the last of them has (nothing else will schedule it).
+    fn register_pane_timers(
+        &mut self,
+        key_group: u16,
+        key: &Bytes,
+        start: Timestamp,
+        watermark: Timestamp,
+    ) {
+        let (pane, _, _) = self.assigner.panes();
+        let event_time = self.is_event_time();
+        for (w, end) in self.assigner.windows(start) {
+            if !(event_time && end - 1 <= watermark) {
+                let fire = Timer::Fire {
+                    key_group,
+                    key: key.clone(),
+                    start: w,
+                    end,
+                };
+                self.timers.register(end - 1, fire);
+            }
+        }
+        let last_end = self.assigner.last_window_end(start);
+        if event_time && last_end - 1 <= watermark {
+            let cleanup = Timer::Cleanup {
+                key_group,
+                key: key.clone(),
+                start,
+                end: start + pane,
+            };
+            self.timers.register(last_end - 1 + self.lateness, cleanup);
+        }
+    }
+
+    /// Registers, for a state holding this subtask's key groups as a checkpoint left them,
+    /// the timers that the operator which wrote it had: the firings and cleanups of every
+    /// pane, and a check of every session's key at its end (or, fired and kept for
+    /// allowed lateness, at its cleanup). Which windows had fired comes from the watermark
+    /// recorded per key group at the barrier ([`WATERMARK_STATE`]); the smallest of them
+    /// becomes the operator's watermark, so records late then are late now.
+    async fn rebuild_timers_from_state(&mut self) -> Result<()> {
+        let groups = self.key_groups.clone();
+        let mut watermarks = Vec::new();
+        if self.is_event_time() {
+            let keys: Vec<Bytes> = groups
+                .clone()
+                .map(|g| encode_key(g as u16, self.operator_id, WATERMARK_STATE, &[], &[]))
+                .collect();
+            for value in self.state.get_many(&keys).await? {
+                watermarks.push(match value {
+                    Some(bytes) => i64::from_be_bytes(bytes[..].try_into().map_err(|_| {
+                        Error::Internal(format!("corrupt window watermark state ({bytes:?})"))
+                    })?),
+                    None => Timestamp::MIN,
+                });
+            }
+            self.watermark = watermarks.iter().copied().min().unwrap_or(Timestamp::MIN);
+            self.recorded_watermark = None;
+        }
+        let naggs = self.calls.len();
+        let (mut from, end) = key_group_range_bounds(groups.clone());
+        loop {
+            let page = self.state.scan(&from, &end, Some(SCAN_PAGE)).await?;
+            for (state_key, value) in &page {
+                let k = decode_key(state_key)?;
+                if k.operator_id != self.operator_id {
+                    continue;
+                }
+                let kg = k.key_group;
+                let watermark = watermarks
+                    .get((u32::from(kg)).wrapping_sub(groups.start) as usize)
+                    .copied()
+                    .unwrap_or(Timestamp::MIN);
+                let key = Bytes::copy_from_slice(k.key);
+                if k.state_name == SLOT_STATE {
+                    let start = k.namespace.get(..8).and_then(|b| b.try_into().ok());
+                    let start = i64::from_be_bytes(start.ok_or_else(|| {
+                        Error::Internal("a window pane's state key has no window".into())
+                    })?);
+                    self.register_pane_timers(kg, &key, start, watermark);
+                } else if k.state_name == SESSION_STATE {
+                    let lateness = if self.is_event_time() {
+                        self.lateness
+                    } else {
+                        0
+                    };
+                    let mut ends: Vec<Timestamp> = session::decode(value, naggs)?
+                        .iter()
+                        .map(|s| {
+                            if s.fired {
+                                s.end - 1 + lateness
+                            } else {
+                                s.end - 1
+                            }
+                        })
+                        .collect();
+                    ends.sort_unstable();
+                    ends.dedup();
+                    for at in ends {
+                        let timer = Timer::Sessions {
+                            key_group: kg,
+                            key: key.clone(),
+                        };
+                        self.timers.register(at, timer);
+                    }
+                }
+            }
+            match page.last() {
+                Some((last, _)) if page.len() == SCAN_PAGE => {
+                    // The smallest key after `last`.
+                    from = [&last[..], &[0]].concat();
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Records the watermark under every key group of this subtask, for a restore.
+    async fn record_watermark(&mut self) -> Result<()> {
+        if !self.is_event_time()
+            || self.watermark == Timestamp::MIN
+            || self.recorded_watermark == Some(self.watermark)
+        {
+            return Ok(());
+        }
+        let value = Bytes::copy_from_slice(&self.watermark.to_be_bytes());
+        let ops = self
+            .key_groups
+            .clone()
+            .map(|g| WriteOp::Put {
+                key: encode_key(g as u16, self.operator_id, WATERMARK_STATE, &[], &[]),
+                value: value.clone(),
+            })
+            .collect();
+        self.state.write(ops).await?;
+        self.recorded_watermark = Some(self.watermark);
         Ok(())
     }
 
@@ -736,7 +876,15 @@ impl WindowOperator {
                 .map(|(kg, k)| self.state_key(SESSION_STATE, *kg, k, 0, 0))
                 .collect();
             let values = self.state.get_many(&keys).await?;
-            for ((value, state_key), (_, key)) in values.into_iter().zip(keys).zip(session_keys) {
+            let lateness = if self.is_event_time() {
+                self.lateness
+            } else {
+                0
+            };
+            let mut cleanups = Vec::new();
+            for ((value, state_key), (key_group, key)) in
+                values.into_iter().zip(keys).zip(session_keys)
+            {
                 let Some(bytes) = value else { continue };
                 let mut sessions = session::decode(&bytes, naggs)?;
                 let before = sessions.len();
@@ -750,12 +898,11 @@ impl WindowOperator {
                         end: s.end,
                         accs: s.accs.clone(),
                     });
+                    if s.end - 1 + lateness > now {
+                        // Kept for allowed lateness: check the key again when it has passed.
+                        cleanups.push((s.end - 1 + lateness, key_group, key.clone()));
+                    }
                 }
-                let lateness = if self.is_event_time() {
-                    self.lateness
-                } else {
-                    0
-                };
                 sessions.retain(|s| !(s.fired && s.end - 1 + lateness <= now));
                 if sessions.is_empty() {
                     ops.push(WriteOp::Delete { key: state_key });
@@ -767,6 +914,11 @@ impl WindowOperator {
                         value: Bytes::from(buf),
                     });
                 }
+            }
+            cleanups.sort();
+            cleanups.dedup();
+            for (at, key_group, key) in cleanups {
+                self.timers.register(at, Timer::Sessions { key_group, key });
             }
         }
         if !ops.is_empty() {
@@ -809,7 +961,12 @@ impl Operator for WindowOperator {
     async fn open(&mut self, ctx: &OperatorContext) -> Result<()> {
         self.max_parallelism = ctx.max_parallelism;
         self.operator_id = ctx.node_id;
-        Ok(())
+        self.key_groups = key_group_range(
+            ctx.max_parallelism,
+            ctx.parallelism as u32,
+            ctx.subtask as u32,
+        );
+        self.rebuild_timers_from_state().await
     }
 
     async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
@@ -855,6 +1012,7 @@ impl Operator for WindowOperator {
 
     async fn on_barrier(&mut self, barrier: Barrier, out: &mut Output) -> Result<()> {
         self.drain(out).await?;
+        self.record_watermark().await?;
         if let Some(remote) = &self.epochs {
             remote.flush_epoch(barrier.checkpoint_id).await?;
         }
@@ -905,6 +1063,18 @@ mod tests {
     }
 
     async fn window(kind: pb::window_spec::Kind, time: pb::TimeCharacteristic) -> WindowOperator {
+        let state = Arc::new(MemoryStateBackend::new());
+        window_over(kind, time, 0, state, (0, 1)).await
+    }
+
+    /// A window with `lateness` over `state`, opened as `(subtask, parallelism)`.
+    async fn window_over(
+        kind: pb::window_spec::Kind,
+        time: pb::TimeCharacteristic,
+        lateness: u64,
+        state: Arc<dyn KeyedStateBackend>,
+        (subtask, parallelism): (usize, usize),
+    ) -> WindowOperator {
         let mut spec = pb::WindowSpec {
             kind: Some(kind),
             key_columns: vec!["k".into()],
@@ -916,6 +1086,7 @@ mod tests {
                 })
                 .collect(),
             time_column: "t".into(),
+            allowed_lateness_ms: lateness,
             ..Default::default()
         };
         spec.set_time(time);
@@ -924,15 +1095,15 @@ mod tests {
             &spec,
             &input_schema(),
             &ExprCompiler::new(),
-            Arc::new(MemoryStateBackend::new()),
+            state,
             Arc::new(WindowCounters::default()),
         )
         .unwrap();
         let ctx = OperatorContext {
             node_id: 1,
             node_name: "window".into(),
-            subtask: 0,
-            parallelism: 1,
+            subtask,
+            parallelism,
             max_parallelism: 128,
         };
         op.open(&ctx).await.unwrap();
@@ -1124,5 +1295,118 @@ mod tests {
             .unwrap();
         op.on_watermark(i64::MAX, &mut out).await.unwrap();
         assert_eq!(results(&out), vec![(1, 0, 3, 7), (1, 40, 1, 8)]);
+    }
+
+    /// A deterministic stream of `(key, value, time)`, out of order by at most 3 ms, with
+    /// a few records later than that.
+    fn restore_input() -> Vec<(i64, i64, i64)> {
+        let mut x: u64 = 11;
+        (0..600i64)
+            .map(|i| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let back = if i % 50 == 49 {
+                    9
+                } else {
+                    (x >> 50) as i64 % 4
+                };
+                ((x >> 33) as i64 % 7, (x >> 40) as i64 % 100, i / 4 - back)
+            })
+            .collect()
+    }
+
+    /// Runs the subtasks `ops` over `rows` in chunks, each subtask getting the rows of its
+    /// key groups, and each chunk followed by the watermark a source would send (3 ms of
+    /// out-of-orderness).
+    async fn feed(ops: &mut [WindowOperator], rows: &[(i64, i64, i64)], out: &mut Output) {
+        let mut max_t = i64::MIN;
+        for chunk in rows.chunks(13) {
+            for op in ops.iter_mut() {
+                let mine: Vec<_> = chunk
+                    .iter()
+                    .copied()
+                    .filter(|r| {
+                        let mut key = Vec::new();
+                        sluice_common::key_group::push_i64(&mut key, Some(r.0));
+                        op.key_groups.contains(&u32::from(key_group_of(&key, 128)))
+                    })
+                    .collect();
+                if !mine.is_empty() {
+                    op.process_batch(batch(&mine), out).await.unwrap();
+                }
+            }
+            max_t = max_t.max(chunk.iter().map(|r| r.2).max().unwrap());
+            for op in ops.iter_mut() {
+                op.on_watermark(max_t - 3 - 1, out).await.unwrap();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn timers_rebuilt_from_state_fire_every_window_once_after_a_restart() {
+        let kinds = [
+            pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: 10 }),
+            pb::window_spec::Kind::Sliding(pb::SlidingWindow {
+                size_ms: 10,
+                slide_ms: 4,
+            }),
+            pb::window_spec::Kind::Session(pb::SessionWindow { gap_ms: 7 }),
+        ];
+        let rows = restore_input();
+        // At a chunk boundary, so that both runs see the same watermarks at the same rows.
+        let (first, rest) = rows.split_at(13 * 23);
+        let event = pb::TimeCharacteristic::TimeEvent;
+        for kind in kinds {
+            for lateness in [0, 8] {
+                let fresh = || Arc::new(MemoryStateBackend::new());
+                let mut reference = Output::default();
+                let mut op = window_over(kind, event, lateness, fresh(), (0, 1)).await;
+                feed(std::slice::from_mut(&mut op), &rows, &mut reference).await;
+                op.close(&mut reference).await.unwrap();
+                let expected = results(&reference);
+                assert!(!expected.is_empty());
+                for parallelism in [1, 2] {
+                    // One subtask until a checkpoint, then a failure: the operator is
+                    // dropped with windows open and its state as of the barrier.
+                    let state: Arc<dyn KeyedStateBackend> = fresh();
+                    let mut out = Output::default();
+                    let mut op = window_over(kind, event, lateness, state.clone(), (0, 1)).await;
+                    feed(std::slice::from_mut(&mut op), first, &mut out).await;
+                    let barrier = Barrier {
+                        checkpoint_id: 1,
+                        kind: crate::element::BarrierKind::Aligned,
+                    };
+                    op.on_barrier(barrier, &mut out).await.unwrap();
+                    assert!(!op.timers.is_empty());
+                    drop(op);
+                    // The restarted job, at `parallelism`, reads on after the checkpoint.
+                    let mut ops = Vec::new();
+                    for subtask in 0..parallelism {
+                        let at = (subtask, parallelism);
+                        ops.push(window_over(kind, event, lateness, state.clone(), at).await);
+                    }
+                    // Every subtask found open windows of its key groups in the state.
+                    assert!(ops.iter().all(|op| !op.timers.is_empty()));
+                    feed(&mut ops, rest, &mut out).await;
+                    for op in &mut ops {
+                        op.close(&mut out).await.unwrap();
+                    }
+                    assert_eq!(
+                        results(&out),
+                        expected,
+                        "{kind:?} lateness {lateness} restored at parallelism {parallelism}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fresh_state_rebuilds_no_timer_and_keeps_the_watermark_at_min() {
+        let tumbling = pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: 10 });
+        let op = window(tumbling, pb::TimeCharacteristic::TimeEvent).await;
+        assert!(op.timers.is_empty());
+        assert_eq!(op.watermark, Timestamp::MIN);
     }
 }

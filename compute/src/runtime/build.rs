@@ -11,8 +11,11 @@
 //!
 //! The embedded runtime (`runtime::local`) is the one-worker case.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use sluice_common::key_group::key_group_range;
 use sluice_common::pb;
@@ -82,6 +85,19 @@ pub struct BuildOptions {
     pub remote_state: Option<Arc<RemoteState>>,
     /// The epoch remote-state writes start in (the restored checkpoint + 1).
     pub first_epoch: u64,
+    /// The checkpoint the tasks resume from (a restart, a rescale, a savepoint).
+    pub restore: Option<RestoreFrom>,
+    /// The coordinator triggers barriers: sources inject none on their own.
+    pub coordinated_checkpoints: bool,
+}
+
+/// A checkpoint to resume from.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreFrom {
+    /// Its id; 0 when the job restarts before any checkpoint completed.
+    pub checkpoint_id: u64,
+    /// Where every source split stood, by split name.
+    pub positions: HashMap<String, Bytes>,
 }
 
 impl Default for BuildOptions {
@@ -90,6 +106,8 @@ impl Default for BuildOptions {
             channel_bytes: queue::DEFAULT_CHANNEL_BYTES,
             remote_state: None,
             first_epoch: 1,
+            restore: None,
+            coordinated_checkpoints: false,
         }
     }
 }
@@ -114,12 +132,15 @@ pub fn remote_state<'a>(
 }
 
 fn task_name(plan: &PhysicalPlan, chain: usize, subtask: usize) -> String {
+    format!("{}[{subtask}]", plan.node(first_node(plan, chain)).name)
+}
+
+/// The id of a chain's first node, which names its tasks to the coordinator.
+fn first_node(plan: &PhysicalPlan, chain: usize) -> u32 {
     let c = &plan.chains[chain];
-    let first = c
-        .source
+    c.source
         .or(c.operators.first().copied())
-        .unwrap_or_default();
-    format!("{}[{subtask}]", plan.node(first).name)
+        .unwrap_or_default()
 }
 
 /// Builds the tasks that `placement` puts on worker `me`; remote channels are
@@ -190,7 +211,7 @@ pub async fn build_tasks(
         .graph
         .checkpoint
         .as_ref()
-        .filter(|c| c.interval_ms > 0)
+        .filter(|c| c.interval_ms > 0 && !options.coordinated_checkpoints)
         .map(|c| {
             let kind = match c.mode() {
                 pb::CheckpointMode::Aligned => BarrierKind::Aligned,
@@ -225,7 +246,8 @@ pub async fn build_tasks(
                     );
                     Arc::new(r.backend(groups, options.first_epoch))
                 });
-                let op = build_operator(plan, node, info, &compiler, metrics, remote)
+                let restored = options.restore.as_ref().map(|r| r.checkpoint_id);
+                let op = build_operator(plan, node, info, &compiler, metrics, remote, restored)
                     .await
                     .map_err(|e| plan.locate(node, e))?;
                 operators.push(op);
@@ -300,9 +322,14 @@ pub async fn build_tasks(
                     let Some(pb::node::Kind::Source(spec)) = &node.kind else {
                         return Err(Error::Internal("chain source is not a source".into()));
                     };
-                    let reader = connector::create_source(spec, info)
+                    let mut reader = connector::create_source(spec, info)
                         .await
                         .map_err(|e| plan.locate(node, e))?;
+                    if let Some(r) = &options.restore {
+                        reader
+                            .restore(&r.positions)
+                            .map_err(|e| plan.locate(node, e))?;
+                    }
                     let watermarks = match &spec.watermark {
                         Some(wm) => Some(WatermarkGenerator::new(
                             wm,
@@ -329,6 +356,7 @@ pub async fn build_tasks(
             let checkpoints = chain.source.and(checkpoint.clone());
             tasks.push(Task {
                 name,
+                id: (first_node(plan, chain.id), subtask as u32),
                 input,
                 chain: Chain::new(operators),
                 contexts,
@@ -336,6 +364,7 @@ pub async fn build_tasks(
                 metrics: task_metrics,
                 checkpoints,
                 channel_state: None,
+                link: None,
             });
         }
     }
@@ -349,6 +378,7 @@ async fn build_operator(
     compiler: &ExprCompiler,
     metrics: &Arc<JobMetrics>,
     remote: Option<Arc<RemoteStateBackend>>,
+    restored: Option<u64>,
 ) -> Result<Box<dyn Operator>> {
     let input = plan.input_schema(node.id);
     Ok(match &node.kind {
@@ -375,11 +405,15 @@ async fn build_operator(
         }
         Some(pb::node::Kind::Sink(spec)) => {
             let writer = connector::create_sink(spec, input, info).await?;
-            Box::new(SinkOperator::new(
+            let sink = SinkOperator::new(
                 writer,
                 metrics.records_out.clone(),
                 metrics.sink_barriers.clone(),
-            ))
+            );
+            Box::new(match restored {
+                Some(checkpoint) => sink.restored_from(checkpoint),
+                None => sink,
+            })
         }
         Some(pb::node::Kind::Source(_)) | None => {
             return Err(Error::Internal(format!(

@@ -87,6 +87,14 @@ impl Chain {
         Ok(())
     }
 
+    /// Tells every operator that checkpoint `checkpoint_id` is committed job-wide.
+    pub async fn notify_checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<()> {
+        for op in &mut self.operators {
+            op.notify_checkpoint_complete(checkpoint_id).await?;
+        }
+        Ok(())
+    }
+
     /// Closes every operator in order; what one emits on closing flows through the rest.
     pub async fn close(&mut self, output: &mut TaskOutput) -> Result<()> {
         for i in 0..self.operators.len() {

@@ -6,15 +6,21 @@
 //! (`i64::MAX`, so every event-time window fires), the chain is closed, and
 //! `EndOfPartition` goes downstream.
 //!
-//! Until a coordinator triggers checkpoints, a source task can inject barriers itself
-//! every `interval` ([`CheckpointTrigger`], from the job's `checkpoint:` setting). The
-//! task times where it spends its time into its [`TaskMetrics`].
+//! Checkpoint barriers come from one of two places. In a cluster run the coordinator
+//! triggers them ([`CheckpointLink`]): a source task records its reader's positions,
+//! injects the barrier and acknowledges; every other task acknowledges once the barrier
+//! has passed through its chain (its window flushed its state epoch, its sink
+//! pre-committed); a completed checkpoint is passed to the chain so sinks commit. In one
+//! process, without a coordinator, a source task injects barriers itself every
+//! `interval` ([`CheckpointTrigger`], from the job's `checkpoint:` setting). The task
+//! times where it spends its time into its [`TaskMetrics`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
 
 use crate::connector::SourceReader;
 use crate::element::{Barrier, BarrierKind, StreamElement, Timestamp};
@@ -80,6 +86,70 @@ impl CheckpointTrigger {
     }
 }
 
+/// What a task tells the coordinator about a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointEvent {
+    /// The barrier passed through the task's chain.
+    Ack {
+        /// The checkpoint.
+        checkpoint_id: u64,
+        /// The task: its chain's first node and its subtask.
+        task: (u32, u32),
+        /// Where the source's splits stood at the barrier (source tasks).
+        positions: Vec<(String, Bytes)>,
+        /// Time the chain took to handle the barrier.
+        sync_micros: u64,
+    },
+    /// The task could not take its part of the checkpoint.
+    Decline {
+        /// The checkpoint.
+        checkpoint_id: u64,
+        /// The task.
+        task: (u32, u32),
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A task's link to the coordinator's checkpoints (cluster runs).
+pub struct CheckpointLink {
+    /// The task's chain's first node and its subtask, as acknowledgements name it.
+    pub task: (u32, u32),
+    /// Barriers to inject (source tasks only).
+    pub triggers: Option<mpsc::UnboundedReceiver<Barrier>>,
+    /// The newest checkpoint committed job-wide.
+    pub completed: watch::Receiver<u64>,
+    /// Where acknowledgements and declines go.
+    pub events: mpsc::UnboundedSender<CheckpointEvent>,
+    /// The last completed checkpoint passed to the chain.
+    notified: u64,
+}
+
+impl CheckpointLink {
+    /// The link of `task`; `triggers` only for a source task.
+    pub fn new(
+        task: (u32, u32),
+        triggers: Option<mpsc::UnboundedReceiver<Barrier>>,
+        completed: watch::Receiver<u64>,
+        events: mpsc::UnboundedSender<CheckpointEvent>,
+    ) -> Self {
+        Self {
+            task,
+            triggers,
+            completed,
+            events,
+            notified: 0,
+        }
+    }
+}
+
+impl Task {
+    /// Whether the task starts with a source.
+    pub fn is_source(&self) -> bool {
+        matches!(self.input, TaskInput::Source(_))
+    }
+}
+
 /// Where a task's elements come from.
 pub enum TaskInput {
     /// The task starts with a source.
@@ -92,6 +162,8 @@ pub enum TaskInput {
 pub struct Task {
     /// `node[subtask]` of the chain's first node, for messages.
     pub name: String,
+    /// The chain's first node id and the subtask: the task's id for the coordinator.
+    pub id: (u32, u32),
     /// The input.
     pub input: TaskInput,
     /// The operators.
@@ -106,6 +178,8 @@ pub struct Task {
     pub checkpoints: Option<CheckpointTrigger>,
     /// Channel state of the last unaligned checkpoint this task's gate completed.
     pub channel_state: Option<ChannelState>,
+    /// The coordinator's checkpoints, in a cluster run (replaces `checkpoints`).
+    pub link: Option<CheckpointLink>,
 }
 
 impl Task {
@@ -138,14 +212,17 @@ impl Task {
                     .push(StreamElement::Barrier(barrier), &mut self.output)
                     .await?;
             }
+            self.on_coordinator().await?;
             // Only the wait for input races the clock and cancellation: receiving is
             // cancel-safe, pushing through the chain is not, so it happens outside.
             let waiting = Instant::now();
             let element = match &mut self.input {
                 TaskInput::Gate(gate) => {
+                    let completed = self.link.as_mut().map(|l| &mut l.completed);
                     let next = tokio::select! {
                         biased;
                         _ = cancel.changed() => continue,
+                        _ = changed(completed) => continue,
                         _ = tokio::time::sleep(TICK), if ticks || self.checkpoints.is_some() => {
                             self.metrics.idle_ns.fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
                             continue;
@@ -185,10 +262,23 @@ impl Task {
             match element {
                 Some(element) => {
                     let start = Instant::now();
+                    let barrier = match &element {
+                        StreamElement::Barrier(b) => Some(b.checkpoint_id),
+                        _ => None,
+                    };
                     self.chain.push(element, &mut self.output).await?;
+                    let took = start.elapsed();
                     self.metrics
                         .work_ns
-                        .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                        .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+                    if let (Some(id), Some(link)) = (barrier, &self.link) {
+                        let _ = link.events.send(CheckpointEvent::Ack {
+                            checkpoint_id: id,
+                            task: link.task,
+                            positions: Vec::new(),
+                            sync_micros: took.as_micros() as u64,
+                        });
+                    }
                 }
                 None => break,
             }
@@ -200,6 +290,64 @@ impl Task {
         }
         self.chain.close(&mut self.output).await?;
         self.output.broadcast(&StreamElement::EndOfPartition).await
+    }
+
+    /// Injects the barriers the coordinator triggered (a source task) and passes on
+    /// completed checkpoints.
+    async fn on_coordinator(&mut self) -> Result<()> {
+        let Some(link) = self.link.as_mut() else {
+            return Ok(());
+        };
+        let id = *link.completed.borrow();
+        if id > link.notified {
+            link.notified = id;
+            self.chain.notify_checkpoint_complete(id).await?;
+        }
+        let Some(triggers) = self.link.as_mut().and_then(|l| l.triggers.as_mut()) else {
+            return Ok(());
+        };
+        let mut due = Vec::new();
+        while let Ok(b) = triggers.try_recv() {
+            due.push(b);
+        }
+        for barrier in due {
+            self.inject(barrier).await?;
+        }
+        Ok(())
+    }
+
+    /// A source task's part of a coordinated checkpoint: positions, barrier, ack.
+    async fn inject(&mut self, barrier: Barrier) -> Result<()> {
+        let (Some(link), TaskInput::Source(src)) = (self.link.as_ref(), &self.input) else {
+            return Ok(());
+        };
+        let id = barrier.checkpoint_id;
+        let task = link.task;
+        let positions = match src.reader.positions() {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = link.events.send(CheckpointEvent::Decline {
+                    checkpoint_id: id,
+                    task,
+                    reason: e.to_string(),
+                });
+                return Ok(());
+            }
+        };
+        let start = Instant::now();
+        self.metrics.barriers.fetch_add(1, Ordering::Relaxed);
+        self.chain
+            .push(StreamElement::Barrier(barrier), &mut self.output)
+            .await?;
+        if let Some(link) = &self.link {
+            let _ = link.events.send(CheckpointEvent::Ack {
+                checkpoint_id: id,
+                task,
+                positions,
+                sync_micros: start.elapsed().as_micros() as u64,
+            });
+        }
+        Ok(())
     }
 
     async fn on_tick(&mut self) -> Result<()> {
@@ -265,6 +413,18 @@ impl Task {
             self.chain.push(w, &mut self.output).await?;
         }
         Ok(true)
+    }
+}
+
+/// Resolves when `completed` changes; never without a link.
+async fn changed(completed: Option<&mut watch::Receiver<u64>>) {
+    match completed {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -13,6 +13,7 @@
 //! answers.
 
 pub mod lifecycle;
+pub mod master;
 pub mod restart;
 
 pub use lifecycle::{IllegalTransition, JobEvent, JobState};

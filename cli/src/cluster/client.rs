@@ -1,0 +1,315 @@
+//! The job commands: `sluice submit | jobs | status | cancel | checkpoints | savepoint |
+//! stop | rescale`, over the coordinator's REST API (`--coordinator URL` or
+//! `SLUICE_COORDINATOR`, default `http://127.0.0.1:8081`). Tables for people, `--json`
+//! for scripts. A job file is parsed and planned here before it is sent, so its mistakes
+//! come back with file, line and column and exit code 2.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use crate::run::load_job;
+use crate::{Failure, runtime};
+
+/// Where the coordinator is and how to print.
+#[derive(Args, Clone)]
+pub struct ClientArgs {
+    /// The coordinator's REST API.
+    #[arg(
+        long,
+        env = "SLUICE_COORDINATOR",
+        default_value = "http://127.0.0.1:8081",
+        global = true
+    )]
+    coordinator: String,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+/// A job command.
+#[derive(Subcommand)]
+pub enum JobCommand {
+    /// Submit a job file to the coordinator; prints the job's id.
+    Submit {
+        /// The job file.
+        job: PathBuf,
+        /// Worker processes to run it on.
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Parallelism of every node.
+        #[arg(long)]
+        parallelism: Option<u32>,
+        /// Start from this savepoint (`_metadata` path from `sluice savepoint`).
+        #[arg(long)]
+        from_savepoint: Option<String>,
+    },
+    /// List jobs.
+    Jobs,
+    /// One job's status.
+    Status {
+        /// The job's id.
+        job: String,
+    },
+    /// Cancel a job now.
+    Cancel {
+        /// The job's id.
+        job: String,
+    },
+    /// A job's completed checkpoints.
+    Checkpoints {
+        /// The job's id.
+        job: String,
+    },
+    /// Take a savepoint (kept until deleted); prints its path.
+    Savepoint {
+        /// The job's id.
+        job: String,
+        /// Its name (default: savepoint-<time>).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Stop a job, after a savepoint with --savepoint.
+    Stop {
+        /// The job's id.
+        job: String,
+        /// Take this savepoint first.
+        #[arg(long, num_args = 0..=1, default_missing_value = "")]
+        savepoint: Option<String>,
+    },
+    /// Run a job at another parallelism (checkpoint, redeploy; no state moves).
+    Rescale {
+        /// The job's id.
+        job: String,
+        /// The new parallelism.
+        #[arg(long)]
+        parallelism: u32,
+    },
+}
+
+fn default_savepoint_name() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    format!("savepoint-{secs}")
+}
+
+/// Runs a job command.
+pub fn run(args: ClientArgs, command: JobCommand) -> Result<(), Failure> {
+    let base = args.coordinator.trim_end_matches('/').to_string();
+    let (method, path, body) = match command {
+        JobCommand::Submit {
+            job,
+            workers,
+            parallelism,
+            from_savepoint,
+        } => {
+            let graph = load_job(&job)?;
+            runtime()?
+                .block_on(sluice_compute::plan::plan(graph))
+                .map_err(Failure::from_compute)?;
+            let text = std::fs::read_to_string(&job)
+                .map_err(|e| Failure::usage(format!("cannot read {}: {e}", job.display())))?;
+            let body = json!({
+                "job": text,
+                "file": job.display().to_string(),
+                "workers": workers,
+                "parallelism": parallelism,
+                "from_savepoint": from_savepoint,
+            });
+            ("POST", "/v1/jobs".to_string(), Some(body))
+        }
+        JobCommand::Jobs => ("GET", "/v1/jobs".into(), None),
+        JobCommand::Status { job } => ("GET", format!("/v1/jobs/{job}"), None),
+        JobCommand::Cancel { job } => ("POST", format!("/v1/jobs/{job}/cancel"), None),
+        JobCommand::Checkpoints { job } => ("GET", format!("/v1/jobs/{job}/checkpoints"), None),
+        JobCommand::Savepoint { job, name } => (
+            "POST",
+            format!("/v1/jobs/{job}/savepoints"),
+            Some(json!({ "name": name.unwrap_or_else(default_savepoint_name) })),
+        ),
+        JobCommand::Stop { job, savepoint } => {
+            let savepoint = savepoint.map(|s| {
+                if s.is_empty() {
+                    default_savepoint_name()
+                } else {
+                    s
+                }
+            });
+            (
+                "POST",
+                format!("/v1/jobs/{job}/stop"),
+                Some(json!({ "savepoint": savepoint })),
+            )
+        }
+        JobCommand::Rescale { job, parallelism } => (
+            "POST",
+            format!("/v1/jobs/{job}/rescale"),
+            Some(json!({ "parallelism": parallelism })),
+        ),
+    };
+    let url = format!("{base}{path}");
+    let value = runtime()?.block_on(call(method, &url, body))?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    print_human(&path, &value);
+    Ok(())
+}
+
+async fn call(method: &str, url: &str, body: Option<Value>) -> Result<Value, Failure> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .map_err(|e| Failure::from(anyhow::anyhow!("HTTP client: {e}")))?;
+    let request = match method {
+        "POST" => client.post(url).json(&body.unwrap_or(json!({}))),
+        _ => client.get(url),
+    };
+    let response = request.send().await.map_err(|e| {
+        Failure::from(anyhow::anyhow!(
+            "cannot reach the coordinator at {url}: {e} (set --coordinator or SLUICE_COORDINATOR)"
+        ))
+    })?;
+    let status = response.status();
+    let text = response
+        .text()
+        .await
+        .map_err(|e| Failure::from(anyhow::anyhow!("reading the answer of {url}: {e}")))?;
+    let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    if status.is_success() {
+        return Ok(value);
+    }
+    let message = value
+        .get("error")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| value.to_string());
+    let message = match value.get("field").and_then(Value::as_str) {
+        Some(f) if !f.is_empty() => format!("{message} (field `{f}`)"),
+        _ => message,
+    };
+    Err(if status.as_u16() == 400 || status.as_u16() == 404 {
+        Failure::usage(message)
+    } else {
+        Failure::from(anyhow::anyhow!("{message}"))
+    })
+}
+
+fn s(v: &Value, key: &str) -> String {
+    match v.get(key) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => "-".into(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn table(header: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+fn print_human(path: &str, v: &Value) {
+    if path == "/v1/jobs" {
+        if let Some(id) = v.get("id") {
+            println!("{}", id.as_str().unwrap_or_default());
+            return;
+        }
+        let rows = v
+            .as_array()
+            .map(|jobs| {
+                jobs.iter()
+                    .map(|j| {
+                        vec![
+                            s(j, "id"),
+                            s(j, "state"),
+                            s(j, "parallelism"),
+                            j.get("workers")
+                                .and_then(Value::as_array)
+                                .map_or(0, Vec::len)
+                                .to_string(),
+                            s(j, "last_checkpoint"),
+                            s(j, "restarts"),
+                        ]
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        table(
+            &[
+                "ID",
+                "STATE",
+                "PARALLELISM",
+                "WORKERS",
+                "CHECKPOINT",
+                "RESTARTS",
+            ],
+            rows,
+        );
+    } else if path.ends_with("/checkpoints") {
+        let rows = v
+            .as_array()
+            .map(|cps| {
+                cps.iter()
+                    .map(|c| {
+                        vec![
+                            s(c, "id"),
+                            s(c, "duration_ms"),
+                            s(c, "commit_ms"),
+                            s(c, "max_sync_micros"),
+                            s(c, "tasks"),
+                            s(c, "savepoint"),
+                        ]
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        table(
+            &[
+                "ID",
+                "ACKED_MS",
+                "COMMITTED_MS",
+                "MAX_SYNC_US",
+                "TASKS",
+                "SAVEPOINT",
+            ],
+            rows,
+        );
+    } else if let Some(obj) = v.as_object() {
+        for (k, val) in obj {
+            if k == "checkpoints" {
+                continue;
+            }
+            let shown = match val {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            println!("{k}: {shown}");
+        }
+    } else {
+        println!("{v}");
+    }
+}

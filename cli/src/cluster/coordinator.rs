@@ -1,0 +1,122 @@
+//! `sluice coordinator`: the coordinator as its own process.
+//!
+//! It serves the REST API for users (`--http`) and the gRPC API workers attach to
+//! (`--grpc`), keeps job records and checkpoint `_metadata` in `--store` (a directory or
+//! `s3://bucket/prefix`), reaches keyed state through `--state-service`, and on start
+//! resumes every job the store records as not ended, from its newest valid checkpoint.
+//! It prints `coordinator listening: http=ADDR grpc=ADDR` once both are bound.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use sluice_compute::network::NetworkConfig;
+use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
+use sluice_coordinator::job::master::StateConnector;
+use sluice_coordinator::rest;
+use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions};
+
+use crate::cluster::embedded::master_config;
+use crate::cluster::state::StateServiceConnector;
+use crate::{Failure, runtime};
+
+/// Arguments of `sluice coordinator`.
+#[derive(Args)]
+pub struct CoordinatorArgs {
+    /// Address of the REST API.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    http: String,
+    /// Address of the workers' gRPC API.
+    #[arg(long, default_value = "127.0.0.1:6123")]
+    grpc: String,
+    /// Where job records and checkpoint metadata live: a directory, `file:///dir` or
+    /// `s3://bucket/prefix` (AWS_* variables; AWS_ENDPOINT_URL for a compatible server).
+    #[arg(long, default_value = "sluice-coordinator")]
+    store: String,
+    /// The state service jobs with `state: { backend: remote }` use (`http://host:port`).
+    #[arg(long, env = "SLUICE_STATE_SERVICE")]
+    state_service: Option<String>,
+    /// Worker processes a job runs on unless its submission says.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// A worker silent this long (ms) is lost and its jobs restart.
+    #[arg(long, default_value_t = 5000)]
+    heartbeat_timeout_ms: u64,
+    /// Workers heartbeat this often (ms).
+    #[arg(long, default_value_t = 1000)]
+    heartbeat_interval_ms: u64,
+    /// Workers print per-task metrics this often (ms; 0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    metrics_interval_ms: u64,
+}
+
+/// The store URL of `--store`: a plain path becomes `file://` (created if missing).
+fn store_url(store: &str) -> Result<String, Failure> {
+    if store.contains("://") {
+        return Ok(store.to_string());
+    }
+    let dir = PathBuf::from(store);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Failure::usage(format!("--store {}: {e}", dir.display())))?;
+    let abs = dir
+        .canonicalize()
+        .map_err(|e| Failure::usage(format!("--store {}: {e}", dir.display())))?;
+    Ok(format!("file://{}", abs.display()))
+}
+
+/// Runs `sluice coordinator` until interrupted.
+pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
+    if args.heartbeat_timeout_ms <= args.heartbeat_interval_ms {
+        return Err(Failure::usage(format!(
+            "--heartbeat-timeout-ms ({}) must be longer than --heartbeat-interval-ms ({})",
+            args.heartbeat_timeout_ms, args.heartbeat_interval_ms
+        )));
+    }
+    let url = store_url(&args.store)?;
+    let store = ObjectMetadataStore::from_url(&url)
+        .map_err(|e| Failure::usage(format!("--store {}: {e}", args.store)))?;
+    runtime()?.block_on(async move {
+        let connector: Option<Arc<dyn StateConnector>> = args.state_service.as_ref().map(|e| {
+            Arc::new(StateServiceConnector {
+                endpoint: e.clone(),
+            }) as Arc<dyn StateConnector>
+        });
+        let coordinator = Coordinator::new(CoordinatorOptions {
+            store: Arc::new(store),
+            state: connector,
+            launcher: None,
+            heartbeat_interval: Duration::from_millis(args.heartbeat_interval_ms),
+            heartbeat_timeout: Duration::from_millis(args.heartbeat_timeout_ms),
+            master: master_config(
+                args.workers.max(1),
+                &NetworkConfig::default(),
+                args.metrics_interval_ms,
+            ),
+        });
+        let (grpc, grpc_addr) = service::bind(&args.grpc, "workers")
+            .await
+            .map_err(|e| Failure::usage(e.to_string()))?;
+        let (http, http_addr) = service::bind(&args.http, "the REST API")
+            .await
+            .map_err(|e| Failure::usage(e.to_string()))?;
+        coordinator.serve_workers(grpc);
+        rest::serve(coordinator.clone(), http);
+        eprintln!("coordinator listening: http={http_addr} grpc={grpc_addr}");
+        match coordinator.resume_jobs().await {
+            Ok(ids) if !ids.is_empty() => eprintln!("resumed jobs: {}", ids.join(", ")),
+            Ok(_) => {}
+            Err(e) => eprintln!("warning: could not resume jobs: {e}"),
+        }
+        shutdown_signal().await;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+}

@@ -1,0 +1,309 @@
+//! A worker's session with the coordinator (`sluice worker --coordinator URL`).
+//!
+//! The worker opens one `Attach` stream, registers, heartbeats, and runs what the
+//! coordinator sends (see `common/proto/cluster.proto`): one deployment attempt at a time
+//! per slot, each on a fresh data port, so connections of an old attempt can never be
+//! mistaken for a new one's. Cancelling an attempt aborts its tasks and connections at
+//! once (they are owned by the attempt's future) and answers with a final report. When
+//! the stream breaks, running attempts are cancelled (the coordinator restarts the job
+//! from its last checkpoint elsewhere) and the worker attaches again, unless told to
+//! exit with its coordinator.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use sluice_common::pb::cluster as pbc;
+use sluice_common::pb::cluster::coordinator_client::CoordinatorClient;
+use sluice_common::pb::cluster::{coordinator_message as cm, worker_message as wm};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tonic::transport::Endpoint;
+
+use crate::cluster::task_metrics;
+use crate::cluster::worker::{AttemptEvent, AttemptLink, run_attempt};
+use crate::error::{Error, Result};
+use crate::runtime::task::CheckpointEvent;
+
+/// Version of the control protocol (`Register.protocol_version`).
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// How a worker finds and serves its coordinator.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// `http://host:port` of the coordinator's gRPC API.
+    pub coordinator: String,
+    /// Host to bind data ports on and to advertise.
+    pub host: String,
+    /// Deployments run at once.
+    pub slots: u32,
+    /// A name for messages.
+    pub name: String,
+    /// Exit when the coordinator goes away instead of attaching again (workers that an
+    /// embedded coordinator started).
+    pub exit_with_coordinator: bool,
+}
+
+/// Serves the coordinator until it goes away for good (with `exit_with_coordinator`),
+/// attaching again after every broken stream otherwise.
+pub async fn serve(options: SessionOptions) -> Result<()> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match attach(&options).await {
+            Ok(()) => tracing::warn!("the coordinator closed the control stream"),
+            Err(e) => tracing::warn!("control stream: {e}"),
+        }
+        if options.exit_with_coordinator {
+            return Err(Error::Internal(format!(
+                "lost the coordinator at {}",
+                options.coordinator
+            )));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// A running attempt.
+struct Attempt {
+    triggers: mpsc::UnboundedSender<(u64, bool)>,
+    completed: watch::Sender<u64>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
+/// One attached session; returns when the stream ends.
+async fn attach(options: &SessionOptions) -> Result<()> {
+    let channel = Endpoint::from_shared(options.coordinator.clone())
+        .map_err(|e| {
+            Error::Plan(format!(
+                "coordinator address `{}` is not a URL: {e}",
+                options.coordinator
+            ))
+        })?
+        .connect_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .map_err(|e| {
+            Error::Internal(format!(
+                "cannot reach the coordinator at {}: {e}",
+                options.coordinator
+            ))
+        })?;
+    let (out_tx, out_rx) = mpsc::unbounded_channel::<pbc::WorkerMessage>();
+    let send = move |tx: &mpsc::UnboundedSender<pbc::WorkerMessage>, msg: wm::Msg| {
+        let _ = tx.send(pbc::WorkerMessage { msg: Some(msg) });
+    };
+    send(
+        &out_tx,
+        wm::Msg::Register(pbc::Register {
+            protocol_version: PROTOCOL_VERSION,
+            pid: std::process::id(),
+            host: options.host.clone(),
+            slots: options.slots.max(1),
+            name: options.name.clone(),
+        }),
+    );
+    let outbound =
+        futures::stream::unfold(
+            out_rx,
+            |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+        );
+    let mut inbound = CoordinatorClient::new(channel)
+        .attach(outbound)
+        .await
+        .map_err(|s| Error::Internal(format!("attach refused: {}", s.message())))?
+        .into_inner();
+    let first = inbound
+        .next()
+        .await
+        .ok_or_else(|| Error::Internal("the coordinator closed before registering us".into()))?
+        .map_err(|s| Error::Internal(format!("registration refused: {}", s.message())))?;
+    let Some(cm::Msg::Registered(registered)) = first.msg else {
+        return Err(Error::Internal(
+            "the coordinator's first message was not `registered`".into(),
+        ));
+    };
+    tracing::info!(
+        "registered with {} as {}",
+        options.coordinator,
+        registered.worker_id
+    );
+    let mut heartbeat = tokio::time::interval(Duration::from_millis(
+        registered.heartbeat_interval_ms.clamp(50, 10_000),
+    ));
+    let mut prepared: HashMap<u64, TcpListener> = HashMap::new();
+    let mut running: HashMap<u64, Attempt> = HashMap::new();
+    // Attempts report here when they end by themselves.
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<u64>();
+    loop {
+        tokio::select! {
+            _ = heartbeat.tick() => send(&out_tx, wm::Msg::Heartbeat(pbc::Heartbeat {
+                rss_bytes: task_metrics::rss_bytes(),
+            })),
+            Some(attempt) = done_rx.recv() => {
+                running.remove(&attempt);
+            }
+            message = inbound.next() => {
+                let msg = match message {
+                    None => return Ok(()),
+                    Some(Err(s)) => return Err(Error::Internal(format!("control stream broke: {}", s.message()))),
+                    Some(Ok(m)) => m.msg,
+                };
+                match msg {
+                    Some(cm::Msg::Prepare(p)) => {
+                        let bound = TcpListener::bind((options.host.as_str(), 0)).await;
+                        let (data_address, error) = match bound.and_then(|l| {
+                            let a = l.local_addr()?;
+                            prepared.insert(p.attempt, l);
+                            Ok(a)
+                        }) {
+                            Ok(a) => (a.to_string(), String::new()),
+                            Err(e) => (String::new(), format!("cannot bind a data port on {}: {e}", options.host)),
+                        };
+                        send(&out_tx, wm::Msg::Prepared(pbc::Prepared { attempt: p.attempt, data_address, error }));
+                    }
+                    Some(cm::Msg::Deploy(d)) => {
+                        let Some(listener) = prepared.remove(&d.attempt) else {
+                            send(&out_tx, wm::Msg::Deployed(pbc::Deployed {
+                                attempt: d.attempt,
+                                error: format!("attempt {} was not prepared", d.attempt),
+                                ..Default::default()
+                            }));
+                            continue;
+                        };
+                        let Some(deployment) = d.deployment else { continue };
+                        let attempt = start_attempt(d.attempt, listener, deployment, out_tx.clone(), done_tx.clone());
+                        running.insert(d.attempt, attempt);
+                    }
+                    Some(cm::Msg::Trigger(t)) => {
+                        if let Some(a) = running.get(&t.attempt) {
+                            let _ = a.triggers.send((t.checkpoint_id, t.unaligned));
+                        }
+                    }
+                    Some(cm::Msg::Complete(c)) => {
+                        if let Some(a) = running.get(&c.attempt) {
+                            a.completed.send_if_modified(|v| {
+                                let newer = c.checkpoint_id > *v;
+                                if newer { *v = c.checkpoint_id; }
+                                newer
+                            });
+                        }
+                    }
+                    Some(cm::Msg::Abort(_)) => {
+                        // Nothing prepared for a checkpoint outlives it: the state
+                        // service drops epochs on rollback, sinks discard on recovery.
+                    }
+                    Some(cm::Msg::Cancel(c)) => {
+                        prepared.remove(&c.attempt);
+                        if running.remove(&c.attempt).is_some() {
+                            tracing::info!("attempt {} cancelled", c.attempt);
+                        }
+                        send(&out_tx, wm::Msg::Report(pbc::Report {
+                            attempt: c.attempt,
+                            r#final: true,
+                            cancelled: true,
+                            ..Default::default()
+                        }));
+                    }
+                    Some(cm::Msg::Registered(_)) | None => {}
+                }
+            }
+        }
+    }
+}
+
+/// Spawns attempt `attempt`; its events and final report go to `out`.
+fn start_attempt(
+    attempt: u64,
+    listener: TcpListener,
+    deployment: pbc::Deployment,
+    out: mpsc::UnboundedSender<pbc::WorkerMessage>,
+    done: mpsc::UnboundedSender<u64>,
+) -> Attempt {
+    let (triggers_tx, triggers_rx) = mpsc::unbounded_channel();
+    let (completed_tx, completed_rx) = watch::channel(0u64);
+    let (events_tx, mut events_rx) = mpsc::unbounded_channel();
+    let link = AttemptLink {
+        triggers: triggers_rx,
+        completed: completed_rx,
+        events: events_tx,
+    };
+    let handle = tokio::spawn(async move {
+        let forward_out = out.clone();
+        let forward = async move {
+            while let Some(event) = events_rx.recv().await {
+                let msg = attempt_message(attempt, event);
+                let _ = forward_out.send(pbc::WorkerMessage { msg: Some(msg) });
+            }
+        };
+        let run = run_attempt(&listener, deployment, Some(link));
+        // The forwarder ends when the attempt drops its last event sender.
+        let (mut report, ()) = tokio::join!(run, forward);
+        report.attempt = attempt;
+        let _ = out.send(pbc::WorkerMessage {
+            msg: Some(wm::Msg::Report(report)),
+        });
+        let _ = done.send(attempt);
+    });
+    Attempt {
+        triggers: triggers_tx,
+        completed: completed_tx,
+        handle,
+    }
+}
+
+fn task_ref((node, subtask): (u32, u32), source: bool) -> pbc::TaskRef {
+    pbc::TaskRef {
+        node,
+        subtask,
+        source,
+    }
+}
+
+/// The control message of an attempt's event.
+fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
+    match event {
+        AttemptEvent::Deployed(tasks) => wm::Msg::Deployed(pbc::Deployed {
+            attempt,
+            tasks: tasks
+                .into_iter()
+                .map(|(n, s, source)| task_ref((n, s), source))
+                .collect(),
+            error: String::new(),
+            user_error: false,
+        }),
+        AttemptEvent::Checkpoint(CheckpointEvent::Ack {
+            checkpoint_id,
+            task,
+            positions,
+            sync_micros,
+        }) => wm::Msg::Ack(pbc::CheckpointAck {
+            attempt,
+            checkpoint_id,
+            task: Some(task_ref(task, !positions.is_empty())),
+            source_positions: positions
+                .into_iter()
+                .map(|(split, position)| pbc::SourcePosition { split, position })
+                .collect(),
+            shard_handles: Vec::new(),
+            sync_micros,
+            alignment_micros: 0,
+        }),
+        AttemptEvent::Checkpoint(CheckpointEvent::Decline {
+            checkpoint_id,
+            task,
+            reason,
+        }) => wm::Msg::Decline(pbc::CheckpointDecline {
+            attempt,
+            checkpoint_id,
+            task: Some(task_ref(task, false)),
+            reason,
+        }),
+    }
+}

@@ -1,0 +1,272 @@
+//! The workers attached to this coordinator and who owns their slots.
+//!
+//! Every worker's control stream feeds [`Registry::deliver`]; messages of a worker that
+//! a job owns go to that job's mailbox, heartbeats only refresh the worker. A worker is
+//! lost when its stream ends or it misses heartbeats for the timeout
+//! ([`Registry::reap`]); its jobs hear of it as [`JobInput::Lost`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sluice_common::pb::cluster as pbc;
+use sluice_common::pb::cluster::{coordinator_message as cm, worker_message as wm};
+use tokio::sync::{Notify, mpsc};
+
+use crate::job::master::JobInput;
+
+/// Sends control messages to one worker.
+pub type WorkerTx = mpsc::UnboundedSender<Result<pbc::CoordinatorMessage, tonic::Status>>;
+
+/// One attached worker.
+#[derive(Debug)]
+struct Worker {
+    /// Registration order, for stable placement.
+    seq: u64,
+    pid: u32,
+    host: String,
+    name: String,
+    slots: u32,
+    owners: Vec<String>,
+    last_seen: Instant,
+    rss_bytes: u64,
+    tx: WorkerTx,
+}
+
+/// A worker as the REST API shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkerView {
+    /// Its id.
+    pub id: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Its host.
+    pub host: String,
+    /// The name it was started with.
+    pub name: String,
+    /// Its slots.
+    pub slots: u32,
+    /// The jobs using its slots.
+    pub jobs: Vec<String>,
+    /// Its resident memory at the last heartbeat.
+    pub rss_bytes: u64,
+}
+
+/// A worker handed to a job.
+#[derive(Debug, Clone)]
+pub struct WorkerHandle {
+    /// Its id.
+    pub id: String,
+    /// Its process id (for messages).
+    pub pid: u32,
+    tx: WorkerTx,
+}
+
+impl WorkerHandle {
+    /// Sends `msg`; false when the worker's stream is gone.
+    pub fn send(&self, msg: cm::Msg) -> bool {
+        self.tx
+            .send(Ok(pbc::CoordinatorMessage { msg: Some(msg) }))
+            .is_ok()
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    workers: BTreeMap<String, Worker>,
+    mailboxes: HashMap<String, mpsc::UnboundedSender<JobInput>>,
+    next_seq: u64,
+}
+
+/// The attached workers.
+pub struct Registry {
+    inner: Mutex<Inner>,
+    /// Woken when a worker attaches or a slot frees up.
+    changed: Notify,
+    /// A worker silent this long is lost.
+    pub heartbeat_timeout: Duration,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new(heartbeat_timeout: Duration) -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            changed: Notify::new(),
+            heartbeat_timeout,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a worker that registered; returns its id.
+    pub fn attach(&self, reg: &pbc::Register, tx: WorkerTx) -> String {
+        let mut inner = self.lock();
+        inner.next_seq += 1;
+        let seq = inner.next_seq;
+        let id = format!("w{seq}-{}", reg.pid);
+        inner.workers.insert(
+            id.clone(),
+            Worker {
+                seq,
+                pid: reg.pid,
+                host: reg.host.clone(),
+                name: reg.name.clone(),
+                slots: reg.slots.max(1),
+                owners: Vec::new(),
+                last_seen: Instant::now(),
+                rss_bytes: 0,
+                tx,
+            },
+        );
+        drop(inner);
+        self.changed.notify_waiters();
+        id
+    }
+
+    /// A message from worker `id`: heartbeats refresh it, the rest go to its jobs.
+    pub fn deliver(&self, id: &str, msg: wm::Msg) {
+        let mut inner = self.lock();
+        let Some(w) = inner.workers.get_mut(id) else {
+            return;
+        };
+        w.last_seen = Instant::now();
+        if let wm::Msg::Heartbeat(h) = &msg {
+            w.rss_bytes = h.rss_bytes;
+            return;
+        }
+        let owners = w.owners.clone();
+        for job in owners {
+            if let Some(mb) = inner.mailboxes.get(&job) {
+                let _ = mb.send(JobInput::Worker {
+                    worker: id.to_string(),
+                    msg: msg.clone(),
+                });
+            }
+        }
+    }
+
+    /// Worker `id` is gone: its jobs are told.
+    pub fn lost(&self, id: &str, reason: &str) {
+        let mut inner = self.lock();
+        let Some(w) = inner.workers.remove(id) else {
+            return;
+        };
+        if w.owners.is_empty() {
+            tracing::info!(worker = id, pid = w.pid, "idle worker gone: {reason}");
+        } else {
+            tracing::warn!(worker = id, pid = w.pid, "worker lost: {reason}");
+        }
+        for job in &w.owners {
+            if let Some(mb) = inner.mailboxes.get(job) {
+                let _ = mb.send(JobInput::Lost {
+                    worker: id.to_string(),
+                    reason: reason.to_string(),
+                });
+            }
+        }
+    }
+
+    /// Declares every worker silent for longer than the timeout lost.
+    pub fn reap(&self) {
+        let silent: Vec<String> = self
+            .lock()
+            .workers
+            .iter()
+            .filter(|(_, w)| w.last_seen.elapsed() > self.heartbeat_timeout)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in silent {
+            let reason = format!("no heartbeat for {:?}", self.heartbeat_timeout);
+            self.lost(&id, &reason);
+        }
+    }
+
+    /// Registers `job`'s mailbox.
+    pub fn add_job(&self, job: &str, mailbox: mpsc::UnboundedSender<JobInput>) {
+        self.lock().mailboxes.insert(job.to_string(), mailbox);
+    }
+
+    /// Forgets `job`: its mailbox and its slots.
+    pub fn remove_job(&self, job: &str) {
+        let mut inner = self.lock();
+        inner.mailboxes.remove(job);
+        for w in inner.workers.values_mut() {
+            w.owners.retain(|o| o != job);
+        }
+        drop(inner);
+        self.changed.notify_waiters();
+    }
+
+    /// Takes a slot on each of `n` workers for `job` (the longest attached first), or
+    /// none when fewer than `n` have a free slot.
+    pub fn acquire(&self, job: &str, n: usize) -> Option<Vec<WorkerHandle>> {
+        let mut inner = self.lock();
+        let mut free: Vec<(&String, &Worker)> = inner
+            .workers
+            .iter()
+            .filter(|(_, w)| {
+                w.owners.len() < w.slots as usize && !w.owners.iter().any(|o| o == job)
+            })
+            .collect();
+        if free.len() < n {
+            return None;
+        }
+        free.sort_by_key(|(_, w)| w.seq);
+        let ids: Vec<String> = free.iter().take(n).map(|(id, _)| (*id).clone()).collect();
+        let mut handles = Vec::with_capacity(n);
+        for id in ids {
+            let w = inner.workers.get_mut(&id).expect("listed above");
+            w.owners.push(job.to_string());
+            handles.push(WorkerHandle {
+                id,
+                pid: w.pid,
+                tx: w.tx.clone(),
+            });
+        }
+        Some(handles)
+    }
+
+    /// Gives `job`'s slots on every worker back.
+    pub fn release(&self, job: &str) {
+        let mut inner = self.lock();
+        for w in inner.workers.values_mut() {
+            w.owners.retain(|o| o != job);
+        }
+        drop(inner);
+        self.changed.notify_waiters();
+    }
+
+    /// Number of workers with a free slot.
+    pub fn free_workers(&self) -> usize {
+        self.lock()
+            .workers
+            .values()
+            .filter(|w| w.owners.len() < w.slots as usize)
+            .count()
+    }
+
+    /// Resolves when a worker attaches or a slot frees up (or after `max`).
+    pub async fn wait_for_change(&self, max: Duration) {
+        let _ = tokio::time::timeout(max, self.changed.notified()).await;
+    }
+
+    /// Every worker, for the REST API.
+    pub fn view(&self) -> Vec<WorkerView> {
+        self.lock()
+            .workers
+            .iter()
+            .map(|(id, w)| WorkerView {
+                id: id.clone(),
+                pid: w.pid,
+                host: w.host.clone(),
+                name: w.name.clone(),
+                slots: w.slots,
+                jobs: w.owners.clone(),
+                rss_bytes: w.rss_bytes,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,436 @@
+//! The coordinator process's core: jobs, workers and the operations the REST API and
+//! `sluice run` call.
+//!
+//! Every submitted job is recorded in the metadata store (`jobs/<id>/job`, the encoded
+//! graph, and `jobs/<id>/workers`); a job's end is recorded at `jobs/<id>/end`. A new
+//! coordinator process ([`Coordinator::resume_jobs`]) resumes every recorded job without
+//! an end from its newest valid checkpoint, so a coordinator crash costs the time to
+//! restart, not the job.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use prost::Message;
+use sluice_common::pb;
+use sluice_common::pb::cluster::coordinator_server::CoordinatorServer;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::checkpoint::metadata::CheckpointMetadata;
+use crate::checkpoint::store::{self, MetadataStore};
+use crate::cluster::grpc::ControlService;
+use crate::cluster::registry::{Registry, WorkerView};
+use crate::job::lifecycle::JobState;
+use crate::job::master::{
+    Command, JobInput, JobMaster, JobStatus, MasterConfig, RescaleOutcome, StateConnector,
+    WorkerLauncher,
+};
+
+/// An error of an API call, with the HTTP status it maps to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// The request is wrong (400); `field` names what was wrong.
+    #[error("{message}")]
+    BadRequest {
+        /// The request field at fault.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// No such job (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The job cannot do that now (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// Something failed inside (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A 400 about `field`.
+    pub fn bad(field: &str, message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// How a coordinator runs.
+#[derive(Clone)]
+pub struct CoordinatorOptions {
+    /// Where `_metadata` objects and the job records live.
+    pub store: Arc<dyn MetadataStore>,
+    /// The state service jobs with remote state use.
+    pub state: Option<Arc<dyn StateConnector>>,
+    /// Starts workers on demand (embedded clusters).
+    pub launcher: Option<Arc<dyn WorkerLauncher>>,
+    /// Workers heartbeat this often.
+    pub heartbeat_interval: Duration,
+    /// A worker silent this long is lost.
+    pub heartbeat_timeout: Duration,
+    /// Settings every job's master starts from (`workers` is the default per job).
+    pub master: MasterConfig,
+}
+
+struct JobEntry {
+    mailbox: mpsc::UnboundedSender<JobInput>,
+    status: Arc<Mutex<JobStatus>>,
+    done: Option<JoinHandle<JobState>>,
+}
+
+/// What `submit` needs besides the graph.
+#[derive(Debug, Clone, Default)]
+pub struct SubmitOptions {
+    /// Worker processes to use (default: the coordinator's setting).
+    pub workers: Option<usize>,
+    /// Start from this savepoint's `_metadata` path.
+    pub from_savepoint: Option<String>,
+    /// Run every node at this parallelism.
+    pub parallelism: Option<u32>,
+}
+
+/// The coordinator: a registry of workers and a master per job.
+pub struct Coordinator {
+    registry: Arc<Registry>,
+    options: CoordinatorOptions,
+    jobs: Mutex<BTreeMap<String, JobEntry>>,
+}
+
+impl Coordinator {
+    /// A coordinator with no workers and no jobs.
+    pub fn new(options: CoordinatorOptions) -> Arc<Self> {
+        Arc::new(Self {
+            registry: Arc::new(Registry::new(options.heartbeat_timeout)),
+            options,
+            jobs: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, JobEntry>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serves the workers' gRPC API on `listener` and watches their heartbeats, until
+    /// the process ends.
+    pub fn serve_workers(self: &Arc<Self>, listener: TcpListener) -> JoinHandle<()> {
+        let registry = self.registry.clone();
+        let reaper = registry.clone();
+        let period = self.options.heartbeat_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tick.tick().await;
+                reaper.reap();
+            }
+        });
+        let service =
+            ControlService::new(registry, self.options.heartbeat_interval.as_millis() as u64);
+        tokio::spawn(async move {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            let served = tonic::transport::Server::builder()
+                .add_service(CoordinatorServer::new(service))
+                .serve_with_incoming(incoming)
+                .await;
+            if let Err(e) = served {
+                tracing::error!("the coordinator's gRPC server stopped: {e}");
+            }
+        })
+    }
+
+    /// The attached workers.
+    pub fn workers(&self) -> Vec<WorkerView> {
+        self.registry.view()
+    }
+
+    /// Accepts `graph` as a new job and starts it; returns its id.
+    pub async fn submit(
+        self: &Arc<Self>,
+        mut graph: pb::JobGraph,
+        options: SubmitOptions,
+    ) -> Result<String, ApiError> {
+        if graph.nodes.is_empty() {
+            return Err(ApiError::bad("job", "the job has no nodes"));
+        }
+        let resume = match &options.from_savepoint {
+            Some(path) => Some(self.read_savepoint(path, &graph).await?),
+            None => None,
+        };
+        if let Some(p) = options.parallelism {
+            if p == 0 || p > graph.max_parallelism.max(1) {
+                return Err(ApiError::bad(
+                    "parallelism",
+                    format!(
+                        "must be between 1 and the job's max_parallelism ({})",
+                        graph.max_parallelism
+                    ),
+                ));
+            }
+            for n in &mut graph.nodes {
+                if n.parallelism > 0 {
+                    n.parallelism = p;
+                }
+            }
+        }
+        let id = new_job_id(&graph.name);
+        let workers = options
+            .workers
+            .unwrap_or(self.options.master.workers)
+            .max(1);
+        let store = &self.options.store;
+        store
+            .create_if_absent(
+                &format!("jobs/{id}/job"),
+                Bytes::from(graph.encode_to_vec()),
+            )
+            .await
+            .map_err(|e| ApiError::Internal(format!("cannot record the job: {e}")))?;
+        store
+            .create_if_absent(
+                &format!("jobs/{id}/workers"),
+                Bytes::from(workers.to_string()),
+            )
+            .await
+            .map_err(|e| ApiError::Internal(format!("cannot record the job: {e}")))?;
+        self.start(id.clone(), graph, workers, resume);
+        Ok(id)
+    }
+
+    /// Reads a savepoint for `graph`; its state must be reachable by the new job.
+    async fn read_savepoint(
+        &self,
+        path: &str,
+        graph: &pb::JobGraph,
+    ) -> Result<CheckpointMetadata, ApiError> {
+        let path = path.trim_start_matches('/');
+        let meta = store::read_metadata(self.options.store.as_ref(), path)
+            .await
+            .map_err(|e| match e {
+                crate::Error::NotFound(_) => {
+                    ApiError::bad("from_savepoint", format!("no savepoint at `{path}`"))
+                }
+                other => ApiError::bad(
+                    "from_savepoint",
+                    format!("savepoint `{path}` cannot be used: {other}"),
+                ),
+            })?;
+        let uses_state = graph
+            .state
+            .as_ref()
+            .is_some_and(|s| s.backend() == pb::StateBackend::Remote);
+        if uses_state {
+            // The shards are named by job id: a savepoint's state is its job's.
+            return Err(ApiError::bad(
+                "from_savepoint",
+                "starting a job with remote state from another job's savepoint is not supported yet; \
+                 rescale the running job instead (`sluice rescale`)",
+            ));
+        }
+        Ok(meta)
+    }
+
+    fn start(
+        self: &Arc<Self>,
+        id: String,
+        graph: pb::JobGraph,
+        workers: usize,
+        resume: Option<CheckpointMetadata>,
+    ) {
+        let mut config = self.options.master.clone();
+        config.workers = workers;
+        let (master, mailbox, status) = JobMaster::new(
+            id.clone(),
+            graph,
+            config,
+            self.registry.clone(),
+            self.options.store.clone(),
+            self.options.state.clone(),
+            self.options.launcher.clone(),
+            resume,
+        );
+        let done = tokio::spawn(master.run());
+        self.lock().insert(
+            id,
+            JobEntry {
+                mailbox,
+                status,
+                done: Some(done),
+            },
+        );
+    }
+
+    /// Resumes every job the store records without an end, from its newest valid
+    /// checkpoint; returns their ids.
+    pub async fn resume_jobs(self: &Arc<Self>) -> Result<Vec<String>, ApiError> {
+        let store = self.options.store.as_ref();
+        let paths = store
+            .list("jobs")
+            .await
+            .map_err(|e| ApiError::Internal(format!("cannot list jobs: {e}")))?;
+        let mut resumed = Vec::new();
+        for path in paths.iter().filter(|p| p.ends_with("/job")) {
+            let Some(id) = path
+                .strip_prefix("jobs/")
+                .and_then(|p| p.strip_suffix("/job"))
+            else {
+                continue;
+            };
+            if paths.iter().any(|p| p == &format!("jobs/{id}/end")) || self.lock().contains_key(id)
+            {
+                continue;
+            }
+            let graph = match store.get(path).await {
+                Ok(Some(b)) => match pb::JobGraph::decode(b) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::warn!(job = id, "job record is corrupt ({e}); not resumed");
+                        continue;
+                    }
+                },
+                _ => continue,
+            };
+            let workers = match store.get(&format!("jobs/{id}/workers")).await {
+                Ok(Some(b)) => String::from_utf8_lossy(&b).trim().parse().unwrap_or(1),
+                _ => self.options.master.workers,
+            };
+            let latest = store::latest_valid(store, id)
+                .await
+                .map_err(|e| ApiError::Internal(format!("reading checkpoints of {id}: {e}")))?;
+            let graph = match &latest {
+                // The checkpoint records the graph it was taken with (a rescale
+                // changes parallelism).
+                Some(m) => pb::JobGraph::decode(m.job_graph.clone()).unwrap_or(graph),
+                None => graph,
+            };
+            tracing::info!(job = id, checkpoint = ?latest.as_ref().map(|m| m.checkpoint_id), "resuming job");
+            self.start(id.to_string(), graph, workers, latest);
+            resumed.push(id.to_string());
+        }
+        Ok(resumed)
+    }
+
+    /// Every job's status.
+    pub fn jobs(&self) -> Vec<JobStatus> {
+        self.lock()
+            .values()
+            .map(|e| e.status.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .collect()
+    }
+
+    /// One job's status.
+    pub fn status(&self, id: &str) -> Result<JobStatus, ApiError> {
+        self.lock()
+            .get(id)
+            .map(|e| e.status.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .ok_or_else(|| ApiError::NotFound(format!("no job `{id}`")))
+    }
+
+    async fn ask<T>(
+        &self,
+        id: &str,
+        make: impl FnOnce(oneshot::Sender<Result<T, String>>) -> Command,
+    ) -> Result<T, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let jobs = self.lock();
+            let entry = jobs
+                .get(id)
+                .ok_or_else(|| ApiError::NotFound(format!("no job `{id}`")))?;
+            if entry.mailbox.send(JobInput::Command(make(tx))).is_err() {
+                return Err(ApiError::Conflict(format!("job `{id}` has ended")));
+            }
+        }
+        match rx.await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(ApiError::Conflict(e)),
+            Err(_) => Err(ApiError::Conflict(format!("job `{id}` has ended"))),
+        }
+    }
+
+    /// Cancels job `id`.
+    pub async fn cancel(&self, id: &str) -> Result<(), ApiError> {
+        self.ask(id, |reply| Command::Cancel { reply }).await
+    }
+
+    /// Takes savepoint `name` of job `id`; returns its `_metadata` path.
+    pub async fn savepoint(&self, id: &str, name: &str) -> Result<String, ApiError> {
+        store::validate_name("savepoint name", name)
+            .map_err(|e| ApiError::bad("name", e.to_string()))?;
+        let name = name.to_string();
+        self.ask(id, |reply| Command::Savepoint { name, reply })
+            .await
+    }
+
+    /// Stops job `id`, after savepoint `savepoint` if given; returns its path.
+    pub async fn stop(&self, id: &str, savepoint: Option<String>) -> Result<String, ApiError> {
+        if let Some(n) = &savepoint {
+            store::validate_name("savepoint name", n)
+                .map_err(|e| ApiError::bad("savepoint", e.to_string()))?;
+        }
+        self.ask(id, |reply| Command::Stop { savepoint, reply })
+            .await
+    }
+
+    /// Rescales job `id` to `parallelism`.
+    pub async fn rescale(&self, id: &str, parallelism: u32) -> Result<RescaleOutcome, ApiError> {
+        if parallelism == 0 {
+            return Err(ApiError::bad("parallelism", "must be at least 1"));
+        }
+        self.ask(id, |reply| Command::Rescale { parallelism, reply })
+            .await
+    }
+
+    /// Waits for job `id` to end; returns its final status.
+    pub async fn wait(&self, id: &str) -> Result<JobStatus, ApiError> {
+        let done = self
+            .lock()
+            .get_mut(id)
+            .ok_or_else(|| ApiError::NotFound(format!("no job `{id}`")))?
+            .done
+            .take();
+        if let Some(d) = done {
+            let _ = d.await;
+        }
+        self.status(id)
+    }
+}
+
+/// A fresh job id: the job's name (letters, digits, `-`, `_`) and a unique suffix.
+fn new_job_id(name: &str) -> String {
+    let base: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(48)
+        .collect();
+    let base = if base.is_empty() { "job".into() } else { base };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let seed = format!("{nanos}-{}-{base}", std::process::id());
+    let h = xxhash_rust::xxh3::xxh3_64(seed.as_bytes());
+    format!("{base}-{:08x}", h as u32)
+}
+
+/// Binds `addr` for a coordinator API.
+pub async fn bind(addr: &str, what: &str) -> Result<(TcpListener, SocketAddr), ApiError> {
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|e| ApiError::Internal(format!("cannot listen on {addr} for {what}: {e}")))?;
+    let a = l
+        .local_addr()
+        .map_err(|e| ApiError::Internal(format!("{what} address: {e}")))?;
+    Ok((l, a))
+}
