@@ -42,8 +42,6 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    #[command(flatten)]
-    client: cluster::client::ClientArgs,
 }
 
 #[derive(Subcommand)]
@@ -165,7 +163,7 @@ fn main() -> ExitCode {
         } => bench_exchange::bench(args),
         Command::Worker(args) => cluster::worker::worker(args),
         Command::Coordinator(args) => cluster::coordinator::serve(args),
-        Command::Job(command) => cluster::client::run(cli.client, command),
+        Command::Job(command) => cluster::client::run(command),
         Command::StateService(args) => state_service::serve(args),
     };
     match result {

@@ -285,7 +285,7 @@ fn worker_without_a_deployment_says_what_it_needs() {
     outcome
         .assert_code(2)
         .assert_no_panic()
-        .assert_stderr_contains("`sluice worker` needs --control");
+        .assert_stderr_contains("`sluice worker` needs --coordinator");
 }
 
 #[test]

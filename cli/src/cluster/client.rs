@@ -34,6 +34,8 @@ pub struct ClientArgs {
 pub enum JobCommand {
     /// Submit a job file to the coordinator; prints the job's id.
     Submit {
+        #[command(flatten)]
+        client: ClientArgs,
         /// The job file.
         job: PathBuf,
         /// Worker processes to run it on.
@@ -47,24 +49,35 @@ pub enum JobCommand {
         from_savepoint: Option<String>,
     },
     /// List jobs.
-    Jobs,
+    Jobs {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// One job's status.
     Status {
+        #[command(flatten)]
+        client: ClientArgs,
         /// The job's id.
         job: String,
     },
     /// Cancel a job now.
     Cancel {
+        #[command(flatten)]
+        client: ClientArgs,
         /// The job's id.
         job: String,
     },
     /// A job's completed checkpoints.
     Checkpoints {
+        #[command(flatten)]
+        client: ClientArgs,
         /// The job's id.
         job: String,
     },
     /// Take a savepoint (kept until deleted); prints its path.
     Savepoint {
+        #[command(flatten)]
+        client: ClientArgs,
         /// The job's id.
         job: String,
         /// Its name (default: savepoint-<time>).
@@ -73,6 +86,8 @@ pub enum JobCommand {
     },
     /// Stop a job, after a savepoint with --savepoint.
     Stop {
+        #[command(flatten)]
+        client: ClientArgs,
         /// The job's id.
         job: String,
         /// Take this savepoint first.
@@ -81,6 +96,8 @@ pub enum JobCommand {
     },
     /// Run a job at another parallelism (checkpoint, redeploy; no state moves).
     Rescale {
+        #[command(flatten)]
+        client: ClientArgs,
         /// The job's id.
         job: String,
         /// The new parallelism.
@@ -98,10 +115,24 @@ fn default_savepoint_name() -> String {
 }
 
 /// Runs a job command.
-pub fn run(args: ClientArgs, command: JobCommand) -> Result<(), Failure> {
+pub fn run(command: JobCommand) -> Result<(), Failure> {
+    let (args, method, path, body) = request(command)?;
     let base = args.coordinator.trim_end_matches('/').to_string();
-    let (method, path, body) = match command {
+    let url = format!("{base}{path}");
+    let value = runtime()?.block_on(call(method, &url, body))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+        return Ok(());
+    }
+    print_human(&path, &value);
+    Ok(())
+}
+
+/// The HTTP request of a command.
+fn request(command: JobCommand) -> Result<(ClientArgs, &'static str, String, Option<Value>), Failure> {
+    Ok(match command {
         JobCommand::Submit {
+            client,
             job,
             workers,
             parallelism,
@@ -120,18 +151,27 @@ pub fn run(args: ClientArgs, command: JobCommand) -> Result<(), Failure> {
                 "parallelism": parallelism,
                 "from_savepoint": from_savepoint,
             });
-            ("POST", "/v1/jobs".to_string(), Some(body))
+            (client, "POST", "/v1/jobs".to_string(), Some(body))
         }
-        JobCommand::Jobs => ("GET", "/v1/jobs".into(), None),
-        JobCommand::Status { job } => ("GET", format!("/v1/jobs/{job}"), None),
-        JobCommand::Cancel { job } => ("POST", format!("/v1/jobs/{job}/cancel"), None),
-        JobCommand::Checkpoints { job } => ("GET", format!("/v1/jobs/{job}/checkpoints"), None),
-        JobCommand::Savepoint { job, name } => (
+        JobCommand::Jobs { client } => (client, "GET", "/v1/jobs".into(), None),
+        JobCommand::Status { client, job } => (client, "GET", format!("/v1/jobs/{job}"), None),
+        JobCommand::Cancel { client, job } => {
+            (client, "POST", format!("/v1/jobs/{job}/cancel"), None)
+        }
+        JobCommand::Checkpoints { client, job } => {
+            (client, "GET", format!("/v1/jobs/{job}/checkpoints"), None)
+        }
+        JobCommand::Savepoint { client, job, name } => (
+            client,
             "POST",
             format!("/v1/jobs/{job}/savepoints"),
             Some(json!({ "name": name.unwrap_or_else(default_savepoint_name) })),
         ),
-        JobCommand::Stop { job, savepoint } => {
+        JobCommand::Stop {
+            client,
+            job,
+            savepoint,
+        } => {
             let savepoint = savepoint.map(|s| {
                 if s.is_empty() {
                     default_savepoint_name()
@@ -140,28 +180,23 @@ pub fn run(args: ClientArgs, command: JobCommand) -> Result<(), Failure> {
                 }
             });
             (
+                client,
                 "POST",
                 format!("/v1/jobs/{job}/stop"),
                 Some(json!({ "savepoint": savepoint })),
             )
         }
-        JobCommand::Rescale { job, parallelism } => (
+        JobCommand::Rescale {
+            client,
+            job,
+            parallelism,
+        } => (
+            client,
             "POST",
             format!("/v1/jobs/{job}/rescale"),
             Some(json!({ "parallelism": parallelism })),
         ),
-    };
-    let url = format!("{base}{path}");
-    let value = runtime()?.block_on(call(method, &url, body))?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
-        return Ok(());
-    }
-    print_human(&path, &value);
-    Ok(())
+    })
 }
 
 async fn call(method: &str, url: &str, body: Option<Value>) -> Result<Value, Failure> {

@@ -263,8 +263,8 @@ struct PendingRescale {
 
 /// A request waiting for a checkpoint to complete.
 enum Waiting {
-    Savepoint(oneshot::Sender<Result<String, String>>),
-    Stop(oneshot::Sender<Result<String, String>>),
+    Savepoint(String, oneshot::Sender<Result<String, String>>),
+    Stop(String, oneshot::Sender<Result<String, String>>),
     Rescale {
         parallelism: u32,
         started: Instant,
@@ -865,7 +865,6 @@ impl JobMaster {
     ) -> Outcome {
         let mut reports: HashMap<String, pbc::Report> = HashMap::new();
         let mut waiting: HashMap<u64, Waiting> = HashMap::new();
-        let mut savepoint_ids: HashMap<String, u64> = HashMap::new();
         let mut latest: Option<CheckpointMetadata> = None;
         loop {
             let deadline = protocol
@@ -953,8 +952,7 @@ impl JobMaster {
                                 None => { let _ = reply.send(Err("the job takes no checkpoints (set `checkpoint: { interval: ... }`)".into())); }
                                 Some(p) => match p.trigger_savepoint(now_ms(), &name) {
                                     Ok(a) => {
-                                        savepoint_ids.insert(name, p.next_id() - 1);
-                                        waiting.insert(p.next_id() - 1, Waiting::Savepoint(reply));
+                                        waiting.insert(p.next_id() - 1, Waiting::Savepoint(name, reply));
                                         actions = a;
                                     }
                                     Err(e) => { let _ = reply.send(Err(e.to_string())); }
@@ -966,8 +964,7 @@ impl JobMaster {
                                 Some(p) => match p.trigger_savepoint(now_ms(), &name) {
                                     Ok(a) => {
                                         p.set_periodic(false);
-                                        savepoint_ids.insert(name, p.next_id() - 1);
-                                        waiting.insert(p.next_id() - 1, Waiting::Stop(reply));
+                                        waiting.insert(p.next_id() - 1, Waiting::Stop(name, reply));
                                         actions = a;
                                     }
                                     Err(e) => { let _ = reply.send(Err(e.to_string())); }
@@ -1026,7 +1023,7 @@ impl JobMaster {
                         if let Some(wait) = waiting.remove(&id) {
                             let msg = format!("checkpoint {id} was aborted: {reason:?}");
                             match wait {
-                                Waiting::Savepoint(r) | Waiting::Stop(r) => {
+                                Waiting::Savepoint(_, r) | Waiting::Stop(_, r) => {
                                     let _ = r.send(Err(msg));
                                 }
                                 Waiting::Rescale { reply, .. } => {
@@ -1078,15 +1075,13 @@ impl JobMaster {
                         }
                         if let Some(wait) = waiting.remove(&id) {
                             match wait {
-                                Waiting::Savepoint(r) => {
-                                    let _ = r
-                                        .send(Ok(store::checkpoint_path(&self.id, id)
-                                            .unwrap_or_default()));
+                                Waiting::Savepoint(name, r) => {
+                                    let path = store::savepoint_path(&self.id, &name);
+                                    let _ = r.send(Ok(path.unwrap_or_default()));
                                 }
-                                Waiting::Stop(r) => {
-                                    let path =
-                                        store::checkpoint_path(&self.id, id).unwrap_or_default();
-                                    return Outcome::Stopped(r, path);
+                                Waiting::Stop(name, r) => {
+                                    let path = store::savepoint_path(&self.id, &name);
+                                    return Outcome::Stopped(r, path.unwrap_or_default());
                                 }
                                 Waiting::Rescale {
                                     parallelism,
