@@ -96,6 +96,8 @@ pub struct Summary {
     pub skipped: u64,
     /// Checkpoint barriers that reached sinks.
     pub barriers: u64,
+    /// Times the job restarted from a checkpoint after a failure.
+    pub restarts: u32,
     /// Wall-clock seconds from planning to the end.
     pub seconds: f64,
 }
@@ -128,6 +130,7 @@ pub fn execute(graph: pb::JobGraph, quiet: bool, state: &StateArgs) -> Result<Su
         late: metrics.late_records(),
         skipped: metrics.skipped_records.load(Ordering::Relaxed),
         barriers: metrics.sink_barriers.load(Ordering::Relaxed),
+        restarts: 0,
         seconds: start.elapsed().as_secs_f64(),
     })
 }
@@ -235,8 +238,12 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         } else {
             String::new()
         };
+        let restarts = match s.restarts {
+            0 => String::new(),
+            n => format!(", {n} restarts"),
+        };
         eprintln!(
-            "finished {name}: {} records in, {} out, {:.2} s, {} events/s, {} late, {} skipped{barriers}",
+            "finished {name}: {} records in, {} out, {:.2} s, {} events/s, {} late, {} skipped{barriers}{restarts}",
             s.records_in,
             s.records_out,
             s.seconds,

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Number, Value};
 
+pub mod procs;
 pub mod s3_env;
 pub mod service;
 

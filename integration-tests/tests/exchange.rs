@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use sluice_integration_tests::procs::children_of;
 use sluice_integration_tests::{
     assert_same_rows, read_jsonl_dir, run_sluice, sluice_bin, tempdir, write_job, yaml_path,
 };
@@ -238,22 +239,6 @@ fn a_killed_consumer_fails_the_run_quickly() {
             "worker {w} must not outlive the run"
         );
     }
-}
-
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat"))
-            && let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r)
-            && rest.split_whitespace().nth(1) == Some(&pid.to_string())
-        {
-            out.push(p);
-        }
-    }
-    out
 }
 
 /// Starts worker 1 of a two-worker job by hand and returns it with its data address;

@@ -121,7 +121,10 @@ pub fn run(command: JobCommand) -> Result<(), Failure> {
     let url = format!("{base}{path}");
     let value = runtime()?.block_on(call(method, &url, body))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
         return Ok(());
     }
     print_human(&path, &value);
@@ -129,7 +132,9 @@ pub fn run(command: JobCommand) -> Result<(), Failure> {
 }
 
 /// The HTTP request of a command.
-fn request(command: JobCommand) -> Result<(ClientArgs, &'static str, String, Option<Value>), Failure> {
+fn request(
+    command: JobCommand,
+) -> Result<(ClientArgs, &'static str, String, Option<Value>), Failure> {
     Ok(match command {
         JobCommand::Submit {
             client,

@@ -201,6 +201,7 @@ async fn run_job(
             late: status.late,
             skipped: status.skipped,
             barriers: status.barriers,
+            restarts: status.restarts,
             seconds: start.elapsed().as_secs_f64(),
         }),
         other => {

@@ -239,6 +239,11 @@ impl Registry {
         self.changed.notify_waiters();
     }
 
+    /// Whether worker `id` is attached (not lost).
+    pub fn is_attached(&self, id: &str) -> bool {
+        self.lock().workers.contains_key(id)
+    }
+
     /// Number of workers with a free slot.
     pub fn free_workers(&self) -> usize {
         self.lock()

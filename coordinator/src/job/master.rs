@@ -1143,7 +1143,8 @@ impl JobMaster {
     async fn cancel_attempt(&mut self, attempt: u64, workers: &[WorkerHandle]) {
         let mut pending: HashSet<String> = HashSet::new();
         for w in workers {
-            if w.send(cm::Msg::Cancel(pbc::Cancel { attempt })) {
+            if self.registry.is_attached(&w.id) && w.send(cm::Msg::Cancel(pbc::Cancel { attempt }))
+            {
                 pending.insert(w.id.clone());
             }
         }

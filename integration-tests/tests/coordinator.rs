@@ -1,0 +1,912 @@
+//! The standalone coordinator across real processes: `sluice state-service`,
+//! `sluice coordinator` and `sluice worker` each run as their own process, and jobs are
+//! driven with the job commands (`sluice submit | status | rescale | stop`) and the REST
+//! API, as a user would.
+//!
+//! - A coordinator killed with SIGKILL is replaced by a new one on the same store and gRPC
+//!   port; it resumes the job from its last checkpoint and the committed output equals a
+//!   run without failures.
+//! - Rescaling 2 → 4 → 1 moves no state and changes no output.
+//! - Stopping with a savepoint and resubmitting from it at another parallelism gives the
+//!   output of one uninterrupted run: no duplicate, no gap.
+//! - Bad requests get 400/404 and exit code 2 with messages naming what was wrong; a
+//!   corrupt newest checkpoint makes the coordinator resume from the one before.
+//!
+//! Every process a test starts is killed when its guard drops, also on panic, and every
+//! wait is bounded. The tests run one at a time (each starts a small cluster and a
+//! throttled job; several at once on a small machine would make the waits flaky).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice_integration_tests::service::ServiceProcess;
+use sluice_integration_tests::{
+    Outcome, assert_same_rows, read_jsonl_dir, run_sluice, sluice_bin, tempdir, write_job,
+    yaml_path,
+};
+
+/// How long a throttled job may take to finish once nothing else is in its way.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a process may take to print what a test waits for.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One test at a time (see the module comment).
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// ---------------------------------------------------------------------------------------
+// Jobs
+
+/// The windowed count per auction on remote state with the exactly-once file sink.
+/// `rate` 0: unthrottled (the reference run).
+fn windowed_job(out: &Path, rate: u64) -> String {
+    let throttle = if rate > 0 {
+        format!(", max_events_per_second: {rate}")
+    } else {
+        String::new()
+    };
+    format!(
+        "name: eo\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
+         state: {{ backend: remote, shards: 4 }}\n\
+         source:\n  nexmark: {{ stream: bid, events: 100000, seed: 5, splits: 4{throttle} }}\n\
+         watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
+         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    \
+         aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        yaml_path(out)
+    )
+}
+
+/// A stateless filter with the exactly-once file sink. `rate` 0: unthrottled.
+fn stateless_job(out: &Path, rate: u64) -> String {
+    let throttle = if rate > 0 {
+        format!(", max_events_per_second: {rate}")
+    } else {
+        String::new()
+    };
+    format!(
+        "name: filtered\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
+         source:\n  nexmark: {{ stream: bid, events: 100000, seed: 5, splits: 4{throttle} }}\n\
+         pipeline:\n  - filter: \"price > 100\"\n\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        yaml_path(out)
+    )
+}
+
+/// Runs the reference job `yaml` with `sluice run extra...` and returns its output
+/// directory's visible lines, sorted.
+fn reference(dir: &Path, yaml: &str, extra: &[&str]) -> Vec<String> {
+    let job = write_job(dir, "reference.yaml", yaml);
+    let mut args = vec!["run", job.to_str().expect("UTF-8 path")];
+    args.extend_from_slice(extra);
+    run_sluice(&args, dir).assert_success().assert_no_panic();
+    let lines = visible_lines(&dir.join("reference"));
+    assert!(!lines.is_empty(), "the reference run wrote nothing");
+    lines
+}
+
+// ---------------------------------------------------------------------------------------
+// Output
+
+/// `(visible, hidden)` file names in `dir`, sorted.
+fn names(dir: &Path) -> (Vec<String>, Vec<String>) {
+    let mut all: Vec<String> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.expect("entry").file_name().into_string().expect("UTF-8"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("listing {}: {e}", dir.display()),
+    };
+    all.sort();
+    all.into_iter().partition(|n| !n.starts_with('.'))
+}
+
+/// Every line of every visible part file in `dir`, sorted.
+fn visible_lines(dir: &Path) -> Vec<String> {
+    let mut lines = Vec::new();
+    for name in names(dir).0 {
+        let path = dir.join(&name);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        lines.extend(
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(str::to_owned),
+        );
+    }
+    lines.sort();
+    lines
+}
+
+/// Asserts that the committed output in `out` equals the reference: the same rows as a
+/// multiset (with a readable diff) and the same lines byte for byte; and that nothing
+/// is left hidden but in-progress leftovers.
+#[track_caller]
+fn assert_output_matches(out: &Path, reference_dir: &Path, expected: &[String]) {
+    let (visible, hidden) = names(out);
+    assert!(
+        !visible.is_empty(),
+        "no visible part file in {}",
+        out.display()
+    );
+    assert_same_rows(
+        "committed output vs. the reference",
+        &read_jsonl_dir(out),
+        &read_jsonl_dir(reference_dir),
+    );
+    let actual = visible_lines(out);
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "line counts differ from the reference"
+    );
+    assert!(actual == expected, "the lines differ from the reference's");
+    let (_, reference_hidden) = names(reference_dir);
+    assert!(
+        reference_hidden.is_empty(),
+        "the reference left hidden files: {reference_hidden:?}"
+    );
+    let not_in_progress: Vec<&String> = hidden
+        .iter()
+        .filter(|n| !n.ends_with(".inprogress"))
+        .collect();
+    assert!(
+        not_in_progress.is_empty(),
+        "hidden files left behind that are not in-progress leftovers: {not_in_progress:?} \
+         (visible: {visible:?})"
+    );
+    if !hidden.is_empty() {
+        eprintln!("in-progress leftovers in {}: {hidden:?}", out.display());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes
+
+/// A `sluice` process whose stdout and stderr are collected; killed (SIGKILL) on drop.
+struct Proc {
+    child: Option<Child>,
+    what: String,
+    output: Arc<Mutex<String>>,
+}
+
+impl Proc {
+    fn start(args: &[&str], cwd: &Path) -> Self {
+        let what = format!("sluice {}", args.join(" "));
+        let mut child = Command::new(sluice_bin())
+            .args(args)
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start `{what}`: {e}"));
+        let output = Arc::new(Mutex::new(String::new()));
+        let pipes: [Box<dyn Read + Send>; 2] = [
+            Box::new(child.stdout.take().expect("piped stdout")),
+            Box::new(child.stderr.take().expect("piped stderr")),
+        ];
+        for mut pipe in pipes {
+            let sink = Arc::clone(&output);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+                    if s.len() < 4 << 20 {
+                        s.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    }
+                }
+            });
+        }
+        Self {
+            child: Some(child),
+            what,
+            output,
+        }
+    }
+
+    /// Everything it printed so far.
+    fn output(&self) -> String {
+        self.output
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The first line of its output containing `needle`, waiting up to `timeout`.
+    #[track_caller]
+    fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let output = self.output();
+            if let Some(line) = output.lines().find(|l| l.contains(needle)) {
+                return line.to_owned();
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                // Let the reader threads catch up with the last words.
+                std::thread::sleep(Duration::from_millis(200));
+                panic!(
+                    "`{}` exited ({status}) without printing {needle:?}\n--- output\n{}",
+                    self.what,
+                    self.output()
+                );
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "`{}` did not print {needle:?} within {timeout:?}\n--- output\n{output}",
+                    self.what
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills it with SIGKILL and waits for it.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port that was free a moment ago (the coordinator's gRPC port must survive its
+/// restart, so it cannot be 0).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding an ephemeral port")
+        .port()
+}
+
+/// A running `sluice coordinator`.
+struct Coordinator {
+    proc: Proc,
+    /// The REST API's `host:port`.
+    http: String,
+}
+
+/// A state service, a coordinator and workers, each its own process, in `dir`.
+struct Cluster {
+    dir: PathBuf,
+    store: PathBuf,
+    grpc: String,
+    state: ServiceProcess,
+    coordinator: Option<Coordinator>,
+    workers: Vec<Proc>,
+}
+
+impl Cluster {
+    fn start(dir: &Path, workers: usize) -> Self {
+        let data = dir.join("state-data");
+        let objects = dir.join("state-objects");
+        std::fs::create_dir_all(&objects).expect("objects dir");
+        let state = ServiceProcess::start(
+            &[
+                "state-service",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data.to_str().expect("UTF-8 path"),
+                "--object-store",
+                &format!("file://{}", objects.display()),
+                "--memory",
+                "256MiB",
+            ],
+            dir,
+            &[],
+        );
+        let mut cluster = Self {
+            dir: dir.to_path_buf(),
+            store: dir.join("coordinator-store"),
+            grpc: format!("127.0.0.1:{}", free_port()),
+            state,
+            coordinator: None,
+            workers: Vec::new(),
+        };
+        cluster.start_coordinator();
+        cluster.start_workers(workers);
+        cluster.wait_for_workers(workers);
+        cluster
+    }
+
+    /// Starts a coordinator on the cluster's store and gRPC port; returns its output
+    /// once it listens.
+    fn start_coordinator(&mut self) -> String {
+        assert!(self.coordinator.is_none(), "a coordinator is running");
+        let mut proc = Proc::start(
+            &[
+                "coordinator",
+                "--http",
+                "127.0.0.1:0",
+                "--grpc",
+                &self.grpc,
+                "--store",
+                self.store.to_str().expect("UTF-8 path"),
+                "--state-service",
+                &self.state.url(),
+            ],
+            &self.dir,
+        );
+        let line = proc.wait_for_line("coordinator listening:", START_TIMEOUT);
+        let http = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http="))
+            .unwrap_or_else(|| panic!("no http= address in {line:?}"))
+            .to_owned();
+        let output = proc.output();
+        self.coordinator = Some(Coordinator { proc, http });
+        output
+    }
+
+    fn coordinator(&mut self) -> &mut Coordinator {
+        self.coordinator.as_mut().expect("a running coordinator")
+    }
+
+    /// SIGKILLs the coordinator.
+    fn kill_coordinator(&mut self) {
+        let mut c = self.coordinator.take().expect("a running coordinator");
+        c.proc.kill();
+        eprintln!(
+            "killed the coordinator; it had printed:\n{}",
+            tail(&c.proc.output(), 3000)
+        );
+    }
+
+    fn start_workers(&mut self, n: usize) {
+        let url = format!("http://{}", self.grpc);
+        for _ in 0..n {
+            self.workers
+                .push(Proc::start(&["worker", "--coordinator", &url], &self.dir));
+        }
+    }
+
+    /// Waits until `n` workers are attached (GET /v1/workers).
+    fn wait_for_workers(&mut self, n: usize) {
+        let http = self.coordinator().http.clone();
+        self.wait_until(&format!("{n} workers attached"), START_TIMEOUT, || {
+            let (code, body) = http_request(&http, "GET", "/v1/workers", None);
+            (code == 200 && body.as_array().is_some_and(|w| w.len() >= n)).then_some(())
+        });
+    }
+
+    fn kill_workers(&mut self) {
+        for w in &mut self.workers {
+            w.kill();
+        }
+        self.workers.clear();
+    }
+
+    /// `sluice args... --coordinator http://HTTP`.
+    fn sluice(&mut self, args: &[&str]) -> Outcome {
+        let url = format!("http://{}", self.coordinator().http);
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--coordinator", &url]);
+        run_sluice(&all, &self.dir)
+    }
+
+    /// The JSON answer of `sluice args... --json`, which must succeed.
+    #[track_caller]
+    fn json(&mut self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let outcome = self.sluice(&all);
+        if outcome.code != Some(0) {
+            panic!(
+                "`{}` exited with {:?}\n--- stdout\n{}\n--- stderr\n{}\n{}",
+                outcome.command,
+                outcome.code,
+                outcome.stdout,
+                outcome.stderr,
+                self.logs()
+            );
+        }
+        serde_json::from_str(&outcome.stdout).unwrap_or_else(|e| {
+            panic!(
+                "`{}` printed no JSON ({e}):\n{}",
+                outcome.command, outcome.stdout
+            )
+        })
+    }
+
+    /// Submits `job` with `extra` arguments; returns the job's id.
+    #[track_caller]
+    fn submit(&mut self, job: &Path, extra: &[&str]) -> String {
+        let mut args = vec!["submit", job.to_str().expect("UTF-8 path")];
+        args.extend_from_slice(extra);
+        let answer = self.json(&args);
+        answer["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("submit answered {answer}"))
+            .to_owned()
+    }
+
+    fn status(&mut self, id: &str) -> Value {
+        self.json(&["status", id])
+    }
+
+    /// Polls `check` every 250 ms until it gives `Some`, for at most `timeout`.
+    #[track_caller]
+    fn wait_until<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut() -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = check() {
+                return v;
+            }
+            if Instant::now() >= deadline {
+                panic!("not within {timeout:?}: {what}\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Polls the job's status until `done` accepts it; panics early when the job ends
+    /// otherwise.
+    #[track_caller]
+    fn wait_status(
+        &mut self,
+        id: &str,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let status = self.status(id);
+            if done(&status) {
+                return status;
+            }
+            let state = status["state"].as_str().unwrap_or_default();
+            if matches!(state, "finished" | "failed" | "cancelled") {
+                panic!(
+                    "job {id} ended ({state}) before {what}: {status:#}\n{}",
+                    self.logs()
+                );
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "job {id}: not within {timeout:?}: {what}; last status {status:#}\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Waits until the job has completed checkpoint `n` or a later one.
+    #[track_caller]
+    fn wait_checkpoint(&mut self, id: &str, n: u64) -> Value {
+        self.wait_status(id, &format!("checkpoint {n}"), START_TIMEOUT, |s| {
+            s["last_checkpoint"].as_u64().is_some_and(|c| c >= n)
+        })
+    }
+
+    /// Waits until the job is `finished` (panics when it fails or is cancelled).
+    #[track_caller]
+    fn wait_finished(&mut self, id: &str) -> Value {
+        let status = self.wait_status(id, "finished", FINISH_TIMEOUT, |s| s["state"] == "finished");
+        eprintln!(
+            "job {id} finished: parallelism {}, attempt {}, restarts {}, last checkpoint {}, \
+             {} records in, {} out",
+            status["parallelism"],
+            status["attempt"],
+            status["restarts"],
+            status["last_checkpoint"],
+            status["records_in"],
+            status["records_out"]
+        );
+        status
+    }
+
+    /// The last words of every process, for failure messages.
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        if let Some(c) = &self.coordinator {
+            s.push_str(&format!(
+                "--- coordinator\n{}\n",
+                tail(&c.proc.output(), 6000)
+            ));
+        }
+        for (i, w) in self.workers.iter().enumerate() {
+            s.push_str(&format!("--- worker {i}\n{}\n", tail(&w.output(), 3000)));
+        }
+        s.push_str(&format!(
+            "--- state service\n{}\n",
+            tail(&self.state.stderr(), 3000)
+        ));
+        s
+    }
+}
+
+fn tail(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut at = s.len() - max;
+    while !s.is_char_boundary(at) {
+        at += 1;
+    }
+    &s[at..]
+}
+
+/// A minimal HTTP/1.1 request (`Connection: close`) to `addr`; the status code and the
+/// body parsed as JSON (a string when it is not JSON).
+fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut stream =
+        TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    let body = body.unwrap_or("");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .unwrap_or_else(|e| panic!("sending {method} {path}: {e}"));
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .unwrap_or_else(|e| panic!("reading the answer to {method} {path}: {e}"));
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP header in {raw:?}"));
+    let code: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status code in {head:?}"));
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    });
+    let text = if chunked {
+        let mut out = String::new();
+        let mut rest = rest;
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 || after.len() < n {
+                break;
+            }
+            out.push_str(&after[..n]);
+            rest = after[n..].trim_start_matches("\r\n");
+        }
+        out
+    } else {
+        rest.to_owned()
+    };
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (code, value)
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+
+#[test]
+fn coordinator_restart_resumes_the_job_from_its_last_checkpoint() {
+    let _serial = serial();
+    let dir = tempdir();
+    let expected = reference(
+        dir.path(),
+        &windowed_job(&dir.path().join("reference"), 0),
+        &["--workers", "2"],
+    );
+
+    let mut cluster = Cluster::start(dir.path(), 2);
+    let out = dir.path().join("out");
+    let job = write_job(dir.path(), "eo.yaml", &windowed_job(&out, 10_000));
+    let id = cluster.submit(&job, &["--workers", "2"]);
+    let before = cluster.wait_checkpoint(&id, 2);
+    eprintln!(
+        "killing the coordinator at checkpoint {} (state {})",
+        before["last_checkpoint"], before["state"]
+    );
+    cluster.kill_coordinator();
+
+    cluster.start_coordinator();
+    let resumed = cluster
+        .coordinator()
+        .proc
+        .wait_for_line("resumed jobs:", START_TIMEOUT);
+    let ids: Vec<&str> = resumed
+        .split_once("resumed jobs:")
+        .map(|(_, ids)| ids.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, vec![id.as_str()], "{resumed}");
+
+    let status = cluster.wait_finished(&id);
+    assert!(
+        status["last_checkpoint"].as_u64() >= before["last_checkpoint"].as_u64(),
+        "checkpoints went backwards: {} before, {} after",
+        before["last_checkpoint"],
+        status["last_checkpoint"]
+    );
+    assert_output_matches(&out, &dir.path().join("reference"), &expected);
+}
+
+#[test]
+fn rescale_2_4_1_moves_no_state_and_changes_no_output() {
+    let _serial = serial();
+    let dir = tempdir();
+    let expected = reference(
+        dir.path(),
+        &windowed_job(&dir.path().join("reference"), 0),
+        &["--workers", "2"],
+    );
+
+    let mut cluster = Cluster::start(dir.path(), 4);
+    let out = dir.path().join("out");
+    let job = write_job(dir.path(), "eo.yaml", &windowed_job(&out, 10_000));
+    let id = cluster.submit(&job, &["--workers", "4"]);
+    cluster.wait_checkpoint(&id, 1);
+
+    let mut previous = 0;
+    for parallelism in [4u32, 1] {
+        let answer = cluster.json(&["rescale", &id, "--parallelism", &parallelism.to_string()]);
+        eprintln!(
+            "rescale to {parallelism}: {} ms, at checkpoint {}, {} state bytes restored",
+            answer["millis"], answer["checkpoint_id"], answer["state_bytes_restored"]
+        );
+        assert_eq!(
+            answer["state_bytes_restored"].as_u64(),
+            Some(0),
+            "a rescale moves no state: {answer}"
+        );
+        let checkpoint = answer["checkpoint_id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no checkpoint_id in {answer}"));
+        assert!(
+            checkpoint > previous,
+            "rescale checkpoint ids: {previous} then {checkpoint}"
+        );
+        previous = checkpoint;
+        let status = cluster.status(&id);
+        assert_eq!(
+            status["parallelism"].as_u64(),
+            Some(u64::from(parallelism)),
+            "status after the rescale: {status:#}"
+        );
+        // Another checkpoint at the new parallelism before the next step.
+        cluster.wait_checkpoint(&id, checkpoint + 1);
+    }
+
+    let status = cluster.wait_finished(&id);
+    assert_eq!(status["parallelism"].as_u64(), Some(1), "{status:#}");
+    assert_output_matches(&out, &dir.path().join("reference"), &expected);
+}
+
+#[test]
+fn savepoint_stop_and_resume_at_another_parallelism() {
+    let _serial = serial();
+    let dir = tempdir();
+    let expected = reference(
+        dir.path(),
+        &stateless_job(&dir.path().join("reference"), 0),
+        &[],
+    );
+
+    let mut cluster = Cluster::start(dir.path(), 2);
+    let out = dir.path().join("out");
+    let job = write_job(dir.path(), "filtered.yaml", &stateless_job(&out, 10_000));
+    let id = cluster.submit(&job, &["--workers", "2"]);
+    cluster.wait_checkpoint(&id, 1);
+
+    let answer = cluster.json(&["stop", &id, "--savepoint", "sp1"]);
+    let path = answer["savepoint"]
+        .as_str()
+        .unwrap_or_else(|| panic!("stop answered {answer}"))
+        .to_owned();
+    assert!(
+        path.contains("sp1"),
+        "the savepoint's path names it: {path}"
+    );
+    let stopped = cluster.wait_status(&id, "cancelled", START_TIMEOUT, |s| {
+        s["state"] == "cancelled"
+    });
+    let so_far = visible_lines(&out).len();
+    eprintln!(
+        "stopped {id} at checkpoint {} with savepoint {path}; {so_far} of {} lines visible",
+        stopped["last_checkpoint"],
+        expected.len()
+    );
+    assert!(
+        so_far < expected.len(),
+        "the job should have been stopped before the end of its input"
+    );
+
+    let resumed = cluster.submit(
+        &job,
+        &[
+            "--from-savepoint",
+            &path,
+            "--parallelism",
+            "3",
+            "--workers",
+            "2",
+        ],
+    );
+    assert_ne!(resumed, id);
+    let status = cluster.wait_finished(&resumed);
+    assert_eq!(status["parallelism"].as_u64(), Some(3), "{status:#}");
+    assert_output_matches(&out, &dir.path().join("reference"), &expected);
+}
+
+#[test]
+fn bad_requests_get_clear_errors() {
+    let _serial = serial();
+    let dir = tempdir();
+    let mut cluster = Cluster::start(dir.path(), 1);
+    let http = cluster.coordinator().http.clone();
+
+    // Invalid YAML: 400, the field is `job`, the message has the file and a line.
+    let bad_yaml = serde_json::json!({
+        "job": "name: x\nparallelism: 2\nsource: [\n  nexmark: : :\n",
+        "file": "bad.yaml",
+    })
+    .to_string();
+    let (code, body) = http_request(&http, "POST", "/v1/jobs", Some(&bad_yaml));
+    eprintln!("invalid YAML: {code} {body}");
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(body["field"], "job", "{body}");
+    let message = body["error"].as_str().unwrap_or_default();
+    let line = message
+        .split_once("bad.yaml:")
+        .map(|(_, after)| {
+            after
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .unwrap_or_default();
+    assert!(
+        !line.is_empty(),
+        "the error should name the file and a line (bad.yaml:LINE): {message:?}"
+    );
+
+    // No `job` in the body.
+    let (code, body) = http_request(&http, "POST", "/v1/jobs", Some(r#"{"workers": 2}"#));
+    eprintln!("missing job: {code} {body}");
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(body["field"], "job", "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("job")),
+        "{body}"
+    );
+
+    // Unknown job and unknown endpoint.
+    let (code, body) = http_request(&http, "GET", "/v1/jobs/nope", None);
+    assert_eq!(code, 404, "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("nope")),
+        "{body}"
+    );
+    let (code, body) = http_request(&http, "GET", "/v1/nothing-here", None);
+    assert_eq!(code, 404, "{body}");
+    assert!(body["error"].is_string(), "{body}");
+
+    // The same through the CLI: exit code 2 with a message.
+    let outcome = cluster.sluice(&["status", "nope"]);
+    outcome.assert_code(2).assert_stderr_contains("nope");
+
+    let out = dir.path().join("out");
+    let job = write_job(dir.path(), "filtered.yaml", &stateless_job(&out, 5_000));
+    let outcome = cluster.sluice(&[
+        "submit",
+        job.to_str().expect("UTF-8 path"),
+        "--from-savepoint",
+        "jobs/x/savepoints/none/_metadata",
+    ]);
+    outcome.assert_code(2).assert_stderr_contains("savepoint");
+    eprintln!("missing savepoint: {}", outcome.stderr.trim());
+
+    let id = cluster.submit(&job, &["--workers", "1"]);
+    let outcome = cluster.sluice(&["rescale", &id, "--parallelism", "0"]);
+    outcome.assert_code(2).assert_stderr_contains("parallelism");
+    eprintln!("parallelism 0: {}", outcome.stderr.trim());
+    // The job is unharmed.
+    let status = cluster.status(&id);
+    assert!(
+        matches!(
+            status["state"].as_str(),
+            Some("created" | "scheduling" | "running")
+        ),
+        "{status:#}"
+    );
+    cluster.sluice(&["cancel", &id]).assert_success();
+}
+
+#[test]
+fn a_corrupt_newest_checkpoint_resumes_the_job_from_the_one_before() {
+    let _serial = serial();
+    let dir = tempdir();
+    let expected = reference(
+        dir.path(),
+        &windowed_job(&dir.path().join("reference"), 0),
+        &["--workers", "2"],
+    );
+
+    let mut cluster = Cluster::start(dir.path(), 2);
+    let out = dir.path().join("out");
+    // Killed after a few checkpoints, long before the first window fires (at about 70%
+    // of the input): no output is committed yet, so resuming from an older checkpoint
+    // must still give exactly the reference output.
+    let job = write_job(dir.path(), "eo.yaml", &windowed_job(&out, 10_000));
+    let id = cluster.submit(&job, &["--workers", "2"]);
+    cluster.wait_checkpoint(&id, 3);
+    cluster.kill_coordinator();
+    cluster.kill_workers();
+
+    let checkpoints = cluster.store.join("jobs").join(&id).join("checkpoints");
+    let mut ids: Vec<u64> = std::fs::read_dir(&checkpoints)
+        .unwrap_or_else(|e| panic!("listing {}: {e}", checkpoints.display()))
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|id| {
+            checkpoints
+                .join(format!("{id:020}"))
+                .join("_metadata")
+                .is_file()
+        })
+        .collect();
+    ids.sort_unstable();
+    let newest = *ids.last().expect("checkpoints in the store");
+    let previous = ids[ids.len() - 2];
+    let metadata = checkpoints.join(format!("{newest:020}")).join("_metadata");
+    eprintln!("corrupting {} (checkpoints {ids:?})", metadata.display());
+    std::fs::write(&metadata, b"\x00garbage, not a checkpoint\xff\xfe")
+        .expect("corrupting _metadata");
+
+    let started = cluster.start_coordinator();
+    let resumed = cluster
+        .coordinator()
+        .proc
+        .wait_for_line("resumed jobs:", START_TIMEOUT);
+    assert!(resumed.contains(&id), "{resumed}");
+    // No worker is attached yet, so the job cannot have checkpointed since.
+    let status = cluster.status(&id);
+    assert_eq!(
+        status["last_checkpoint"].as_u64(),
+        Some(previous),
+        "resumed from the checkpoint before the corrupt one: {status:#}"
+    );
+    let log = cluster.coordinator().proc.output();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains(&format!("{newest:020}")));
+    assert!(
+        warning.is_some(),
+        "the coordinator should warn about the corrupt checkpoint {newest}:\n{started}\n{log}"
+    );
+    eprintln!("warning: {}", warning.unwrap_or_default());
+
+    cluster.start_workers(2);
+    cluster.wait_finished(&id);
+    assert_output_matches(&out, &dir.path().join("reference"), &expected);
+}
