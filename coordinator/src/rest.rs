@@ -103,6 +103,7 @@ async fn submit(State(c): State<Arc<Coordinator>>, bytes: Bytes) -> ApiResult {
                 workers: req.workers,
                 from_savepoint: req.from_savepoint,
                 parallelism: req.parallelism,
+                job_id: None,
             },
         )
         .await?;

@@ -27,7 +27,7 @@ use crate::cluster::registry::{Registry, WorkerView};
 use crate::job::lifecycle::JobState;
 use crate::job::master::{
     Command, JobInput, JobMaster, JobStatus, MasterConfig, RescaleOutcome, StateConnector,
-    WorkerLauncher,
+    WorkerLauncher, max_parallelism,
 };
 
 /// An error of an API call, with the HTTP status it maps to.
@@ -94,6 +94,8 @@ pub struct SubmitOptions {
     pub from_savepoint: Option<String>,
     /// Run every node at this parallelism.
     pub parallelism: Option<u32>,
+    /// The job's id (default: its name and a unique suffix); must not be in use.
+    pub job_id: Option<String>,
 }
 
 /// The coordinator: a registry of workers and a master per job.
@@ -163,13 +165,11 @@ impl Coordinator {
             None => None,
         };
         if let Some(p) = options.parallelism {
-            if p == 0 || p > graph.max_parallelism.max(1) {
+            let max = max_parallelism(&graph);
+            if p == 0 || p > max {
                 return Err(ApiError::bad(
                     "parallelism",
-                    format!(
-                        "must be between 1 and the job's max_parallelism ({})",
-                        graph.max_parallelism
-                    ),
+                    format!("must be between 1 and the job's max_parallelism ({max})"),
                 ));
             }
             for n in &mut graph.nodes {
@@ -178,7 +178,17 @@ impl Coordinator {
                 }
             }
         }
-        let id = new_job_id(&graph.name);
+        let id = match options.job_id {
+            Some(id) => {
+                store::validate_name("job id", &id)
+                    .map_err(|e| ApiError::bad("job_id", e.to_string()))?;
+                if self.lock().contains_key(&id) {
+                    return Err(ApiError::Conflict(format!("job `{id}` exists")));
+                }
+                id
+            }
+            None => new_job_id(&graph.name),
+        };
         let workers = options
             .workers
             .unwrap_or(self.options.master.workers)

@@ -523,6 +523,30 @@ impl Cluster {
         status
     }
 
+    /// Starts a new coordinator and checks that it resumes exactly job `id`.
+    #[track_caller]
+    fn restart_coordinator_expecting(&mut self, id: &str) {
+        self.start_coordinator();
+        let resumed = self
+            .coordinator()
+            .proc
+            .wait_for_line("resumed jobs:", START_TIMEOUT);
+        let ids: Vec<&str> = resumed
+            .split_once("resumed jobs:")
+            .map(|(_, ids)| ids.split(',').map(str::trim).collect())
+            .unwrap_or_default();
+        assert_eq!(ids, vec![id], "{resumed}");
+    }
+
+    /// Waits until the job has committed some output to `out` (the first windows fire
+    /// at about 70% of the input) and returns its status then.
+    #[track_caller]
+    fn wait_visible_output(&mut self, id: &str, out: &Path) -> Value {
+        self.wait_status(id, "visible output", FINISH_TIMEOUT, |_| {
+            !visible_lines(out).is_empty()
+        })
+    }
+
     /// The last words of every process, for failure messages.
     fn logs(&self) -> String {
         let mut s = String::new();
@@ -630,17 +654,18 @@ fn coordinator_restart_resumes_the_job_from_its_last_checkpoint() {
         before["last_checkpoint"], before["state"]
     );
     cluster.kill_coordinator();
+    cluster.restart_coordinator_expecting(&id);
 
-    cluster.start_coordinator();
-    let resumed = cluster
-        .coordinator()
-        .proc
-        .wait_for_line("resumed jobs:", START_TIMEOUT);
-    let ids: Vec<&str> = resumed
-        .split_once("resumed jobs:")
-        .map(|(_, ids)| ids.split(',').map(str::trim).collect())
-        .unwrap_or_default();
-    assert_eq!(ids, vec![id.as_str()], "{resumed}");
+    // Once more, after the first windows' output is committed: the new coordinator must
+    // neither lose nor repeat what is already visible.
+    let before = cluster.wait_visible_output(&id, &out);
+    eprintln!(
+        "killing the coordinator again at checkpoint {}, {} lines visible",
+        before["last_checkpoint"],
+        visible_lines(&out).len()
+    );
+    cluster.kill_coordinator();
+    cluster.restart_coordinator_expecting(&id);
 
     let status = cluster.wait_finished(&id);
     assert!(
@@ -694,8 +719,18 @@ fn rescale_2_4_1_moves_no_state_and_changes_no_output() {
             Some(u64::from(parallelism)),
             "status after the rescale: {status:#}"
         );
-        // Another checkpoint at the new parallelism before the next step.
+        // Another checkpoint at the new parallelism before the next step, and for the
+        // step to 1, committed output of all four subtasks (the first windows fire at
+        // about 70% of the input), so that subtask 0 inherits the others' parts.
         cluster.wait_checkpoint(&id, checkpoint + 1);
+        if parallelism == 4 {
+            let status = cluster.wait_visible_output(&id, &out);
+            eprintln!(
+                "output visible at checkpoint {}: {:?}",
+                status["last_checkpoint"],
+                names(&out)
+            );
+        }
     }
 
     let status = cluster.wait_finished(&id);
@@ -732,11 +767,20 @@ fn savepoint_stop_and_resume_at_another_parallelism() {
         s["state"] == "cancelled"
     });
     let so_far = visible_lines(&out).len();
+    let (_, hidden_after_stop) = names(&out);
     eprintln!(
-        "stopped {id} at checkpoint {} with savepoint {path}; {so_far} of {} lines visible",
+        "stopped {id} at checkpoint {} with savepoint {path}; {so_far} of {} lines visible; \
+         hidden: {hidden_after_stop:?}",
         stopped["last_checkpoint"],
         expected.len()
     );
+    // The savepoint is a completed checkpoint: what it covers should be committed when
+    // the stop answers, as if the job were never resumed. Checked at the end, so that a
+    // failure here does not hide how the resumption went.
+    let pending_after_stop: Vec<String> = hidden_after_stop
+        .into_iter()
+        .filter(|n| n.contains(".pending-"))
+        .collect();
     assert!(
         so_far < expected.len(),
         "the job should have been stopped before the end of its input"
@@ -757,6 +801,12 @@ fn savepoint_stop_and_resume_at_another_parallelism() {
     let status = cluster.wait_finished(&resumed);
     assert_eq!(status["parallelism"].as_u64(), Some(3), "{status:#}");
     assert_output_matches(&out, &dir.path().join("reference"), &expected);
+    assert!(
+        pending_after_stop.is_empty(),
+        "`sluice stop --savepoint` answered and the job was cancelled, but the output of \
+         the savepoint's checkpoint was left uncommitted (pending parts {pending_after_stop:?}); \
+         it became visible only when a resumed job recovered it"
+    );
 }
 
 #[test]

@@ -37,7 +37,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sluice_common::key_group::{key_group_of, key_group_range};
 use sluice_common::pb;
-use sluice_common::state::key::{decode_key, key_group_range_bounds};
+use sluice_common::state::key::{decode_key, encode_state_part, prefix_end};
 use sluice_common::state::{KeyedStateBackend, WriteOp, encode_key};
 
 use super::{Operator, OperatorContext, Output};
@@ -579,61 +579,88 @@ impl WindowOperator {
             self.recorded_watermark = None;
         }
         let naggs = self.calls.len();
-        let (mut from, end) = key_group_range_bounds(groups.clone());
-        loop {
-            let page = self.state.scan(&from, &end, Some(SCAN_PAGE)).await?;
-            for (state_key, value) in &page {
-                let k = decode_key(state_key)?;
-                if k.operator_id != self.operator_id {
-                    continue;
-                }
-                let kg = k.key_group;
-                let watermark = watermarks
-                    .get((u32::from(kg)).wrapping_sub(groups.start) as usize)
-                    .copied()
-                    .unwrap_or(Timestamp::MIN);
-                let key = Bytes::copy_from_slice(k.key);
-                if k.state_name == SLOT_STATE {
-                    let start = k.namespace.get(..8).and_then(|b| b.try_into().ok());
-                    let start = i64::from_be_bytes(start.ok_or_else(|| {
-                        Error::Internal("a window pane's state key has no window".into())
-                    })?);
-                    self.register_pane_timers(kg, &key, start, watermark);
-                } else if k.state_name == SESSION_STATE {
-                    let lateness = if self.is_event_time() {
-                        self.lateness
+        // Only this operator's entries of the one state its windows use are read: a
+        // prefix scan per key group, so the cost follows this window's state, not the
+        // shard's.
+        let name = if matches!(self.assigner, WindowAssigner::Session { .. }) {
+            SESSION_STATE
+        } else {
+            SLOT_STATE
+        };
+        for group in groups.clone() {
+            let mut prefix = (group as u16).to_be_bytes().to_vec();
+            encode_state_part(&mut prefix, self.operator_id, name);
+            let end = prefix_end(&prefix);
+            let mut from = prefix;
+            loop {
+                let page = self.state.scan(&from, &end, Some(SCAN_PAGE)).await?;
+                for (state_key, value) in &page {
+                    let k = decode_key(state_key)?;
+                    if k.operator_id != self.operator_id || k.state_name != name {
+                        continue;
+                    }
+                    let kg = k.key_group;
+                    let watermark = watermarks
+                        .get((u32::from(kg)).wrapping_sub(groups.start) as usize)
+                        .copied()
+                        .unwrap_or(Timestamp::MIN);
+                    let key = Bytes::copy_from_slice(k.key);
+                    if name == SLOT_STATE {
+                        let start = k.namespace.get(..8).and_then(|b| b.try_into().ok());
+                        let start = i64::from_be_bytes(start.ok_or_else(|| {
+                            Error::Internal("a window pane's state key has no window".into())
+                        })?);
+                        self.register_pane_timers(kg, &key, start, watermark);
                     } else {
-                        0
-                    };
-                    let mut ends: Vec<Timestamp> = session::decode(value, naggs)?
-                        .iter()
-                        .map(|s| {
-                            if s.fired {
-                                s.end - 1 + lateness
-                            } else {
-                                s.end - 1
-                            }
-                        })
-                        .collect();
-                    ends.sort_unstable();
-                    ends.dedup();
-                    for at in ends {
-                        let timer = Timer::Sessions {
-                            key_group: kg,
-                            key: key.clone(),
-                        };
-                        self.timers.register(at, timer);
+                        self.register_session_timers(kg, key, value, naggs)?;
                     }
                 }
-            }
-            match page.last() {
-                Some((last, _)) if page.len() == SCAN_PAGE => {
-                    // The smallest key after `last`.
-                    from = [&last[..], &[0]].concat();
+                match page.last() {
+                    Some((last, _)) if page.len() == SCAN_PAGE => {
+                        // The smallest key after `last`.
+                        from = [&last[..], &[0]].concat();
+                    }
+                    _ => break,
                 }
-                _ => return Ok(()),
             }
         }
+        Ok(())
+    }
+
+    /// The timers of a key's stored sessions: each fires (or, once fired, is dropped
+    /// after allowed lateness) at its end.
+    fn register_session_timers(
+        &mut self,
+        key_group: u16,
+        key: Bytes,
+        value: &[u8],
+        naggs: usize,
+    ) -> Result<()> {
+        let lateness = if self.is_event_time() {
+            self.lateness
+        } else {
+            0
+        };
+        let mut ends: Vec<Timestamp> = session::decode(value, naggs)?
+            .iter()
+            .map(|s| {
+                if s.fired {
+                    s.end - 1 + lateness
+                } else {
+                    s.end - 1
+                }
+            })
+            .collect();
+        ends.sort_unstable();
+        ends.dedup();
+        for at in ends {
+            let timer = Timer::Sessions {
+                key_group,
+                key: key.clone(),
+            };
+            self.timers.register(at, timer);
+        }
+        Ok(())
     }
 
     /// Records the watermark under every key group of this subtask, for a restore.

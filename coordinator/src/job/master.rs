@@ -234,6 +234,14 @@ pub struct JobMaster {
     resume: Option<CheckpointMetadata>,
 }
 
+/// The job's number of key groups (0 in a graph means the default).
+pub fn max_parallelism(graph: &pb::JobGraph) -> u32 {
+    match graph.max_parallelism {
+        0 => sluice_common::DEFAULT_MAX_PARALLELISM,
+        n => n,
+    }
+}
+
 /// How an attempt ended.
 enum Outcome {
     Finished(Vec<pbc::Report>),
@@ -408,7 +416,7 @@ impl JobMaster {
             job_id: self.id.clone(),
             coordinator_id: self.config.coordinator_id.clone(),
             job_graph: Bytes::from(self.graph.encode_to_vec()),
-            max_parallelism: self.graph.max_parallelism,
+            max_parallelism: max_parallelism(&self.graph),
             parallelism: self
                 .graph
                 .nodes
@@ -759,13 +767,21 @@ impl JobMaster {
         let peers: Vec<String> = workers.iter().map(|w| addresses[&w.id].clone()).collect();
         // 3. State.
         let restore_id = restore.map(|m| m.checkpoint_id);
-        let first_epoch = protocol.as_ref().map_or(1, |p| p.next_id());
+        let mut protocol = protocol;
         let remote_state = match shards {
             Some(s) => {
                 let held = s
                     .open()
                     .await
                     .map_err(|e| failed(format!("state service: {e}")))?;
+                if let Some(p) = protocol.as_deref_mut()
+                    && held >= p.next_id()
+                {
+                    // The shards hold a checkpoint the store does not know (the job's
+                    // state was prepared elsewhere): ids continue after it.
+                    p.record_existing(held, false);
+                }
+                let first_epoch = protocol.as_ref().map_or(1, |p| p.next_id());
                 if let Some(c) = restore_id {
                     s.rollback(c)
                         .await
@@ -974,8 +990,8 @@ impl JobMaster {
                                 let started = Instant::now();
                                 match protocol.as_deref_mut() {
                                     None => { let _ = reply.send(Err("rescaling resumes from a checkpoint; the job takes none (set `checkpoint: { interval: ... }`)".into())); }
-                                    Some(_) if parallelism == 0 || parallelism > self.graph.max_parallelism.max(1) => {
-                                        let _ = reply.send(Err(format!("parallelism must be between 1 and the job's max_parallelism ({})", self.graph.max_parallelism)));
+                                    Some(_) if parallelism == 0 || parallelism > max_parallelism(&self.graph) => {
+                                        let _ = reply.send(Err(format!("parallelism must be between 1 and the job's max_parallelism ({})", max_parallelism(&self.graph))));
                                     }
                                     Some(p) => {
                                         let name = format!("rescale-{}-{}", p.next_id(), now_ms());
