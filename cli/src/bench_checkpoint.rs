@@ -149,6 +149,41 @@ pub fn bench(args: CheckpointBenchArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Writes `state_bytes` of incompressible values into the shards of `layout` on the node
+/// at `addr`, committing a checkpoint every `checkpoint_every` bytes; returns the last
+/// committed checkpoint (the shards' epoch). For benchmarks that need state to exist.
+pub(crate) async fn preload(
+    addr: &str,
+    layout: &ShardLayout,
+    state_bytes: u64,
+    value_bytes: u64,
+    checkpoint_every: u64,
+    deadline: Instant,
+) -> anyhow::Result<u64> {
+    let w = Workload::new(layout.clone(), state_bytes, value_bytes, 42);
+    let mut client = connect(addr).await?;
+    open_all(&mut client, layout, deadline).await?;
+    let mut writer = Writer::new(client.clone(), layout.clone(), 4);
+    let mut epoch = 1u64;
+    let mut since = 0u64;
+    for i in 0..w.keys() {
+        if i % 4096 == 0 {
+            check_deadline(deadline, "loading state")?;
+        }
+        writer.put(epoch, w.key(i), w.value(i, 0)).await?;
+        since += value_bytes;
+        if since >= checkpoint_every {
+            writer.drain(epoch).await?;
+            checkpoint(&client, layout, epoch).await?;
+            epoch += 1;
+            since = 0;
+        }
+    }
+    writer.drain(epoch).await?;
+    checkpoint(&client, layout, epoch).await?;
+    Ok(epoch)
+}
+
 /// Every figure of one run.
 #[derive(Default)]
 struct Figures {
@@ -836,9 +871,10 @@ async fn read_and_verify(
 // Nodes as child processes.
 
 /// A `sluice state-service` child process, killed (SIGKILL) when dropped.
-struct NodeProcess {
+pub(crate) struct NodeProcess {
     child: Child,
-    addr: String,
+    /// Its gRPC address (host:port).
+    pub(crate) addr: String,
     data_dir: PathBuf,
     rss: RssSampler,
 }
@@ -846,7 +882,7 @@ struct NodeProcess {
 impl NodeProcess {
     /// Starts a node with data directory `dir/name` (its stderr in `dir/name.log`) and
     /// waits for the address it prints.
-    fn start(
+    pub(crate) fn start(
         exe: &Path,
         dir: &Path,
         name: &str,

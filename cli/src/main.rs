@@ -8,6 +8,7 @@
 //!   a raw TCP pair, and producer memory under a slow consumer.
 //! - `sluice bench state | checkpoint`: state-service operations per second; checkpoint
 //!   latency, memory and shard open time of state-service nodes run as child processes.
+//! - `sluice bench cluster`: checkpoint, rescale and recovery times under the coordinator.
 //! - `sluice state-service`: a state-service node.
 //! - `sluice worker`: a compute worker (see `cluster::worker`).
 //! - `sluice coordinator`: the coordinator (REST for users, gRPC for workers).
@@ -19,6 +20,7 @@
 
 mod bench;
 mod bench_checkpoint;
+mod bench_cluster;
 mod bench_exchange;
 mod bench_state;
 mod byte_size;
@@ -84,6 +86,9 @@ enum BenchCommand {
     /// State-service checkpoint latency, memory and shard open time, nodes as child
     /// processes.
     Checkpoint(bench_checkpoint::CheckpointBenchArgs),
+    /// Checkpoint duration, rescale time and recovery time of a job under the
+    /// coordinator, with a given amount of state.
+    Cluster(bench_cluster::ClusterBenchArgs),
     /// Exchange throughput between two worker processes next to a raw TCP pair; with
     /// --slow-consumer, the producer's RSS under back pressure.
     Exchange(bench_exchange::ExchangeBenchArgs),
@@ -161,6 +166,9 @@ fn main() -> ExitCode {
         Command::Bench {
             command: BenchCommand::Exchange(args),
         } => bench_exchange::bench(args),
+        Command::Bench {
+            command: BenchCommand::Cluster(args),
+        } => bench_cluster::bench(args),
         Command::Worker(args) => cluster::worker::worker(args),
         Command::Coordinator(args) => cluster::coordinator::serve(args),
         Command::Job(command) => cluster::client::run(command),
