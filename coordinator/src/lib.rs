@@ -1,30 +1,31 @@
 //! # sluice-coordinator
 //!
-//! The coordinator's core, as a library: what a job's life is and how a checkpoint is
-//! committed. The processes around it (the `sluice coordinator` role with its REST and
-//! gRPC APIs, the scheduler, heartbeats) are not built yet; they will drive these types.
+//! The JobManager: jobs, their checkpoints, failover, rescaling, savepoints, and the
+//! APIs around them (REST for users, gRPC for workers).
 //!
 //! - [`job`]: the job lifecycle as a typed state machine ([`job::JobState::next`] is the
-//!   one place transitions are decided) and the restart policy (exponential back-off
-//!   with a limit).
+//!   one place transitions are decided), the restart policy (exponential back-off with a
+//!   limit), and [`job::master`]: one actor per job that deploys it on workers, drives
+//!   its checkpoints and restarts it from the last one.
 //! - [`checkpoint`]: the checkpoint commit protocol as a pure state machine
-//!   ([`checkpoint::CheckpointProtocol`]) that returns actions for a driver, the
-//!   `_metadata` format, and the metadata store whose one write primitive is
-//!   "create if absent", which fences two coordinators racing to commit one checkpoint.
+//!   ([`checkpoint::CheckpointProtocol`]) that returns actions for the master, the
+//!   `_metadata` format, and the metadata store whose one write primitive is "create if
+//!   absent", which fences two coordinators racing to commit one checkpoint.
+//! - [`cluster`]: the workers' gRPC `Attach` service and the registry of attached
+//!   workers, their slots and heartbeats.
+//! - [`service`]: the coordinator itself: submission, job records in the store, resuming
+//!   jobs after a restart, the operations behind [`rest`], the REST API.
 //!
-//! ## How the parts fit
-//!
-//! A driver (one actor per job, to come) owns a [`job::JobState`] and a
-//! [`checkpoint::CheckpointProtocol`]; it feeds them events (task acks, timer ticks,
-//! failures), executes the returned [`checkpoint::Action`]s (barriers to sources,
-//! `create_if_absent` on the [`checkpoint::MetadataStore`], `Commit` to the state
-//! shards) and reports their outcomes back. Decisions never do I/O; I/O never decides.
+//! Decisions never do I/O; I/O never decides: the master feeds events to the two state
+//! machines and carries out what they return.
 //!
 //! ## What this crate must not know
 //!
 //! Compute internals (operators, Arrow, the network stack) and the state service's
 //! storage (RocksDB, deltas, manifests): shard handles and source positions are opaque
-//! strings and bytes here. It talks to the object store only through
+//! strings and bytes here, the state service is reached through
+//! [`job::master::JobStateShards`], and worker processes are started (when at all)
+//! through [`job::master::WorkerLauncher`]. It talks to the object store only through
 //! [`checkpoint::store`].
 
 pub mod checkpoint;

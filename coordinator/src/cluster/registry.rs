@@ -275,3 +275,77 @@ impl Registry {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn register(
+        r: &Registry,
+        slots: u32,
+    ) -> (
+        String,
+        mpsc::UnboundedReceiver<Result<pbc::CoordinatorMessage, tonic::Status>>,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = r.attach(
+            &pbc::Register {
+                protocol_version: 2,
+                pid: 1,
+                host: "127.0.0.1".into(),
+                slots,
+                name: String::new(),
+            },
+            tx,
+        );
+        (id, rx)
+    }
+
+    #[test]
+    fn slots_are_taken_oldest_worker_first_and_given_back() {
+        let r = Registry::new(Duration::from_secs(5));
+        let (a, _ra) = register(&r, 1);
+        let (b, _rb) = register(&r, 2);
+        let (c, _rc) = register(&r, 1);
+        assert!(r.acquire("j1", 4).is_none(), "only three workers");
+        let got: Vec<String> = r
+            .acquire("j1", 2)
+            .unwrap()
+            .into_iter()
+            .map(|w| w.id)
+            .collect();
+        assert_eq!(got, vec![a.clone(), b.clone()]);
+        // A job takes at most one slot per worker; b has one left, c one.
+        let got: Vec<String> = r
+            .acquire("j2", 2)
+            .unwrap()
+            .into_iter()
+            .map(|w| w.id)
+            .collect();
+        assert_eq!(got, vec![b.clone(), c.clone()]);
+        assert_eq!(r.free_workers(), 0);
+        r.release("j1");
+        assert_eq!(r.free_workers(), 2);
+    }
+
+    #[test]
+    fn a_lost_worker_is_reported_to_its_jobs_only() {
+        let r = Registry::new(Duration::from_millis(0));
+        let (a, _ra) = register(&r, 1);
+        let (_b, _rb) = register(&r, 1);
+        let (tx1, mut rx1) = mpsc::unbounded_channel();
+        let (tx2, mut rx2) = mpsc::unbounded_channel();
+        r.add_job("j1", tx1);
+        r.add_job("j2", tx2);
+        let w = r.acquire("j1", 1).unwrap();
+        assert_eq!(w[0].id, a);
+        r.deliver(&a, wm::Msg::Prepared(pbc::Prepared::default()));
+        assert!(matches!(rx1.try_recv(), Ok(JobInput::Worker { .. })));
+        std::thread::sleep(Duration::from_millis(2));
+        r.reap();
+        assert!(matches!(rx1.try_recv(), Ok(JobInput::Lost { worker, .. }) if worker == a));
+        assert!(rx2.try_recv().is_err(), "j2 used no worker");
+        assert!(!r.is_attached(&a));
+        assert!(r.view().is_empty(), "both timed out");
+    }
+}

@@ -404,7 +404,15 @@ impl JobMaster {
             interval: Duration::from_millis(c.interval_ms),
             mode: match c.mode() {
                 pb::CheckpointMode::Aligned => BarrierMode::Aligned,
-                pb::CheckpointMode::Unaligned => BarrierMode::Unaligned,
+                pb::CheckpointMode::Unaligned => {
+                    // The in-flight data an unaligned barrier overtakes is not stored
+                    // yet, so a restore from such a checkpoint would lose it.
+                    tracing::warn!(
+                        job = %self.id,
+                        "unaligned checkpoints do not store in-flight data yet; this job's checkpoints are aligned"
+                    );
+                    BarrierMode::Aligned
+                }
             },
             timeout: Duration::from_secs(120),
             ..CheckpointConfig::default()
