@@ -90,9 +90,18 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[rank - 1]
 }
 
-async fn run_one(args: &ClusterBenchArgs, exe: &std::path::Path, size: u64) -> anyhow::Result<String> {
-    let temp = tempfile::Builder::new().prefix("sluice-bench-cluster-").tempdir()?;
-    let dir = args.work_dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
+async fn run_one(
+    args: &ClusterBenchArgs,
+    exe: &std::path::Path,
+    size: u64,
+) -> anyhow::Result<String> {
+    let temp = tempfile::Builder::new()
+        .prefix("sluice-bench-cluster-")
+        .tempdir()?;
+    let dir = args
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| temp.path().to_path_buf());
     std::fs::create_dir_all(dir.join("objects"))?;
     let objects = format!("file://{}", dir.join("objects").display());
     let node = NodeProcess::start(exe, &dir, "node", &objects, args.memory)?;
@@ -114,9 +123,15 @@ async fn run_one(args: &ClusterBenchArgs, exe: &std::path::Path, size: u64) -> a
     );
 
     std::fs::create_dir_all(dir.join("coordinator"))?;
-    let store = ObjectMetadataStore::from_url(&format!("file://{}", dir.join("coordinator").display()))?;
-    let (listener, addr) = service::bind("127.0.0.1:0", "workers").await.map_err(|e| anyhow!("{e}"))?;
-    let launcher = Arc::new(ProcessLauncher::new(format!("http://{addr}")).map_err(|_| anyhow!("cannot start workers"))?);
+    let store =
+        ObjectMetadataStore::from_url(&format!("file://{}", dir.join("coordinator").display()))?;
+    let (listener, addr) = service::bind("127.0.0.1:0", "workers")
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let launcher = Arc::new(
+        ProcessLauncher::new(format!("http://{addr}"))
+            .map_err(|_| anyhow!("cannot start workers"))?,
+    );
     let connector: Arc<dyn StateConnector> = Arc::new(StateServiceConnector {
         endpoint: format!("http://{}", node.addr),
     });
@@ -185,7 +200,8 @@ async fn measure(
     let status = || c.status(id).map_err(|e| anyhow!("{e}"));
     let limit = Duration::from_secs(120);
     wait_for("the first checkpoint", limit, || {
-        c.status(id).is_ok_and(|s| s.last_checkpoint.is_some() || s.state == "failed")
+        c.status(id)
+            .is_ok_and(|s| s.last_checkpoint.is_some() || s.state == "failed")
     })
     .await?;
     if let Some(f) = status()?.failure {
@@ -194,23 +210,38 @@ async fn measure(
     let first = status()?.checkpoints.len();
     tokio::time::sleep(Duration::from_secs(args.seconds)).await;
     let st = status()?;
-    let mut durations: Vec<u64> = st.checkpoints[first..].iter().map(|c| c.commit_ms).collect();
+    let mut durations: Vec<u64> = st.checkpoints[first..]
+        .iter()
+        .map(|c| c.commit_ms)
+        .collect();
     durations.sort_unstable();
 
     let to = args.workers * 2;
-    let rescale = c.rescale(id, to).await.map_err(|e| anyhow!("rescale: {e}"))?;
+    let rescale = c
+        .rescale(id, to)
+        .await
+        .map_err(|e| anyhow!("rescale: {e}"))?;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let before = status()?.attempt;
-    let victim = *launcher.pids().first().ok_or_else(|| anyhow!("no worker to kill"))?;
+    let victim = *launcher
+        .pids()
+        .first()
+        .ok_or_else(|| anyhow!("no worker to kill"))?;
     let killed = Instant::now();
-    let _ = std::process::Command::new("kill").args(["-9", &victim.to_string()]).status();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status();
     wait_for("recovery", limit, || {
-        c.status(id).is_ok_and(|s| (s.attempt > before && s.state == "running") || s.state == "failed")
+        c.status(id)
+            .is_ok_and(|s| (s.attempt > before && s.state == "running") || s.state == "failed")
     })
     .await?;
     let recovery = killed.elapsed();
-    if let Some(f) = status()?.failure.filter(|_| status().is_ok_and(|s| s.state == "failed")) {
+    if let Some(f) = status()?
+        .failure
+        .filter(|_| status().is_ok_and(|s| s.state == "failed"))
+    {
         bail!("the job failed after the kill: {f}");
     }
     Ok(format!(

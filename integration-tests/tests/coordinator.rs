@@ -3,12 +3,14 @@
 //! driven with the job commands (`sluice submit | status | rescale | stop`) and the REST
 //! API, as a user would.
 //!
-//! - A coordinator killed with SIGKILL is replaced by a new one on the same store and gRPC
-//!   port; it resumes the job from its last checkpoint and the committed output equals a
-//!   run without failures.
-//! - Rescaling 2 → 4 → 1 moves no state and changes no output.
-//! - Stopping with a savepoint and resubmitting from it at another parallelism gives the
-//!   output of one uninterrupted run: no duplicate, no gap.
+//! - A coordinator killed with SIGKILL (early, and again once output is committed) is
+//!   replaced by a new one on the same store and gRPC port; it resumes the job from its
+//!   last checkpoint and the committed output equals a run without failures.
+//! - Rescaling 2 → 4 → 1 (the second step after all four subtasks committed output) moves
+//!   no state and changes no output.
+//! - Stopping with a savepoint commits what the savepoint covers, and resubmitting from it
+//!   at another parallelism gives the output of one uninterrupted run: no duplicate, no
+//!   gap.
 //! - Bad requests get 400/404 and exit code 2 with messages naming what was wrong; a
 //!   corrupt newest checkpoint makes the coordinator resume from the one before.
 //!
@@ -46,6 +48,11 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// The windowed count per auction on remote state with the exactly-once file sink.
 /// `rate` 0: unthrottled (the reference run).
+///
+/// The input spans about 11 s of event time, and throttled to 10,000 events/s about as
+/// much wall-clock time. With 2 s windows and a 4 s bound on disorder the first window
+/// fires at about 60% of the input, so the sink commits output while the job runs (10 s
+/// windows would all fire at the end of input).
 fn windowed_job(out: &Path, rate: u64) -> String {
     let throttle = if rate > 0 {
         format!(", max_events_per_second: {rate}")
@@ -57,7 +64,7 @@ fn windowed_job(out: &Path, rate: u64) -> String {
          state: {{ backend: remote, shards: 4 }}\n\
          source:\n  nexmark: {{ stream: bid, events: 100000, seed: 5, splits: 4{throttle} }}\n\
          watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
-         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    \
+         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 2s }}\n    \
          aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
          sink:\n  file: {{ path: {}, format: jsonl }}\n",
         yaml_path(out)
@@ -539,7 +546,7 @@ impl Cluster {
     }
 
     /// Waits until the job has committed some output to `out` (the first windows fire
-    /// at about 70% of the input) and returns its status then.
+    /// at about 60% of the input) and returns its status then.
     #[track_caller]
     fn wait_visible_output(&mut self, id: &str, out: &Path) -> Value {
         self.wait_status(id, "visible output", FINISH_TIMEOUT, |_| {
@@ -721,7 +728,7 @@ fn rescale_2_4_1_moves_no_state_and_changes_no_output() {
         );
         // Another checkpoint at the new parallelism before the next step, and for the
         // step to 1, committed output of all four subtasks (the first windows fire at
-        // about 70% of the input), so that subtask 0 inherits the others' parts.
+        // about 60% of the input), so that subtask 0 inherits the others' parts.
         cluster.wait_checkpoint(&id, checkpoint + 1);
         if parallelism == 4 {
             let status = cluster.wait_visible_output(&id, &out);
@@ -905,7 +912,7 @@ fn a_corrupt_newest_checkpoint_resumes_the_job_from_the_one_before() {
 
     let mut cluster = Cluster::start(dir.path(), 2);
     let out = dir.path().join("out");
-    // Killed after a few checkpoints, long before the first window fires (at about 70%
+    // Killed after a few checkpoints, long before the first window fires (at about 60%
     // of the input): no output is committed yet, so resuming from an older checkpoint
     // must still give exactly the reference output.
     let job = write_job(dir.path(), "eo.yaml", &windowed_job(&out, 10_000));

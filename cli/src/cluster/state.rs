@@ -53,11 +53,13 @@ impl JobStateShards for Shards {
     }
 
     async fn rollback(&self, checkpoint: u64) -> Result<(), String> {
-        self.state
-            .rollback(checkpoint)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        let done = if checkpoint == 0 {
+            // Nothing completed: drop every epoch (OpenShard(0) would mean "latest").
+            self.state.rollback(0).await.map(|_| ())
+        } else {
+            self.state.restore_to(checkpoint).await.map(|_| ())
+        };
+        done.map_err(|e| e.to_string())
     }
 
     async fn commit(&self, checkpoint: u64, retained: &[u64]) -> Result<(), String> {

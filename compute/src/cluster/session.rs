@@ -294,6 +294,17 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
             shard_handles: Vec::new(),
             sync_micros,
             alignment_micros: 0,
+            committed: false,
+        }),
+        AttemptEvent::Checkpoint(CheckpointEvent::Committed {
+            checkpoint_id,
+            task,
+        }) => wm::Msg::Ack(pbc::CheckpointAck {
+            attempt,
+            checkpoint_id,
+            task: Some(task_ref(task, false)),
+            committed: true,
+            ..Default::default()
         }),
         AttemptEvent::Checkpoint(CheckpointEvent::Decline {
             checkpoint_id,

@@ -100,6 +100,14 @@ pub enum CheckpointEvent {
         /// Time the chain took to handle the barrier.
         sync_micros: u64,
     },
+    /// The task passed the completion of a checkpoint to its operators (sinks
+    /// committed it).
+    Committed {
+        /// The checkpoint.
+        checkpoint_id: u64,
+        /// The task.
+        task: (u32, u32),
+    },
     /// The task could not take its part of the checkpoint.
     Decline {
         /// The checkpoint.
@@ -301,7 +309,13 @@ impl Task {
         let id = *link.completed.borrow();
         if id > link.notified {
             link.notified = id;
+            let task = link.task;
+            let events = link.events.clone();
             self.chain.notify_checkpoint_complete(id).await?;
+            let _ = events.send(CheckpointEvent::Committed {
+                checkpoint_id: id,
+                task,
+            });
         }
         let Some(triggers) = self.link.as_mut().and_then(|l| l.triggers.as_mut()) else {
             return Ok(());

@@ -266,6 +266,42 @@ impl RemoteState {
         Ok(try_join_all(calls).await?.into_iter().sum())
     }
 
+    /// Brings every shard to committed checkpoint `checkpoint`: rolled back where it is
+    /// open at that checkpoint or later and only uncommitted epochs are newer, restored
+    /// from the object store where a newer checkpoint was committed since (a restore
+    /// that skips a checkpoint whose metadata is unusable). Returns the bytes restored.
+    pub async fn restore_to(&self, checkpoint: u64) -> StateResult<u64> {
+        let calls = (0..self.layout.len()).map(|i| async move {
+            let ttl_states = self
+                .ttl_states
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let req = pb::OpenShardRequest {
+                shard: Some(self.layout.id(i)),
+                checkpoint_id: checkpoint,
+                ttl_states,
+            };
+            let resp = self
+                .client
+                .clone()
+                .open_shard(req)
+                .await
+                .map_err(|s| status_error("open shard", &s))?
+                .into_inner();
+            // Lower is fine: the shard was open with `checkpoint`'s epochs flushed but
+            // its commit not yet received, and rolling back kept exactly them.
+            if resp.checkpoint_id > checkpoint {
+                return Err(StateError::Internal(format!(
+                    "shard {i} opened at checkpoint {} instead of {checkpoint}",
+                    resp.checkpoint_id
+                )));
+            }
+            Ok::<_, StateError>(resp.restore_bytes)
+        });
+        Ok(try_join_all(calls).await?.into_iter().sum())
+    }
+
     /// The service node's status.
     pub async fn status(&self) -> StateResult<pb::StatusResponse> {
         let resp = self

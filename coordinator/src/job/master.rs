@@ -52,7 +52,8 @@ use crate::job::restart::{Decision, RestartPolicy};
 pub trait JobStateShards: Send + Sync {
     /// Opens every shard; returns the checkpoint they hold.
     async fn open(&self) -> Result<u64, String>;
-    /// Drops every write after `checkpoint`.
+    /// Brings every shard to `checkpoint`: drops later writes, or restores it from the
+    /// object store when a later checkpoint was committed since.
     async fn rollback(&self, checkpoint: u64) -> Result<(), String>;
     /// Commits `checkpoint`, keeping `retained`.
     async fn commit(&self, checkpoint: u64, retained: &[u64]) -> Result<(), String>;
@@ -259,6 +260,15 @@ enum Outcome {
         reply: oneshot::Sender<Result<RescaleOutcome, String>>,
     },
     Fenced(u64),
+}
+
+/// A stop waiting for its savepoint's completion to reach every task.
+struct Stopping {
+    id: u64,
+    tasks: BTreeSet<TaskId>,
+    deadline: tokio::time::Instant,
+    reply: oneshot::Sender<Result<String, String>>,
+    path: String,
 }
 
 /// A rescale whose new attempt is being deployed.
@@ -487,7 +497,7 @@ impl JobMaster {
                 )
                 .await;
             let outcome = match deployed {
-                Ok(workers) => {
+                Ok((workers, tasks)) => {
                     if let Some(r) = rescaling.take() {
                         let bytes = match &shards {
                             Some(s) => s.restore_bytes().await.unwrap_or(0),
@@ -503,7 +513,13 @@ impl JobMaster {
                         go(&mut state, JobEvent::Deployed, &self.status);
                     }
                     let o = self
-                        .run_attempt(attempt, &workers, shards.as_deref(), protocol.as_mut())
+                        .run_attempt(
+                            attempt,
+                            &workers,
+                            &tasks,
+                            shards.as_deref(),
+                            protocol.as_mut(),
+                        )
                         .await;
                     self.cancel_attempt(attempt, &workers).await;
                     o
@@ -616,6 +632,11 @@ impl JobMaster {
         if user || !checkpoints {
             return Some(JobState::Failed);
         }
+        if let Some(why) = self.not_restorable() {
+            let mut st = self.status();
+            st.failure = Some(format!("{reason}; not restarted: {why}"));
+            return Some(JobState::Failed);
+        }
         let wait = match self.config.restart.decide(*restarts) {
             Decision::GiveUp => return Some(JobState::Failed),
             Decision::Restart(wait) => wait,
@@ -669,6 +690,21 @@ impl JobMaster {
         JobState::Failed
     }
 
+    /// Why a checkpoint of this job cannot be restored, if it cannot: window state kept
+    /// in worker memory is not part of a checkpoint.
+    fn not_restorable(&self) -> Option<String> {
+        let windows = self
+            .graph
+            .nodes
+            .iter()
+            .any(|n| matches!(n.kind, Some(pb::node::Kind::Window(_))));
+        (windows && !self.wants_remote_state()).then(|| {
+            "the job's windows keep their state in worker memory, which checkpoints do not \
+             capture; with `state: { backend: remote }` it restarts from its last checkpoint"
+                .to_string()
+        })
+    }
+
     fn wants_remote_state(&self) -> bool {
         self.graph
             .state
@@ -702,7 +738,7 @@ impl JobMaster {
         restore: Option<&CheckpointMetadata>,
         shards: Option<&dyn JobStateShards>,
         protocol: Option<&mut CheckpointProtocol>,
-    ) -> Result<Vec<WorkerHandle>, Outcome> {
+    ) -> Result<(Vec<WorkerHandle>, BTreeSet<TaskId>), Outcome> {
         let n = self.config.workers.max(1);
         let deadline = tokio::time::Instant::now() + self.config.deploy_timeout;
         let failed = |reason: String| Outcome::Failed {
@@ -872,11 +908,11 @@ impl JobMaster {
             }
         }
         if let Some(p) = protocol {
-            p.set_tasks(now_ms(), tasks);
+            p.set_tasks(now_ms(), tasks.clone());
             p.set_periodic(true);
         }
         tracing::info!(job = %self.id, attempt, workers = workers.len(), restore = ?restore_id, "deployed");
-        Ok(workers)
+        Ok((workers, tasks))
     }
 
     /// Step 5: runs until the attempt ends.
@@ -884,12 +920,16 @@ impl JobMaster {
         &mut self,
         attempt: u64,
         workers: &[WorkerHandle],
+        tasks: &BTreeSet<TaskId>,
         shards: Option<&dyn JobStateShards>,
         mut protocol: Option<&mut CheckpointProtocol>,
     ) -> Outcome {
         let mut reports: HashMap<String, pbc::Report> = HashMap::new();
         let mut waiting: HashMap<u64, Waiting> = HashMap::new();
         let mut latest: Option<CheckpointMetadata> = None;
+        // A stop after its savepoint: the tasks that have not yet passed the savepoint's
+        // completion to their sinks, and how long to wait for them.
+        let mut stopping: Option<Stopping> = None;
         loop {
             let deadline = protocol
                 .as_ref()
@@ -899,9 +939,17 @@ impl JobMaster {
                     tokio::time::Instant::now() + Duration::from_millis(wait)
                 })
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            let deadline = match &stopping {
+                Some(s) => deadline.min(s.deadline),
+                None => deadline,
+            };
             let mut actions: Vec<Action> = Vec::new();
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => {
+                    if let Some(s) = stopping.take_if(|s| tokio::time::Instant::now() >= s.deadline) {
+                        tracing::warn!(job = %self.id, waiting = ?s.tasks, "tasks did not confirm the savepoint's commit in time; stopping");
+                        return Outcome::Stopped(s.reply, s.path);
+                    }
                     if let Some(p) = protocol.as_deref_mut() {
                         actions = p.poll(now_ms());
                     }
@@ -941,6 +989,18 @@ impl JobMaster {
                                             st.barriers = reports.values().map(|r| r.barriers).sum();
                                         }
                                         return Outcome::Finished(reports.into_values().collect());
+                                    }
+                                }
+                            }
+                            wm::Msg::Ack(a) if a.attempt == attempt && a.committed => {
+                                if let (Some(s), Some(t)) = (stopping.as_mut(), a.task)
+                                    && a.checkpoint_id >= s.id
+                                {
+                                    s.tasks.remove(&TaskId::new(t.node, t.subtask));
+                                    if s.tasks.is_empty()
+                                        && let Some(s) = stopping.take()
+                                    {
+                                        return Outcome::Stopped(s.reply, s.path);
                                     }
                                 }
                             }
@@ -1104,8 +1164,17 @@ impl JobMaster {
                                     let _ = r.send(Ok(path.unwrap_or_default()));
                                 }
                                 Waiting::Stop(name, r) => {
+                                    // Stop once every sink has committed the savepoint's
+                                    // output (the notification went out above).
                                     let path = store::savepoint_path(&self.id, &name);
-                                    return Outcome::Stopped(r, path.unwrap_or_default());
+                                    stopping = Some(Stopping {
+                                        id,
+                                        tasks: tasks.clone(),
+                                        deadline: tokio::time::Instant::now()
+                                            + Duration::from_secs(30),
+                                        reply: r,
+                                        path: path.unwrap_or_default(),
+                                    });
                                 }
                                 Waiting::Rescale {
                                     parallelism,
