@@ -254,7 +254,7 @@ enum Outcome {
     Stopped(oneshot::Sender<Result<String, String>>, String),
     Rescale {
         parallelism: u32,
-        from: CheckpointMetadata,
+        from: Box<CheckpointMetadata>,
         started: Instant,
         restore_bytes_before: u64,
         reply: oneshot::Sender<Result<RescaleOutcome, String>>,
@@ -583,7 +583,7 @@ impl JobMaster {
                         restore_bytes_before,
                         reply,
                     });
-                    restore = Some(from);
+                    restore = Some(*from);
                 }
                 Outcome::Failed { reason, user } => {
                     go(&mut state, JobEvent::TaskFailed, &self.status);
@@ -1182,7 +1182,9 @@ impl JobMaster {
                                     restore_bytes_before,
                                     reply,
                                 } => {
-                                    let Some(from) = latest.clone() else { continue };
+                                    let Some(from) = latest.clone().map(Box::new) else {
+                                        continue;
+                                    };
                                     return Outcome::Rescale {
                                         parallelism,
                                         from,
