@@ -194,20 +194,25 @@ impl RemoteState {
         });
     }
 
+    /// The request opening shard `index` at `checkpoint` with the declared TTL states.
+    fn open_request(&self, index: usize, checkpoint: u64) -> pb::OpenShardRequest {
+        let ttl_states = self
+            .ttl_states
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        pb::OpenShardRequest {
+            shard: Some(self.layout.id(index)),
+            checkpoint_id: checkpoint,
+            ttl_states,
+        }
+    }
+
     /// Opens shard `index` once per process; returns the checkpoint it holds.
     async fn open(&self, index: usize) -> StateResult<u64> {
         self.opened[index]
             .get_or_try_init(|| async {
-                let ttl_states = self
-                    .ttl_states
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
-                let req = pb::OpenShardRequest {
-                    shard: Some(self.layout.id(index)),
-                    checkpoint_id: self.config.restore_checkpoint,
-                    ttl_states,
-                };
+                let req = self.open_request(index, self.config.restore_checkpoint);
                 let resp = self
                     .client
                     .clone()
@@ -272,16 +277,7 @@ impl RemoteState {
     /// that skips a checkpoint whose metadata is unusable). Returns the bytes restored.
     pub async fn restore_to(&self, checkpoint: u64) -> StateResult<u64> {
         let calls = (0..self.layout.len()).map(|i| async move {
-            let ttl_states = self
-                .ttl_states
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            let req = pb::OpenShardRequest {
-                shard: Some(self.layout.id(i)),
-                checkpoint_id: checkpoint,
-                ttl_states,
-            };
+            let req = self.open_request(i, checkpoint);
             let resp = self
                 .client
                 .clone()
