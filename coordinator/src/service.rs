@@ -80,6 +80,8 @@ pub struct CoordinatorOptions {
 }
 
 struct JobEntry {
+    /// Whose state-service shards it uses (remote state only).
+    state_id: Option<String>,
     mailbox: mpsc::UnboundedSender<JobInput>,
     status: Arc<Mutex<JobStatus>>,
     done: Option<JoinHandle<JobState>>,
@@ -160,9 +162,12 @@ impl Coordinator {
         if graph.nodes.is_empty() {
             return Err(ApiError::bad("job", "the job has no nodes"));
         }
-        let resume = match &options.from_savepoint {
-            Some(path) => Some(self.read_savepoint(path, &graph).await?),
-            None => None,
+        let (resume, savepoint_state) = match &options.from_savepoint {
+            Some(path) => {
+                let (meta, state) = self.read_savepoint(path, &graph).await?;
+                (Some(meta), state)
+            }
+            None => (None, None),
         };
         if let Some(p) = options.parallelism {
             let max = max_parallelism(&graph);
@@ -193,7 +198,22 @@ impl Coordinator {
             .workers
             .unwrap_or(self.options.master.workers)
             .max(1);
+        let state_id =
+            uses_remote_state(&graph).then(|| savepoint_state.unwrap_or_else(|| id.clone()));
         let store = &self.options.store;
+        let mut records = vec![("workers", workers.to_string())];
+        if let Some(s) = &state_id {
+            records.push(("state", s.clone()));
+        }
+        if let Some(p) = &options.from_savepoint {
+            records.push(("from", p.trim_start_matches('/').to_string()));
+        }
+        for (name, value) in records {
+            store
+                .create_if_absent(&format!("jobs/{id}/{name}"), Bytes::from(value))
+                .await
+                .map_err(|e| ApiError::Internal(format!("cannot record the job: {e}")))?;
+        }
         store
             .create_if_absent(
                 &format!("jobs/{id}/job"),
@@ -201,25 +221,20 @@ impl Coordinator {
             )
             .await
             .map_err(|e| ApiError::Internal(format!("cannot record the job: {e}")))?;
-        store
-            .create_if_absent(
-                &format!("jobs/{id}/workers"),
-                Bytes::from(workers.to_string()),
-            )
-            .await
-            .map_err(|e| ApiError::Internal(format!("cannot record the job: {e}")))?;
-        self.start(id.clone(), graph, workers, resume);
+        self.start(id.clone(), graph, workers, resume, state_id);
         Ok(id)
     }
 
-    /// Reads a savepoint for `graph`; its state must be reachable by the new job.
+    /// Reads a savepoint for `graph`; with remote state, also whose shards hold its
+    /// state (the savepoint's job's), which no running job may be using.
     async fn read_savepoint(
         &self,
         path: &str,
         graph: &pb::JobGraph,
-    ) -> Result<CheckpointMetadata, ApiError> {
+    ) -> Result<(CheckpointMetadata, Option<String>), ApiError> {
         let path = path.trim_start_matches('/');
-        let meta = store::read_metadata(self.options.store.as_ref(), path)
+        let store = self.options.store.as_ref();
+        let meta = store::read_metadata(store, path)
             .await
             .map_err(|e| match e {
                 crate::Error::NotFound(_) => {
@@ -230,19 +245,28 @@ impl Coordinator {
                     format!("savepoint `{path}` cannot be used: {other}"),
                 ),
             })?;
-        let uses_state = graph
-            .state
-            .as_ref()
-            .is_some_and(|s| s.backend() == pb::StateBackend::Remote);
-        if uses_state {
-            // The shards are named by job id: a savepoint's state is its job's.
-            return Err(ApiError::bad(
-                "from_savepoint",
-                "starting a job with remote state from another job's savepoint is not supported yet; \
-                 rescale the running job instead (`sluice rescale`)",
-            ));
+        if !uses_remote_state(graph) {
+            return Ok((meta, None));
         }
-        Ok(meta)
+        let record = format!("jobs/{}/state", meta.job_id);
+        let state_id = match store.get(&record).await {
+            Ok(Some(b)) => String::from_utf8_lossy(&b).into_owned(),
+            Ok(None) => meta.job_id.clone(),
+            Err(e) => return Err(ApiError::Internal(format!("reading {record}: {e}"))),
+        };
+        let busy = self.lock().iter().find_map(|(id, e)| {
+            let ended = JobState::ALL
+                .iter()
+                .filter(|s| s.is_terminal())
+                .any(|s| e.status.lock().unwrap_or_else(|p| p.into_inner()).state == s.to_string());
+            (e.state_id.as_deref() == Some(state_id.as_str()) && !ended).then(|| id.clone())
+        });
+        if let Some(other) = busy {
+            return Err(ApiError::Conflict(format!(
+                "job `{other}` still runs on the state of this savepoint; stop it first"
+            )));
+        }
+        Ok((meta, Some(state_id)))
     }
 
     fn start(
@@ -251,9 +275,11 @@ impl Coordinator {
         graph: pb::JobGraph,
         workers: usize,
         resume: Option<CheckpointMetadata>,
+        state_id: Option<String>,
     ) {
         let mut config = self.options.master.clone();
         config.workers = workers;
+        config.state_id = state_id.clone();
         let (master, mailbox, status) = JobMaster::new(
             id.clone(),
             graph,
@@ -268,6 +294,7 @@ impl Coordinator {
         self.lock().insert(
             id,
             JobEntry {
+                state_id,
                 mailbox,
                 status,
                 done: Some(done),
@@ -309,17 +336,30 @@ impl Coordinator {
                 Ok(Some(b)) => String::from_utf8_lossy(&b).trim().parse().unwrap_or(1),
                 _ => self.options.master.workers,
             };
-            let latest = store::latest_valid(store, id)
+            let mut latest = store::latest_valid(store, id)
                 .await
                 .map_err(|e| ApiError::Internal(format!("reading checkpoints of {id}: {e}")))?;
+            if latest.is_none()
+                && let Ok(Some(from)) = store.get(&format!("jobs/{id}/from")).await
+            {
+                // Started from a savepoint and no checkpoint of its own yet.
+                let path = String::from_utf8_lossy(&from).into_owned();
+                latest = store::read_metadata(store, &path).await.ok();
+            }
             let graph = match &latest {
                 // The checkpoint records the graph it was taken with (a rescale
                 // changes parallelism).
-                Some(m) => pb::JobGraph::decode(m.job_graph.clone()).unwrap_or(graph),
-                None => graph,
+                Some(m) if m.job_id == id => {
+                    pb::JobGraph::decode(m.job_graph.clone()).unwrap_or(graph)
+                }
+                _ => graph,
+            };
+            let state_id = match store.get(&format!("jobs/{id}/state")).await {
+                Ok(Some(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
+                _ => uses_remote_state(&graph).then(|| id.to_string()),
             };
             tracing::info!(job = id, checkpoint = ?latest.as_ref().map(|m| m.checkpoint_id), "resuming job");
-            self.start(id.to_string(), graph, workers, latest);
+            self.start(id.to_string(), graph, workers, latest, state_id);
             resumed.push(id.to_string());
         }
         Ok(resumed)
@@ -409,6 +449,13 @@ impl Coordinator {
         }
         self.status(id)
     }
+}
+
+fn uses_remote_state(graph: &pb::JobGraph) -> bool {
+    graph
+        .state
+        .as_ref()
+        .is_some_and(|s| s.backend() == pb::StateBackend::Remote)
 }
 
 /// A fresh job id: the job's name (letters, digits, `-`, `_`) and a unique suffix.

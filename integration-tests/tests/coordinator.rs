@@ -747,19 +747,37 @@ fn rescale_2_4_1_moves_no_state_and_changes_no_output() {
 
 #[test]
 fn savepoint_stop_and_resume_at_another_parallelism() {
+    stop_with_savepoint_and_resume(stateless_job, &[], 1);
+}
+
+#[test]
+fn a_stateful_job_resumes_from_its_savepoint_at_another_parallelism() {
+    // The new job opens the savepoint's shards at the savepoint's checkpoint: the
+    // windows' state and the timers rebuilt from it carry on at parallelism 3.
+    stop_with_savepoint_and_resume(windowed_job, &["--workers", "2"], 3);
+}
+
+/// Runs `job`, stops it with a savepoint once `checkpoints` checkpoints completed,
+/// submits it again from the savepoint at parallelism 3, and compares the output with a
+/// run without interruption (`sluice run` with `reference_args`).
+fn stop_with_savepoint_and_resume(
+    job: fn(&Path, u64) -> String,
+    reference_args: &[&str],
+    checkpoints: u64,
+) {
     let _serial = serial();
     let dir = tempdir();
     let expected = reference(
         dir.path(),
-        &stateless_job(&dir.path().join("reference"), 0),
-        &[],
+        &job(&dir.path().join("reference"), 0),
+        reference_args,
     );
 
     let mut cluster = Cluster::start(dir.path(), 2);
     let out = dir.path().join("out");
-    let job = write_job(dir.path(), "filtered.yaml", &stateless_job(&out, 10_000));
+    let job = write_job(dir.path(), "job.yaml", &job(&out, 10_000));
     let id = cluster.submit(&job, &["--workers", "2"]);
-    cluster.wait_checkpoint(&id, 1);
+    cluster.wait_checkpoint(&id, checkpoints);
 
     let answer = cluster.json(&["stop", &id, "--savepoint", "sp1"]);
     let path = answer["savepoint"]

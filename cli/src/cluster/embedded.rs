@@ -119,6 +119,7 @@ pub fn master_config(
         network: network.to_proto(),
         metrics_interval_ms,
         coordinator_id: format!("c{}-{}", std::process::id(), now_ms()),
+        state_id: None,
     }
 }
 

@@ -218,6 +218,9 @@ pub struct MasterConfig {
     pub metrics_interval_ms: u64,
     /// This coordinator incarnation.
     pub coordinator_id: String,
+    /// Whose shards in the state service the job uses: its own id (`None`), or the
+    /// job it took a savepoint from.
+    pub state_id: Option<String>,
 }
 
 /// A job's master, ready to run.
@@ -450,7 +453,13 @@ impl JobMaster {
         let mut state = JobState::Created;
         go(&mut state, JobEvent::Schedule, &self.status);
         let shards = match (&self.state_connector, self.wants_remote_state()) {
-            (Some(c), true) => match c.connect(&self.id, &self.graph).await {
+            (Some(c), true) => match c
+                .connect(
+                    self.config.state_id.as_deref().unwrap_or(&self.id),
+                    &self.graph,
+                )
+                .await
+            {
                 Ok(s) => Some(s),
                 Err(e) => return self.fail(format!("state service: {e}"), false),
             },

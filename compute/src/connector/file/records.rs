@@ -25,6 +25,18 @@ pub struct RecordSpan {
     pub line: u64,
 }
 
+impl RecordSpan {
+    /// The line the next record starts on, given the `data` the span is in: every
+    /// newline of the record, quoted or not, and its terminator count.
+    pub fn next_line(&self, data: &[u8]) -> u64 {
+        self.line
+            + data[self.start..self.next]
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count() as u64
+    }
+}
+
 /// Walks the records of one file's bytes.
 #[derive(Debug, Clone)]
 pub struct RecordScanner {
@@ -42,6 +54,12 @@ impl RecordScanner {
             pos: 0,
             line: 1,
         }
+    }
+
+    /// A scanner resuming a file at a record boundary whose first record starts on `line`
+    /// (the window then begins at that record's first byte).
+    pub fn at_line(csv: bool, line: u64) -> Self {
+        RecordScanner { csv, pos: 0, line }
     }
 
     /// True when every record of `data` has been returned.
@@ -237,5 +255,26 @@ mod tests {
         s.scan(text, 10, &mut out);
         assert_eq!(out.iter().map(|r| r.line).collect::<Vec<_>>(), [1, 2]);
         assert!(s.at_end(text));
+    }
+
+    #[test]
+    fn a_resumed_scanner_keeps_counting_lines() {
+        let text = "a,b\n1,\"x\ny\"\r\n\n2,z\n3,w\n";
+        let mut s = RecordScanner::new(true);
+        let mut out = Vec::new();
+        s.scan(text.as_bytes(), 2, &mut out);
+        let last = out[1];
+        assert_eq!(last.next_line(text.as_bytes()), 4);
+        // Resume at the byte after the second record, on its next line.
+        let rest = &text.as_bytes()[last.next..];
+        let mut resumed = RecordScanner::at_line(true, last.next_line(text.as_bytes()));
+        let mut more = Vec::new();
+        resumed.scan(rest, 10, &mut more);
+        s.scan(text.as_bytes(), 10, &mut out);
+        assert_eq!(
+            more.iter().map(|r| r.line).collect::<Vec<_>>(),
+            out[2..].iter().map(|r| r.line).collect::<Vec<_>>()
+        );
+        assert_eq!(more.iter().map(|r| r.line).collect::<Vec<_>>(), [5, 6]);
     }
 }
