@@ -83,8 +83,8 @@ pub trait SourceReader: Send {
 /// The error of a source that cannot record where it stands.
 fn cannot_resume() -> Error {
     Error::Plan(
-        "this source cannot record its position (of the sources, only `nexmark` can so far), \
-         so a job reading it cannot resume from a checkpoint"
+        "this source cannot record its position, so a job reading it cannot resume from a \
+         checkpoint"
             .into(),
     )
 }

@@ -15,8 +15,16 @@
 //! columns are matched by name and cast to the schema's types. Timestamps in text are
 //! what arrow's writers emit (`2015-07-15T00:00:01.234`), and the sink writes the same.
 //!
-//! CSV and JSON-lines files are streamed in bounded chunks (see [`source`]); Parquet
-//! files are still fetched whole.
+//! CSV and JSON-lines files are streamed in bounded chunks, Parquet files a row group at
+//! a time (see [`source`]).
+//!
+//! # Checkpoints
+//!
+//! Every file is a split, named by its path under the source's root; its position
+//! ([`position`]) is the byte offset and line of the next unread record of a text file,
+//! or the next row group and row of a Parquet file, counting only the records already
+//! returned. A reader of any parallelism resumes from the positions of all readers of
+//! the same source, seeking each of its files with ranged reads.
 //!
 //! # Errors in the input
 //!
@@ -33,6 +41,7 @@ pub mod decode;
 pub mod parquet_object;
 pub mod part_dir;
 pub mod part_name;
+pub mod position;
 pub mod records;
 pub mod recovery;
 pub mod schema;
@@ -42,6 +51,8 @@ pub mod source;
 pub use sink::FileWriter;
 pub use source::{FileReader, source_schema};
 
+#[cfg(test)]
+mod resume_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

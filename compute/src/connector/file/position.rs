@@ -89,9 +89,7 @@ impl Position {
                 bytes.len()
             )));
         }
-        let number = |at: usize| {
-            u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
-        };
+        let number = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
         let (a, b) = (number(1), number(9));
         let position = match bytes[0] {
             TEXT => {
@@ -236,6 +234,9 @@ mod tests {
             split_name(&Path::from("data/a.csv"), &Path::from("data/a.csv")),
             "a.csv"
         );
-        assert_eq!(split_name(&Path::from(""), &Path::from("x/b.csv")), "x/b.csv");
+        assert_eq!(
+            split_name(&Path::from(""), &Path::from("x/b.csv")),
+            "x/b.csv"
+        );
     }
 }

@@ -25,13 +25,29 @@
 //! Parquet files are streamed by parquet's async reader over the object store: the
 //! footer first, then the column chunks of one row group at a time, only of the columns
 //! the job reads.
+//!
+//! # Positions
+//!
+//! Each split's [`Position`] follows the records handled so far: after a text batch,
+//! the file offset just past its last record (the records scanned beyond it stay in the
+//! buffer and count as unread) and the line after it; after a Parquet batch, the row
+//! group and row reached by the rows returned (the batch read ahead does not count).
+//! Records skipped or dead-lettered count as read. A file is finished when its last
+//! batch is returned. [`restore`](SourceReader::restore) reopens each file at its
+//! position: a text file is fetched from the offset on (a CSV header is skipped only at
+//! offset 0, the only position before it), a Parquet file skips the row groups read and
+//! then the rows read of the next one. The assignment of files to subtasks depends only
+//! on the listing and the parallelism, so every file of the listing has one reader at
+//! any parallelism; a checkpointed file missing from the listing fails the restore.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use arrow::compute::cast;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
@@ -42,6 +58,7 @@ use sluice_common::pb;
 use super::dead_letter::DeadLetter;
 use super::decode::{BadRecords, TextDecoder, TextFormat};
 use super::parquet_object::ParquetObject;
+use super::position::{Position, split_name};
 use super::records::{RecordScanner, RecordSpan};
 use super::schema;
 use crate::connector::{SourceBatch, SourceCounters, SourceReader, SubtaskInfo, store};
@@ -128,16 +145,23 @@ struct TextFile {
 }
 
 impl TextFile {
-    fn new(meta: &ObjectMeta, csv: bool) -> Self {
+    /// The file `meta` read from byte `offset`, where a record starting on `line` begins
+    /// (0 and 1: the start of the file, with a CSV header still to skip).
+    fn new(meta: &ObjectMeta, csv: bool, offset: u64, line: u64) -> Self {
         TextFile {
             location: meta.location.clone(),
             size: meta.size,
-            fetched: 0,
+            fetched: offset,
             buf: Vec::new(),
-            scanner: RecordScanner::new(csv),
-            header_pending: csv,
+            scanner: RecordScanner::at_line(csv, line),
+            header_pending: csv && offset == 0,
             too_long: None,
         }
+    }
+
+    /// Byte offset in the file of offset `at` of the buffer.
+    fn file_offset(&self, at: usize) -> u64 {
+        self.fetched - (self.buf.len() - at) as u64
     }
 
     /// True when the buffer reaches the end of the file.
@@ -192,7 +216,18 @@ enum Open {
     Parquet {
         reader: ParquetRecordBatchStream<ParquetObject>,
         pending: Option<RecordBatch>,
+        /// Rows of each row group of the file (to follow the position).
+        group_rows: Vec<u64>,
     },
+}
+
+/// One assigned file.
+struct SplitFile {
+    meta: ObjectMeta,
+    /// Its path or URL in messages.
+    display: String,
+    /// Its split name (see [`position`](super::position)).
+    name: String,
 }
 
 /// Reads the files assigned to one source subtask.
@@ -202,19 +237,28 @@ pub struct FileReader {
     format: pb::FileFormat,
     policy: pb::OnError,
     batch_size: usize,
-    /// The assigned files (local split `k` is `files[k]`) and their display names.
-    files: Vec<(ObjectMeta, String)>,
+    /// The assigned files: local split `k` is `files[k]`.
+    files: Vec<SplitFile>,
+    /// Where each local split stands: the records before it have been returned.
+    positions: Vec<Position>,
+    /// The split names of every file of the source (of every subtask).
+    listed: HashSet<String>,
+    /// The source's root in messages.
+    root_display: String,
     /// Local split being read.
     current: usize,
     open: Option<Open>,
     /// Open files waiting for their next turn, with their local split.
-    waiting: std::collections::VecDeque<(usize, Open)>,
+    waiting: VecDeque<(usize, Open)>,
     /// The first assigned file not opened yet.
     next_file: usize,
     decoder: Option<TextDecoder>,
     spans: Vec<RecordSpan>,
     dead_letter: Option<DeadLetter>,
+    /// Finished splits not yet taken by [`SourceReader::take_finished_splits`].
     finished: Vec<usize>,
+    /// Local splits already reported finished (each is reported once).
+    reported: Vec<bool>,
     counters: SourceCounters,
     /// Bytes fetched from a text file at a time.
     chunk_size: usize,
@@ -230,7 +274,7 @@ impl std::fmt::Debug for FileReader {
         f.debug_struct("FileReader")
             .field(
                 "files",
-                &self.files.iter().map(|(_, d)| d).collect::<Vec<_>>(),
+                &self.files.iter().map(|f| &f.display).collect::<Vec<_>>(),
             )
             .field("current", &self.current)
             .finish_non_exhaustive()
@@ -256,12 +300,21 @@ impl FileReader {
             Some(i) => Arc::new(full.project(i)?),
             None => full.clone(),
         };
-        let files = listing
+        let files: Vec<SplitFile> = listing
             .files
             .iter()
             .enumerate()
             .filter(|(j, _)| j % subtask.parallelism == subtask.index)
-            .map(|(_, f)| (f.clone(), listing.display(f)))
+            .map(|(_, f)| SplitFile {
+                meta: f.clone(),
+                display: listing.display(f),
+                name: split_name(&listing.root, &f.location),
+            })
+            .collect();
+        let listed = listing
+            .files
+            .iter()
+            .map(|f| split_name(&listing.root, &f.location))
             .collect();
         let policy = spec.on_error();
         let dead_letter = match policy {
@@ -286,16 +339,21 @@ impl FileReader {
             (Some(text), None) => Some(TextDecoder::new(text, full.clone(), batch_size)),
             (None, _) => None,
         };
+        let parquet = format == pb::FileFormat::Parquet;
         Ok(FileReader {
             store: listing.store,
             schema,
             format,
             policy,
             batch_size,
+            positions: vec![Position::start(parquet); files.len()],
+            reported: vec![false; files.len()],
             files,
+            listed,
+            root_display: listing.root_display,
             current: 0,
             open: None,
-            waiting: std::collections::VecDeque::new(),
+            waiting: VecDeque::new(),
             next_file: 0,
             decoder,
             spans: Vec::new(),
@@ -324,12 +382,43 @@ impl FileReader {
         self.peak_buffered
     }
 
+    /// Opens the current split at its position (which is not [`Position::Finished`]).
     async fn open_current(&mut self) -> Result<Open> {
-        let (meta, display) = &self.files[self.current];
+        let SplitFile {
+            meta,
+            display,
+            name,
+        } = &self.files[self.current];
+        let position = self.positions[self.current];
+        let changed = |what: String| {
+            Error::Plan(format!(
+                "the source's files changed since the checkpoint: {what}; a job can only \
+                 resume over the files it was reading (restart it without the checkpoint to \
+                 read the new ones from the start)"
+            ))
+        };
         Ok(match self.format {
-            pb::FileFormat::Csv => Open::Text(TextFile::new(meta, true)),
-            pb::FileFormat::Jsonl => Open::Text(TextFile::new(meta, false)),
+            pb::FileFormat::Csv | pb::FileFormat::Jsonl => {
+                let Position::Text { offset, line } = position else {
+                    return Err(Error::Internal(format!(
+                        "text split `{name}` at {position:?}"
+                    )));
+                };
+                if offset > meta.size {
+                    return Err(changed(format!(
+                        "{display} has {} bytes, but was read up to byte {offset}",
+                        meta.size
+                    )));
+                }
+                let csv = self.format == pb::FileFormat::Csv;
+                Open::Text(TextFile::new(meta, csv, offset, line))
+            }
             pb::FileFormat::Parquet => {
+                let Position::Parquet { row_group, row } = position else {
+                    return Err(Error::Internal(format!(
+                        "Parquet split `{name}` at {position:?}"
+                    )));
+                };
                 let bad = |e| Error::BadRecord {
                     location: display.clone(),
                     message: format!("{e}"),
@@ -349,22 +438,49 @@ impl FileReader {
                     .map(|(i, _)| i)
                     .collect();
                 let mask = ProjectionMask::roots(builder.parquet_schema(), wanted);
+                let group_rows: Vec<u64> = builder
+                    .metadata()
+                    .row_groups()
+                    .iter()
+                    .map(|g| g.num_rows().max(0) as u64)
+                    .collect();
+                // Resume: skip the row groups read, then the rows read of the next one.
+                let groups = group_rows.len() as u64;
+                let valid = match group_rows.get(row_group as usize) {
+                    Some(&rows) => row < rows.max(1),
+                    None => row_group == groups && row == 0,
+                };
+                if !valid {
+                    return Err(changed(format!(
+                        "{display} has {groups} row groups, but was read up to row {row} of \
+                         row group {row_group}"
+                    )));
+                }
+                let skip = usize::try_from(row).map_err(|_| {
+                    Error::Internal(format!("row offset {row} of `{name}` overflows"))
+                })?;
                 let reader = builder
                     .with_projection(mask)
                     .with_batch_size(self.batch_size)
+                    .with_row_groups((row_group as usize..group_rows.len()).collect())
+                    .with_offset(skip)
                     .build()
                     .map_err(bad)?;
                 Open::Parquet {
                     reader,
                     pending: None,
+                    group_rows,
                 }
             }
         })
     }
 
     /// The next batch of the current file, and whether the file is exhausted after it.
+    ///
+    /// The split's position moves past the records handled (returned, skipped or
+    /// dead-lettered); [`next_batch`](SourceReader::next_batch) marks it finished.
     async fn read_open(&mut self) -> Result<(Option<RecordBatch>, bool)> {
-        let display = &self.files[self.current].1;
+        let display = &self.files[self.current].display;
         match self.open.as_mut().expect("a file is open") {
             Open::Text(file) => {
                 if let Some(line) = file.too_long.take() {
@@ -427,6 +543,14 @@ impl FileReader {
                     skipped: &mut self.counters.skipped,
                 };
                 let batch = decoder.decode_chunk(&file.buf, spans, display, &mut bad)?;
+                // The next record starts just past the last one decoded; none before it
+                // is left in the buffer (later ones, already scanned, are read again).
+                if let Some(last) = spans.last() {
+                    self.positions[self.current] = Position::Text {
+                        offset: file.file_offset(last.next),
+                        line: last.next_line(&file.buf),
+                    };
+                }
                 if batch.is_none()
                     && let Some(line) = file.too_long.take()
                 {
@@ -439,7 +563,11 @@ impl FileReader {
                     file.eof() && file.scanner.at_end(&file.buf) && file.too_long.is_none();
                 Ok((batch, at_end))
             }
-            Open::Parquet { reader, pending } => {
+            Open::Parquet {
+                reader,
+                pending,
+                group_rows,
+            } => {
                 let bad = |e| Error::BadRecord {
                     location: display.clone(),
                     message: format!("{e}"),
@@ -452,6 +580,11 @@ impl FileReader {
                 let batch = batch
                     .map(|b| conform(b, &self.schema, display))
                     .transpose()?;
+                // Only the rows returned count, not the batch read ahead.
+                if let Some(b) = &batch {
+                    let position = &mut self.positions[self.current];
+                    *position = position.after_rows(b.num_rows() as u64, group_rows);
+                }
                 Ok((batch, pending.is_none()))
             }
         }
@@ -506,10 +639,14 @@ impl SourceReader for FileReader {
         };
         loop {
             while self.waiting.len() < max_open && self.next_file < self.files.len() {
-                self.current = self.next_file;
-                let open = self.open_current().await?;
-                self.waiting.push_back((self.next_file, open));
+                let split = self.next_file;
                 self.next_file += 1;
+                if self.positions[split] == Position::Finished {
+                    continue;
+                }
+                self.current = split;
+                let open = self.open_current().await?;
+                self.waiting.push_back((split, open));
             }
             let Some((split, open)) = self.waiting.pop_front() else {
                 break;
@@ -521,7 +658,10 @@ impl SourceReader for FileReader {
             let (batch, at_end) = read?;
             match open {
                 Some(open) if !at_end => self.waiting.push_back((split, open)),
-                _ => self.finished.push(split),
+                _ => {
+                    self.positions[split] = Position::Finished;
+                    self.finished.push(split);
+                }
             }
             if let Some(batch) = batch.filter(|b| b.num_rows() > 0) {
                 self.counters.records += batch.num_rows() as u64;
@@ -535,10 +675,63 @@ impl SourceReader for FileReader {
     }
 
     fn take_finished_splits(&mut self) -> Vec<usize> {
+        for &split in &self.finished {
+            self.reported[split] = true;
+        }
         std::mem::take(&mut self.finished)
     }
 
     fn counters(&self) -> SourceCounters {
         self.counters
+    }
+
+    fn positions(&self) -> Result<Vec<(String, Bytes)>> {
+        Ok(self
+            .files
+            .iter()
+            .zip(&self.positions)
+            .map(|(file, position)| (file.name.clone(), position.encode()))
+            .collect())
+    }
+
+    /// Meant before the first batch: the files opened so far are closed and every split
+    /// is reopened at its restored position. Counters keep counting what this reader
+    /// produced.
+    fn restore(&mut self, positions: &HashMap<String, Bytes>) -> Result<()> {
+        let mut gone: Vec<&String> = positions
+            .keys()
+            .filter(|name| !self.listed.contains(*name))
+            .collect();
+        if !gone.is_empty() {
+            gone.sort();
+            let more = match gone.len() {
+                1 => String::new(),
+                n => format!(" (and {} more files)", n - 1),
+            };
+            return Err(Error::Plan(format!(
+                "the source's files changed since the checkpoint: `{}` is gone from {}{more}; \
+                 a job can only resume over the files it was reading (restore them, or restart \
+                 the job without the checkpoint)",
+                gone[0], self.root_display
+            )));
+        }
+        let parquet = self.format == pb::FileFormat::Parquet;
+        let restored = self
+            .files
+            .iter()
+            .map(|file| match positions.get(&file.name) {
+                Some(bytes) => Position::decode(&file.name, bytes, parquet),
+                None => Ok(Position::start(parquet)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.positions = restored;
+        self.open = None;
+        self.waiting.clear();
+        self.next_file = 0;
+        self.current = 0;
+        self.finished = (0..self.files.len())
+            .filter(|&k| self.positions[k] == Position::Finished && !self.reported[k])
+            .collect();
+        Ok(())
     }
 }

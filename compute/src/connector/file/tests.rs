@@ -23,7 +23,7 @@ const STREAMS: [pb::NexmarkStream; 3] = [
     pb::NexmarkStream::Person,
 ];
 
-fn subtask(index: usize, parallelism: usize) -> SubtaskInfo {
+pub(super) fn subtask(index: usize, parallelism: usize) -> SubtaskInfo {
     SubtaskInfo { index, parallelism }
 }
 
@@ -45,7 +45,7 @@ fn fields_of(schema: &SchemaRef) -> Vec<pb::Field> {
         .collect()
 }
 
-fn source(path: &str, format: pb::FileFormat) -> pb::FileSource {
+pub(super) fn source(path: &str, format: pb::FileFormat) -> pb::FileSource {
     pb::FileSource {
         path: path.into(),
         format: format as i32,
@@ -229,7 +229,7 @@ const JSONL_WITH_BAD_LINES: &str = r#"{"id":1,"name":"a","at":"2015-07-15T00:00:
 {"id":5,"name":"e","at":"2015-07-15T00:00:05"}
 "#;
 
-fn small_schema() -> Vec<pb::Field> {
+pub(super) fn small_schema() -> Vec<pb::Field> {
     let field = |name: &str, data_type: &str| pb::Field {
         name: name.into(),
         data_type: data_type.into(),
@@ -413,7 +413,7 @@ async fn drain(reader: &mut FileReader) -> (Vec<SourceBatch>, Option<Error>) {
     }
 }
 
-fn ids_of(batches: &[SourceBatch]) -> Vec<i64> {
+pub(super) fn ids_of(batches: &[SourceBatch]) -> Vec<i64> {
     batches
         .iter()
         .flat_map(|b| {
@@ -427,12 +427,12 @@ fn ids_of(batches: &[SourceBatch]) -> Vec<i64> {
 }
 
 /// Chunk sizes small enough to cut records, headers and CRLFs anywhere.
-const SMALL_CHUNKS: [usize; 6] = [1, 2, 3, 7, 16, 61];
-const HUGE_CHUNK: usize = 1 << 30;
+pub(super) const SMALL_CHUNKS: [usize; 6] = [1, 2, 3, 7, 16, 61];
+pub(super) const HUGE_CHUNK: usize = 1 << 30;
 
 /// CSV with a CRLF header, quoted fields holding newlines (and a CRLF), mixed line
 /// endings, blank lines and no newline after the last record.
-fn awkward_csv(records: usize) -> String {
+pub(super) fn awkward_csv(records: usize) -> String {
     let mut text = String::from("id,name,at\r\n");
     for i in 0..records {
         let name = match i % 7 {
@@ -452,7 +452,7 @@ fn awkward_csv(records: usize) -> String {
 }
 
 /// JSON lines with escaped newlines, CRLFs, blank lines and no final newline.
-fn awkward_jsonl(records: usize) -> String {
+pub(super) fn awkward_jsonl(records: usize) -> String {
     let mut text = String::new();
     for i in 0..records {
         let name = match i % 7 {
@@ -561,7 +561,7 @@ async fn written_files_read_the_same_in_small_chunks() {
 
 /// A file with bad records after quoted multi-line fields and blank lines: its text,
 /// the ids of the good records, and the line and raw text of each bad one.
-fn bad_records_far_in(format: pb::FileFormat) -> (String, Vec<i64>, Vec<(u64, String)>) {
+pub(super) fn bad_records_far_in(format: pb::FileFormat) -> (String, Vec<i64>, Vec<(u64, String)>) {
     let csv = format == pb::FileFormat::Csv;
     let mut text = String::new();
     let mut line = 1;
