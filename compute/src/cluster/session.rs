@@ -10,6 +10,8 @@
 //! exit with its coordinator.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -23,7 +25,11 @@ use tonic::transport::Endpoint;
 use crate::cluster::task_metrics;
 use crate::cluster::worker::{AttemptEvent, AttemptLink, run_attempt};
 use crate::error::{Error, Result};
+use crate::runtime::metrics::JobMetrics;
 use crate::runtime::task::CheckpointEvent;
+
+/// How often a running attempt reports its counts.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Version of the control protocol (`Register.protocol_version`).
 pub const PROTOCOL_VERSION: u32 = 2;
@@ -229,10 +235,12 @@ fn start_attempt(
     let (triggers_tx, triggers_rx) = mpsc::unbounded_channel();
     let (completed_tx, completed_rx) = watch::channel(0u64);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
+    let metrics = Arc::new(JobMetrics::default());
     let link = AttemptLink {
         triggers: triggers_rx,
         completed: completed_rx,
         events: events_tx,
+        metrics: metrics.clone(),
     };
     let handle = tokio::spawn(async move {
         let forward_out = out.clone();
@@ -242,7 +250,30 @@ fn start_attempt(
                 let _ = forward_out.send(pbc::WorkerMessage { msg: Some(msg) });
             }
         };
-        let run = run_attempt(&listener, deployment, Some(link));
+        let progress_out = out.clone();
+        let progress = async move {
+            // Counts so far, for `sluice status` while the job runs.
+            let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
+            loop {
+                tick.tick().await;
+                let report = pbc::Report {
+                    attempt,
+                    records_in: metrics.records_in.load(Ordering::Relaxed),
+                    records_out: metrics.records_out.load(Ordering::Relaxed),
+                    rss_bytes: task_metrics::rss_bytes(),
+                    ..Default::default()
+                };
+                let _ = progress_out.send(pbc::WorkerMessage {
+                    msg: Some(wm::Msg::Report(report)),
+                });
+            }
+        };
+        let run = async move {
+            tokio::select! {
+                report = run_attempt(&listener, deployment, Some(link)) => report,
+                () = progress => unreachable!("the progress loop never ends"),
+            }
+        };
         // The forwarder ends when the attempt drops its last event sender.
         let (mut report, ()) = tokio::join!(run, forward);
         report.attempt = attempt;

@@ -47,6 +47,8 @@ pub struct AttemptLink {
     pub completed: watch::Receiver<u64>,
     /// Where the attempt's events go.
     pub events: mpsc::UnboundedSender<AttemptEvent>,
+    /// The attempt's counters, for progress reports while it runs.
+    pub metrics: Arc<JobMetrics>,
 }
 
 /// Runs `deployment` with the data plane on `listener`; never fails, the report says.
@@ -60,7 +62,9 @@ pub async fn run_attempt(
     deployment: pbc::Deployment,
     link: Option<AttemptLink>,
 ) -> pbc::Report {
-    let metrics = Arc::new(JobMetrics::default());
+    let metrics = link
+        .as_ref()
+        .map_or_else(|| Arc::new(JobMetrics::default()), |l| l.metrics.clone());
     let me = deployment.worker_index;
     let interval = Duration::from_millis(deployment.metrics_interval_ms);
     let mut sampler_slot = None;
@@ -120,6 +124,7 @@ fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDrop {
         mut triggers,
         completed,
         events,
+        metrics: _,
     } = link;
     let (checkpoint_tx, mut checkpoint_rx) = mpsc::unbounded_channel();
     let mut sources = Vec::new();

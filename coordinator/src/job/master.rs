@@ -939,6 +939,8 @@ impl JobMaster {
         // A stop after its savepoint: the tasks that have not yet passed the savepoint's
         // completion to their sinks, and how long to wait for them.
         let mut stopping: Option<Stopping> = None;
+        // Each worker's counts from its progress reports.
+        let mut progress: HashMap<String, (u64, u64)> = HashMap::new();
         loop {
             let deadline = protocol
                 .as_ref()
@@ -974,6 +976,12 @@ impl JobMaster {
                             }
                         }
                         JobInput::Worker { worker, msg } => match msg {
+                            wm::Msg::Report(r) if r.attempt == attempt && !r.r#final && r.error.is_empty() => {
+                                progress.insert(worker, (r.records_in, r.records_out));
+                                let mut st = self.status();
+                                st.records_in = progress.values().map(|p| p.0).sum();
+                                st.records_out = progress.values().map(|p| p.1).sum();
+                            }
                             wm::Msg::Report(r) if r.attempt == attempt => {
                                 if !r.error.is_empty() {
                                     return Outcome::Failed { reason: format!("worker {worker}: {}", r.error), user: r.user_error };
