@@ -71,6 +71,8 @@ pub trait MetadataStore: Send + Sync + fmt::Debug {
     async fn get(&self, path: &str) -> Result<Option<Bytes>>;
     /// Paths of every object below the directory `prefix` (recursively), sorted.
     async fn list(&self, prefix: &str) -> Result<Vec<String>>;
+    /// Removes the object at `path` (a checkpoint retention let go); absent is fine.
+    async fn delete(&self, path: &str) -> Result<()>;
 }
 
 /// Checks that `value` can be one path segment: ASCII letters, digits, `.`, `_`, `-`,
@@ -225,6 +227,11 @@ impl MetadataStore for MemoryMetadataStore {
             .filter(|k| k.starts_with(&dir))
             .cloned()
             .collect())
+    }
+
+    async fn delete(&self, path: &str) -> Result<()> {
+        self.lock().remove(path);
+        Ok(())
     }
 }
 
@@ -414,6 +421,14 @@ impl MetadataStore for ObjectMetadataStore {
             .collect();
         paths.sort();
         Ok(paths)
+    }
+
+    async fn delete(&self, path: &str) -> Result<()> {
+        let location = self.location(path);
+        match self.store.delete(&location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::store(format!("deleting {location}"), e)),
+        }
     }
 }
 

@@ -1214,7 +1214,14 @@ impl JobMaster {
                         }
                     }
                     Action::Discard { id } => {
-                        tracing::debug!(job = %self.id, id, "checkpoint no longer retained");
+                        // Its state versions go with the shards' next commit.
+                        let deleted = match store::checkpoint_path(&self.id, id) {
+                            Ok(path) => self.store.delete(&path).await.map_err(|e| e.to_string()),
+                            Err(e) => Err(e.to_string()),
+                        };
+                        if let Err(e) = deleted {
+                            tracing::warn!(job = %self.id, id, "cannot delete a checkpoint retention let go: {e}");
+                        }
                     }
                     Action::SavepointCompleted { name, path, .. } => {
                         tracing::info!(job = %self.id, %name, %path, "savepoint written");
