@@ -10,8 +10,9 @@
 //!   `--seconds` of steady input;
 //! - rescale from `--workers`-way parallelism to twice that: request to running at the
 //!   new parallelism, and the state bytes the node downloaded meanwhile;
-//! - recovery after one worker is SIGKILLed: kill to the job running again (deployed
-//!   from its last checkpoint, sources reading).
+//! - recovery after one worker is SIGKILLed: kill to the first record read again by the
+//!   new attempt (deployed from the last checkpoint, state restored, timers rebuilt),
+//!   as reported by a worker within 10 ms of reading it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -233,8 +234,9 @@ async fn measure(
         .args(["-9", &victim.to_string()])
         .status();
     wait_for("recovery", limit, || {
-        c.status(id)
-            .is_ok_and(|s| (s.attempt > before && s.state == "running") || s.state == "failed")
+        c.status(id).is_ok_and(|s| {
+            (s.attempt > before && s.state == "running" && s.records_in > 0) || s.state == "failed"
+        })
     })
     .await?;
     let recovery = killed.elapsed();

@@ -30,6 +30,8 @@ use crate::runtime::task::CheckpointEvent;
 
 /// How often a running attempt reports its counts.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// How often an attempt checks whether its first record was read.
+const FIRST_RECORD_POLL: Duration = Duration::from_millis(10);
 
 /// Version of the control protocol (`Register.protocol_version`).
 pub const PROTOCOL_VERSION: u32 = 2;
@@ -252,10 +254,19 @@ fn start_attempt(
         };
         let progress_out = out.clone();
         let progress = async move {
-            // Counts so far, for `sluice status` while the job runs.
-            let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
+            // Counts so far, for `sluice status` while the job runs: every second, and
+            // at once when the first record was read (how recovery time is measured).
+            let mut tick = tokio::time::interval(FIRST_RECORD_POLL);
+            let mut last = tokio::time::Instant::now();
+            let mut first_seen = false;
             loop {
                 tick.tick().await;
+                let first = !first_seen && metrics.records_in.load(Ordering::Relaxed) > 0;
+                first_seen |= first;
+                if !first && last.elapsed() < PROGRESS_INTERVAL {
+                    continue;
+                }
+                last = tokio::time::Instant::now();
                 let report = pbc::Report {
                     attempt,
                     records_in: metrics.records_in.load(Ordering::Relaxed),

@@ -941,6 +941,11 @@ impl JobMaster {
         let mut stopping: Option<Stopping> = None;
         // Each worker's counts from its progress reports.
         let mut progress: HashMap<String, (u64, u64)> = HashMap::new();
+        {
+            let mut st = self.status();
+            st.records_in = 0;
+            st.records_out = 0;
+        }
         loop {
             let deadline = protocol
                 .as_ref()
