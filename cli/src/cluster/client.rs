@@ -320,6 +320,7 @@ fn print_human(path: &str, v: &Value) {
                             s(c, "duration_ms"),
                             s(c, "commit_ms"),
                             s(c, "max_sync_micros"),
+                            s(c, "max_alignment_micros"),
                             s(c, "tasks"),
                             s(c, "savepoint"),
                         ]
@@ -333,6 +334,7 @@ fn print_human(path: &str, v: &Value) {
                 "ACKED_MS",
                 "COMMITTED_MS",
                 "MAX_SYNC_US",
+                "MAX_ALIGN_US",
                 "TASKS",
                 "SAVEPOINT",
             ],

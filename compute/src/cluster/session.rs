@@ -325,6 +325,7 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
             task,
             positions,
             sync_micros,
+            alignment_micros,
         }) => wm::Msg::Ack(pbc::CheckpointAck {
             attempt,
             checkpoint_id,
@@ -335,7 +336,7 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
                 .collect(),
             shard_handles: Vec::new(),
             sync_micros,
-            alignment_micros: 0,
+            alignment_micros,
             committed: false,
         }),
         AttemptEvent::Checkpoint(CheckpointEvent::Committed {

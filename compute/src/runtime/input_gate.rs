@@ -63,6 +63,10 @@ pub struct InputGate {
     next_stash: usize,
     /// The newest barrier passed on: barriers leave the gate in increasing order.
     last_emitted: u64,
+    /// When the first channel delivered the pending aligned barrier.
+    alignment_started: Option<std::time::Instant>,
+    /// How long the last aligned barrier waited for every channel.
+    last_alignment: Option<std::time::Duration>,
 }
 
 impl InputGate {
@@ -90,6 +94,8 @@ impl InputGate {
             captured: Vec::new(),
             next_stash: 0,
             last_emitted: 0,
+            alignment_started: None,
+            last_alignment: None,
         }
     }
 
@@ -101,6 +107,12 @@ impl InputGate {
     /// Channels currently blocked for barrier alignment.
     pub fn blocked_channels(&self) -> usize {
         self.channels.iter().filter(|c| c.blocked).count()
+    }
+
+    /// How long the aligned barrier the gate passed on last waited for its channels
+    /// (from the first channel delivering it to the last), once.
+    pub fn take_alignment(&mut self) -> Option<std::time::Duration> {
+        self.last_alignment.take()
     }
 
     /// Channel state of the unaligned checkpoints completed at this gate so far.
@@ -217,6 +229,7 @@ impl InputGate {
                     .is_none_or(|p| p.checkpoint_id < barrier.checkpoint_id)
                 {
                     self.pending_barrier = Some(barrier);
+                    self.alignment_started = Some(std::time::Instant::now());
                 }
                 if !self.barrier_complete() {
                     self.channels[ch].blocked = true;
@@ -341,6 +354,7 @@ impl InputGate {
             }
             if barrier.checkpoint_id > self.last_emitted {
                 self.last_emitted = barrier.checkpoint_id;
+                self.last_alignment = self.alignment_started.take().map(|t| t.elapsed());
                 self.ready.push_back(StreamElement::Barrier(barrier));
             }
         }

@@ -99,6 +99,8 @@ pub enum CheckpointEvent {
         positions: Vec<(String, Bytes)>,
         /// Time the chain took to handle the barrier.
         sync_micros: u64,
+        /// Time the barrier waited at the input gate for every channel (aligned).
+        alignment_micros: u64,
     },
     /// The task passed the completion of a checkpoint to its operators (sinks
     /// committed it).
@@ -206,6 +208,8 @@ impl Task {
         let ticks = self.chain.wants_processing_time()
             || matches!(&self.input, TaskInput::Source(s) if s.watermarks.is_some());
         let mut last_tick = Instant::now();
+        // The alignment of the barrier the gate just passed on, for its acknowledgement.
+        let mut alignment = None;
         loop {
             if *cancel.borrow() {
                 return Err(Error::Cancelled);
@@ -239,6 +243,7 @@ impl Task {
                     };
                     if matches!(next, Some(StreamElement::Barrier(_))) {
                         self.metrics.barriers.fetch_add(1, Ordering::Relaxed);
+                        alignment = gate.take_alignment();
                         if let Some(state) = gate.take_channel_state().pop() {
                             self.channel_state = Some(state);
                         }
@@ -285,6 +290,7 @@ impl Task {
                             task: link.task,
                             positions: Vec::new(),
                             sync_micros: took.as_micros() as u64,
+                            alignment_micros: alignment.take().map_or(0, |d| d.as_micros() as u64),
                         });
                     }
                 }
@@ -359,6 +365,7 @@ impl Task {
                 task,
                 positions,
                 sync_micros: start.elapsed().as_micros() as u64,
+                alignment_micros: 0,
             });
         }
         Ok(())

@@ -156,6 +156,8 @@ pub struct CheckpointRecord {
     pub commit_ms: u64,
     /// Longest synchronous part of a task, µs.
     pub max_sync_micros: u64,
+    /// Longest barrier alignment of a task, µs.
+    pub max_alignment_micros: u64,
     /// When it was triggered (ms since the Unix epoch).
     pub triggered_at_ms: u64,
     /// Tasks that acknowledged.
@@ -1252,6 +1254,12 @@ impl JobMaster {
                 .tasks
                 .iter()
                 .map(|t| t.figures.sync.as_micros() as u64)
+                .max()
+                .unwrap_or(0),
+            max_alignment_micros: m
+                .tasks
+                .iter()
+                .map(|t| t.figures.alignment.as_micros() as u64)
                 .max()
                 .unwrap_or(0),
             triggered_at_ms: m.triggered_at_ms,
