@@ -74,7 +74,7 @@ pub async fn serve(options: SessionOptions) -> Result<()> {
 
 /// A running attempt.
 struct Attempt {
-    triggers: mpsc::UnboundedSender<(u64, bool)>,
+    triggers: mpsc::UnboundedSender<(u64, bool, bool)>,
     completed: watch::Sender<u64>,
     handle: tokio::task::JoinHandle<()>,
 }
@@ -191,7 +191,7 @@ async fn attach(options: &SessionOptions) -> Result<()> {
                     }
                     Some(cm::Msg::Trigger(t)) => {
                         if let Some(a) = running.get(&t.attempt) {
-                            let _ = a.triggers.send((t.checkpoint_id, t.unaligned));
+                            let _ = a.triggers.send((t.checkpoint_id, t.unaligned, t.final_checkpoint));
                         }
                     }
                     Some(cm::Msg::Complete(c)) => {
@@ -337,8 +337,16 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
             shard_handles: Vec::new(),
             sync_micros,
             alignment_micros,
-            committed: false,
+            ..Default::default()
         }),
+        AttemptEvent::Checkpoint(CheckpointEvent::Finished { task }) => {
+            wm::Msg::Ack(pbc::CheckpointAck {
+                attempt,
+                task: Some(task_ref(task, false)),
+                finished: true,
+                ..Default::default()
+            })
+        }
         AttemptEvent::Checkpoint(CheckpointEvent::Committed {
             checkpoint_id,
             task,

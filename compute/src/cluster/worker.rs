@@ -41,8 +41,8 @@ pub enum AttemptEvent {
 
 /// A deployment attempt's connection to the coordinator's checkpoints.
 pub struct AttemptLink {
-    /// Checkpoints to trigger: (id, unaligned).
-    pub triggers: mpsc::UnboundedReceiver<(u64, bool)>,
+    /// Checkpoints to trigger: (id, unaligned, the job's final checkpoint).
+    pub triggers: mpsc::UnboundedReceiver<(u64, bool, bool)>,
     /// The newest checkpoint committed job-wide.
     pub completed: watch::Receiver<u64>,
     /// Where the attempt's events go.
@@ -127,11 +127,11 @@ fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDrop {
         metrics: _,
     } = link;
     let (checkpoint_tx, mut checkpoint_rx) = mpsc::unbounded_channel();
+    let (final_tx, final_rx) = watch::channel(0u64);
     let mut sources = Vec::new();
-    let mut announced = Vec::new();
+    let announced = announce(tasks);
     for task in tasks.iter_mut() {
         let source = task.is_source();
-        announced.push((task.id.0, task.id.1, source));
         let source_triggers = source.then(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             sources.push((task.id, tx));
@@ -140,6 +140,7 @@ fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDrop {
         task.link = Some(CheckpointLink::new(
             task.id,
             source_triggers,
+            final_rx.clone(),
             completed.clone(),
             checkpoint_tx.clone(),
         ));
@@ -149,7 +150,12 @@ fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDrop {
         loop {
             tokio::select! {
                 trigger = triggers.recv() => {
-                    let Some((id, unaligned)) = trigger else { break };
+                    let Some((id, unaligned, last)) = trigger else { break };
+                    if last {
+                        // Every task waits at the end of its input and takes it there.
+                        final_tx.send_replace(id);
+                        continue;
+                    }
                     let kind = if unaligned { BarrierKind::Unaligned } else { BarrierKind::Aligned };
                     for (task, tx) in &sources {
                         if tx.send(Barrier { checkpoint_id: id, kind }).is_err() {
@@ -169,6 +175,14 @@ fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDrop {
         }
     });
     AbortOnDrop(handle)
+}
+
+/// The tasks as `Deployed` names them: (chain's first node, subtask, is a source).
+fn announce(tasks: &[Task]) -> Vec<(u32, u32, bool)> {
+    tasks
+        .iter()
+        .map(|t| (t.id.0, t.id.1, t.is_source()))
+        .collect()
 }
 
 /// A spawned task aborted when this is dropped.
@@ -230,7 +244,15 @@ async fn run(
     let mut net = NetworkBuilder::new(config, peers);
     let mut tasks =
         build::build_tasks(&plan, metrics, &options, &placement, me, Some(&mut net)).await?;
-    let _fan_out = link.map(|link| connect_tasks(&mut tasks, link));
+    let _fan_out = match link {
+        Some(link) if options.coordinated_checkpoints => Some(connect_tasks(&mut tasks, link)),
+        Some(link) => {
+            // Without checkpoints the tasks answer to no one: they end with their input.
+            let _ = link.events.send(AttemptEvent::Deployed(announce(&tasks)));
+            None
+        }
+        None => None,
+    };
     let sampler = Arc::new(Mutex::new(Sampler::new(
         tasks.iter().map(|t| t.metrics.clone()).collect(),
         net.probes(),

@@ -33,6 +33,10 @@ pub struct SinkOperator {
     last_barrier: u64,
     restored_from: Option<u64>,
     pre_committed: Vec<String>,
+    /// The coordinator takes a final checkpoint at the end of the input: closing leaves
+    /// the writer open for it, and its completion commits and finishes the writer.
+    final_checkpoint: bool,
+    closed: bool,
 }
 
 impl SinkOperator {
@@ -50,7 +54,16 @@ impl SinkOperator {
             last_barrier: 0,
             restored_from: None,
             pre_committed: Vec::new(),
+            final_checkpoint: false,
+            closed: false,
         }
+    }
+
+    /// The end of the input waits for the coordinator's final checkpoint instead of
+    /// committing everything at once (which a restore could not take back).
+    pub fn with_final_checkpoint(mut self) -> Self {
+        self.final_checkpoint = true;
+        self
     }
 
     /// The subtask restarts from the committed checkpoint `checkpoint` (0 when the job
@@ -113,11 +126,19 @@ impl Operator for SinkOperator {
         self.writer.commit(checkpoint_id).await?;
         if checkpoint_id == self.last_barrier {
             self.pre_committed.clear();
+            if self.closed {
+                // The final checkpoint: nothing is left to write.
+                self.writer.finish().await?;
+            }
         }
         Ok(())
     }
 
     async fn close(&mut self, _out: &mut Output) -> Result<()> {
+        self.closed = true;
+        if self.final_checkpoint {
+            return Ok(());
+        }
         self.writer.finish().await?;
         self.pre_committed.clear();
         Ok(())

@@ -247,9 +247,19 @@ pub async fn build_tasks(
                     Arc::new(r.backend(groups, options.first_epoch))
                 });
                 let restored = options.restore.as_ref().map(|r| r.checkpoint_id);
-                let op = build_operator(plan, node, info, &compiler, metrics, remote, restored)
-                    .await
-                    .map_err(|e| plan.locate(node, e))?;
+                let coordinated = options.coordinated_checkpoints;
+                let op = build_operator(
+                    plan,
+                    node,
+                    info,
+                    &compiler,
+                    metrics,
+                    remote,
+                    restored,
+                    coordinated,
+                )
+                .await
+                .map_err(|e| plan.locate(node, e))?;
                 operators.push(op);
                 contexts.push(OperatorContext {
                     node_id: id,
@@ -371,6 +381,7 @@ pub async fn build_tasks(
     Ok(tasks)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn build_operator(
     plan: &PhysicalPlan,
     node: &pb::Node,
@@ -379,6 +390,7 @@ async fn build_operator(
     metrics: &Arc<JobMetrics>,
     remote: Option<Arc<RemoteStateBackend>>,
     restored: Option<u64>,
+    coordinated: bool,
 ) -> Result<Box<dyn Operator>> {
     let input = plan.input_schema(node.id);
     Ok(match &node.kind {
@@ -410,9 +422,14 @@ async fn build_operator(
                 metrics.records_out.clone(),
                 metrics.sink_barriers.clone(),
             );
-            Box::new(match restored {
+            let sink = match restored {
                 Some(checkpoint) => sink.restored_from(checkpoint),
                 None => sink,
+            };
+            Box::new(if coordinated {
+                sink.with_final_checkpoint()
+            } else {
+                sink
             })
         }
         Some(pb::node::Kind::Source(_)) | None => {

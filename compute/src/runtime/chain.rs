@@ -4,7 +4,7 @@
 //! chain takes the next input element; what the last one emits goes to the task's router.
 //! Side outputs (e.g. late records) are routed from whichever operator emitted them.
 
-use crate::element::StreamElement;
+use crate::element::{Barrier, StreamElement};
 use crate::error::Result;
 use crate::operator::{Operator, Output};
 use crate::runtime::router::OutputEdge;
@@ -83,6 +83,17 @@ impl Chain {
             let mut out = Output::default();
             self.operators[i].on_processing_time(now, &mut out).await?;
             self.forward(i, out, output).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes a checkpoint after the input ended: every operator handles `barrier` as if
+    /// it had arrived (windows flush their state epoch, sinks pre-commit), and what they
+    /// emit is dropped: the chain's outputs have ended.
+    pub async fn final_barrier(&mut self, barrier: Barrier) -> Result<()> {
+        for op in &mut self.operators {
+            let mut out = Output::default();
+            op.on_barrier(barrier, &mut out).await?;
         }
         Ok(())
     }

@@ -102,6 +102,11 @@ pub enum CheckpointEvent {
         /// Time the barrier waited at the input gate for every channel (aligned).
         alignment_micros: u64,
     },
+    /// The task finished its input and waits for the job's final checkpoint.
+    Finished {
+        /// The task.
+        task: (u32, u32),
+    },
     /// The task passed the completion of a checkpoint to its operators (sinks
     /// committed it).
     Committed {
@@ -127,6 +132,8 @@ pub struct CheckpointLink {
     pub task: (u32, u32),
     /// Barriers to inject (source tasks only).
     pub triggers: Option<mpsc::UnboundedReceiver<Barrier>>,
+    /// The job's final checkpoint, taken by every task once all finished their input.
+    pub final_checkpoint: watch::Receiver<u64>,
     /// The newest checkpoint committed job-wide.
     pub completed: watch::Receiver<u64>,
     /// Where acknowledgements and declines go.
@@ -140,12 +147,14 @@ impl CheckpointLink {
     pub fn new(
         task: (u32, u32),
         triggers: Option<mpsc::UnboundedReceiver<Barrier>>,
+        final_checkpoint: watch::Receiver<u64>,
         completed: watch::Receiver<u64>,
         events: mpsc::UnboundedSender<CheckpointEvent>,
     ) -> Self {
         Self {
             task,
             triggers,
+            final_checkpoint,
             completed,
             events,
             notified: 0,
@@ -161,6 +170,7 @@ impl Task {
 }
 
 /// Where a task's elements come from.
+#[allow(clippy::large_enum_variant)] // one per task, never moved in a loop
 pub enum TaskInput {
     /// The task starts with a source.
     Source(Box<SourceInput>),
@@ -303,7 +313,91 @@ impl Task {
             self.channel_state = Some(state);
         }
         self.chain.close(&mut self.output).await?;
-        self.output.broadcast(&StreamElement::EndOfPartition).await
+        self.output
+            .broadcast(&StreamElement::EndOfPartition)
+            .await?;
+        self.await_final_checkpoint(cancel).await
+    }
+
+    /// Under the coordinator, a task that finished its input stays until the job's final
+    /// checkpoint completed: its sinks commit their last output only then, so a restore
+    /// never repeats output that was already visible. Source tasks that finished early
+    /// also take part in the job's periodic checkpoints meanwhile.
+    async fn await_final_checkpoint(&mut self, mut cancel: watch::Receiver<bool>) -> Result<()> {
+        let Some(link) = self.link.as_ref() else {
+            return Ok(());
+        };
+        let _ = link
+            .events
+            .send(CheckpointEvent::Finished { task: link.task });
+        let mut taken = 0u64;
+        loop {
+            let Some(link) = self.link.as_mut() else {
+                return Ok(());
+            };
+            let done = *link.completed.borrow();
+            if taken > 0 && done >= taken {
+                link.notified = done;
+                let task = link.task;
+                let events = link.events.clone();
+                self.chain.notify_checkpoint_complete(taken).await?;
+                let _ = events.send(CheckpointEvent::Committed {
+                    checkpoint_id: taken,
+                    task,
+                });
+                return Ok(());
+            }
+            let id = tokio::select! {
+                _ = cancel.changed() => return Err(Error::Cancelled),
+                _ = link.completed.changed() => continue,
+                changed = link.final_checkpoint.changed() => {
+                    if changed.is_err() {
+                        return Err(Error::Cancelled);
+                    }
+                    *link.final_checkpoint.borrow_and_update()
+                }
+                barrier = next_trigger(link.triggers.as_mut()) => barrier,
+            };
+            if id == 0 {
+                continue;
+            }
+            let task = link.task;
+            let events = link.events.clone();
+            let positions = match &self.input {
+                TaskInput::Source(src) => src.reader.positions(),
+                TaskInput::Gate(_) => Ok(Vec::new()),
+            };
+            let start = Instant::now();
+            let barrier = Barrier {
+                checkpoint_id: id,
+                kind: BarrierKind::Aligned,
+            };
+            let event = match positions {
+                Ok(positions) => {
+                    self.chain.final_barrier(barrier).await?;
+                    CheckpointEvent::Ack {
+                        checkpoint_id: id,
+                        task,
+                        positions,
+                        sync_micros: start.elapsed().as_micros() as u64,
+                        alignment_micros: 0,
+                    }
+                }
+                Err(e) => CheckpointEvent::Decline {
+                    checkpoint_id: id,
+                    task,
+                    reason: e.to_string(),
+                },
+            };
+            let _ = events.send(event);
+            if self
+                .link
+                .as_ref()
+                .is_some_and(|l| *l.final_checkpoint.borrow() == id)
+            {
+                taken = id;
+            }
+        }
     }
 
     /// Injects the barriers the coordinator triggered (a source task) and passes on
@@ -434,6 +528,17 @@ impl Task {
             self.chain.push(w, &mut self.output).await?;
         }
         Ok(true)
+    }
+}
+
+/// The next barrier a source task was asked to inject; never for other tasks.
+async fn next_trigger(triggers: Option<&mut mpsc::UnboundedReceiver<Barrier>>) -> u64 {
+    match triggers {
+        Some(rx) => match rx.recv().await {
+            Some(b) => b.checkpoint_id,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
     }
 }
 

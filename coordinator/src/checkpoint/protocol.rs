@@ -412,6 +412,16 @@ impl CheckpointProtocol {
         actions
     }
 
+    /// Triggers a checkpoint now, whatever the interval and in-flight limit (the job's
+    /// final checkpoint, once every task finished its input).
+    pub fn trigger_now(&mut self, now: u64) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if !self.fenced {
+            self.trigger(now, CheckpointKind::Checkpoint, &mut actions);
+        }
+        actions
+    }
+
     /// Triggers savepoint `name` now, whatever the interval and in-flight limit.
     pub fn trigger_savepoint(&mut self, now: u64, name: &str) -> Result<Vec<Action>> {
         validate_name("savepoint name", name)?;

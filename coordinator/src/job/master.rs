@@ -314,6 +314,9 @@ fn now_ms() -> u64 {
         .unwrap_or_default()
 }
 
+/// Times the final checkpoint is taken before the attempt counts as failed.
+const FINAL_CHECKPOINT_TRIES: u32 = 3;
+
 /// The largest parallelism of the graph's nodes.
 pub fn graph_parallelism(graph: &pb::JobGraph) -> u32 {
     graph
@@ -943,6 +946,11 @@ impl JobMaster {
         let mut stopping: Option<Stopping> = None;
         // Each worker's counts from its progress reports.
         let mut progress: HashMap<String, (u64, u64)> = HashMap::new();
+        // Tasks that finished their input and wait for the final checkpoint, its id,
+        // and how often it was triggered.
+        let mut finished: BTreeSet<TaskId> = BTreeSet::new();
+        let mut final_id: Option<u64> = None;
+        let mut final_triggers = 0u32;
         {
             let mut st = self.status();
             st.records_in = 0;
@@ -997,12 +1005,9 @@ impl JobMaster {
                                     return Outcome::Failed { reason: format!("worker {worker} cancelled the attempt"), user: false };
                                 }
                                 if r.r#final {
+                                    // A worker ends its attempt once its tasks are done:
+                                    // after the final checkpoint, or at once without tasks.
                                     reports.insert(worker, r);
-                                    if let Some(p) = protocol.as_deref_mut() {
-                                        // Finished tasks take no more barriers.
-                                        p.set_periodic(false);
-                                        actions = p.abort_all(now_ms(), crate::checkpoint::AbortReason::JobFailover);
-                                    }
                                     if reports.len() == workers.len() {
                                         {
                                             let mut st = self.status();
@@ -1014,6 +1019,27 @@ impl JobMaster {
                                         }
                                         return Outcome::Finished(reports.into_values().collect());
                                     }
+                                }
+                            }
+                            wm::Msg::Ack(a) if a.attempt == attempt && a.finished => {
+                                if let Some(t) = a.task {
+                                    finished.insert(TaskId::new(t.node, t.subtask));
+                                }
+                                if let Some(p) = protocol.as_deref_mut()
+                                    && final_id.is_none()
+                                    && finished.len() == tasks.len()
+                                {
+                                    // Every task waits at the end of its input: the
+                                    // final checkpoint commits the last output.
+                                    p.set_periodic(false);
+                                    actions = p.abort_all(now_ms(), crate::checkpoint::AbortReason::JobFailover);
+                                    let triggered = p.trigger_now(now_ms());
+                                    final_id = triggered.iter().find_map(|a| match a {
+                                        Action::Trigger { id, .. } => Some(*id),
+                                        _ => None,
+                                    });
+                                    final_triggers += 1;
+                                    actions.extend(triggered);
                                 }
                             }
                             wm::Msg::Ack(a) if a.attempt == attempt && a.committed => {
@@ -1116,7 +1142,29 @@ impl JobMaster {
                                 attempt,
                                 checkpoint_id: id,
                                 unaligned: mode == BarrierMode::Unaligned,
+                                final_checkpoint: final_id == Some(id),
                             }));
+                        }
+                    }
+                    Action::Abort { id, reason } if final_id == Some(id) => {
+                        self.status().checkpoints_aborted += 1;
+                        if final_triggers >= FINAL_CHECKPOINT_TRIES {
+                            return Outcome::Failed {
+                                reason: format!(
+                                    "the final checkpoint failed {final_triggers} times; the last: {reason:?}"
+                                ),
+                                user: false,
+                            };
+                        }
+                        tracing::warn!(job = %self.id, id, ?reason, "final checkpoint aborted; taking another");
+                        if let Some(p) = protocol.as_deref_mut() {
+                            let triggered = p.trigger_now(now_ms());
+                            final_id = triggered.iter().find_map(|a| match a {
+                                Action::Trigger { id, .. } => Some(*id),
+                                _ => None,
+                            });
+                            final_triggers += 1;
+                            queue.extend(triggered);
                         }
                     }
                     Action::Abort { id, reason } => {
