@@ -25,7 +25,7 @@
 //! when a new attempt resumes from the last completed checkpoint. A job without
 //! checkpoints is not restarted (it could only start over, repeating its output).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -37,12 +37,9 @@ use sluice_common::pb::cluster as pbc;
 use sluice_common::pb::cluster::{coordinator_message as cm, worker_message as wm};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::checkpoint::metadata::{self, CheckpointMetadata};
-use crate::checkpoint::store::{self, CreateOutcome, MetadataStore};
-use crate::checkpoint::{
-    Action, BarrierMode, CheckpointConfig, CheckpointProtocol, JobInfo, SourcePosition, TaskAck,
-    TaskFigures, TaskId,
-};
+use crate::checkpoint::metadata::CheckpointMetadata;
+use crate::checkpoint::store::{self, MetadataStore};
+use crate::checkpoint::{BarrierMode, CheckpointConfig, CheckpointProtocol, JobInfo, TaskId};
 use crate::cluster::registry::{Registry, WorkerHandle};
 use crate::job::lifecycle::{JobEvent, JobState};
 use crate::job::restart::{Decision, RestartPolicy};
@@ -227,14 +224,14 @@ pub struct MasterConfig {
 
 /// A job's master, ready to run.
 pub struct JobMaster {
-    id: String,
-    graph: pb::JobGraph,
+    pub(super) id: String,
+    pub(super) graph: pb::JobGraph,
     config: MasterConfig,
     registry: Arc<Registry>,
-    store: Arc<dyn MetadataStore>,
+    pub(super) store: Arc<dyn MetadataStore>,
     state_connector: Option<Arc<dyn StateConnector>>,
     launcher: Option<Arc<dyn WorkerLauncher>>,
-    mailbox: mpsc::UnboundedReceiver<JobInput>,
+    pub(super) mailbox: mpsc::UnboundedReceiver<JobInput>,
     status: Arc<Mutex<JobStatus>>,
     /// Where the first attempt resumes from (a coordinator restart, a savepoint).
     resume: Option<CheckpointMetadata>,
@@ -249,7 +246,7 @@ pub fn max_parallelism(graph: &pb::JobGraph) -> u32 {
 }
 
 /// How an attempt ended.
-enum Outcome {
+pub(super) enum Outcome {
     Finished(Vec<pbc::Report>),
     Failed {
         reason: String,
@@ -267,33 +264,12 @@ enum Outcome {
     Fenced(u64),
 }
 
-/// A stop waiting for its savepoint's completion to reach every task.
-struct Stopping {
-    id: u64,
-    tasks: BTreeSet<TaskId>,
-    deadline: tokio::time::Instant,
-    reply: oneshot::Sender<Result<String, String>>,
-    path: String,
-}
-
 /// A rescale whose new attempt is being deployed.
 struct PendingRescale {
     checkpoint_id: u64,
     started: Instant,
     restore_bytes_before: u64,
     reply: oneshot::Sender<Result<RescaleOutcome, String>>,
-}
-
-/// A request waiting for a checkpoint to complete.
-enum Waiting {
-    Savepoint(String, oneshot::Sender<Result<String, String>>),
-    Stop(String, oneshot::Sender<Result<String, String>>),
-    Rescale {
-        parallelism: u32,
-        started: Instant,
-        restore_bytes_before: u64,
-        reply: oneshot::Sender<Result<RescaleOutcome, String>>,
-    },
 }
 
 /// Moves `state` by `event` (when the lifecycle allows it) and shows it in `status`.
@@ -307,15 +283,12 @@ fn go(state: &mut JobState, event: JobEvent, status: &Arc<Mutex<JobStatus>>) {
     }
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or_default()
 }
-
-/// Times the final checkpoint is taken before the attempt counts as failed.
-const FINAL_CHECKPOINT_TRIES: u32 = 3;
 
 /// The largest parallelism of the graph's nodes.
 pub fn graph_parallelism(graph: &pb::JobGraph) -> u32 {
@@ -391,7 +364,7 @@ impl JobMaster {
         (master, tx, status)
     }
 
-    fn status(&self) -> std::sync::MutexGuard<'_, JobStatus> {
+    pub(super) fn status(&self) -> std::sync::MutexGuard<'_, JobStatus> {
         self.status.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -929,368 +902,26 @@ impl JobMaster {
         Ok((workers, tasks))
     }
 
-    /// Step 5: runs until the attempt ends.
+    /// Step 5: runs until the attempt ends (see [`super::attempt`]).
     async fn run_attempt(
         &mut self,
         attempt: u64,
         workers: &[WorkerHandle],
         tasks: &BTreeSet<TaskId>,
         shards: Option<&dyn JobStateShards>,
-        mut protocol: Option<&mut CheckpointProtocol>,
+        protocol: Option<&mut CheckpointProtocol>,
     ) -> Outcome {
-        let mut reports: HashMap<String, pbc::Report> = HashMap::new();
-        let mut waiting: HashMap<u64, Waiting> = HashMap::new();
-        let mut latest: Option<CheckpointMetadata> = None;
-        // A stop after its savepoint: the tasks that have not yet passed the savepoint's
-        // completion to their sinks, and how long to wait for them.
-        let mut stopping: Option<Stopping> = None;
-        // Each worker's counts from its progress reports.
-        let mut progress: HashMap<String, (u64, u64)> = HashMap::new();
-        // Tasks that finished their input and wait for the final checkpoint, its id,
-        // and how often it was triggered.
-        let mut finished: BTreeSet<TaskId> = BTreeSet::new();
-        let mut final_id: Option<u64> = None;
-        let mut final_triggers = 0u32;
         {
             let mut st = self.status();
             st.records_in = 0;
             st.records_out = 0;
         }
-        loop {
-            let deadline = protocol
-                .as_ref()
-                .and_then(|p| p.next_deadline())
-                .map(|at| {
-                    let wait = at.saturating_sub(now_ms());
-                    tokio::time::Instant::now() + Duration::from_millis(wait)
-                })
-                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-            let deadline = match &stopping {
-                Some(s) => deadline.min(s.deadline),
-                None => deadline,
-            };
-            let mut actions: Vec<Action> = Vec::new();
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => {
-                    if let Some(s) = stopping.take_if(|s| tokio::time::Instant::now() >= s.deadline) {
-                        tracing::warn!(job = %self.id, waiting = ?s.tasks, "tasks did not confirm the savepoint's commit in time; stopping");
-                        return Outcome::Stopped(s.reply, s.path);
-                    }
-                    if let Some(p) = protocol.as_deref_mut() {
-                        actions = p.poll(now_ms());
-                    }
-                }
-                input = self.mailbox.recv() => {
-                    let Some(input) = input else {
-                        return Outcome::Failed { reason: "the job's mailbox closed".into(), user: false };
-                    };
-                    match input {
-                        JobInput::Lost { worker, reason } => {
-                            if workers.iter().any(|w| w.id == worker) {
-                                return Outcome::Failed { reason: format!("worker {worker} lost: {reason}"), user: false };
-                            }
-                        }
-                        JobInput::Worker { worker, msg } => match msg {
-                            wm::Msg::Report(r) if r.attempt == attempt && !r.r#final && r.error.is_empty() => {
-                                progress.insert(worker, (r.records_in, r.records_out));
-                                let mut st = self.status();
-                                st.records_in = progress.values().map(|p| p.0).sum();
-                                st.records_out = progress.values().map(|p| p.1).sum();
-                            }
-                            wm::Msg::Report(r) if r.attempt == attempt => {
-                                if !r.error.is_empty() {
-                                    return Outcome::Failed { reason: format!("worker {worker}: {}", r.error), user: r.user_error };
-                                }
-                                if r.cancelled {
-                                    return Outcome::Failed { reason: format!("worker {worker} cancelled the attempt"), user: false };
-                                }
-                                if r.r#final {
-                                    // A worker ends its attempt once its tasks are done:
-                                    // after the final checkpoint, or at once without tasks.
-                                    reports.insert(worker, r);
-                                    if reports.len() == workers.len() {
-                                        {
-                                            let mut st = self.status();
-                                            st.records_in = reports.values().map(|r| r.records_in).sum();
-                                            st.records_out = reports.values().map(|r| r.records_out).sum();
-                                            st.late = reports.values().map(|r| r.late).sum();
-                                            st.skipped = reports.values().map(|r| r.skipped).sum();
-                                            st.barriers = reports.values().map(|r| r.barriers).sum();
-                                        }
-                                        return Outcome::Finished(reports.into_values().collect());
-                                    }
-                                }
-                            }
-                            wm::Msg::Ack(a) if a.attempt == attempt && a.finished => {
-                                if let Some(t) = a.task {
-                                    finished.insert(TaskId::new(t.node, t.subtask));
-                                }
-                                if let Some(p) = protocol.as_deref_mut()
-                                    && final_id.is_none()
-                                    && finished.len() == tasks.len()
-                                {
-                                    // Every task waits at the end of its input: the
-                                    // final checkpoint commits the last output.
-                                    p.set_periodic(false);
-                                    actions = p.abort_all(now_ms(), crate::checkpoint::AbortReason::JobFailover);
-                                    let triggered = p.trigger_now(now_ms());
-                                    final_id = triggered.iter().find_map(|a| match a {
-                                        Action::Trigger { id, .. } => Some(*id),
-                                        _ => None,
-                                    });
-                                    final_triggers += 1;
-                                    actions.extend(triggered);
-                                }
-                            }
-                            wm::Msg::Ack(a) if a.attempt == attempt && a.committed => {
-                                if let (Some(s), Some(t)) = (stopping.as_mut(), a.task)
-                                    && a.checkpoint_id >= s.id
-                                {
-                                    s.tasks.remove(&TaskId::new(t.node, t.subtask));
-                                    if s.tasks.is_empty()
-                                        && let Some(s) = stopping.take()
-                                    {
-                                        return Outcome::Stopped(s.reply, s.path);
-                                    }
-                                }
-                            }
-                            wm::Msg::Ack(a) if a.attempt == attempt => {
-                                if let (Some(p), Some(t)) = (protocol.as_deref_mut(), a.task) {
-                                    actions = p.acknowledge(now_ms(), TaskAck {
-                                        checkpoint_id: a.checkpoint_id,
-                                        task: TaskId::new(t.node, t.subtask),
-                                        shard_handles: Vec::new(),
-                                        source_positions: a.source_positions.into_iter().map(|s| SourcePosition {
-                                            split: s.split,
-                                            position: s.position,
-                                        }).collect(),
-                                        channel_state_handles: Vec::new(),
-                                        figures: TaskFigures {
-                                            sync: Duration::from_micros(a.sync_micros),
-                                            alignment: Duration::from_micros(a.alignment_micros),
-                                            ..TaskFigures::default()
-                                        },
-                                    });
-                                }
-                            }
-                            wm::Msg::Decline(d) if d.attempt == attempt => {
-                                if let (Some(p), Some(t)) = (protocol.as_deref_mut(), d.task) {
-                                    actions = p.decline(now_ms(), d.checkpoint_id, TaskId::new(t.node, t.subtask), &d.reason);
-                                }
-                            }
-                            _ => {}
-                        },
-                        JobInput::Command(c) => match c {
-                            Command::Cancel { reply } => return Outcome::Cancelled(Some(reply)),
-                            Command::Savepoint { name, reply } => match protocol.as_deref_mut() {
-                                None => { let _ = reply.send(Err("the job takes no checkpoints (set `checkpoint: { interval: ... }`)".into())); }
-                                Some(p) => match p.trigger_savepoint(now_ms(), &name) {
-                                    Ok(a) => {
-                                        waiting.insert(p.next_id() - 1, Waiting::Savepoint(name, reply));
-                                        actions = a;
-                                    }
-                                    Err(e) => { let _ = reply.send(Err(e.to_string())); }
-                                },
-                            },
-                            Command::Stop { savepoint: None, reply } => return Outcome::Stopped(reply, String::new()),
-                            Command::Stop { savepoint: Some(name), reply } => match protocol.as_deref_mut() {
-                                None => { let _ = reply.send(Err("the job takes no checkpoints, so it cannot stop with a savepoint".into())); }
-                                Some(p) => match p.trigger_savepoint(now_ms(), &name) {
-                                    Ok(a) => {
-                                        p.set_periodic(false);
-                                        waiting.insert(p.next_id() - 1, Waiting::Stop(name, reply));
-                                        actions = a;
-                                    }
-                                    Err(e) => { let _ = reply.send(Err(e.to_string())); }
-                                },
-                            },
-                            Command::Rescale { parallelism, reply } => {
-                                let started = Instant::now();
-                                match protocol.as_deref_mut() {
-                                    None => { let _ = reply.send(Err("rescaling resumes from a checkpoint; the job takes none (set `checkpoint: { interval: ... }`)".into())); }
-                                    Some(_) if parallelism == 0 || parallelism > max_parallelism(&self.graph) => {
-                                        let _ = reply.send(Err(format!("parallelism must be between 1 and the job's max_parallelism ({})", max_parallelism(&self.graph))));
-                                    }
-                                    Some(p) => {
-                                        let name = format!("rescale-{}-{}", p.next_id(), now_ms());
-                                        match p.trigger_savepoint(now_ms(), &name) {
-                                            Ok(a) => {
-                                                p.set_periodic(false);
-                                                let restore_bytes_before = match shards {
-                                                    Some(s) => s.restore_bytes().await.unwrap_or(0),
-                                                    None => 0,
-                                                };
-                                                waiting.insert(p.next_id() - 1, Waiting::Rescale { parallelism, started, restore_bytes_before, reply });
-                                                actions = a;
-                                            }
-                                            Err(e) => { let _ = reply.send(Err(e.to_string())); }
-                                        }
-                                    }
-                                }
-                            }
-                        },
-                    }
-                }
-            }
-            // Carry out the protocol's actions (and those their outcomes produce).
-            let mut queue: VecDeque<Action> = actions.into();
-            while let Some(action) = queue.pop_front() {
-                match action {
-                    Action::Trigger { id, mode, .. } => {
-                        for w in workers {
-                            w.send(cm::Msg::Trigger(pbc::TriggerCheckpoint {
-                                attempt,
-                                checkpoint_id: id,
-                                unaligned: mode == BarrierMode::Unaligned,
-                                final_checkpoint: final_id == Some(id),
-                            }));
-                        }
-                    }
-                    Action::Abort { id, reason } if final_id == Some(id) => {
-                        self.status().checkpoints_aborted += 1;
-                        if final_triggers >= FINAL_CHECKPOINT_TRIES {
-                            return Outcome::Failed {
-                                reason: format!(
-                                    "the final checkpoint failed {final_triggers} times; the last: {reason:?}"
-                                ),
-                                user: false,
-                            };
-                        }
-                        tracing::warn!(job = %self.id, id, ?reason, "final checkpoint aborted; taking another");
-                        if let Some(p) = protocol.as_deref_mut() {
-                            let triggered = p.trigger_now(now_ms());
-                            final_id = triggered.iter().find_map(|a| match a {
-                                Action::Trigger { id, .. } => Some(*id),
-                                _ => None,
-                            });
-                            final_triggers += 1;
-                            queue.extend(triggered);
-                        }
-                    }
-                    Action::Abort { id, reason } => {
-                        tracing::info!(job = %self.id, id, ?reason, "checkpoint aborted");
-                        self.status().checkpoints_aborted += 1;
-                        for w in workers {
-                            w.send(cm::Msg::Abort(pbc::AbortCheckpoint {
-                                attempt,
-                                checkpoint_id: id,
-                            }));
-                        }
-                        if let Some(wait) = waiting.remove(&id) {
-                            let msg = format!("checkpoint {id} was aborted: {reason:?}");
-                            match wait {
-                                Waiting::Savepoint(_, r) | Waiting::Stop(_, r) => {
-                                    let _ = r.send(Err(msg));
-                                }
-                                Waiting::Rescale { reply, .. } => {
-                                    let _ = reply.send(Err(msg));
-                                }
-                            }
-                            if let Some(p) = protocol.as_deref_mut() {
-                                p.set_periodic(true);
-                            }
-                        }
-                    }
-                    Action::WriteMetadata { path, metadata } => {
-                        let bytes = metadata::encode(&metadata);
-                        let outcome = self
-                            .store
-                            .create_if_absent(&path, bytes)
-                            .await
-                            .map_err(|e| e.to_string());
-                        let Some(p) = protocol.as_deref_mut() else {
-                            continue;
-                        };
-                        let next = if path.contains("/savepoints/") {
-                            let name = metadata.savepoint.clone().unwrap_or_default();
-                            p.savepoint_written(&name, outcome)
-                        } else {
-                            if matches!(outcome, Ok(CreateOutcome::Created)) {
-                                self.record_checkpoint(&metadata);
-                                latest = Some((*metadata).clone());
-                            }
-                            p.metadata_written(now_ms(), metadata.checkpoint_id, outcome)
-                        };
-                        queue.extend(next);
-                    }
-                    Action::NotifyComplete { id } => {
-                        for w in workers {
-                            w.send(cm::Msg::Complete(pbc::CheckpointComplete {
-                                attempt,
-                                checkpoint_id: id,
-                            }));
-                        }
-                    }
-                    Action::CommitShards { id, retained } => {
-                        if let Some(s) = shards
-                            && let Err(e) = s.commit(id, &retained).await
-                        {
-                            // The checkpoint exists (its metadata is written): a restore
-                            // finds it from the flushed deltas even without a manifest.
-                            tracing::warn!(job = %self.id, id, "state commit failed: {e}");
-                        }
-                        if let Some(wait) = waiting.remove(&id) {
-                            match wait {
-                                Waiting::Savepoint(name, r) => {
-                                    let path = store::savepoint_path(&self.id, &name);
-                                    let _ = r.send(Ok(path.unwrap_or_default()));
-                                }
-                                Waiting::Stop(name, r) => {
-                                    // Stop once every sink has committed the savepoint's
-                                    // output (the notification went out above).
-                                    let path = store::savepoint_path(&self.id, &name);
-                                    stopping = Some(Stopping {
-                                        id,
-                                        tasks: tasks.clone(),
-                                        deadline: tokio::time::Instant::now()
-                                            + Duration::from_secs(30),
-                                        reply: r,
-                                        path: path.unwrap_or_default(),
-                                    });
-                                }
-                                Waiting::Rescale {
-                                    parallelism,
-                                    started,
-                                    restore_bytes_before,
-                                    reply,
-                                } => {
-                                    let Some(from) = latest.clone().map(Box::new) else {
-                                        continue;
-                                    };
-                                    return Outcome::Rescale {
-                                        parallelism,
-                                        from,
-                                        started,
-                                        restore_bytes_before,
-                                        reply,
-                                    };
-                                }
-                            }
-                        }
-                    }
-                    Action::Discard { id } => {
-                        // Its state versions go with the shards' next commit.
-                        let deleted = match store::checkpoint_path(&self.id, id) {
-                            Ok(path) => self.store.delete(&path).await.map_err(|e| e.to_string()),
-                            Err(e) => Err(e.to_string()),
-                        };
-                        if let Err(e) = deleted {
-                            tracing::warn!(job = %self.id, id, "cannot delete a checkpoint retention let go: {e}");
-                        }
-                    }
-                    Action::SavepointCompleted { name, path, .. } => {
-                        tracing::info!(job = %self.id, %name, %path, "savepoint written");
-                    }
-                    Action::SavepointFailed { name, failure } => {
-                        tracing::warn!(job = %self.id, %name, ?failure, "savepoint failed");
-                    }
-                    Action::Fenced { id } => return Outcome::Fenced(id),
-                }
-            }
-        }
+        super::attempt::Running::new(self, attempt, workers, tasks, shards, protocol)
+            .run()
+            .await
     }
 
-    fn record_checkpoint(&self, m: &CheckpointMetadata) {
+    pub(super) fn record_checkpoint(&self, m: &CheckpointMetadata) {
         let mut st = self.status();
         st.last_checkpoint = Some(m.checkpoint_id);
         st.checkpoints.push(CheckpointRecord {

@@ -12,6 +12,7 @@
 //! driver (the coordinator's job actor, not built yet) feeds it events and acts on its
 //! answers.
 
+mod attempt;
 pub mod lifecycle;
 pub mod master;
 pub mod restart;
