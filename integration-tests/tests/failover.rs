@@ -2,20 +2,36 @@
 //! killed with SIGKILL at seeded random moments while a job with remote state and the
 //! exactly-once file sink runs; the embedded coordinator restarts the job from its last
 //! checkpoint each time, and the committed output must equal the output of the same job
-//! run without failures: no duplicate, no gap.
+//! run without failures: no duplicate, no gap. Once with the sink in a local directory,
+//! once on S3 (SeaweedFS).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use sluice_integration_tests::s3_env::s3_env;
+
 use sluice_integration_tests::procs::children_of;
 use sluice_integration_tests::{
-    assert_same_rows, read_jsonl_dir, run_sluice, sluice_bin, tempdir, write_job, yaml_path,
+    Row, assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, sluice_bin, tempdir, write_job,
+    yaml_path, yaml_str,
 };
 
 /// A windowed count per auction on remote state, throttled so that the run lasts long
 /// enough to be killed several times.
 fn job(out: &Path, rate: u64) -> String {
+    job_to(
+        &format!("{{ path: {}, format: jsonl }}", yaml_path(out)),
+        rate,
+    )
+}
+
+/// The job with the file sink `sink` (a YAML mapping).
+fn job_to(sink: &str, rate: u64) -> String {
     format!(
         "name: failover\nparallelism: 2\ncheckpoint: {{ interval: 300ms }}\n\
          state: {{ backend: remote, shards: 4 }}\n\
@@ -23,8 +39,7 @@ fn job(out: &Path, rate: u64) -> String {
          watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
          pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    \
          aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
-         sink:\n  file: {{ path: {}, format: jsonl }}\n",
-        yaml_path(out)
+         sink:\n  file: {sink}\n"
     )
 }
 
@@ -43,23 +58,97 @@ impl Rng {
 #[test]
 fn killed_workers_are_replaced_and_the_output_is_exactly_once() {
     let dir = tempdir();
-    let reference = dir.path().join("reference");
-    run_sluice(
-        &[
-            "run",
-            write_job(dir.path(), "ref.yaml", &job(&reference, 0))
-                .to_str()
-                .unwrap(),
-        ],
-        dir.path(),
-    )
-    .assert_success()
-    .assert_no_panic();
-    let expected = read_jsonl_dir(&reference);
-    assert!(!expected.is_empty());
-
+    let expected = reference(dir.path());
     let out = dir.path().join("out");
-    let path = write_job(dir.path(), "failover.yaml", &job(&out, 12_000));
+    run_with_kills(dir.path(), &job(&out, 12_000), 3);
+    assert_same_rows(
+        "output after worker kills",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+    let hidden: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(
+        hidden.is_empty(),
+        "nothing pending or in progress is left: {hidden:?}"
+    );
+}
+
+#[test]
+fn killed_workers_leave_exactly_once_output_on_s3() {
+    let Some(s3) = s3_env("failover-s3", "Failover with the exactly-once sink on S3") else {
+        return;
+    };
+    let dir = tempdir();
+    let expected = reference(dir.path());
+    let url = format!("{}/out", s3.url());
+    let sink = format!(
+        "{{ path: {}, format: jsonl, endpoint: {}, allow_http: true }}",
+        yaml_str(&url),
+        yaml_str(&s3.endpoint)
+    );
+    run_with_kills(dir.path(), &job_to(&sink, 12_000), 2);
+    let store = AmazonS3Builder::from_env()
+        .with_endpoint(&s3.endpoint)
+        .with_allow_http(true)
+        .with_bucket_name(&s3.bucket)
+        .build()
+        .expect("S3 client");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let rows = rt.block_on(async {
+        let prefix = ObjectPath::from(format!("{}/out", s3.prefix));
+        let objects: Vec<_> = store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .expect("listing the output");
+        let mut rows: Vec<Row> = Vec::new();
+        for o in objects {
+            let name = o.location.filename().expect("a name").to_owned();
+            assert!(
+                !name.starts_with('.'),
+                "left pending or in progress: {name}"
+            );
+            let bytes = store
+                .get(&o.location)
+                .await
+                .expect("get")
+                .bytes()
+                .await
+                .expect("bytes");
+            rows.extend(parse_jsonl(
+                &String::from_utf8(bytes.to_vec()).expect("UTF-8"),
+                &name,
+            ));
+            store.delete(&o.location).await.expect("clean up");
+        }
+        rows
+    });
+    assert_same_rows("S3 output after worker kills", &rows, &expected);
+}
+
+/// The job's output without failures (one process, no throttle).
+fn reference(dir: &Path) -> Vec<Row> {
+    let reference = dir.join("reference");
+    let job = write_job(dir, "ref.yaml", &job(&reference, 0));
+    run_sluice(&["run", job.to_str().unwrap()], dir)
+        .assert_success()
+        .assert_no_panic();
+    let rows = read_jsonl_dir(&reference);
+    assert!(!rows.is_empty());
+    rows
+}
+
+/// Runs `yaml` with `sluice run --workers 2`, SIGKILLs a random worker `kills` times at
+/// seeded random moments, and checks that the run succeeded after restarting.
+fn run_with_kills(dir: &Path, yaml: &str, kills: usize) {
+    let path = write_job(dir, "failover.yaml", yaml);
     let seed = std::env::var("SLUICE_FAILOVER_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -68,14 +157,13 @@ fn killed_workers_are_replaced_and_the_output_is_exactly_once() {
     let mut rng = Rng(seed);
     let mut child = Command::new(sluice_bin())
         .args(["run", path.to_str().unwrap(), "--workers", "2"])
-        .current_dir(dir.path())
+        .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start sluice");
     let pid = child.id();
-    let kills = 3;
     let mut killed = Vec::new();
     for _ in 0..kills {
         std::thread::sleep(Duration::from_millis(1200 + rng.below(1500)));
@@ -120,18 +208,4 @@ fn killed_workers_are_replaced_and_the_output_is_exactly_once() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("the job must have restarted: {summary}"));
     assert!((1..=kills).contains(&restarts), "{summary}");
-    assert_same_rows(
-        "output after worker kills",
-        &read_jsonl_dir(&out),
-        &expected,
-    );
-    let hidden: Vec<String> = std::fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with('.'))
-        .collect();
-    assert!(
-        hidden.is_empty(),
-        "nothing pending or in progress is left: {hidden:?}"
-    );
 }
