@@ -123,7 +123,7 @@ fn killed_workers_leave_exactly_once_output_on_s3() {
                 .await
                 .expect("bytes");
             rows.extend(parse_jsonl(
-                &String::from_utf8(bytes.to_vec()).expect("UTF-8"),
+                std::str::from_utf8(&bytes).expect("UTF-8"),
                 &name,
             ));
             store.delete(&o.location).await.expect("clean up");
