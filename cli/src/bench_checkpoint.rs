@@ -643,6 +643,7 @@ async fn open_all(
                 id.key_group_start, id.key_group_end
             );
             let req = pb::OpenShardRequest {
+                fence: 0,
                 shard: Some(id),
                 checkpoint_id: 0,
                 ttl_states: Vec::new(),
@@ -676,6 +677,7 @@ async fn checkpoint(
                 id.key_group_start, id.key_group_end
             );
             let req = pb::FlushRequest {
+                fence: 0,
                 shard: Some(id),
                 epoch,
             };
@@ -775,6 +777,7 @@ impl Writer {
                 id.key_group_end
             );
             let req = pb::WriteRequest {
+                fence: 0,
                 shard: Some(id),
                 epoch,
                 ops,

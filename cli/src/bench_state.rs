@@ -77,6 +77,7 @@ pub fn bench(args: StateBenchArgs) -> Result<(), Failure> {
         };
         client
             .open_shard(pb::OpenShardRequest {
+                fence: 0,
                 shard: Some(shard.clone()),
                 checkpoint_id: 0,
                 ttl_states: Vec::new(),
@@ -103,6 +104,7 @@ pub fn bench(args: StateBenchArgs) -> Result<(), Failure> {
                     })
                     .collect();
                 let req = pb::WriteRequest {
+                    fence: 0,
                     shard: Some(shard.clone()),
                     epoch: 1,
                     ops,
@@ -125,6 +127,7 @@ pub fn bench(args: StateBenchArgs) -> Result<(), Failure> {
                         .collect();
                     client
                         .write(pb::WriteRequest {
+                            fence: 0,
                             shard: Some(shard.clone()),
                             epoch: 1,
                             ops,

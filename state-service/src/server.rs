@@ -39,6 +39,9 @@ pub struct Node {
     /// Serializes opening and closing shards (rare, and never on the data path).
     open_lock: tokio::sync::Mutex<()>,
     restore_bytes_total: AtomicU64,
+    /// Each shard's fence: writers of an older attempt are refused (in memory: a fresh
+    /// node starts unfenced).
+    fences: std::sync::Mutex<HashMap<ShardKey, u64>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -58,6 +61,7 @@ impl Node {
             shards: std::sync::Mutex::new(HashMap::new()),
             open_lock: tokio::sync::Mutex::new(()),
             restore_bytes_total: AtomicU64::new(0),
+            fences: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -84,6 +88,7 @@ impl Node {
     /// Opens (or re-targets) a shard.
     pub async fn open_shard(&self, req: OpenShardRequest) -> Result<OpenShardResponse> {
         let key = ShardKey::from_pb(req.shard.as_ref())?;
+        self.raise_fence(&key, req.fence);
         let _open = self.open_lock.lock().await;
         let existing = lock(&self.shards).get(&key).cloned();
         if let Some(shard) = existing {
@@ -114,6 +119,29 @@ impl Node {
             restored_from_object_store: opened.restored,
             restore_bytes: opened.bytes,
         })
+    }
+
+    /// Raises `key`'s fence to `fence` (kept across reopenings of the shard here).
+    fn raise_fence(&self, key: &ShardKey, fence: u64) {
+        if fence > 0 {
+            let mut fences = lock(&self.fences);
+            let f = fences.entry(key.clone()).or_default();
+            *f = (*f).max(fence);
+        }
+    }
+
+    /// Refuses a writer whose fence a newer attempt superseded.
+    fn check_fence(&self, key: &ShardKey, fence: u64) -> Result<()> {
+        if fence == 0 {
+            return Ok(());
+        }
+        let current = lock(&self.fences).get(key).copied().unwrap_or(0);
+        if fence < current {
+            return Err(Error::FailedPrecondition(format!(
+                "{key} is fenced at {current}: a writer of an earlier attempt ({fence}) may not change it"
+            )));
+        }
+        Ok(())
     }
 
     async fn close_locked(&self, key: &ShardKey) {
@@ -157,6 +185,7 @@ impl Node {
 
     async fn write(&self, req: WriteRequest) -> Result<WriteResponse> {
         let shard = self.shard(req.shard.as_ref())?;
+        self.check_fence(&shard.id, req.fence)?;
         self.check_count("ops", req.ops.len())?;
         let mut ops = Vec::with_capacity(req.ops.len());
         for op in req.ops {
@@ -195,6 +224,7 @@ impl Node {
 
     async fn flush(&self, req: FlushRequest) -> Result<FlushResponse> {
         let shard = self.shard(req.shard.as_ref())?;
+        self.check_fence(&shard.id, req.fence)?;
         let (handle, durable_bytes) = shard.flush().await?;
         Ok(FlushResponse {
             handle,
@@ -215,6 +245,7 @@ impl Node {
 
     async fn rollback(&self, req: RollbackRequest) -> Result<RollbackResponse> {
         let shard = self.shard(req.shard.as_ref())?;
+        self.raise_fence(&shard.id, req.fence);
         let c = req.checkpoint_id;
         let undone = tokio::task::spawn_blocking(move || shard.rollback(c)).await??;
         Ok(RollbackResponse { undone })

@@ -28,6 +28,66 @@ async fn snapshots_and_gc() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_of_a_superseded_attempt_are_fenced_off() {
+    let store = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let (node, mut c) = start(config(data.path(), &store_url(&store))).await;
+    let s = shard("fenced", 0, 4);
+    open(&mut c, &s, 0).await;
+    let write_as = |fence: u64, epoch: u64, value: &'static str| WriteRequest {
+        shard: Some(s.clone()),
+        epoch,
+        ops: vec![put(1, "k", value)],
+        fence,
+    };
+    // Attempt 10 writes and checkpoints; attempt 20 takes over from checkpoint 1.
+    c.write(write_as(10, 1, "a")).await.unwrap();
+    flush(&mut c, &s, 1).await;
+    commit(&mut c, &s, 1, vec![1]).await;
+    c.write(write_as(10, 2, "lost")).await.unwrap();
+    let undone = c
+        .rollback(RollbackRequest {
+            shard: Some(s.clone()),
+            checkpoint_id: 1,
+            fence: 20,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .undone;
+    assert_eq!(undone, 1);
+    // The old attempt, still alive somewhere, can neither write nor flush.
+    let e = c.write(write_as(10, 2, "zombie")).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("fenced at 20"), "{}", e.message());
+    let e = c
+        .flush(sluice_common::pb::state::FlushRequest {
+            shard: Some(s.clone()),
+            epoch: 2,
+            fence: 10,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    // The new attempt (and unfenced writers) can.
+    c.write(write_as(20, 2, "b")).await.unwrap();
+    assert_eq!(get(&mut c, &s, &[(1, "k")]).await, vec![some("b")]);
+    c.write(write_as(0, 2, "c")).await.unwrap();
+    // Reopening the shard at an older checkpoint keeps the fence.
+    c.open_shard(OpenShardRequest {
+        shard: Some(s.clone()),
+        checkpoint_id: 1,
+        ttl_states: vec![],
+        fence: 0,
+    })
+    .await
+    .unwrap();
+    let e = c.write(write_as(10, 2, "zombie")).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scan_pages_through_the_shard() {
     let store = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
@@ -52,6 +112,7 @@ async fn ttl_compaction_drops_expired_values_and_lists() {
     let (node, mut c) = start(config(data.path(), &store_url(&store))).await;
     let s = shard("ttl", 0, 1);
     c.open_shard(OpenShardRequest {
+        fence: 0,
         shard: Some(s.clone()),
         checkpoint_id: 0,
         ttl_states: vec![
@@ -145,6 +206,7 @@ async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     // A key group outside the shard.
     let r = c
         .write(WriteRequest {
+            fence: 0,
             shard: Some(s.clone()),
             epoch: 1,
             ops: vec![put(9, "a", "v")],
@@ -181,6 +243,7 @@ async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     op.key = vec![4u8].into();
     let (code, _) = code_of(unit(
         c.write(WriteRequest {
+            fence: 0,
             shard: Some(s.clone()),
             epoch: 1,
             ops: vec![op],
@@ -212,6 +275,7 @@ async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     op.kind = 42;
     let (code, _) = code_of(unit(
         c.write(WriteRequest {
+            fence: 0,
             shard: Some(s.clone()),
             epoch: 1,
             ops: vec![op],
@@ -224,6 +288,7 @@ async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     let ops = (0..11).map(|i| put(4, &format!("k{i}"), "v")).collect();
     let (code, msg) = code_of(unit(
         c.write(WriteRequest {
+            fence: 0,
             shard: Some(s.clone()),
             epoch: 1,
             ops,
@@ -247,6 +312,7 @@ async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     for epoch in [0, 1] {
         let (code, msg) = code_of(unit(
             c.write(WriteRequest {
+                fence: 0,
                 shard: Some(s.clone()),
                 epoch,
                 ops: vec![put(4, "a", "2")],
@@ -263,6 +329,7 @@ async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     }
     let e = c
         .rollback(RollbackRequest {
+            fence: 0,
             shard: Some(s.clone()),
             checkpoint_id: 0,
         })
@@ -282,6 +349,7 @@ async fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     // A checkpoint the store does not have.
     let e = c
         .open_shard(OpenShardRequest {
+            fence: 0,
             shard: Some(shard("bad", 0, 4)),
             checkpoint_id: 7,
             ttl_states: vec![],

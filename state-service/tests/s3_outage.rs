@@ -240,6 +240,7 @@ async fn flush_fails(c: &mut Client, s: &ShardId, epoch: u64, test: &str) {
         STEP,
         &format!("Flush({epoch}) during the outage"),
         c.flush(FlushRequest {
+            fence: 0,
             shard: Some(s.clone()),
             epoch,
         }),

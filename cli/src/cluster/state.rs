@@ -52,12 +52,12 @@ impl JobStateShards for Shards {
         self.state.open_all().await.map_err(|e| e.to_string())
     }
 
-    async fn rollback(&self, checkpoint: u64) -> Result<(), String> {
+    async fn rollback(&self, checkpoint: u64, fence: u64) -> Result<(), String> {
         let done = if checkpoint == 0 {
             // Nothing completed: drop every epoch (OpenShard(0) would mean "latest").
-            self.state.rollback(0).await.map(|_| ())
+            self.state.rollback(0, fence).await.map(|_| ())
         } else {
-            self.state.restore_to(checkpoint).await.map(|_| ())
+            self.state.restore_to(checkpoint, fence).await.map(|_| ())
         };
         done.map_err(|e| e.to_string())
     }
@@ -76,6 +76,7 @@ impl JobStateShards for Shards {
             job_id: self.state.layout().job_id().to_owned(),
             shards: self.state.layout().len() as u32,
             first_epoch: 0,
+            fence: 0,
         }
     }
 

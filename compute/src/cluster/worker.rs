@@ -224,6 +224,7 @@ async fn run(
     if let Some(r) = &deployment.remote_state {
         let mut config = RemoteStateConfig::new(&r.endpoint, &r.job_id, plan.max_parallelism);
         config.shards = r.shards.max(1);
+        config.fence = r.fence;
         let remote = RemoteState::connect(config).await?;
         *remote_slot = Some(remote.clone());
         options.remote_state = Some(remote);

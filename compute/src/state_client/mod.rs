@@ -74,6 +74,9 @@ pub struct RemoteStateConfig {
     pub max_keys_per_rpc: usize,
     /// The checkpoint to open shards at (0: the latest committed one).
     pub restore_checkpoint: u64,
+    /// This writer's fence (its deployment attempt; 0: unfenced): once a newer attempt
+    /// restored the shards, writes and flushes of this one are refused.
+    pub fence: u64,
 }
 
 impl RemoteStateConfig {
@@ -92,6 +95,7 @@ impl RemoteStateConfig {
             read_cache_bytes: 32 << 20,
             max_keys_per_rpc: 8192,
             restore_checkpoint: 0,
+            fence: 0,
         }
     }
 }
@@ -194,8 +198,9 @@ impl RemoteState {
         });
     }
 
-    /// The request opening shard `index` at `checkpoint` with the declared TTL states.
-    fn open_request(&self, index: usize, checkpoint: u64) -> pb::OpenShardRequest {
+    /// The request opening shard `index` at `checkpoint` with the declared TTL states,
+    /// raising its fence to `fence`.
+    fn open_request(&self, index: usize, checkpoint: u64, fence: u64) -> pb::OpenShardRequest {
         let ttl_states = self
             .ttl_states
             .lock()
@@ -205,6 +210,7 @@ impl RemoteState {
             shard: Some(self.layout.id(index)),
             checkpoint_id: checkpoint,
             ttl_states,
+            fence,
         }
     }
 
@@ -212,7 +218,7 @@ impl RemoteState {
     async fn open(&self, index: usize) -> StateResult<u64> {
         self.opened[index]
             .get_or_try_init(|| async {
-                let req = self.open_request(index, self.config.restore_checkpoint);
+                let req = self.open_request(index, self.config.restore_checkpoint, 0);
                 let resp = self
                     .client
                     .clone()
@@ -252,13 +258,15 @@ impl RemoteState {
         try_join_all(calls).await
     }
 
-    /// Returns every shard to `checkpoint`, dropping later writes; returns writes undone.
-    pub async fn rollback(&self, checkpoint: u64) -> StateResult<u64> {
+    /// Returns every shard to `checkpoint`, dropping later writes, and raises its fence
+    /// to `fence` (0: leaves it); returns writes undone.
+    pub async fn rollback(&self, checkpoint: u64, fence: u64) -> StateResult<u64> {
         let calls = (0..self.layout.len()).map(|i| async move {
             self.open(i).await?;
             let req = pb::RollbackRequest {
                 shard: Some(self.layout.id(i)),
                 checkpoint_id: checkpoint,
+                fence,
             };
             let resp = self
                 .client
@@ -275,9 +283,11 @@ impl RemoteState {
     /// open at that checkpoint or later and only uncommitted epochs are newer, restored
     /// from the object store where a newer checkpoint was committed since (a restore
     /// that skips a checkpoint whose metadata is unusable). Returns the bytes restored.
-    pub async fn restore_to(&self, checkpoint: u64) -> StateResult<u64> {
+    /// Raises the shards' fence to `fence` first, so writers of older attempts are
+    /// refused from then on.
+    pub async fn restore_to(&self, checkpoint: u64, fence: u64) -> StateResult<u64> {
         let calls = (0..self.layout.len()).map(|i| async move {
-            let req = self.open_request(i, checkpoint);
+            let req = self.open_request(i, checkpoint, fence);
             let resp = self
                 .client
                 .clone()
@@ -343,6 +353,7 @@ impl RemoteState {
             shard: Some(self.layout.id(shard)),
             epoch,
             ops,
+            fence: self.config.fence,
         };
         self.client
             .clone()
@@ -357,6 +368,7 @@ impl RemoteState {
         let req = pb::FlushRequest {
             shard: Some(self.layout.id(shard)),
             epoch,
+            fence: self.config.fence,
         };
         let resp = self
             .client

@@ -50,8 +50,9 @@ pub trait JobStateShards: Send + Sync {
     /// Opens every shard; returns the checkpoint they hold.
     async fn open(&self) -> Result<u64, String>;
     /// Brings every shard to `checkpoint`: drops later writes, or restores it from the
-    /// object store when a later checkpoint was committed since.
-    async fn rollback(&self, checkpoint: u64) -> Result<(), String>;
+    /// object store when a later checkpoint was committed since; and raises the shards'
+    /// fence to `fence`, so writers of earlier attempts are refused from then on.
+    async fn rollback(&self, checkpoint: u64, fence: u64) -> Result<(), String>;
     /// Commits `checkpoint`, keeping `retained`.
     async fn commit(&self, checkpoint: u64, retained: &[u64]) -> Result<(), String>;
     /// What workers need to reach the shards (without `first_epoch`).
@@ -813,8 +814,12 @@ impl JobMaster {
                     p.record_existing(held, false);
                 }
                 let first_epoch = protocol.as_ref().map_or(1, |p| p.next_id());
+                // Wall-clock milliseconds only grow across attempts and coordinators: a
+                // writer of any earlier attempt (a worker that missed its heartbeats but
+                // still runs) is refused once the shards are rolled back for this one.
+                let fence = now_ms();
                 if let Some(c) = restore_id {
-                    s.rollback(c)
+                    s.rollback(c, fence)
                         .await
                         .map_err(|e| failed(format!("state rollback to checkpoint {c}: {e}")))?;
                 }
@@ -822,6 +827,7 @@ impl JobMaster {
                 // Writes of the attempt belong to the next checkpoint; a fresh job
                 // without a coordinator checkpoint continues after what the shards hold.
                 r.first_epoch = first_epoch.max(held + 1);
+                r.fence = fence;
                 Some(r)
             }
             None => None,

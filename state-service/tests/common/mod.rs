@@ -89,6 +89,7 @@ pub fn del_groups(from: u16, to: u16) -> WriteOp {
 pub async fn open(c: &mut Client, s: &ShardId, checkpoint: u64) -> (u64, bool, u64) {
     let r = c
         .open_shard(OpenShardRequest {
+            fence: 0,
             shard: Some(s.clone()),
             checkpoint_id: checkpoint,
             ttl_states: vec![],
@@ -105,6 +106,7 @@ pub async fn open(c: &mut Client, s: &ShardId, checkpoint: u64) -> (u64, bool, u
 
 pub async fn write(c: &mut Client, s: &ShardId, epoch: u64, ops: Vec<WriteOp>) {
     c.write(WriteRequest {
+        fence: 0,
         shard: Some(s.clone()),
         epoch,
         ops,
@@ -115,6 +117,7 @@ pub async fn write(c: &mut Client, s: &ShardId, epoch: u64, ops: Vec<WriteOp>) {
 
 pub async fn flush(c: &mut Client, s: &ShardId, epoch: u64) -> String {
     c.flush(FlushRequest {
+        fence: 0,
         shard: Some(s.clone()),
         epoch,
     })
@@ -138,6 +141,7 @@ pub async fn commit(c: &mut Client, s: &ShardId, cp: u64, retained: Vec<u64>) ->
 
 pub async fn rollback(c: &mut Client, s: &ShardId, cp: u64) -> u64 {
     c.rollback(RollbackRequest {
+        fence: 0,
         shard: Some(s.clone()),
         checkpoint_id: cp,
     })
