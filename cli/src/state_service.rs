@@ -41,7 +41,7 @@ pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
         disk_cache_bytes: args.disk_cache,
         listen: args.listen,
         data_dir: args.data_dir,
-        object_store_url: object_store_url(&args.object_store)?,
+        object_store_url: object_store_url("--object-store", &args.object_store)?,
         ..StateServiceConfig::default()
     };
     let rt = runtime()?;
@@ -86,23 +86,25 @@ pub async fn start_embedded(dir: &Path, memory: u64) -> Result<RunningStateServi
         .map_err(|e| Failure::from(anyhow::anyhow!("embedded state service: {e}")))
 }
 
-/// Accepts `s3://...` and `file:///...` as they are and a plain path as a local directory.
-fn object_store_url(text: &str) -> Result<String, Failure> {
+/// Accepts `s3://...` and `file:///...` as they are and a plain path as a local directory
+/// (created if missing); errors name the option `flag`.
+pub(crate) fn object_store_url(flag: &str, text: &str) -> Result<String, Failure> {
     if text.starts_with("s3://") || text.starts_with("file://") {
         return Ok(text.to_owned());
     }
     if text.contains("://") {
         return Err(Failure::usage(format!(
-            "--object-store `{text}`: use s3://bucket/prefix or file:///dir"
+            "{flag} `{text}`: use s3://bucket/prefix or file:///dir"
         )));
     }
     std::fs::create_dir_all(text)
         .and_then(|()| std::fs::canonicalize(text))
         .map(|p| format!("file://{}", p.display()))
-        .map_err(|e| Failure::usage(format!("--object-store `{text}`: {e}")))
+        .map_err(|e| Failure::usage(format!("{flag} `{text}`: {e}")))
 }
 
-async fn shutdown_signal() {
+/// Resolves on Ctrl-C or SIGTERM.
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

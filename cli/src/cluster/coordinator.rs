@@ -6,7 +6,6 @@
 //! resumes every job the store records as not ended, from its newest valid checkpoint.
 //! It prints `coordinator listening: http=ADDR grpc=ADDR` once both are bound.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +18,7 @@ use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions};
 
 use crate::cluster::embedded::master_config;
 use crate::cluster::state::StateServiceConnector;
+use crate::state_service::{object_store_url, shutdown_signal};
 use crate::{Failure, runtime};
 
 /// Arguments of `sluice coordinator`.
@@ -51,20 +51,6 @@ pub struct CoordinatorArgs {
     metrics_interval_ms: u64,
 }
 
-/// The store URL of `--store`: a plain path becomes `file://` (created if missing).
-fn store_url(store: &str) -> Result<String, Failure> {
-    if store.contains("://") {
-        return Ok(store.to_string());
-    }
-    let dir = PathBuf::from(store);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Failure::usage(format!("--store {}: {e}", dir.display())))?;
-    let abs = dir
-        .canonicalize()
-        .map_err(|e| Failure::usage(format!("--store {}: {e}", dir.display())))?;
-    Ok(format!("file://{}", abs.display()))
-}
-
 /// Runs `sluice coordinator` until interrupted.
 pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
     if args.heartbeat_timeout_ms <= args.heartbeat_interval_ms {
@@ -73,7 +59,7 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
             args.heartbeat_timeout_ms, args.heartbeat_interval_ms
         )));
     }
-    let url = store_url(&args.store)?;
+    let url = object_store_url("--store", &args.store)?;
     let store = ObjectMetadataStore::from_url(&url)
         .map_err(|e| Failure::usage(format!("--store {}: {e}", args.store)))?;
     runtime()?.block_on(async move {
@@ -111,12 +97,4 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
         shutdown_signal().await;
         Ok(())
     })
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-    }
 }
