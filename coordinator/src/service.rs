@@ -27,7 +27,7 @@ use crate::cluster::registry::{Registry, WorkerView};
 use crate::job::lifecycle::JobState;
 use crate::job::master::{
     Command, JobInput, JobMaster, JobStatus, MasterConfig, RescaleOutcome, StateConnector,
-    WorkerLauncher, max_parallelism,
+    WorkerLauncher, max_parallelism, set_parallelism,
 };
 
 /// An error of an API call, with the HTTP status it maps to.
@@ -177,11 +177,7 @@ impl Coordinator {
                     format!("must be between 1 and the job's max_parallelism ({max})"),
                 ));
             }
-            for n in &mut graph.nodes {
-                if n.parallelism > 0 {
-                    n.parallelism = p;
-                }
-            }
+            set_parallelism(&mut graph, p);
         }
         let id = match options.job_id {
             Some(id) => {

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use sluice_common::pb;
 use sluice_common::pb::cluster as pbc;
 use sluice_compute::state_client::{RemoteState, RemoteStateConfig};
-use sluice_coordinator::job::master::{JobStateShards, StateConnector};
+use sluice_coordinator::job::master::{JobStateShards, StateConnector, max_parallelism};
 
 /// Connects jobs to the state-service node at `endpoint`.
 pub struct StateServiceConnector {
@@ -26,11 +26,8 @@ impl StateConnector for StateServiceConnector {
         job_id: &str,
         graph: &pb::JobGraph,
     ) -> Result<Arc<dyn JobStateShards>, String> {
-        let max_parallelism = match graph.max_parallelism {
-            0 => sluice_common::DEFAULT_MAX_PARALLELISM,
-            n => n,
-        };
-        let mut config = RemoteStateConfig::new(self.endpoint.clone(), job_id, max_parallelism);
+        let mut config =
+            RemoteStateConfig::new(self.endpoint.clone(), job_id, max_parallelism(graph));
         if let Some(s) = &graph.state
             && s.shards > 0
         {

@@ -302,7 +302,8 @@ pub fn graph_parallelism(graph: &pb::JobGraph) -> u32 {
         .max(1)
 }
 
-fn set_parallelism(graph: &mut pb::JobGraph, p: u32) {
+/// Runs every node of `graph` (and a sink that names its own) at parallelism `p`.
+pub fn set_parallelism(graph: &mut pb::JobGraph, p: u32) {
     for n in &mut graph.nodes {
         if n.parallelism > 0 {
             n.parallelism = p;
