@@ -24,6 +24,7 @@ use sluice_common::job_spec;
 use sluice_compute::network::NetworkConfig;
 use sluice_compute::state_client::ShardLayout;
 use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
+use sluice_coordinator::job::JobState;
 use sluice_coordinator::job::master::StateConnector;
 use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitOptions};
 
@@ -202,7 +203,7 @@ async fn measure(
     let limit = Duration::from_secs(120);
     wait_for("the first checkpoint", limit, || {
         c.status(id)
-            .is_ok_and(|s| s.last_checkpoint.is_some() || s.state == "failed")
+            .is_ok_and(|s| s.last_checkpoint.is_some() || s.state == JobState::Failed)
     })
     .await?;
     if let Some(f) = status()?.failure {
@@ -235,16 +236,18 @@ async fn measure(
         .status();
     wait_for("recovery", limit, || {
         c.status(id).is_ok_and(|s| {
-            (s.attempt > before && s.state == "running" && s.records_in > 0) || s.state == "failed"
+            (s.attempt > before && s.state == JobState::Running && s.records_in > 0)
+                || s.state == JobState::Failed
         })
     })
     .await?;
     let recovery = killed.elapsed();
-    if let Some(f) = status()?
-        .failure
-        .filter(|_| status().is_ok_and(|s| s.state == "failed"))
-    {
-        bail!("the job failed after the kill: {f}");
+    let st = status()?;
+    if st.state == JobState::Failed {
+        bail!(
+            "the job failed after the kill: {}",
+            st.failure.unwrap_or_default()
+        );
     }
     Ok(format!(
         "{} {} {} {} {} {to} {} {} {}",

@@ -251,10 +251,12 @@ impl Coordinator {
             Err(e) => return Err(ApiError::Internal(format!("reading {record}: {e}"))),
         };
         let busy = self.lock().iter().find_map(|(id, e)| {
-            let ended = JobState::ALL
-                .iter()
-                .filter(|s| s.is_terminal())
-                .any(|s| e.status.lock().unwrap_or_else(|p| p.into_inner()).state == s.to_string());
+            let ended = e
+                .status
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .state
+                .is_terminal();
             (e.state_id.as_deref() == Some(state_id.as_str()) && !ended).then(|| id.clone())
         });
         if let Some(other) = busy {

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use sluice_common::pb;
 use sluice_compute::network::NetworkConfig;
 use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
-use sluice_coordinator::job::RestartPolicy;
 use sluice_coordinator::job::master::{MasterConfig, StateConnector, WorkerLauncher};
+use sluice_coordinator::job::{JobState, RestartPolicy};
 use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitOptions};
 
 use crate::Failure;
@@ -202,8 +202,8 @@ async fn run_job(
         .map_err(|e| fail(e.to_string()))?;
     server.abort();
     drop(launcher);
-    match status.state.as_str() {
-        "finished" => Ok(Summary {
+    match status.state {
+        JobState::Finished => Ok(Summary {
             records_in: status.records_in,
             records_out: status.records_out,
             late: status.late,

@@ -36,8 +36,8 @@ pub const FORMAT_VERSION: u32 = 1;
 const HEADER: usize = 8 + 4 + 8;
 const TRAILER: usize = 8;
 
-/// A completed checkpoint or savepoint.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A completed checkpoint or savepoint (the default: no checkpoint, id 0).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointMetadata {
     /// The job.
     pub job_id: String,

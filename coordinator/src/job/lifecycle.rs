@@ -21,8 +21,9 @@
 
 use std::fmt;
 
-/// Where a job is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Where a job is in its life (in JSON, its lowercase name, as `Display` writes it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum JobState {
     /// Accepted (graph validated and stored), nothing deployed yet.
     Created,

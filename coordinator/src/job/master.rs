@@ -25,7 +25,7 @@
 //! when a new attempt resumes from the last completed checkpoint. A job without
 //! checkpoints is not restarted (it could only start over, repeating its output).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -170,7 +170,7 @@ pub struct JobStatus {
     /// Its name in the job file.
     pub name: String,
     /// Where it is in its life.
-    pub state: String,
+    pub state: JobState,
     /// The current deployment attempt (1 for the first).
     pub attempt: u64,
     /// Restarts after failures so far.
@@ -278,7 +278,7 @@ fn go(state: &mut JobState, event: JobEvent, status: &Arc<Mutex<JobStatus>>) {
     match state.next(event) {
         Ok(n) => {
             *state = n;
-            status.lock().unwrap_or_else(|p| p.into_inner()).state = n.to_string();
+            status.lock().unwrap_or_else(|p| p.into_inner()).state = n;
         }
         Err(e) => tracing::debug!("{e}"),
     }
@@ -334,7 +334,7 @@ impl JobMaster {
         let status = Arc::new(Mutex::new(JobStatus {
             id: id.clone(),
             name: graph.name.clone(),
-            state: JobState::Created.to_string(),
+            state: JobState::Created,
             attempt: 0,
             restarts: 0,
             workers: Vec::new(),
@@ -376,7 +376,7 @@ impl JobMaster {
         self.registry.remove_job(&self.id);
         {
             let mut st = self.status();
-            st.state = end.to_string();
+            st.state = end;
             st.workers.clear();
         }
         let marker = format!("jobs/{}/end", self.id);
@@ -632,7 +632,7 @@ impl JobMaster {
         };
         *restarts += 1;
         self.status().restarts = *restarts;
-        self.status().state = JobState::Restarting.to_string();
+        self.status().state = JobState::Restarting;
         // The back-off, still answering commands.
         let until = tokio::time::Instant::now() + wait;
         loop {
@@ -655,17 +655,8 @@ impl JobMaster {
             // Nothing completed: start over, with sinks discarding what is pending.
             *restore = Some(CheckpointMetadata {
                 job_id: self.id.clone(),
-                checkpoint_id: 0,
-                triggered_at_ms: 0,
-                completed_at_ms: 0,
-                coordinator_id: String::new(),
-                savepoint: None,
-                kept: false,
-                job_graph: Bytes::new(),
                 max_parallelism: self.graph.max_parallelism,
-                parallelism: BTreeMap::new(),
-                shards: Vec::new(),
-                tasks: Vec::new(),
+                ..CheckpointMetadata::default()
             });
         }
         None
