@@ -625,6 +625,36 @@ async fn call<T>(
     }
 }
 
+/// Calls `rpc` (named `what` in errors) on every shard of `layout` at once, each
+/// within [`DURABILITY_RPC_TIMEOUT`]; returns the answers.
+async fn on_every_shard<T, F, Fut>(
+    client: &Client,
+    layout: &ShardLayout,
+    what: &str,
+    rpc: F,
+) -> anyhow::Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn(Client, pb::ShardId) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
+{
+    let mut set = JoinSet::new();
+    for s in 0..layout.len() {
+        let id = layout.id(s);
+        let what = format!(
+            "{what} of key groups [{}, {})",
+            id.key_group_start, id.key_group_end
+        );
+        let answer = rpc(client.clone(), id);
+        set.spawn(async move { call(&what, DURABILITY_RPC_TIMEOUT, answer).await });
+    }
+    let mut answers = Vec::with_capacity(layout.len());
+    while let Some(done) = set.join_next().await {
+        answers.push(done.with_context(|| format!("a {what} task panicked"))??);
+    }
+    Ok(answers)
+}
+
 /// Opens every shard (checkpoint 0: the latest committed one) in parallel; returns the
 /// bytes read from the object store.
 async fn open_all(
@@ -633,29 +663,17 @@ async fn open_all(
     deadline: Instant,
 ) -> anyhow::Result<u64> {
     check_deadline(deadline, "opening shards")?;
-    let mut set = JoinSet::new();
-    for s in 0..layout.len() {
-        let mut c = client.clone();
-        let id = layout.id(s);
-        set.spawn(async move {
-            let what = format!(
-                "OpenShard of key groups [{}, {})",
-                id.key_group_start, id.key_group_end
-            );
-            let req = pb::OpenShardRequest {
-                fence: 0,
-                shard: Some(id),
-                checkpoint_id: 0,
-                ttl_states: Vec::new(),
-            };
-            call(&what, DURABILITY_RPC_TIMEOUT, c.open_shard(req)).await
-        });
-    }
-    let mut bytes = 0;
-    while let Some(done) = set.join_next().await {
-        bytes += done.context("an OpenShard task panicked")??.restore_bytes;
-    }
-    Ok(bytes)
+    let opened = on_every_shard(client, layout, "OpenShard", |mut c, id| async move {
+        c.open_shard(pb::OpenShardRequest {
+            fence: 0,
+            shard: Some(id),
+            checkpoint_id: 0,
+            ttl_states: Vec::new(),
+        })
+        .await
+    })
+    .await?;
+    Ok(opened.iter().map(|o| o.restore_bytes).sum())
 }
 
 /// Flushes `epoch` on every shard, then commits it on every shard (retaining the
@@ -667,55 +685,34 @@ async fn checkpoint(
     epoch: u64,
 ) -> anyhow::Result<(Duration, Duration)> {
     let started = Instant::now();
-    let mut set = JoinSet::new();
-    for s in 0..layout.len() {
-        let mut c = client.clone();
-        let id = layout.id(s);
-        set.spawn(async move {
-            let what = format!(
-                "Flush({epoch}) of key groups [{}, {})",
-                id.key_group_start, id.key_group_end
-            );
-            let req = pb::FlushRequest {
-                fence: 0,
-                shard: Some(id),
-                epoch,
-            };
-            call(&what, DURABILITY_RPC_TIMEOUT, c.flush(req))
-                .await
-                .map(|_| ())
-        });
-    }
-    while let Some(done) = set.join_next().await {
-        done.context("a Flush task panicked")??;
-    }
+    let flush = format!("Flush({epoch})");
+    on_every_shard(client, layout, &flush, |mut c, id| async move {
+        c.flush(pb::FlushRequest {
+            fence: 0,
+            shard: Some(id),
+            epoch,
+        })
+        .await
+    })
+    .await?;
     let flushed = started.elapsed();
     let retained: Vec<u64> = [epoch.saturating_sub(1), epoch]
         .into_iter()
         .filter(|&c| c > 0)
         .collect();
-    for s in 0..layout.len() {
-        let mut c = client.clone();
-        let id = layout.id(s);
+    let commit = format!("Commit({epoch})");
+    on_every_shard(client, layout, &commit, |mut c, id| {
         let retained = retained.clone();
-        set.spawn(async move {
-            let what = format!(
-                "Commit({epoch}) of key groups [{}, {})",
-                id.key_group_start, id.key_group_end
-            );
-            let req = pb::CommitRequest {
+        async move {
+            c.commit(pb::CommitRequest {
                 shard: Some(id),
                 checkpoint_id: epoch,
                 retained,
-            };
-            call(&what, DURABILITY_RPC_TIMEOUT, c.commit(req))
-                .await
-                .map(|_| ())
-        });
-    }
-    while let Some(done) = set.join_next().await {
-        done.context("a Commit task panicked")??;
-    }
+            })
+            .await
+        }
+    })
+    .await?;
     Ok((flushed, started.elapsed()))
 }
 
