@@ -574,6 +574,40 @@ impl Cluster {
     }
 }
 
+/// A job submitted to a fresh cluster, with what it must produce.
+struct Started {
+    /// The output of the same job run without interruption.
+    expected: Vec<String>,
+    cluster: Cluster,
+    /// Its output directory.
+    out: PathBuf,
+    /// Its job file (throttled to 10 000 events/s).
+    job: PathBuf,
+    id: String,
+}
+
+/// Computes the reference output of `job` (`sluice run` with `reference_args`), starts a
+/// cluster of `workers` workers and submits the throttled job on all of them.
+fn start(
+    dir: &Path,
+    job: fn(&Path, u64) -> String,
+    reference_args: &[&str],
+    workers: usize,
+) -> Started {
+    let expected = reference(dir, &job(&dir.join("reference"), 0), reference_args);
+    let mut cluster = Cluster::start(dir, workers);
+    let out = dir.join("out");
+    let job = write_job(dir, "job.yaml", &job(&out, 10_000));
+    let id = cluster.submit(&job, &["--workers", &workers.to_string()]);
+    Started {
+        expected,
+        cluster,
+        out,
+        job,
+        id,
+    }
+}
+
 fn tail(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
@@ -645,16 +679,13 @@ fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u1
 fn coordinator_restart_resumes_the_job_from_its_last_checkpoint() {
     let _serial = serial();
     let dir = tempdir();
-    let expected = reference(
-        dir.path(),
-        &windowed_job(&dir.path().join("reference"), 0),
-        &["--workers", "2"],
-    );
-
-    let mut cluster = Cluster::start(dir.path(), 2);
-    let out = dir.path().join("out");
-    let job = write_job(dir.path(), "eo.yaml", &windowed_job(&out, 10_000));
-    let id = cluster.submit(&job, &["--workers", "2"]);
+    let Started {
+        expected,
+        mut cluster,
+        out,
+        id,
+        ..
+    } = start(dir.path(), windowed_job, &["--workers", "2"], 2);
     let before = cluster.wait_checkpoint(&id, 2);
     eprintln!(
         "killing the coordinator at checkpoint {} (state {})",
@@ -688,16 +719,13 @@ fn coordinator_restart_resumes_the_job_from_its_last_checkpoint() {
 fn rescale_2_4_1_moves_no_state_and_changes_no_output() {
     let _serial = serial();
     let dir = tempdir();
-    let expected = reference(
-        dir.path(),
-        &windowed_job(&dir.path().join("reference"), 0),
-        &["--workers", "2"],
-    );
-
-    let mut cluster = Cluster::start(dir.path(), 4);
-    let out = dir.path().join("out");
-    let job = write_job(dir.path(), "eo.yaml", &windowed_job(&out, 10_000));
-    let id = cluster.submit(&job, &["--workers", "4"]);
+    let Started {
+        expected,
+        mut cluster,
+        out,
+        id,
+        ..
+    } = start(dir.path(), windowed_job, &["--workers", "2"], 4);
     cluster.wait_checkpoint(&id, 1);
 
     let mut previous = 0;
@@ -767,16 +795,13 @@ fn stop_with_savepoint_and_resume(
 ) {
     let _serial = serial();
     let dir = tempdir();
-    let expected = reference(
-        dir.path(),
-        &job(&dir.path().join("reference"), 0),
-        reference_args,
-    );
-
-    let mut cluster = Cluster::start(dir.path(), 2);
-    let out = dir.path().join("out");
-    let job = write_job(dir.path(), "job.yaml", &job(&out, 10_000));
-    let id = cluster.submit(&job, &["--workers", "2"]);
+    let Started {
+        expected,
+        mut cluster,
+        out,
+        job,
+        id,
+    } = start(dir.path(), job, reference_args, 2);
     cluster.wait_checkpoint(&id, checkpoints);
 
     let answer = cluster.json(&["stop", &id, "--savepoint", "sp1"]);
@@ -922,19 +947,16 @@ fn bad_requests_get_clear_errors() {
 fn a_corrupt_newest_checkpoint_resumes_the_job_from_the_one_before() {
     let _serial = serial();
     let dir = tempdir();
-    let expected = reference(
-        dir.path(),
-        &windowed_job(&dir.path().join("reference"), 0),
-        &["--workers", "2"],
-    );
-
-    let mut cluster = Cluster::start(dir.path(), 2);
-    let out = dir.path().join("out");
     // Killed after a few checkpoints, long before the first window fires (at about 60%
     // of the input): no output is committed yet, so resuming from an older checkpoint
     // must still give exactly the reference output.
-    let job = write_job(dir.path(), "eo.yaml", &windowed_job(&out, 10_000));
-    let id = cluster.submit(&job, &["--workers", "2"]);
+    let Started {
+        expected,
+        mut cluster,
+        out,
+        id,
+        ..
+    } = start(dir.path(), windowed_job, &["--workers", "2"], 2);
     cluster.wait_checkpoint(&id, 3);
     cluster.kill_coordinator();
     cluster.kill_workers();
