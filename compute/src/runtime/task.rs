@@ -337,15 +337,7 @@ impl Task {
             };
             let done = *link.completed.borrow();
             if taken > 0 && done >= taken {
-                link.notified = done;
-                let task = link.task;
-                let events = link.events.clone();
-                self.chain.notify_checkpoint_complete(taken).await?;
-                let _ = events.send(CheckpointEvent::Committed {
-                    checkpoint_id: taken,
-                    task,
-                });
-                return Ok(());
+                return self.pass_on_completed(taken).await;
             }
             let id = tokio::select! {
                 _ = cancel.changed() => return Err(Error::Cancelled),
@@ -361,35 +353,11 @@ impl Task {
             if id == 0 {
                 continue;
             }
-            let task = link.task;
-            let events = link.events.clone();
-            let positions = match &self.input {
-                TaskInput::Source(src) => src.reader.positions(),
-                TaskInput::Gate(_) => Ok(Vec::new()),
-            };
-            let start = Instant::now();
             let barrier = Barrier {
                 checkpoint_id: id,
                 kind: BarrierKind::Aligned,
             };
-            let event = match positions {
-                Ok(positions) => {
-                    self.chain.final_barrier(barrier).await?;
-                    CheckpointEvent::Ack {
-                        checkpoint_id: id,
-                        task,
-                        positions,
-                        sync_micros: start.elapsed().as_micros() as u64,
-                        alignment_micros: 0,
-                    }
-                }
-                Err(e) => CheckpointEvent::Decline {
-                    checkpoint_id: id,
-                    task,
-                    reason: e.to_string(),
-                },
-            };
-            let _ = events.send(event);
+            self.take_checkpoint(barrier, true).await?;
             if self
                 .link
                 .as_ref()
@@ -408,14 +376,7 @@ impl Task {
         };
         let id = *link.completed.borrow();
         if id > link.notified {
-            link.notified = id;
-            let task = link.task;
-            let events = link.events.clone();
-            self.chain.notify_checkpoint_complete(id).await?;
-            let _ = events.send(CheckpointEvent::Committed {
-                checkpoint_id: id,
-                task,
-            });
+            self.pass_on_completed(id).await?;
         }
         let Some(triggers) = self.link.as_mut().and_then(|l| l.triggers.as_mut()) else {
             return Ok(());
@@ -425,22 +386,44 @@ impl Task {
             due.push(b);
         }
         for barrier in due {
-            self.inject(barrier).await?;
+            self.take_checkpoint(barrier, false).await?;
         }
         Ok(())
     }
 
-    /// A source task's part of a coordinated checkpoint: positions, barrier, ack.
-    async fn inject(&mut self, barrier: Barrier) -> Result<()> {
-        let (Some(link), TaskInput::Source(src)) = (self.link.as_ref(), &self.input) else {
+    /// Passes checkpoint `id`'s completion to the chain (sinks commit) and says so.
+    async fn pass_on_completed(&mut self, id: u64) -> Result<()> {
+        let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
-        let id = barrier.checkpoint_id;
+        link.notified = id;
         let task = link.task;
-        let positions = match src.reader.positions() {
+        let events = link.events.clone();
+        self.chain.notify_checkpoint_complete(id).await?;
+        let _ = events.send(CheckpointEvent::Committed {
+            checkpoint_id: id,
+            task,
+        });
+        Ok(())
+    }
+
+    /// This task's part of a checkpoint it is asked for directly (not by a barrier from
+    /// upstream): a source's positions, then the barrier through the chain (injected
+    /// downstream; or, once the input `ended`, only handled by the operators), then the
+    /// acknowledgement. A source that cannot record its positions declines.
+    async fn take_checkpoint(&mut self, barrier: Barrier, ended: bool) -> Result<()> {
+        let Some(link) = self.link.as_ref() else {
+            return Ok(());
+        };
+        let (id, task, events) = (barrier.checkpoint_id, link.task, link.events.clone());
+        let positions = match &self.input {
+            TaskInput::Source(src) => src.reader.positions(),
+            TaskInput::Gate(_) => Ok(Vec::new()),
+        };
+        let positions = match positions {
             Ok(p) => p,
             Err(e) => {
-                let _ = link.events.send(CheckpointEvent::Decline {
+                let _ = events.send(CheckpointEvent::Decline {
                     checkpoint_id: id,
                     task,
                     reason: e.to_string(),
@@ -449,19 +432,21 @@ impl Task {
             }
         };
         let start = Instant::now();
-        self.metrics.barriers.fetch_add(1, Ordering::Relaxed);
-        self.chain
-            .push(StreamElement::Barrier(barrier), &mut self.output)
-            .await?;
-        if let Some(link) = &self.link {
-            let _ = link.events.send(CheckpointEvent::Ack {
-                checkpoint_id: id,
-                task,
-                positions,
-                sync_micros: start.elapsed().as_micros() as u64,
-                alignment_micros: 0,
-            });
+        if ended {
+            self.chain.final_barrier(barrier).await?;
+        } else {
+            self.metrics.barriers.fetch_add(1, Ordering::Relaxed);
+            self.chain
+                .push(StreamElement::Barrier(barrier), &mut self.output)
+                .await?;
         }
+        let _ = events.send(CheckpointEvent::Ack {
+            checkpoint_id: id,
+            task,
+            positions,
+            sync_micros: start.elapsed().as_micros() as u64,
+            alignment_micros: 0,
+        });
         Ok(())
     }
 
