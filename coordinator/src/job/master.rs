@@ -711,6 +711,41 @@ impl JobMaster {
             .flatten()
     }
 
+    /// The next worker message while `workers` deploy an attempt. The attempt fails when
+    /// `deadline` passes (saying `late`) or one of them is lost; a cancel ends it; other
+    /// commands are refused for now.
+    async fn deploying_message(
+        &mut self,
+        deadline: tokio::time::Instant,
+        workers: &[WorkerHandle],
+        late: &str,
+    ) -> Result<(String, wm::Msg), Outcome> {
+        loop {
+            match self.next_input(deadline).await {
+                None => {
+                    return Err(Outcome::Failed {
+                        reason: late.to_string(),
+                        user: false,
+                    });
+                }
+                Some(JobInput::Worker { worker, msg }) => return Ok((worker, msg)),
+                Some(JobInput::Lost { worker, reason })
+                    if workers.iter().any(|w| w.id == worker) =>
+                {
+                    return Err(Outcome::Failed {
+                        reason: format!("worker {worker} lost while deploying: {reason}"),
+                        user: false,
+                    });
+                }
+                Some(JobInput::Command(Command::Cancel { reply })) => {
+                    return Err(Outcome::Cancelled(Some(reply)));
+                }
+                Some(JobInput::Command(c)) => refuse(c, "the job is being deployed"),
+                Some(JobInput::Lost { .. }) => {}
+            }
+        }
+    }
+
     /// Steps 1-4 of an attempt; the workers running it, or how it ended.
     async fn deploy(
         &mut self,
@@ -759,33 +794,15 @@ impl JobMaster {
         }
         let mut addresses: HashMap<String, String> = HashMap::new();
         while addresses.len() < workers.len() {
-            match self.next_input(deadline).await {
-                None => {
-                    return Err(failed(
-                        "workers did not bind their data ports in time".into(),
-                    ));
+            let late = "workers did not bind their data ports in time";
+            let (worker, msg) = self.deploying_message(deadline, &workers, late).await?;
+            if let wm::Msg::Prepared(p) = msg
+                && p.attempt == attempt
+            {
+                if !p.error.is_empty() {
+                    return Err(failed(format!("worker {worker}: {}", p.error)));
                 }
-                Some(JobInput::Worker {
-                    worker,
-                    msg: wm::Msg::Prepared(p),
-                }) if p.attempt == attempt => {
-                    if !p.error.is_empty() {
-                        return Err(failed(format!("worker {worker}: {}", p.error)));
-                    }
-                    addresses.insert(worker, p.data_address);
-                }
-                Some(JobInput::Lost { worker, reason })
-                    if workers.iter().any(|w| w.id == worker) =>
-                {
-                    return Err(failed(format!(
-                        "worker {worker} lost while deploying: {reason}"
-                    )));
-                }
-                Some(JobInput::Command(Command::Cancel { reply })) => {
-                    return Err(Outcome::Cancelled(Some(reply)));
-                }
-                Some(JobInput::Command(c)) => refuse(c, "the job is being deployed"),
-                Some(_) => {}
+                addresses.insert(worker, p.data_address);
             }
         }
         let peers: Vec<String> = workers.iter().map(|w| addresses[&w.id].clone()).collect();
@@ -857,39 +874,26 @@ impl JobMaster {
         let mut tasks = BTreeSet::new();
         let mut deployed = HashSet::new();
         while deployed.len() < workers.len() {
-            match self.next_input(deadline).await {
-                None => return Err(failed("workers did not deploy their tasks in time".into())),
-                Some(JobInput::Worker { worker, msg }) => match msg {
-                    wm::Msg::Deployed(d) if d.attempt == attempt => {
-                        if !d.error.is_empty() {
-                            return Err(Outcome::Failed {
-                                reason: format!("worker {worker}: {}", d.error),
-                                user: d.user_error,
-                            });
-                        }
-                        tasks.extend(d.tasks.iter().map(|t| TaskId::new(t.node, t.subtask)));
-                        deployed.insert(worker);
-                    }
-                    wm::Msg::Report(r) if r.attempt == attempt && !r.error.is_empty() => {
+            let late = "workers did not deploy their tasks in time";
+            let (worker, msg) = self.deploying_message(deadline, &workers, late).await?;
+            match msg {
+                wm::Msg::Deployed(d) if d.attempt == attempt => {
+                    if !d.error.is_empty() {
                         return Err(Outcome::Failed {
-                            reason: format!("worker {worker}: {}", r.error),
-                            user: r.user_error,
+                            reason: format!("worker {worker}: {}", d.error),
+                            user: d.user_error,
                         });
                     }
-                    _ => {}
-                },
-                Some(JobInput::Lost { worker, reason })
-                    if workers.iter().any(|w| w.id == worker) =>
-                {
-                    return Err(failed(format!(
-                        "worker {worker} lost while deploying: {reason}"
-                    )));
+                    tasks.extend(d.tasks.iter().map(|t| TaskId::new(t.node, t.subtask)));
+                    deployed.insert(worker);
                 }
-                Some(JobInput::Command(Command::Cancel { reply })) => {
-                    return Err(Outcome::Cancelled(Some(reply)));
+                wm::Msg::Report(r) if r.attempt == attempt && !r.error.is_empty() => {
+                    return Err(Outcome::Failed {
+                        reason: format!("worker {worker}: {}", r.error),
+                        user: r.user_error,
+                    });
                 }
-                Some(JobInput::Command(c)) => refuse(c, "the job is being deployed"),
-                Some(_) => {}
+                _ => {}
             }
         }
         if let Some(p) = protocol {
