@@ -163,25 +163,46 @@ pub(crate) async fn preload(
     let w = Workload::new(layout.clone(), state_bytes, value_bytes, 42);
     let mut client = connect(addr).await?;
     open_all(&mut client, layout, deadline).await?;
-    let mut writer = Writer::new(client.clone(), layout.clone(), 4);
+    let (next_epoch, _) = load(&client, &w, 4, checkpoint_every, deadline).await?;
+    Ok(next_epoch - 1)
+}
+
+/// Writes every key of `w` (version 0) with up to `in_flight` RPCs outstanding,
+/// committing a checkpoint every `checkpoint_every` bytes and at the end; returns the
+/// epoch after the last checkpoint and each checkpoint's flush-to-commit time.
+async fn load(
+    client: &Client,
+    w: &Workload,
+    in_flight: usize,
+    checkpoint_every: u64,
+    deadline: Instant,
+) -> anyhow::Result<(u64, Vec<Duration>)> {
+    let layout = &w.layout;
     let mut epoch = 1u64;
-    let mut since = 0u64;
+    let mut writer = Writer::new(client.clone(), layout.clone(), in_flight);
+    let mut since_checkpoint = 0u64;
+    let mut commits = Vec::new();
     for i in 0..w.keys() {
         if i % 4096 == 0 {
             check_deadline(deadline, "loading state")?;
         }
         writer.put(epoch, w.key(i), w.value(i, 0)).await?;
-        since += value_bytes;
-        if since >= checkpoint_every {
+        since_checkpoint += w.value_bytes as u64;
+        if since_checkpoint >= checkpoint_every {
             writer.drain(epoch).await?;
-            checkpoint(&client, layout, epoch).await?;
+            let (_, total) = checkpoint(client, layout, epoch).await?;
+            commits.push(total);
             epoch += 1;
-            since = 0;
+            since_checkpoint = 0;
         }
     }
     writer.drain(epoch).await?;
-    checkpoint(&client, layout, epoch).await?;
-    Ok(epoch)
+    if since_checkpoint > 0 || commits.is_empty() {
+        let (_, total) = checkpoint(client, layout, epoch).await?;
+        commits.push(total);
+        epoch += 1;
+    }
+    Ok((epoch, commits))
 }
 
 /// Every figure of one run.
@@ -350,30 +371,9 @@ async fn run_phases(
 
     // Load.
     let started = Instant::now();
-    let mut epoch = 1u64;
+    let (mut epoch, load_commits) =
+        load(&client, &w, args.in_flight, args.checkpoint_every, deadline).await?;
     let mut writer = Writer::new(client.clone(), layout.clone(), args.in_flight);
-    let mut since_checkpoint = 0u64;
-    let mut load_commits = Vec::new();
-    for i in 0..w.keys() {
-        if i % 4096 == 0 {
-            check_deadline(deadline, "loading state")?;
-        }
-        writer.put(epoch, w.key(i), w.value(i, 0)).await?;
-        since_checkpoint += args.value_bytes;
-        if since_checkpoint >= args.checkpoint_every {
-            writer.drain(epoch).await?;
-            let (_, total) = checkpoint(&client, layout, epoch).await?;
-            load_commits.push(total);
-            epoch += 1;
-            since_checkpoint = 0;
-        }
-    }
-    writer.drain(epoch).await?;
-    if since_checkpoint > 0 || load_commits.is_empty() {
-        let (_, total) = checkpoint(&client, layout, epoch).await?;
-        load_commits.push(total);
-        epoch += 1;
-    }
     fig.load = started.elapsed();
     fig.load_checkpoints = load_commits.len();
     fig.load_commit_max = load_commits.iter().max().copied().unwrap_or_default();
