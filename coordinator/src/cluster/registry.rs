@@ -191,13 +191,8 @@ impl Registry {
 
     /// Forgets `job`: its mailbox and its slots.
     pub fn remove_job(&self, job: &str) {
-        let mut inner = self.lock();
-        inner.mailboxes.remove(job);
-        for w in inner.workers.values_mut() {
-            w.owners.retain(|o| o != job);
-        }
-        drop(inner);
-        self.changed.notify_waiters();
+        self.lock().mailboxes.remove(job);
+        self.release(job);
     }
 
     /// Takes a slot on each of `n` workers for `job` (the longest attached first), or
