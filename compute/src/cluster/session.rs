@@ -254,19 +254,9 @@ fn start_attempt(
         };
         let progress_out = out.clone();
         let progress = async move {
-            // Counts so far, for `sluice status` while the job runs: every second, and
-            // at once when the first record was read (how recovery time is measured).
-            let mut tick = tokio::time::interval(FIRST_RECORD_POLL);
-            let mut last = tokio::time::Instant::now();
-            let mut first_seen = false;
-            loop {
-                tick.tick().await;
-                let first = !first_seen && metrics.records_in.load(Ordering::Relaxed) > 0;
-                first_seen |= first;
-                if !first && last.elapsed() < PROGRESS_INTERVAL {
-                    continue;
-                }
-                last = tokio::time::Instant::now();
+            // Counts so far, for `sluice status` while the job runs: at once when the
+            // first record was read (how recovery time is measured), then every second.
+            let report = || {
                 let report = pbc::Report {
                     attempt,
                     records_in: metrics.records_in.load(Ordering::Relaxed),
@@ -277,6 +267,21 @@ fn start_attempt(
                 let _ = progress_out.send(pbc::WorkerMessage {
                     msg: Some(wm::Msg::Report(report)),
                 });
+            };
+            let mut poll = tokio::time::interval(FIRST_RECORD_POLL);
+            let mut last = tokio::time::Instant::now();
+            while metrics.records_in.load(Ordering::Relaxed) == 0 {
+                poll.tick().await;
+                if last.elapsed() >= PROGRESS_INTERVAL {
+                    last = tokio::time::Instant::now();
+                    report();
+                }
+            }
+            let mut every_second = tokio::time::interval(PROGRESS_INTERVAL);
+            loop {
+                // The first tick is at once: the first record's report.
+                every_second.tick().await;
+                report();
             }
         };
         let run = async move {
