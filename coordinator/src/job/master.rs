@@ -531,7 +531,8 @@ impl JobMaster {
                         .map(|r| r.last_flushed_epoch)
                         .max()
                         .unwrap_or(0);
-                    if let (Some(s), true) = (&shards, last > 0) {
+                    // With checkpoints, the final checkpoint committed the shards already.
+                    if let (Some(s), true, None) = (&shards, last > 0, &protocol) {
                         // Every task flushed its last epoch at the end of its input.
                         if let Err(e) = s.commit(last, &[last]).await {
                             tracing::warn!(job = %self.id, "final state commit failed: {e}");
