@@ -6,7 +6,7 @@
 //! `sluice nexmark gen --format csv`), and writing to a blackhole sink.
 
 use clap::{Args, ValueEnum};
-use sluice_common::job_spec;
+use sluice_planner::job_spec;
 
 use sluice_compute::network::NetworkConfig;
 

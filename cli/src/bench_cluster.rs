@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
-use sluice_common::job_spec;
 use sluice_compute::network::NetworkConfig;
 use sluice_compute::state_client::ShardLayout;
 use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
 use sluice_coordinator::job::JobState;
 use sluice_coordinator::job::master::StateConnector;
 use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitOptions};
+use sluice_planner::job_spec;
 
 use crate::bench_checkpoint::{NodeProcess, preload};
 use crate::cluster::embedded::{ProcessLauncher, master_config};

@@ -31,11 +31,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use sluice_common::job_spec;
 use sluice_common::pb;
 use sluice_common::pb::cluster as pbc;
 use sluice_compute::cluster::control::{self, CONTROL_VERSION};
 use sluice_compute::network::NetworkConfig;
+use sluice_planner::job_spec;
 use tokio::io::AsyncBufReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
@@ -799,7 +799,10 @@ mod tests {
             .build()
             .unwrap();
         let plan = rt
-            .block_on(sluice_compute::plan::plan(graph))
+            .block_on(sluice_compute::plan::plan(
+                graph,
+                sluice_connectors::Builtin::shared(),
+            ))
             .expect("plans");
         assert_eq!(plan.chains.len(), 2);
         let placement = sluice_compute::runtime::build::Placement::round_robin(&plan, 2);

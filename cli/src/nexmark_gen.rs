@@ -5,11 +5,11 @@
 //! can compute expected results from the same input.
 
 use clap::{Args, ValueEnum};
-use sluice_common::job_spec::parse_duration_ms;
 use sluice_common::pb;
-use sluice_compute::connector::file::FileWriter;
-use sluice_compute::connector::nexmark::NexmarkReader;
 use sluice_compute::connector::{SinkWriter, SourceReader, SubtaskInfo};
+use sluice_connectors::file::FileWriter;
+use sluice_connectors::nexmark::NexmarkReader;
+use sluice_planner::job_spec::parse_duration_ms;
 
 use crate::{Failure, runtime};
 

@@ -6,11 +6,12 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use clap::Args;
-use sluice_common::{job_spec, pb};
+use sluice_common::pb;
 use sluice_compute::plan::PhysicalPlan;
 use sluice_compute::runtime::local::{self, LocalOptions};
 use sluice_compute::runtime::metrics::JobMetrics;
 use sluice_compute::state_client::{RemoteState, RemoteStateConfig};
+use sluice_planner::job_spec;
 use sluice_state_service::RunningStateService;
 
 use crate::progress::{Progress, human};
@@ -108,12 +109,15 @@ pub fn execute(graph: pb::JobGraph, quiet: bool, state: &StateArgs) -> Result<Su
     let metrics = Arc::new(JobMetrics::default());
     let start = Instant::now();
     rt.block_on(async {
-        let plan = sluice_compute::plan::plan(graph)
+        let plan = sluice_compute::plan::plan(graph, sluice_connectors::Builtin::shared())
             .await
             .map_err(Failure::from_compute)?;
         let remote = connect_state(&plan, state).await?;
         let options = LocalOptions {
-            remote_state: remote.as_ref().map(|r| r.state.clone()),
+            state: remote.as_ref().map(|r| {
+                Arc::new(sluice_compute::state_client::RemoteStore(r.state.clone()))
+                    as Arc<dyn sluice_common::state::StateStore>
+            }),
             ..LocalOptions::default()
         };
         let progress = Progress::start(metrics.clone(), quiet);

@@ -4,8 +4,6 @@
 //!
 //! - [`pb`]: the protobuf messages compiled from `common/proto/` (the [`pb::JobGraph`] and
 //!   its parts). Generated types are used through this module only.
-//! - [`job_spec`]: the YAML job format users write, parsed into a [`pb::JobGraph`] with
-//!   errors that name file, line and column.
 //! - [`key_group`]: the stable key hash and the key-group ranges of DESIGN §4.
 //! - [`state`]: the keyed-state API (`ValueState`, `MapState`, ...) over a byte-level
 //!   backend trait, the in-memory backend, and the conformance suite every backend passes.
@@ -13,7 +11,6 @@
 //! This crate must not know about Arrow, DataFusion, RocksDB, foyer, S3 or the network:
 //! those belong to the crates that run things (`compute`, `state-service`).
 
-pub mod job_spec;
 pub mod key_group;
 pub mod state;
 
@@ -34,8 +31,8 @@ pub mod pb {
         include!(concat!(env!("OUT_DIR"), "/sluice.state.rs"));
     }
 
-    /// Messages between a driver (later: the coordinator) and its workers, generated
-    /// from `proto/cluster.proto`.
+    /// Messages between the coordinator and its workers, generated from
+    /// `proto/cluster.proto`.
     pub mod cluster {
         include!(concat!(env!("OUT_DIR"), "/sluice.cluster.rs"));
     }

@@ -10,7 +10,7 @@ use sluice_common::DEFAULT_MAX_PARALLELISM;
 use sluice_common::key_group::key_group_of;
 use sluice_compute::element::StreamElement;
 use sluice_compute::keys::{EncodedKeys, KeyEncoder};
-use sluice_compute::runtime::queue::{QueueReceiver, input_queue};
+use sluice_compute::queue::{QueueReceiver, input_queue};
 use sluice_compute::runtime::router::{OutputEdge, Partitioner};
 
 mod support;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sluice_common::pb;
-use sluice_compute::connector::nexmark::NexmarkReader;
 use sluice_compute::connector::{SourceReader, SubtaskInfo};
+use sluice_connectors::nexmark::NexmarkReader;
 
 const ROWS: usize = 8192;
 

@@ -18,13 +18,14 @@ use arrow::record_batch::RecordBatch;
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use sluice_common::DEFAULT_MAX_PARALLELISM;
 use sluice_common::pb;
-use sluice_common::state::MemoryStateBackend;
-use sluice_compute::connector::nexmark::NexmarkReader;
+use sluice_common::state::MemoryStateStore;
 use sluice_compute::connector::{SourceReader, SubtaskInfo};
 use sluice_compute::element::Timestamp;
 use sluice_compute::expr::ExprCompiler;
+use sluice_compute::keyed::OperatorState;
 use sluice_compute::operator::window::{WindowCounters, WindowOperator};
 use sluice_compute::operator::{Operator, OperatorContext, Output};
+use sluice_connectors::nexmark::NexmarkReader;
 use tokio::runtime::Runtime;
 
 mod support;
@@ -111,20 +112,21 @@ fn window_specs() -> Vec<(&'static str, pb::WindowSpec)> {
 fn operator(rt: &Runtime, spec: &pb::WindowSpec, input: &RecordBatch) -> WindowOperator {
     let compiler = ExprCompiler::new();
     let mut op = WindowOperator::build(
-        1,
         spec,
         &input.schema(),
         &compiler,
-        Arc::new(MemoryStateBackend::new()),
         Arc::new(WindowCounters::default()),
     )
     .expect("window operator");
+    let store = Arc::new(MemoryStateStore::new(false));
+    let state = OperatorState::new(store, 1, 0..DEFAULT_MAX_PARALLELISM, 1, false);
     let ctx = OperatorContext {
         node_id: 1,
         node_name: "window".into(),
         subtask: 0,
         parallelism: 1,
         max_parallelism: DEFAULT_MAX_PARALLELISM,
+        state: Some(state),
     };
     rt.block_on(op.open(&ctx)).expect("open");
     op

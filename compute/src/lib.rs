@@ -1,7 +1,7 @@
 //! # sluice-compute
 //!
-//! What a Sluice worker runs: the operators, windows and connectors of a job, and the
-//! runtime that executes them as parallel tasks.
+//! What a Sluice worker runs: the operators and windows of a job, and the runtime that
+//! executes them as parallel tasks.
 //!
 //! A job arrives as a `JobGraph` ([`sluice_common::pb`]). [`plan`] checks and types it
 //! and cuts it into chains; [`runtime::local`] runs each chain's subtasks as tasks
@@ -10,28 +10,34 @@
 //! markers. Expressions are DataFusion's ([`expr`]); keyed state goes through the
 //! backend-neutral API of [`sluice_common::state`].
 //!
-//! - [`connector`]: sources (Nexmark, files) and sinks (files, stdout, blackhole).
+//! - [`connector`]: the connector API; the connectors are the `sluice-connectors` crate.
+//! - [`keyed`]: keyed state as operators see it, and the timers kept with it.
 //! - [`operator`]: filter, select, window, sink; one file each.
 //! - [`window`]: window assignment, accumulators, sessions, timers.
 //! - [`time`]: per-split watermark generation at the sources.
 //! - [`keys`]: canonical key bytes for hashing and keyed state.
 //! - [`state_client`]: the remote keyed-state backend (gRPC client of the state service
 //!   with an epoch write buffer and a read cache).
+//! - [`queue`]: byte-bounded channels in front of a task's input gate, fed locally or
+//!   by the data plane.
 //! - [`network`]: the credit-based data plane between worker processes.
 //! - [`cluster`]: a worker process's side of a deployment (control protocol, run, report).
 //!
-//! This crate must not know about the coordinator or the storage engine behind remote
-//! state: it sees state only through `KeyedStateBackend`.
+//! This crate must not know about the coordinator, any particular connector, or the
+//! storage engine behind remote state: it sees state only through `StateStore` and
+//! `KeyedStateBackend`, and sources and sinks through `connector::Connectors`.
 
 pub mod cluster;
 pub mod connector;
 pub mod element;
 pub mod error;
 pub mod expr;
+pub mod keyed;
 pub mod keys;
 pub mod network;
 pub mod operator;
 pub mod plan;
+pub mod queue;
 pub mod runtime;
 pub mod state_client;
 pub mod time;

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
-use sluice_common::job_spec;
+use sluice_planner::job_spec;
 use tokio::net::TcpListener;
 
 use crate::service::{ApiError, Coordinator, SubmitOptions};

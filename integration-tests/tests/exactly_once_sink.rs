@@ -15,10 +15,10 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use sluice_common::pb;
-use sluice_compute::connector::file::sink::extension;
-use sluice_compute::connector::file::{FileReader, FileWriter};
-use sluice_compute::connector::nexmark;
 use sluice_compute::connector::{SinkWriter, SourceBatch, SourceReader, SubtaskInfo};
+use sluice_connectors::file::sink::extension;
+use sluice_connectors::file::{FileReader, FileWriter};
+use sluice_connectors::nexmark;
 use sluice_integration_tests::s3_env::{S3Env, s3_env};
 use sluice_integration_tests::{
     Row, assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, tempdir, write_job, yaml_path,

@@ -3,7 +3,8 @@
 //! exactly-once file sink runs; the embedded coordinator restarts the job from its last
 //! checkpoint each time, and the committed output must equal the output of the same job
 //! run without failures: no duplicate, no gap. Once with the sink in a local directory,
-//! once on S3 (SeaweedFS).
+//! once on S3 (SeaweedFS), and once with a `dedup` step, the operator written on the
+//! state seam alone (no checkpoint code of its own).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -131,6 +132,37 @@ fn killed_workers_leave_exactly_once_output_on_s3() {
         rows
     });
     assert_same_rows("S3 output after worker kills", &rows, &expected);
+}
+
+/// Distinct (bidder, auction bucket) pairs, deduplicated in keyed remote state.
+fn dedup_job(out: &Path, rate: u64) -> String {
+    format!(
+        "name: dedup-failover\nparallelism: 2\ncheckpoint: {{ interval: 300ms }}\n\
+         state: {{ backend: remote, shards: 4 }}\n\
+         source:\n  nexmark: {{ stream: bid, events: 120000, seed: 5, splits: 4, max_events_per_second: {rate} }}\n\
+         pipeline:\n  - select: [\"bidder\", \"auction % 7 AS bucket\"]\n  - dedup: [bidder, bucket]\n\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        yaml_path(out)
+    )
+}
+
+#[test]
+fn a_dedup_step_keeps_each_key_once_across_worker_kills() {
+    let dir = tempdir();
+    let reference = dir.path().join("reference");
+    let job = write_job(dir.path(), "ref.yaml", &dedup_job(&reference, 0));
+    run_sluice(&["run", job.to_str().unwrap()], dir.path())
+        .assert_success()
+        .assert_no_panic();
+    let expected = read_jsonl_dir(&reference);
+    assert!(expected.len() > 1000, "{} distinct pairs", expected.len());
+    let out = dir.path().join("out");
+    run_with_kills(dir.path(), &dedup_job(&out, 12_000), 2);
+    assert_same_rows(
+        "dedup output after worker kills",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
 }
 
 /// The job's output without failures (one process, no throttle).

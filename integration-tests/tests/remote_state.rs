@@ -3,7 +3,8 @@
 //!
 //! - The state API's conformance suite (`sluice_common::state::conformance`) passes against
 //!   the service, once with the client's epoch buffer and cache in the way and once with
-//!   every write shipped at once and no cache.
+//!   every write shipped at once and no cache; and its epoch cases (seal, commit,
+//!   restore, restore at another parallelism) through the job-level `RemoteStore`.
 //! - A node killed with SIGKILL while writing loses nothing that was acknowledged durable:
 //!   a fresh node on a fresh disk restores every shard from the object store, at the last
 //!   committed checkpoint, or at a later one whose writes were all flushed. Run against a
@@ -16,7 +17,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sluice_common::state::conformance;
 use sluice_common::state::{KeyedStateBackend, WriteOp};
-use sluice_compute::state_client::{RemoteState, RemoteStateBackend, RemoteStateConfig};
+use sluice_compute::state_client::{
+    RemoteState, RemoteStateBackend, RemoteStateConfig, RemoteStore,
+};
 use sluice_integration_tests::s3_env::s3_env;
 use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::tempdir;
@@ -95,6 +98,21 @@ fn conformance_over_grpc(mode: &str, tune: fn(&mut RemoteStateConfig)) {
 #[test]
 fn conformance_suite_passes_over_grpc_with_buffer_and_cache() {
     conformance_over_grpc("buffered", |_| {});
+}
+
+/// The epoch lifecycle (seal, commit, restore, restore at another parallelism) through
+/// the job-level store the runtime and the coordinator use.
+#[test]
+fn epoch_cases_pass_over_grpc() {
+    let dir = tempdir();
+    let node = start_node(dir.path(), "node", &file_store(dir.path()), &[]);
+    let rt = rt();
+    rt.block_on(async {
+        for case in conformance::EPOCH_CASES {
+            let remote = connect(&node, &format!("epochs-{case}"), |_| {}).await;
+            conformance::run_epoch_one(case, Arc::new(RemoteStore(remote))).await;
+        }
+    });
 }
 
 #[test]

@@ -145,7 +145,10 @@ fn request(
         } => {
             let graph = load_job(&job)?;
             runtime()?
-                .block_on(sluice_compute::plan::plan(graph))
+                .block_on(sluice_compute::plan::plan(
+                    graph,
+                    sluice_connectors::Builtin::shared(),
+                ))
                 .map_err(Failure::from_compute)?;
             let text = std::fs::read_to_string(&job)
                 .map_err(|e| Failure::usage(format!("cannot read {}: {e}", job.display())))?;

@@ -141,7 +141,7 @@ pub async fn run(
     state: &StateArgs,
 ) -> Result<Summary, Failure> {
     let start = Instant::now();
-    let plan = sluice_compute::plan::plan(graph.clone())
+    let plan = sluice_compute::plan::plan(graph.clone(), sluice_connectors::Builtin::shared())
         .await
         .map_err(Failure::from_compute)?;
     let remote = connect_state(&plan, state).await?;

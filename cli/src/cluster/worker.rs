@@ -71,6 +71,7 @@ pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
             slots: args.slots,
             name: String::new(),
             exit_with_coordinator: args.exit_with_coordinator,
+            connectors: sluice_connectors::Builtin::shared(),
         };
         return rt
             .block_on(session::serve(options))
@@ -102,7 +103,7 @@ pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
                     remote_state: None,
                     ..Default::default()
                 };
-                let report = run_deployment(&listener, deployment).await;
+                let report = run_deployment(&listener, deployment, sluice_connectors::Builtin::shared()).await;
                 finish(&name, &report)
             }
             (None, None) => Err(Failure::usage(
@@ -152,7 +153,7 @@ async fn under_driver(
         eprintln!("error: the driver closed the control connection; stopping");
         std::process::exit(1);
     });
-    let report = run_deployment(listener, deployment).await;
+    let report = run_deployment(listener, deployment, sluice_connectors::Builtin::shared()).await;
     let failed = !report.error.is_empty();
     let sent = control::write_message(&mut wr, &report).await;
     watchdog.abort();

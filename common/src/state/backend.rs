@@ -1,9 +1,19 @@
-//! The byte-level backend trait every keyed-state store implements.
+//! The byte-level backend trait: one subtask's keyed state, and its epochs.
 //!
 //! The trait is shaped for a remote store first: every call is async and batched (many
 //! keys per `get_many`, many mutations per `write`), so a client can turn one call into
 //! one RPC and an epoch write buffer can absorb `write`s until a barrier. It knows nothing
-//! of key layout, codecs or TTL; those live in the typed handles above it.
+//! of key layout; the [`StateTable`](super::StateTable)s operators hold build the keys.
+//!
+//! # Epochs
+//! Every write belongs to the backend's open epoch. The task runtime, never the operator,
+//! ends an epoch: when checkpoint barrier `N` has passed the operator it calls
+//! [`seal_epoch(N)`](KeyedStateBackend::seal_epoch), after which everything written so
+//! far is part of checkpoint `N` (durable as far as the backend can make it) and later
+//! writes belong to `N + 1`; when checkpoint `N` completed job-wide it calls
+//! [`notify_committed(N)`](KeyedStateBackend::notify_committed). Going back to a
+//! checkpoint is a job-wide act, done on the job's [`StateStore`](super::StateStore)
+//! before the subtasks of the next attempt open.
 //!
 //! # Ranges
 //! Ranges are `[start, end)` in unsigned byte order. An empty `end` means "no upper
@@ -69,6 +79,26 @@ pub trait KeyedStateBackend: Send + Sync + 'static {
         end: &[u8],
         limit: Option<usize>,
     ) -> StateResult<Vec<(Bytes, Bytes)>>;
+
+    /// Ends epoch `epoch` (a checkpoint's barrier passed the operator): every write so far
+    /// belongs to checkpoint `epoch` and is durable when this returns; later writes belong
+    /// to `epoch + 1`.
+    async fn seal_epoch(&self, epoch: u64) -> StateResult<()>;
+
+    /// The epoch writes now belong to.
+    fn open_epoch(&self) -> u64;
+
+    /// Checkpoint `epoch` completed job-wide: what only a rollback to an earlier one
+    /// needed may go.
+    async fn notify_committed(&self, _epoch: u64) -> StateResult<()> {
+        Ok(())
+    }
+
+    /// How many batches' reads an operator should keep in flight to hide their latency
+    /// (0: reads answer at once, and overlapping them only adds work).
+    fn pipelined_reads(&self) -> usize {
+        0
+    }
 
     /// The value of one key.
     async fn get(&self, key: Bytes) -> StateResult<Option<Bytes>> {

@@ -1,67 +1,54 @@
-//! Keyed state: the API operators use, the byte-level backend trait under it, the
-//! in-memory backend, and the conformance suite every backend must pass (DESIGN §7).
+//! Keyed state: the tables operators hold, the byte-level backend and the job-level
+//! store under them, the in-memory store, and the conformance suite every store must
+//! pass (DESIGN §7).
 //!
 //! # What it owns
 //! - The byte layout of state keys ([`key`], DESIGN §4): key group first, so every
 //!   key-group range is one byte range; then operator, state name, key and namespace,
 //!   length-prefixed so that one key's namespaces are one prefix.
-//! - The value formats: codecs ([`StateCodec`]), the TTL header on every value ([`ttl`]),
-//!   the framed elements of list state and the nested layout of map entries.
-//! - The typed handles operators hold: [`ValueState`], [`MapState`], [`ListState`],
-//!   [`ReducingState`], [`AggregatingState`]. All are async, all are scoped to a
-//!   [`KeyScope`] (key group, key, namespace), and most have batched forms (`get_many`,
-//!   `set_many`, `add_many`, ...) that cost one backend call per batch.
-//! - [`KeyedStateBackend`]: byte keys and values, batched reads (`get_many`), ordered
-//!   atomic write batches (`write` of [`WriteOp`]s, including `Merge` and `DeleteRange`),
-//!   and ordered range scans.
-//! - [`MemoryStateBackend`], and [`conformance`]: the shared test suite.
+//! - [`StateTable`]: what an operator holds, one per named state: rows keyed by (key
+//!   group, key, namespace), read and written in batches, scanned per key group.
+//! - [`KeyedStateBackend`]: one subtask's state as bytes: batched reads (`get_many`),
+//!   ordered atomic write batches (`write` of [`WriteOp`]s, including `Merge` and
+//!   `DeleteRange`), ordered range scans, and its epochs (`seal_epoch`,
+//!   `notify_committed`).
+//! - [`StateStore`]: one job's state as a whole: a backend per subtask over the key
+//!   groups it owns, and going back to a completed checkpoint at any parallelism.
+//! - [`MemoryStateStore`] (and its [`MemoryStateBackend`]s), and [`conformance`]: the
+//!   shared test suite, byte-level and epochs.
+//! - [`ttl`]: the expiry header a value may carry, which the state service's compaction
+//!   drops expired values by (no operator writes one yet; SQL joins will).
+//!
+//! # Who drives epochs
+//! An operator declares the tables it uses and reads and writes them; it never sees
+//! which store holds them or when an epoch ends. The task runtime seals a subtask's
+//! epoch when a checkpoint barrier has passed the operator, and passes on completed
+//! checkpoints; the coordinator (or a one-process run) restores and commits the job's
+//! store. Timers are rows of a table too (the runtime's timer service), so a restore
+//! brings them back with the state they belong to.
 //!
 //! # What it must not know
-//! RocksDB, foyer, S3, Arrow, the network, checkpoints. The remote backend (a gRPC client
-//! of the state service with an epoch write buffer and read cache) lives with the code
-//! that runs jobs and implements [`KeyedStateBackend`]; it proves itself by running
-//! [`conformance::run_all`]. Epochs and barriers stay below the trait: to a handle, a
-//! `write` is simply visible to every later read.
-//!
-//! # How the parts fit
-//! A handle holds an `Arc<dyn KeyedStateBackend>`, its [`StateDescriptor`] (operator id,
-//! name, TTL) and an `Arc<dyn StateClock>`. Each call builds keys from the scope (one
-//! buffer for a batch of reads), makes one backend call, and decodes the answer; TTL
-//! bookkeeping discovered while reading (expired values to delete, `OnReadAndWrite`
-//! expiry to restart) goes back in one follow-up `write`. Handles assume that accesses to
-//! one key are serial, as the async execution model of DESIGN §7 guarantees.
+//! RocksDB, foyer, S3, Arrow, the network, barriers. The remote store (a gRPC client of
+//! the state service with an epoch write buffer and read cache) lives with the code that
+//! runs jobs and proves itself by running [`conformance::run_all`] and
+//! [`conformance::run_epochs`].
 
-mod aggregating;
 mod backend;
-mod clock;
-mod codec;
 pub mod conformance;
-mod descriptor;
 mod error;
-mod handle;
 pub mod key;
-mod list;
-mod map;
 mod memory;
-mod reducing;
-mod scope;
+mod store;
+mod table;
 pub mod ttl;
-mod value;
 
-pub use aggregating::{AggregateFunction, AggregatingState};
 pub use backend::{KeyedStateBackend, WriteOp};
-pub use clock::{ManualClock, StateClock, SystemClock};
-pub use codec::StateCodec;
-pub use descriptor::StateDescriptor;
 pub use error::{StateError, StateResult};
 pub use key::{
     DecodedKey, decode_key, encode_key, encode_key_into, key_group_range_bounds, key_prefix,
     prefix_end,
 };
-pub use list::ListState;
-pub use map::MapState;
-pub use memory::MemoryStateBackend;
-pub use reducing::ReducingState;
-pub use scope::KeyScope;
+pub use memory::{MemoryStateBackend, MemoryStateStore};
+pub use store::{StateConnector, StateStore};
+pub use table::{Row, StateTable};
 pub use ttl::{TtlConfig, TtlUpdate};
-pub use value::ValueState;

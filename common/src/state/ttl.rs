@@ -1,13 +1,10 @@
-//! Time-to-live of state values, and the expiry header stored in front of every value.
+//! Time-to-live of state values, and the expiry header stored in front of a value.
 //!
-//! Every value the typed handles write starts with `[expires_at_ms: i64 BE]`
-//! ([`NEVER_EXPIRES`] when the state has no TTL). The header is written even without a
-//! TTL so that turning TTL on or off between runs needs no migration of stored state.
-//! List elements carry the same timestamp per element (see `list.rs`).
-//!
-//! Expired values are never returned: a read treats them as absent and deletes them in
-//! the same round trip's follow-up write. No background sweep runs here; a backend may add
-//! one (a compaction filter, say) using the same header.
+//! A state with a TTL stores `[expires_at_ms: i64 BE]` ([`NEVER_EXPIRES`] when it never
+//! expires) in front of each value; list values carry the same timestamp per element.
+//! The state service's compaction filter drops values whose header has passed, for the
+//! states a job declares with a TTL. No operator writes such values yet: the table API
+//! takes a TTL when the first operator needs one (SQL joins).
 
 /// Length of the expiry header.
 pub const HEADER_LEN: usize = 8;

@@ -5,7 +5,7 @@
 use arrow::record_batch::RecordBatch;
 use sluice_common::pb;
 use sluice_compute::connector::SubtaskInfo;
-use sluice_compute::connector::nexmark::NexmarkReader;
+use sluice_connectors::nexmark::NexmarkReader;
 
 /// Rows per benchmark batch, the runtime's default batch size.
 pub const ROWS: usize = 8192;

@@ -24,6 +24,7 @@ use tonic::transport::Endpoint;
 
 use crate::cluster::task_metrics;
 use crate::cluster::worker::{AttemptEvent, AttemptLink, run_attempt};
+use crate::connector::Connectors;
 use crate::error::{Error, Result};
 use crate::runtime::metrics::JobMetrics;
 use crate::runtime::task::CheckpointEvent;
@@ -50,6 +51,8 @@ pub struct SessionOptions {
     /// Exit when the coordinator goes away instead of attaching again (workers that an
     /// embedded coordinator started).
     pub exit_with_coordinator: bool,
+    /// The sources and sinks jobs may use.
+    pub connectors: Arc<dyn Connectors>,
 }
 
 /// Serves the coordinator until it goes away for good (with `exit_with_coordinator`),
@@ -186,7 +189,7 @@ async fn attach(options: &SessionOptions) -> Result<()> {
                             continue;
                         };
                         let Some(deployment) = d.deployment else { continue };
-                        let attempt = start_attempt(d.attempt, listener, deployment, out_tx.clone(), done_tx.clone());
+                        let attempt = start_attempt(d.attempt, listener, deployment, options.connectors.clone(), out_tx.clone(), done_tx.clone());
                         running.insert(d.attempt, attempt);
                     }
                     Some(cm::Msg::Trigger(t)) => {
@@ -231,6 +234,7 @@ fn start_attempt(
     attempt: u64,
     listener: TcpListener,
     deployment: pbc::Deployment,
+    connectors: Arc<dyn Connectors>,
     out: mpsc::UnboundedSender<pbc::WorkerMessage>,
     done: mpsc::UnboundedSender<u64>,
 ) -> Attempt {
@@ -286,7 +290,7 @@ fn start_attempt(
         };
         let run = async move {
             tokio::select! {
-                report = run_attempt(&listener, deployment, Some(link)) => report,
+                report = run_attempt(&listener, deployment, Some(link), connectors) => report,
                 () = progress => unreachable!("the progress loop never ends"),
             }
         };

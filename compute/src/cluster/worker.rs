@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::cluster::task_metrics::{self, Sampler};
+use crate::connector::Connectors;
 use crate::element::{Barrier, BarrierKind};
 use crate::error::{Error, Result};
 use crate::network::NetworkConfig;
@@ -28,7 +29,7 @@ use crate::runtime::build::{self, BuildOptions, Placement, RestoreFrom};
 use crate::runtime::local;
 use crate::runtime::metrics::JobMetrics;
 use crate::runtime::task::{CheckpointEvent, CheckpointLink, Task};
-use crate::state_client::{RemoteState, RemoteStateConfig};
+use crate::state_client::{RemoteState, RemoteStateConfig, RemoteStore};
 
 /// What a deployment attempt tells its coordinator.
 #[derive(Debug)]
@@ -52,8 +53,12 @@ pub struct AttemptLink {
 }
 
 /// Runs `deployment` with the data plane on `listener`; never fails, the report says.
-pub async fn run_deployment(listener: &TcpListener, deployment: pbc::Deployment) -> pbc::Report {
-    run_attempt(listener, deployment, None).await
+pub async fn run_deployment(
+    listener: &TcpListener,
+    deployment: pbc::Deployment,
+    connectors: Arc<dyn Connectors>,
+) -> pbc::Report {
+    run_attempt(listener, deployment, None, connectors).await
 }
 
 /// [`run_deployment`], linked to the coordinator when `link` is given.
@@ -61,6 +66,7 @@ pub async fn run_attempt(
     listener: &TcpListener,
     deployment: pbc::Deployment,
     link: Option<AttemptLink>,
+    connectors: Arc<dyn Connectors>,
 ) -> pbc::Report {
     let metrics = link
         .as_ref()
@@ -73,6 +79,7 @@ pub async fn run_attempt(
         listener,
         deployment,
         link,
+        connectors,
         &metrics,
         &mut sampler_slot,
         &mut remote,
@@ -203,6 +210,7 @@ async fn run(
     listener: &TcpListener,
     deployment: pbc::Deployment,
     link: Option<AttemptLink>,
+    connectors: Arc<dyn Connectors>,
     metrics: &Arc<JobMetrics>,
     sampler_slot: &mut Option<Arc<Mutex<Sampler>>>,
     remote_slot: &mut Option<Arc<RemoteState>>,
@@ -219,7 +227,7 @@ async fn run(
     let graph = deployment
         .job
         .ok_or_else(|| Error::Internal("the deployment has no job".into()))?;
-    let plan = crate::plan::plan(graph).await?;
+    let plan = crate::plan::plan(graph, connectors).await?;
     let mut options = BuildOptions::default();
     if let Some(r) = &deployment.remote_state {
         let mut config = RemoteStateConfig::new(&r.endpoint, &r.job_id, plan.max_parallelism);
@@ -227,7 +235,7 @@ async fn run(
         config.fence = r.fence;
         let remote = RemoteState::connect(config).await?;
         *remote_slot = Some(remote.clone());
-        options.remote_state = Some(remote);
+        options.state = Some(Arc::new(RemoteStore(remote)));
         options.first_epoch = r.first_epoch.max(1);
     }
     options.coordinated_checkpoints = deployment.coordinated_checkpoints;

@@ -18,7 +18,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::network::frame::{ChannelId, Frame};
-use crate::runtime::queue::Releasable;
+use crate::queue::Releasable;
 
 /// Where credit announcements go (the connection writer).
 pub type CreditSink = tokio::sync::mpsc::UnboundedSender<Frame>;

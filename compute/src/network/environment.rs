@@ -29,7 +29,7 @@ use crate::network::credit::{CreditStats, FloatingPool, InputCredit};
 use crate::network::frame::ChannelId;
 use crate::network::input_channel::RemoteInputChannel;
 use crate::network::partition::{Subpartition, SubpartitionStats, SubpartitionWriter};
-use crate::runtime::queue::Inlet;
+use crate::queue::Inlet;
 
 fn peer_name(index: u32, addr: &str) -> String {
     format!("worker {index} ({addr})")

@@ -16,7 +16,7 @@ use crate::element::StreamElement;
 use crate::network::codec::Decoder;
 use crate::network::credit::{BufferGuard, InputCredit};
 use crate::network::frame::ChannelId;
-use crate::runtime::queue::{Inlet, Release};
+use crate::queue::{Inlet, Release};
 
 /// One remote input channel.
 #[derive(Debug)]

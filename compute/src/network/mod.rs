@@ -3,7 +3,7 @@
 //!
 //! A producer subtask writes into a result partition with one subpartition per
 //! consumer channel; a consumer's input gate has one channel per producer subtask.
-//! Channels between tasks of one worker stay in `runtime::queue` (same bounds, no
+//! Channels between tasks of one worker stay in `crate::queue` (same bounds, no
 //! network); channels between workers travel over one TCP connection per worker pair.
 //!
 //! - [`frame`]: the wire format (length-prefixed frames, hello with protocol version).

@@ -8,13 +8,22 @@
 //! whatever an operator emits goes to the next one or to the task's output router.
 //!
 //! One file per operator, each with its builder from the job graph (`build`).
+//!
+//! # Keyed state
+//! A keyed operator finds its state in its [`OperatorContext`] at `open`, asks it for
+//! the tables it keeps ([`crate::keyed::OperatorState::table`]) and reads and writes
+//! them. It does what its semantics need at a barrier (finish in-flight work, persist
+//! its timers) in `on_barrier`; the runtime then seals the epoch. It never sees which
+//! store holds its state, when an epoch becomes durable, or how a restore happened.
 
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 
 use crate::element::{Barrier, StreamElement, Timestamp};
 use crate::error::Result;
+use crate::keyed::OperatorState;
 
+pub mod dedup;
 pub mod filter;
 pub mod select;
 pub mod sink;
@@ -33,9 +42,22 @@ pub struct OperatorContext {
     pub parallelism: usize,
     /// Number of key groups of the job.
     pub max_parallelism: u32,
+    /// The operator's keyed state, when its node keeps state (windows, dedup).
+    pub state: Option<OperatorState>,
 }
 
 impl OperatorContext {
+    /// The operator's keyed state; an error for a node the runtime gave none (a bug:
+    /// the task builder gives state to every node kind that keeps it).
+    pub fn keyed_state(&self) -> Result<&OperatorState> {
+        self.state.as_ref().ok_or_else(|| {
+            crate::error::Error::Internal(format!(
+                "operator `{}` keeps keyed state but was built without any",
+                self.node_name
+            ))
+        })
+    }
+
     /// `name[subtask]`, the way tasks are named in messages.
     pub fn task_name(&self) -> String {
         format!("{}[{}]", self.node_name, self.subtask)

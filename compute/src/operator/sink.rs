@@ -199,6 +199,7 @@ mod tests {
             subtask: 0,
             parallelism: 1,
             max_parallelism: 128,
+            state: None,
         }
     }
 

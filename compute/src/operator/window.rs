@@ -1,7 +1,7 @@
 //! `window` + `aggregate`: keyed (or global) tumbling, sliding and session windows.
 //!
 //! Per batch, rows are first folded into partial accumulators per distinct key and
-//! *pane* in operator memory (a pane is a `slide`-long slice of time; a tumbling window
+//! *pane* in operator memory (a pane is a `gcd(size, slide)`-long slice of time; a tumbling window
 //! is its own single pane); then each touched pane's accumulators in keyed state are
 //! read in one `get_many`, merged, and written back in one `write`. State is thereby
 //! touched once per key and pane per batch however many windows a record belongs to,
@@ -14,15 +14,22 @@
 //! side output. Processing-time windows take the wall clock at arrival and fire on
 //! processing-time ticks. At the end of a bounded input every open window fires.
 //!
+//! # State
+//!
+//! The window keeps three tables of keyed state: `window` (a pane's accumulators per
+//! key and pane) or `sessions` (a key's sessions), `watermark` (its event-time watermark
+//! at the last barrier, per key group), and `timers` (the runtime's timer service:
+//! firings and cleanups of panes, checks of sessions). At a barrier it finishes the
+//! batches whose reads are in flight, records its watermark and persists what changed in
+//! its timers; the runtime seals the epoch after that.
+//!
 //! # Restore
 //!
-//! Timers live in operator memory, not in state. At every barrier an event-time window
-//! records its watermark under each key group it owns; at `open` it scans the state of
-//! its key groups ([`WindowOperator::rebuild_timers_from_state`]) and registers the timers
-//! that its panes and sessions need, knowing per key group which windows had fired at
-//! the checkpoint. A job restarted from a checkpoint, at the same or another
-//! parallelism, thereby fires every window once, as an uninterrupted run would. Fresh
-//! state scans empty.
+//! At `open` the timers of the subtask's key groups come back from the `timers` table,
+//! exactly as they were pending at the checkpoint, and the window's watermark is the
+//! smallest one recorded for those key groups, so records late then are late now. A job
+//! restarted from a checkpoint, at the same or another parallelism, thereby fires every
+//! window once, as an uninterrupted run would. Fresh state has no timers.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -35,35 +42,33 @@ use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use bytes::Bytes;
-use sluice_common::key_group::{key_group_of, key_group_range};
+use sluice_common::key_group::key_group_of;
 use sluice_common::pb;
-use sluice_common::state::key::{decode_key, encode_state_part, prefix_end};
-use sluice_common::state::{KeyedStateBackend, WriteOp, encode_key};
+use sluice_common::state::{StateTable, WriteOp};
 
 use super::{Operator, OperatorContext, Output};
 use crate::element::{Barrier, Timestamp};
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
 use crate::expr::aggregate::AggregateCall;
+use crate::keyed::KeyedTimers;
 use crate::keys::{EncodedKeys, KeyEncoder, decode_keys};
-use crate::state_client::RemoteStateBackend;
 use crate::window::accumulator::{self, Acc, evaluate_args};
 use crate::window::assigner::WindowAssigner;
 use crate::window::session::{self, Session};
-use crate::window::timers::TimerQueue;
 
 /// Per-batch maps hash short keys millions of times a second: a fast, non-DoS-resistant
 /// hasher is right for them (keys come from the job's own data, bounded per batch).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-const SLOT_STATE: &[u8] = b"window";
-const SESSION_STATE: &[u8] = b"sessions";
+const SLOT_STATE: &str = "window";
+const SESSION_STATE: &str = "sessions";
 /// The operator's event-time watermark at the last barrier, one entry per key group it
-/// owned (empty key and namespace), so that a restore at any parallelism knows which
-/// windows of each key group had fired.
-const WATERMARK_STATE: &[u8] = b"watermark";
-/// State entries read per scan call while rebuilding timers.
-const SCAN_PAGE: usize = 1024;
+/// owned (empty key and namespace), so that a restore at any parallelism knows how far
+/// each key group had got.
+const WATERMARK_STATE: &str = "watermark";
+/// The operator's timers.
+const TIMER_STATE: &str = "timers";
 
 /// Where a record's time comes from.
 #[derive(Debug, Clone, Copy)]
@@ -74,8 +79,9 @@ enum TimeSource {
     Processing,
 }
 
-/// A timer: a fixed window to fire or clean up, or a key whose sessions to check.
-#[derive(Debug)]
+/// A timer: a fixed window to fire or clean up, or a key whose sessions to check. It
+/// is kept in the timer service as `[tag][start][end][key]` (sessions: `[tag][key]`).
+#[derive(Debug, PartialEq, Eq)]
 enum Timer {
     Fire {
         key_group: u16,
@@ -93,6 +99,77 @@ enum Timer {
         key_group: u16,
         key: Bytes,
     },
+}
+
+impl Timer {
+    const FIRE: u8 = 0;
+    const CLEANUP: u8 = 1;
+    const SESSIONS: u8 = 2;
+
+    /// The key group it belongs to and its payload in the timer service.
+    fn encode(&self) -> (u16, Bytes) {
+        let (tag, key_group, key, window) = match self {
+            Timer::Fire {
+                key_group,
+                key,
+                start,
+                end,
+            } => (Self::FIRE, *key_group, key, Some((*start, *end))),
+            Timer::Cleanup {
+                key_group,
+                key,
+                start,
+                end,
+            } => (Self::CLEANUP, *key_group, key, Some((*start, *end))),
+            Timer::Sessions { key_group, key } => (Self::SESSIONS, *key_group, key, None),
+        };
+        let mut out = Vec::with_capacity(17 + key.len());
+        out.push(tag);
+        if let Some((start, end)) = window {
+            out.extend_from_slice(&start.to_be_bytes());
+            out.extend_from_slice(&end.to_be_bytes());
+        }
+        out.extend_from_slice(key);
+        (key_group, Bytes::from(out))
+    }
+
+    fn decode(key_group: u16, payload: &Bytes) -> Result<Self> {
+        let corrupt = || Error::Internal(format!("corrupt window timer ({payload:?})"));
+        let window = |p: &Bytes| -> Result<(Timestamp, Timestamp, Bytes)> {
+            let start = p.get(1..9).ok_or_else(corrupt)?;
+            let end = p.get(9..17).ok_or_else(corrupt)?;
+            Ok((
+                i64::from_be_bytes(start.try_into().map_err(|_| corrupt())?),
+                i64::from_be_bytes(end.try_into().map_err(|_| corrupt())?),
+                p.slice(17..),
+            ))
+        };
+        match payload.first() {
+            Some(&Self::FIRE) => {
+                let (start, end, key) = window(payload)?;
+                Ok(Timer::Fire {
+                    key_group,
+                    key,
+                    start,
+                    end,
+                })
+            }
+            Some(&Self::CLEANUP) => {
+                let (start, end, key) = window(payload)?;
+                Ok(Timer::Cleanup {
+                    key_group,
+                    key,
+                    start,
+                    end,
+                })
+            }
+            Some(&Self::SESSIONS) => Ok(Timer::Sessions {
+                key_group,
+                key: payload.slice(1..),
+            }),
+            _ => Err(corrupt()),
+        }
+    }
 }
 
 /// One window result awaiting emission.
@@ -119,25 +196,25 @@ pub struct WindowOperator {
     lateness: i64,
     late_to_side: bool,
     schema: SchemaRef,
-    state: Arc<dyn KeyedStateBackend>,
-    /// The remote backend behind `state`, when there is one: barriers flush its epochs.
-    epochs: Option<Arc<RemoteStateBackend>>,
+    /// Panes or sessions (set at `open`).
+    slots: Option<StateTable>,
+    /// The watermark per key group at the last barrier (set at `open`).
+    watermarks: Option<StateTable>,
+    /// Timers, restored at `open`.
+    timers: Option<KeyedTimers>,
+    /// Batches whose state reads may be in flight at once (0: reads answer at once).
+    pipelined: usize,
     counters: Arc<WindowCounters>,
-    operator_id: u32,
     max_parallelism: u32,
-    timers: TimerQueue<Timer>,
     watermark: Timestamp,
     /// The key groups this subtask owns (set at `open`).
     key_groups: Range<u32>,
     /// The watermark last recorded in state at a barrier.
     recorded_watermark: Option<Timestamp>,
     keys: EncodedKeys,
-    /// Batches whose state reads are in flight (remote state only), oldest first.
+    /// Batches whose state reads are in flight, oldest first.
     inflight: VecDeque<InFlight>,
 }
-
-/// Batches of fixed windows whose remote reads may be in flight at once.
-const READS_IN_FLIGHT: usize = 4;
 
 /// A batch folded into partial accumulators, waiting for its state values.
 struct FixedBatch {
@@ -178,21 +255,12 @@ fn overlaps<S: std::hash::BuildHasher>(
 }
 
 impl WindowOperator {
-    /// Uses `remote` (also passed as the state) for state, flushing its epoch at every
-    /// barrier and at the end of input.
-    pub fn with_remote_state(mut self, remote: Arc<RemoteStateBackend>) -> Self {
-        self.state = remote.clone();
-        self.epochs = Some(remote);
-        self
-    }
-
-    /// Builds the operator of `node_id` over `input`; errors name the offending column or call.
+    /// Builds the operator over `input`; errors name the offending column or call. Its
+    /// state comes from its context at `open`.
     pub fn build(
-        node_id: u32,
         spec: &pb::WindowSpec,
         input: &SchemaRef,
         compiler: &ExprCompiler,
-        state: Arc<dyn KeyedStateBackend>,
         counters: Arc<WindowCounters>,
     ) -> Result<Self> {
         let assigner = WindowAssigner::from_spec(spec)?;
@@ -250,13 +318,13 @@ impl WindowOperator {
             lateness: spec.allowed_lateness_ms.min(i64::MAX as u64 / 4) as i64,
             late_to_side: spec.late() == pb::LatePolicy::SideOutput,
             schema: Arc::new(Schema::new(fields)),
-            state,
-            epochs: None,
+            slots: None,
+            watermarks: None,
+            timers: None,
+            pipelined: 0,
             inflight: VecDeque::new(),
             counters,
-            operator_id: node_id,
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
-            timers: TimerQueue::default(),
             watermark: Timestamp::MIN,
             key_groups: 0..0,
             recorded_watermark: None,
@@ -301,16 +369,24 @@ impl WindowOperator {
         self.is_event_time() && end - 1 + self.lateness <= self.watermark
     }
 
-    fn state_key(&self, name: &[u8], key_group: u16, key: &[u8], start: i64, end: i64) -> Bytes {
-        let mut ns = [0u8; 16];
-        ns[..8].copy_from_slice(&start.to_be_bytes());
-        ns[8..].copy_from_slice(&end.to_be_bytes());
-        let ns: &[u8] = if name == SESSION_STATE { &[] } else { &ns };
-        encode_key(key_group, self.operator_id, name, key, ns)
+    /// The panes or sessions table.
+    fn slots(&self) -> Result<&StateTable> {
+        self.slots.as_ref().ok_or_else(not_open)
+    }
+
+    fn timers(&mut self) -> Result<&mut KeyedTimers> {
+        self.timers.as_mut().ok_or_else(not_open)
+    }
+
+    /// Registers `timer` to fire at `at`.
+    fn register(&mut self, at: Timestamp, timer: Timer) -> Result<()> {
+        let (key_group, payload) = timer.encode();
+        self.timers()?.register(at, key_group, payload);
+        Ok(())
     }
 
     /// Tumbling and sliding windows. State holds one accumulator set per key and *pane*
-    /// (a `slide`-long slice; for tumbling windows the window itself), so a record
+    /// (a `gcd(size, slide)`-long slice; for tumbling windows the window itself), so a record
     /// updates one entry however many windows it belongs to; a window's result merges
     /// its panes when it fires. A pane is dropped when the last window holding it (the
     /// one starting with it) fires, or after allowed lateness.
@@ -324,15 +400,15 @@ impl WindowOperator {
         let Some(prepared) = prepared else {
             return Ok(late);
         };
-        if self.epochs.is_none() {
-            let stored = self.state.get_many(&prepared.state_keys).await?;
+        if self.pipelined == 0 {
+            let stored = self.slots()?.get_many(&prepared.state_keys).await?;
             self.apply_fixed(prepared, stored, out).await?;
             return Ok(late);
         }
-        // Remote state: the read goes out now and the batch is applied later, in order,
-        // so the reads of the next batches overlap with this one's round trip. A batch
-        // touching a key an earlier batch still waits on applies that one first (per-key
-        // order).
+        // Reads that take a round trip: the read goes out now and the batch is applied
+        // later, in order, so the reads of the next batches overlap with this one's round
+        // trip. A batch touching a key an earlier batch still waits on applies that one
+        // first (per-key order).
         let keys: std::collections::HashSet<Bytes, foldhash::fast::RandomState> =
             prepared.state_keys.iter().cloned().collect();
         if let Some(last) = self
@@ -344,17 +420,17 @@ impl WindowOperator {
                 self.apply_oldest(out).await?;
             }
         }
-        let state = Arc::clone(&self.state);
+        let slots = self.slots()?.clone();
         let read_keys = prepared.state_keys.clone();
         let read = AbortOnDrop(tokio::spawn(
-            async move { state.get_many(&read_keys).await },
+            async move { slots.get_many(&read_keys).await },
         ));
         self.inflight.push_back(InFlight {
             keys,
             prepared,
             read,
         });
-        while self.inflight.len() > READS_IN_FLIGHT {
+        while self.inflight.len() > self.pipelined {
             self.apply_oldest(out).await?;
         }
         Ok(late)
@@ -424,11 +500,12 @@ impl WindowOperator {
             .iter()
             .map(|k| key_group_of(k, self.max_parallelism))
             .collect();
+        let table = self.slots()?;
         let state_keys: Vec<Bytes> = slots
             .iter()
             .map(|&(kid, start)| {
                 let (kg, key) = (groups[kid as usize], key_list[kid as usize]);
-                self.state_key(SLOT_STATE, kg, key, start, start + pane)
+                table.key(kg, key, &pane_namespace(start, start + pane))
             })
             .collect();
         let keys = key_list.iter().map(|k| Bytes::copy_from_slice(k)).collect();
@@ -497,7 +574,7 @@ impl WindowOperator {
             }
             if is_new {
                 let key = &key_list[kid as usize];
-                self.register_pane_timers(key_group, key, start, self.watermark);
+                self.register_pane_timers(key_group, key, start, self.watermark)?;
             }
             buf.clear();
             accumulator::encode(&merged, &mut buf);
@@ -506,7 +583,7 @@ impl WindowOperator {
                 value: Bytes::copy_from_slice(&buf),
             });
         }
-        self.state.write(ops).await?;
+        self.slots()?.write(ops).await?;
         if !refire.is_empty() {
             refire.sort();
             refire.dedup();
@@ -527,7 +604,7 @@ impl WindowOperator {
         key: &Bytes,
         start: Timestamp,
         watermark: Timestamp,
-    ) {
+    ) -> Result<()> {
         let (pane, _, _) = self.assigner.panes();
         let event_time = self.is_event_time();
         for (w, end) in self.assigner.windows(start) {
@@ -538,7 +615,7 @@ impl WindowOperator {
                     start: w,
                     end,
                 };
-                self.timers.register(end - 1, fire);
+                self.register(end - 1, fire)?;
             }
         }
         let last_end = self.assigner.last_window_end(start);
@@ -549,117 +626,54 @@ impl WindowOperator {
                 start,
                 end: start + pane,
             };
-            self.timers.register(last_end - 1 + self.lateness, cleanup);
+            self.register(last_end - 1 + self.lateness, cleanup)?;
         }
+        Ok(())
     }
 
-    /// Registers, for a state holding this subtask's key groups as a checkpoint left them,
-    /// the timers that the operator which wrote it had: the firings and cleanups of every
-    /// pane, and a check of every session's key at its end (or, fired and kept for
-    /// allowed lateness, at its cleanup). Which windows had fired comes from the watermark
-    /// recorded per key group at the barrier ([`WATERMARK_STATE`]); the smallest of them
-    /// becomes the operator's watermark, so records late then are late now.
-    async fn rebuild_timers_from_state(&mut self) -> Result<()> {
-        let groups = self.key_groups.clone();
-        let mut watermarks = Vec::new();
-        if self.is_event_time() {
-            let keys: Vec<Bytes> = groups
-                .clone()
-                .map(|g| encode_key(g as u16, self.operator_id, WATERMARK_STATE, &[], &[]))
-                .collect();
-            for value in self.state.get_many(&keys).await? {
-                watermarks.push(match value {
-                    Some(bytes) => i64::from_be_bytes(bytes[..].try_into().map_err(|_| {
-                        Error::Internal(format!("corrupt window watermark state ({bytes:?})"))
-                    })?),
-                    None => Timestamp::MIN,
-                });
-            }
-            self.watermark = watermarks.iter().copied().min().unwrap_or(Timestamp::MIN);
-            self.recorded_watermark = None;
-        }
-        let naggs = self.calls.len();
-        // Only this operator's entries of the one state its windows use are read: a
-        // prefix scan per key group, so the cost follows this window's state, not the
-        // shard's.
+    /// Opens the window's state: its tables, its timers as the checkpoint the state was
+    /// restored to left them, and (event time) the smallest watermark recorded for the
+    /// subtask's key groups, so that records late then are late now.
+    async fn open_state(&mut self, ctx: &OperatorContext) -> Result<()> {
+        let state = ctx.keyed_state()?;
         let name = if matches!(self.assigner, WindowAssigner::Session { .. }) {
             SESSION_STATE
         } else {
             SLOT_STATE
         };
-        for group in groups.clone() {
-            let mut prefix = (group as u16).to_be_bytes().to_vec();
-            encode_state_part(&mut prefix, self.operator_id, name);
-            let end = prefix_end(&prefix);
-            let mut from = prefix;
-            loop {
-                let page = self.state.scan(&from, &end, Some(SCAN_PAGE)).await?;
-                for (state_key, value) in &page {
-                    let k = decode_key(state_key)?;
-                    if k.operator_id != self.operator_id || k.state_name != name {
-                        continue;
-                    }
-                    let kg = k.key_group;
-                    let watermark = watermarks
-                        .get((u32::from(kg)).wrapping_sub(groups.start) as usize)
-                        .copied()
-                        .unwrap_or(Timestamp::MIN);
-                    let key = Bytes::copy_from_slice(k.key);
-                    if name == SLOT_STATE {
-                        let start = k.namespace.get(..8).and_then(|b| b.try_into().ok());
-                        let start = i64::from_be_bytes(start.ok_or_else(|| {
-                            Error::Internal("a window pane's state key has no window".into())
-                        })?);
-                        self.register_pane_timers(kg, &key, start, watermark);
-                    } else {
-                        self.register_session_timers(kg, key, value, naggs)?;
-                    }
-                }
-                match page.last() {
-                    Some((last, _)) if page.len() == SCAN_PAGE => {
-                        // The smallest key after `last`.
-                        from = [&last[..], &[0]].concat();
-                    }
-                    _ => break,
-                }
+        let slots = state.table(name);
+        let watermarks = state.table(WATERMARK_STATE);
+        self.key_groups = state.key_groups();
+        self.pipelined = slots.pipelined_reads();
+        self.timers = Some(
+            KeyedTimers::restore(
+                state.table(TIMER_STATE),
+                self.key_groups.clone(),
+                state.checkpointed(),
+            )
+            .await?,
+        );
+        if self.is_event_time() {
+            let keys: Vec<Bytes> = self
+                .key_groups
+                .clone()
+                .map(|g| watermarks.key(g as u16, &[], &[]))
+                .collect();
+            let mut lowest = None::<Timestamp>;
+            for value in watermarks.get_many(&keys).await? {
+                let w = match value {
+                    Some(bytes) => i64::from_be_bytes(bytes[..].try_into().map_err(|_| {
+                        Error::Internal(format!("corrupt window watermark state ({bytes:?})"))
+                    })?),
+                    None => Timestamp::MIN,
+                };
+                lowest = Some(lowest.map_or(w, |l| l.min(w)));
             }
+            self.watermark = lowest.unwrap_or(Timestamp::MIN);
+            self.recorded_watermark = None;
         }
-        Ok(())
-    }
-
-    /// The timers of a key's stored sessions: each fires (or, once fired, is dropped
-    /// after allowed lateness) at its end.
-    fn register_session_timers(
-        &mut self,
-        key_group: u16,
-        key: Bytes,
-        value: &[u8],
-        naggs: usize,
-    ) -> Result<()> {
-        let lateness = if self.is_event_time() {
-            self.lateness
-        } else {
-            0
-        };
-        let mut ends: Vec<Timestamp> = session::decode(value, naggs)?
-            .iter()
-            .map(|s| {
-                if s.fired {
-                    s.end - 1 + lateness
-                } else {
-                    s.end - 1
-                }
-            })
-            .collect();
-        ends.sort_unstable();
-        ends.dedup();
-        for at in ends {
-            let timer = Timer::Sessions {
-                key_group,
-                key: key.clone(),
-            };
-            self.timers.register(at, timer);
-        }
+        self.slots = Some(slots);
+        self.watermarks = Some(watermarks);
         Ok(())
     }
 
@@ -672,15 +686,16 @@ impl WindowOperator {
             return Ok(());
         }
         let value = Bytes::copy_from_slice(&self.watermark.to_be_bytes());
+        let table = self.watermarks.as_ref().ok_or_else(not_open)?;
         let ops = self
             .key_groups
             .clone()
             .map(|g| WriteOp::Put {
-                key: encode_key(g as u16, self.operator_id, WATERMARK_STATE, &[], &[]),
+                key: table.key(g as u16, &[], &[]),
                 value: value.clone(),
             })
             .collect();
-        self.state.write(ops).await?;
+        table.write(ops).await?;
         self.recorded_watermark = Some(self.watermark);
         Ok(())
     }
@@ -691,14 +706,15 @@ impl WindowOperator {
         let (pane, size, _) = self.assigner.panes();
         let naggs = self.calls.len();
         let per_window = (size / pane) as usize;
+        let table = self.slots()?;
         let mut keys = Vec::with_capacity(windows.len() * per_window);
         for (kg, key, start) in windows {
             for p in 0..per_window as i64 {
                 let s = start + p * pane;
-                keys.push(self.state_key(SLOT_STATE, *kg, key, s, s + pane));
+                keys.push(table.key(*kg, key, &pane_namespace(s, s + pane)));
             }
         }
-        let values = self.state.get_many(&keys).await?;
+        let values = table.get_many(&keys).await?;
         let mut fired = Vec::with_capacity(windows.len());
         let mut pane_accs = Vec::with_capacity(naggs);
         for ((_, key, start), panes) in windows.iter().zip(values.chunks(per_window)) {
@@ -760,14 +776,16 @@ impl WindowOperator {
             .iter()
             .map(|(k, _)| key_group_of(k, self.max_parallelism))
             .collect();
+        let table = self.slots()?.clone();
         let state_keys: Vec<Bytes> = rows_by_key
             .iter()
             .zip(&groups)
-            .map(|((k, _), &kg)| self.state_key(SESSION_STATE, kg, k, 0, 0))
+            .map(|((k, _), &kg)| table.key(kg, k, &[]))
             .collect();
-        let stored = self.state.get_many(&state_keys).await?;
+        let stored = table.get_many(&state_keys).await?;
         let mut ops = Vec::with_capacity(rows_by_key.len());
         let mut refire = Vec::new();
+        let mut timers = Vec::new();
         for (((key, rows), value), (state_key, &key_group)) in rows_by_key
             .iter()
             .zip(stored)
@@ -810,13 +828,11 @@ impl WindowOperator {
             ends.sort_unstable();
             ends.dedup();
             for at in ends {
-                self.timers.register(
-                    at,
-                    Timer::Sessions {
-                        key_group,
-                        key: key.clone(),
-                    },
-                );
+                let timer = Timer::Sessions {
+                    key_group,
+                    key: key.clone(),
+                };
+                timers.push((at, timer));
             }
             let mut buf = Vec::new();
             session::encode(&sessions, &mut buf);
@@ -825,7 +841,10 @@ impl WindowOperator {
                 value: Bytes::from(buf),
             });
         }
-        self.state.write(ops).await?;
+        table.write(ops).await?;
+        for (at, timer) in timers {
+            self.register(at, timer)?;
+        }
         if !refire.is_empty() {
             out.batch(self.results(refire)?);
         }
@@ -834,17 +853,18 @@ impl WindowOperator {
 
     /// Fires and cleans up everything due at `now` (a watermark or processing time).
     async fn fire(&mut self, now: Timestamp, out: &mut Output) -> Result<()> {
-        let due = self.timers.pop_due(now);
+        let due = self.timers()?.pop_due(now);
         if due.is_empty() {
             return Ok(());
         }
+        let table = self.slots()?.clone();
         let naggs = self.calls.len();
         let (pane, _, slide) = self.assigner.panes();
         let mut windows = Vec::new();
         let mut ops = Vec::new();
         let mut session_keys: Vec<(u16, Bytes)> = Vec::new();
-        for (_, timer) in due {
-            match timer {
+        for (_, key_group, payload) in due {
+            match Timer::decode(key_group, &payload)? {
                 Timer::Fire {
                     key_group,
                     key,
@@ -865,9 +885,9 @@ impl WindowOperator {
                                 start: p,
                                 end: p + pane,
                             };
-                            self.timers.register(at, cleanup);
+                            self.register(at, cleanup)?;
                         } else {
-                            let pane_key = self.state_key(SLOT_STATE, key_group, &key, p, p + pane);
+                            let pane_key = table.key(key_group, &key, &pane_namespace(p, p + pane));
                             ops.push(WriteOp::Delete { key: pane_key });
                         }
                         p += pane;
@@ -881,7 +901,7 @@ impl WindowOperator {
                     end,
                 } => {
                     ops.push(WriteOp::Delete {
-                        key: self.state_key(SLOT_STATE, key_group, &key, start, end),
+                        key: table.key(key_group, &key, &pane_namespace(start, end)),
                     });
                 }
                 Timer::Sessions { key_group, key } => session_keys.push((key_group, key)),
@@ -900,9 +920,9 @@ impl WindowOperator {
             session_keys.dedup();
             let keys: Vec<Bytes> = session_keys
                 .iter()
-                .map(|(kg, k)| self.state_key(SESSION_STATE, *kg, k, 0, 0))
+                .map(|(kg, k)| table.key(*kg, k, &[]))
                 .collect();
-            let values = self.state.get_many(&keys).await?;
+            let values = table.get_many(&keys).await?;
             let lateness = if self.is_event_time() {
                 self.lateness
             } else {
@@ -945,12 +965,10 @@ impl WindowOperator {
             cleanups.sort();
             cleanups.dedup();
             for (at, key_group, key) in cleanups {
-                self.timers.register(at, Timer::Sessions { key_group, key });
+                self.register(at, Timer::Sessions { key_group, key })?;
             }
         }
-        if !ops.is_empty() {
-            self.state.write(ops).await?;
-        }
+        table.write(ops).await?;
         if !fired.is_empty() {
             out.batch(self.results(fired)?);
         }
@@ -976,6 +994,18 @@ impl WindowOperator {
     }
 }
 
+/// The namespace of the pane `[start, end)`.
+fn pane_namespace(start: Timestamp, end: Timestamp) -> [u8; 16] {
+    let mut ns = [0u8; 16];
+    ns[..8].copy_from_slice(&start.to_be_bytes());
+    ns[8..].copy_from_slice(&end.to_be_bytes());
+    ns
+}
+
+fn not_open() -> Error {
+    Error::Internal("the window operator was used before `open`".into())
+}
+
 fn now_ms() -> Timestamp {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -987,13 +1017,7 @@ fn now_ms() -> Timestamp {
 impl Operator for WindowOperator {
     async fn open(&mut self, ctx: &OperatorContext) -> Result<()> {
         self.max_parallelism = ctx.max_parallelism;
-        self.operator_id = ctx.node_id;
-        self.key_groups = key_group_range(
-            ctx.max_parallelism,
-            ctx.parallelism as u32,
-            ctx.subtask as u32,
-        );
-        self.rebuild_timers_from_state().await
+        self.open_state(ctx).await
     }
 
     async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
@@ -1040,9 +1064,7 @@ impl Operator for WindowOperator {
     async fn on_barrier(&mut self, barrier: Barrier, out: &mut Output) -> Result<()> {
         self.drain(out).await?;
         self.record_watermark().await?;
-        if let Some(remote) = &self.epochs {
-            remote.flush_epoch(barrier.checkpoint_id).await?;
-        }
+        self.timers()?.persist().await?;
         out.barrier(barrier);
         Ok(())
     }
@@ -1051,21 +1073,20 @@ impl Operator for WindowOperator {
         // The end of a bounded input closes every window, whatever the time mode.
         self.drain(out).await?;
         self.fire(Timestamp::MAX, out).await?;
-        if let Some(remote) = &self.epochs {
-            // What the last windows wrote becomes durable with the open epoch.
-            remote.flush_epoch(remote.epoch()).await?;
-        }
-        Ok(())
+        // Fired timers leave the state with the epoch the runtime seals now.
+        self.timers()?.persist().await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use arrow::array::{Int64Array, TimestampMillisecondArray};
-    use sluice_common::state::MemoryStateBackend;
+    use sluice_common::key_group::key_group_range;
+    use sluice_common::state::{MemoryStateStore, StateStore};
 
     use super::*;
     use crate::element::StreamElement;
+    use crate::keyed::OperatorState;
 
     fn input_schema() -> SchemaRef {
         Arc::new(Schema::new(vec![
@@ -1090,18 +1111,20 @@ mod tests {
     }
 
     async fn window(kind: pb::window_spec::Kind, time: pb::TimeCharacteristic) -> WindowOperator {
-        let state = Arc::new(MemoryStateBackend::new());
-        window_over(kind, time, 0, state, (0, 1)).await
+        let store = Arc::new(MemoryStateStore::new(false));
+        window_over(kind, time, 0, store, (0, 1), 1).await.0
     }
 
-    /// A window with `lateness` over `state`, opened as `(subtask, parallelism)`.
+    /// A window with `lateness` over `store`, opened as `(subtask, parallelism)` writing
+    /// from `epoch`; and the state the runtime would drive.
     async fn window_over(
         kind: pb::window_spec::Kind,
         time: pb::TimeCharacteristic,
         lateness: u64,
-        state: Arc<dyn KeyedStateBackend>,
+        store: Arc<dyn StateStore>,
         (subtask, parallelism): (usize, usize),
-    ) -> WindowOperator {
+        epoch: u64,
+    ) -> (WindowOperator, OperatorState) {
         let mut spec = pb::WindowSpec {
             kind: Some(kind),
             key_columns: vec!["k".into()],
@@ -1118,23 +1141,24 @@ mod tests {
         };
         spec.set_time(time);
         let mut op = WindowOperator::build(
-            1,
             &spec,
             &input_schema(),
             &ExprCompiler::new(),
-            state,
             Arc::new(WindowCounters::default()),
         )
         .unwrap();
+        let groups = key_group_range(128, parallelism as u32, subtask as u32);
+        let state = OperatorState::new(store, 1, groups, epoch, true);
         let ctx = OperatorContext {
             node_id: 1,
             node_name: "window".into(),
             subtask,
             parallelism,
             max_parallelism: 128,
+            state: Some(state.clone()),
         };
         op.open(&ctx).await.unwrap();
-        op
+        (op, state)
     }
 
     /// (key, window_start, n, s) of every result batch in `out`.
@@ -1371,7 +1395,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn timers_rebuilt_from_state_fire_every_window_once_after_a_restart() {
+    async fn timers_restored_with_the_state_fire_every_window_once_after_a_restart() {
         let kinds = [
             pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: 10 }),
             pb::window_spec::Kind::Sliding(pb::SlidingWindow {
@@ -1386,35 +1410,49 @@ mod tests {
         let event = pb::TimeCharacteristic::TimeEvent;
         for kind in kinds {
             for lateness in [0, 8] {
-                let fresh = || Arc::new(MemoryStateBackend::new());
+                let fresh = || Arc::new(MemoryStateStore::new(true)) as Arc<dyn StateStore>;
                 let mut reference = Output::default();
-                let mut op = window_over(kind, event, lateness, fresh(), (0, 1)).await;
+                let (mut op, _) = window_over(kind, event, lateness, fresh(), (0, 1), 1).await;
                 feed(std::slice::from_mut(&mut op), &rows, &mut reference).await;
                 op.close(&mut reference).await.unwrap();
                 let expected = results(&reference);
                 assert!(!expected.is_empty());
                 for parallelism in [1, 2] {
-                    // One subtask until a checkpoint, then a failure: the operator is
-                    // dropped with windows open and its state as of the barrier.
-                    let state: Arc<dyn KeyedStateBackend> = fresh();
+                    // One subtask until a checkpoint, then on for a while, then a
+                    // failure: the operator is dropped with windows open, and the
+                    // state goes back to the checkpoint.
+                    let store = fresh();
                     let mut out = Output::default();
-                    let mut op = window_over(kind, event, lateness, state.clone(), (0, 1)).await;
+                    let (mut op, state) =
+                        window_over(kind, event, lateness, store.clone(), (0, 1), 1).await;
                     feed(std::slice::from_mut(&mut op), first, &mut out).await;
                     let barrier = Barrier {
                         checkpoint_id: 1,
                         kind: crate::element::BarrierKind::Aligned,
                     };
                     op.on_barrier(barrier, &mut out).await.unwrap();
-                    assert!(!op.timers.is_empty());
+                    state.seal(1).await.unwrap();
+                    store.commit(1, &[1]).await.unwrap();
+                    assert!(!op.timers.as_ref().unwrap().is_empty());
+                    // Lost: what the operator does after the checkpoint.
+                    feed(
+                        std::slice::from_mut(&mut op),
+                        &rest[..13 * 5],
+                        &mut Output::default(),
+                    )
+                    .await;
                     drop(op);
+                    store.restore(1, 2).await.unwrap();
                     // The restarted job, at `parallelism`, reads on after the checkpoint.
                     let mut ops = Vec::new();
                     for subtask in 0..parallelism {
                         let at = (subtask, parallelism);
-                        ops.push(window_over(kind, event, lateness, state.clone(), at).await);
+                        let (op, _) =
+                            window_over(kind, event, lateness, store.clone(), at, 2).await;
+                        ops.push(op);
                     }
                     // Every subtask found open windows of its key groups in the state.
-                    assert!(ops.iter().all(|op| !op.timers.is_empty()));
+                    assert!(ops.iter().all(|op| !op.timers.as_ref().unwrap().is_empty()));
                     feed(&mut ops, rest, &mut out).await;
                     for op in &mut ops {
                         op.close(&mut out).await.unwrap();
@@ -1430,10 +1468,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_fresh_state_rebuilds_no_timer_and_keeps_the_watermark_at_min() {
+    async fn a_fresh_state_restores_no_timer_and_keeps_the_watermark_at_min() {
         let tumbling = pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: 10 });
         let op = window(tumbling, pb::TimeCharacteristic::TimeEvent).await;
-        assert!(op.timers.is_empty());
+        assert!(op.timers.as_ref().unwrap().is_empty());
         assert_eq!(op.watermark, Timestamp::MIN);
     }
 }

@@ -16,12 +16,12 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use sluice_common::pb;
-use sluice_common::state::MemoryStateBackend;
 
-use crate::connector;
+use crate::connector::Connectors;
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
 use crate::expr::aggregate::AggregateCall;
+use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::window::{WindowCounters, WindowOperator};
@@ -71,6 +71,8 @@ pub struct PhysicalPlan {
     pub max_parallelism: u32,
     /// The chains, producers before consumers.
     pub chains: Vec<ChainPlan>,
+    /// Where the job's sources and sinks come from.
+    pub connectors: Arc<dyn Connectors>,
     nodes: HashMap<u32, pb::Node>,
     /// Input schema of every non-source node; output schema of sources.
     inputs: HashMap<u32, SchemaRef>,
@@ -122,10 +124,10 @@ fn plan_err(msg: impl Into<String>) -> Error {
 
 /// Checks, types and chains `graph`; sources are told to produce only the columns the
 /// job reads (see [`prune_sources`]).
-pub async fn plan(graph: pb::JobGraph) -> Result<PhysicalPlan> {
-    let first = plan_once(graph).await?;
+pub async fn plan(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Result<PhysicalPlan> {
+    let first = plan_once(graph, connectors.clone()).await?;
     match prune_sources(&first)? {
-        Some(pruned) => plan_once(pruned).await,
+        Some(pruned) => plan_once(pruned, connectors).await,
         None => Ok(first),
     }
 }
@@ -253,6 +255,8 @@ fn input_needs(
             needs = needs.union(Needs::Columns(own));
             needs
         }
+        Some(pb::node::Kind::Dedup(d)) => Needs::Columns(d.key_columns.iter().cloned().collect())
+            .union(output_needs(plan, id, consumers, compiler, memo)?),
         _ => Needs::All,
     };
     for e in consumers
@@ -267,7 +271,7 @@ fn input_needs(
     Ok(needs)
 }
 
-async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
+async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Result<PhysicalPlan> {
     let max_parallelism = match graph.max_parallelism {
         0 => sluice_common::DEFAULT_MAX_PARALLELISM,
         n => n,
@@ -347,7 +351,7 @@ async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
         let output = match kind {
             pb::node::Kind::Source(spec) => {
                 has_source = true;
-                let schema = connector::source_schema(spec).await.map_err(at)?;
+                let schema = connectors.source_schema(spec).await.map_err(at)?;
                 if let Some(wm) = &spec.watermark {
                     WatermarkGenerator::new(wm, &schema, 1).map_err(at)?;
                 }
@@ -382,16 +386,19 @@ async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
                         .map_err(|err| locate(&graph, e.location.as_ref(), "aggregate", err))?;
                 }
                 let op = WindowOperator::build(
-                    id,
                     spec,
                     &input,
                     &compiler,
-                    Arc::new(MemoryStateBackend::new()),
                     Arc::new(WindowCounters::default()),
                 )
                 .map_err(at)?;
                 inputs.insert(id, input);
                 op.schema()
+            }
+            pb::node::Kind::Dedup(spec) => {
+                DedupOperator::build(spec, &input).map_err(at)?;
+                inputs.insert(id, input.clone());
+                input
             }
             pb::node::Kind::Sink(_) => {
                 inputs.insert(id, input.clone());
@@ -427,6 +434,7 @@ async fn plan_once(graph: pb::JobGraph) -> Result<PhysicalPlan> {
         graph,
         max_parallelism,
         chains,
+        connectors,
         nodes,
         inputs,
         outputs,
@@ -513,8 +521,10 @@ mod tests {
     use super::*;
 
     async fn source_columns(yaml: &str) -> Vec<String> {
-        let graph = sluice_common::job_spec::parse_job("job.yaml", yaml).unwrap();
-        let plan = plan(graph).await.unwrap();
+        let graph = sluice_planner::job_spec::parse_job("job.yaml", yaml).unwrap();
+        let plan = plan(graph, crate::connector::testing::bids())
+            .await
+            .unwrap();
         let src = plan.chains[0].source.unwrap();
         let Some(pb::node::Kind::Source(spec)) = &plan.node(src).kind else {
             panic!()
@@ -553,8 +563,11 @@ mod tests {
     async fn plan_errors_name_the_expression_position() {
         let bad =
             format!("{HEAD}pipeline:\n  - filter: \"pricee > 1\"\nsink:\n  blackhole: {{}}\n");
-        let graph = sluice_common::job_spec::parse_job("job.yaml", &bad).unwrap();
-        let err = plan(graph).await.unwrap_err().to_string();
+        let graph = sluice_planner::job_spec::parse_job("job.yaml", &bad).unwrap();
+        let err = plan(graph, crate::connector::testing::bids())
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("job.yaml:6:13:"), "{err}");
         assert!(err.contains("pricee"), "{err}");
     }

@@ -19,28 +19,29 @@ use bytes::Bytes;
 
 use sluice_common::key_group::key_group_range;
 use sluice_common::pb;
-use sluice_common::state::{KeyedStateBackend, MemoryStateBackend};
+use sluice_common::state::{MemoryStateStore, StateStore};
 
-use crate::connector::{self, SubtaskInfo};
+use crate::connector::SubtaskInfo;
 use crate::element::BarrierKind;
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
+use crate::keyed::OperatorState;
 use crate::keys::KeyEncoder;
 use crate::network::environment::NetworkBuilder;
 use crate::network::frame::ChannelId;
+use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::sink::SinkOperator;
 use crate::operator::window::WindowOperator;
 use crate::operator::{Operator, OperatorContext};
 use crate::plan::PhysicalPlan;
+use crate::queue::{self, QueueReceiver, QueueSender};
 use crate::runtime::chain::{Chain, SideRoute, TaskOutput};
 use crate::runtime::input_gate::InputGate;
 use crate::runtime::metrics::{JobMetrics, TaskMetrics};
-use crate::runtime::queue::{self, QueueReceiver, QueueSender};
 use crate::runtime::router::{ChannelSender, OutputEdge, Partitioner};
 use crate::runtime::task::{CheckpointTrigger, SourceInput, Task, TaskInput};
-use crate::state_client::{RemoteState, RemoteStateBackend};
 use crate::time::watermark::WatermarkGenerator;
 
 /// Which worker runs each subtask.
@@ -81,9 +82,10 @@ impl Placement {
 pub struct BuildOptions {
     /// Byte budget of each local channel.
     pub channel_bytes: usize,
-    /// The state service a job with `state: { backend: remote }` uses.
-    pub remote_state: Option<Arc<RemoteState>>,
-    /// The epoch remote-state writes start in (the restored checkpoint + 1).
+    /// The job's keyed state: required for `state: { backend: remote }` (the state
+    /// service); without it a job keeps its state in a store of its own in memory.
+    pub state: Option<Arc<dyn StateStore>>,
+    /// The epoch state writes start in (the restored checkpoint + 1).
     pub first_epoch: u64,
     /// The checkpoint the tasks resume from (a restart, a rescale, a savepoint).
     pub restore: Option<RestoreFrom>,
@@ -104,7 +106,7 @@ impl Default for BuildOptions {
     fn default() -> Self {
         Self {
             channel_bytes: queue::DEFAULT_CHANNEL_BYTES,
-            remote_state: None,
+            state: None,
             first_epoch: 1,
             restore: None,
             coordinated_checkpoints: false,
@@ -112,23 +114,40 @@ impl Default for BuildOptions {
     }
 }
 
-/// The remote state a job needs, or an error when it asks for it and none was given.
-pub fn remote_state<'a>(
-    plan: &PhysicalPlan,
-    options: &'a BuildOptions,
-) -> Result<Option<&'a Arc<RemoteState>>> {
-    let wants = plan
-        .graph
+/// Whether the job keeps its state in the state service.
+pub fn wants_remote_state(plan: &PhysicalPlan) -> bool {
+    plan.graph
         .state
         .as_ref()
-        .is_some_and(|s| s.backend() == pb::StateBackend::Remote);
-    match (&options.remote_state, wants) {
-        (Some(r), true) => Ok(Some(r)),
+        .is_some_and(|s| s.backend() == pb::StateBackend::Remote)
+}
+
+/// Whether the job takes checkpoints.
+pub fn takes_checkpoints(plan: &PhysicalPlan) -> bool {
+    plan.graph
+        .checkpoint
+        .as_ref()
+        .is_some_and(|c| c.interval_ms > 0)
+}
+
+/// The job's store: the one given, or (memory state) a new one in this process; an
+/// error when the job asks for the state service and none was given.
+pub fn job_store(plan: &PhysicalPlan, options: &BuildOptions) -> Result<Arc<dyn StateStore>> {
+    match (&options.state, wants_remote_state(plan)) {
+        (Some(s), _) => Ok(s.clone()),
         (None, true) => Err(Error::Plan(
             "the job asks for `state: { backend: remote }` but no state service was given".into(),
         )),
-        (_, false) => Ok(None),
+        (None, false) => Ok(Arc::new(MemoryStateStore::new(takes_checkpoints(plan)))),
     }
+}
+
+/// Whether operators of this kind keep keyed state.
+fn keeps_state(kind: Option<&pb::node::Kind>) -> bool {
+    matches!(
+        kind,
+        Some(pb::node::Kind::Window(_) | pb::node::Kind::Dedup(_))
+    )
 }
 
 fn task_name(plan: &PhysicalPlan, chain: usize, subtask: usize) -> String {
@@ -220,6 +239,17 @@ pub async fn build_tasks(
             CheckpointTrigger::new(Duration::from_millis(c.interval_ms), kind)
         });
     let compiler = ExprCompiler::new();
+    let keyed = plan
+        .graph
+        .nodes
+        .iter()
+        .any(|n| keeps_state(n.kind.as_ref()));
+    let store = if keyed {
+        Some(job_store(plan, options)?)
+    } else {
+        None
+    };
+    let checkpointed = takes_checkpoints(plan);
     let mut tasks = Vec::new();
     for chain in &plan.chains {
         // `subtask` names the task, its channels and its contexts, not only an index.
@@ -238,28 +268,29 @@ pub async fn build_tasks(
             let mut contexts = Vec::new();
             for &id in &chain.operators {
                 let node = plan.node(id);
-                let remote = remote_state(plan, options)?.map(|r| {
-                    let groups = key_group_range(
-                        plan.max_parallelism,
-                        chain.parallelism as u32,
-                        subtask as u32,
-                    );
-                    Arc::new(r.backend(groups, options.first_epoch))
-                });
+                let state = match &store {
+                    Some(store) if keeps_state(node.kind.as_ref()) => {
+                        let groups = key_group_range(
+                            plan.max_parallelism,
+                            chain.parallelism as u32,
+                            subtask as u32,
+                        );
+                        Some(OperatorState::new(
+                            store.clone(),
+                            id,
+                            groups,
+                            options.first_epoch,
+                            checkpointed,
+                        ))
+                    }
+                    _ => None,
+                };
                 let restored = options.restore.as_ref().map(|r| r.checkpoint_id);
                 let coordinated = options.coordinated_checkpoints;
-                let op = build_operator(
-                    plan,
-                    node,
-                    info,
-                    &compiler,
-                    metrics,
-                    remote,
-                    restored,
-                    coordinated,
-                )
-                .await
-                .map_err(|e| plan.locate(node, e))?;
+                let op =
+                    build_operator(plan, node, info, &compiler, metrics, restored, coordinated)
+                        .await
+                        .map_err(|e| plan.locate(node, e))?;
                 operators.push(op);
                 contexts.push(OperatorContext {
                     node_id: id,
@@ -267,6 +298,7 @@ pub async fn build_tasks(
                     subtask,
                     parallelism: chain.parallelism,
                     max_parallelism: plan.max_parallelism,
+                    state,
                 });
             }
             let mut output = TaskOutput::default();
@@ -332,7 +364,9 @@ pub async fn build_tasks(
                     let Some(pb::node::Kind::Source(spec)) = &node.kind else {
                         return Err(Error::Internal("chain source is not a source".into()));
                     };
-                    let mut reader = connector::create_source(spec, info)
+                    let mut reader = plan
+                        .connectors
+                        .create_source(spec, info)
                         .await
                         .map_err(|e| plan.locate(node, e))?;
                     if let Some(r) = &options.restore {
@@ -368,7 +402,7 @@ pub async fn build_tasks(
                 name,
                 id: (first_node(plan, chain.id), subtask as u32),
                 input,
-                chain: Chain::new(operators),
+                chain: Chain::with_contexts(operators, &contexts),
                 contexts,
                 output,
                 metrics: task_metrics,
@@ -381,14 +415,12 @@ pub async fn build_tasks(
     Ok(tasks)
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn build_operator(
     plan: &PhysicalPlan,
     node: &pb::Node,
     info: SubtaskInfo,
     compiler: &ExprCompiler,
     metrics: &Arc<JobMetrics>,
-    remote: Option<Arc<RemoteStateBackend>>,
     restored: Option<u64>,
     coordinated: bool,
 ) -> Result<Box<dyn Operator>> {
@@ -400,23 +432,15 @@ async fn build_operator(
         Some(pb::node::Kind::Select(spec)) => {
             Box::new(SelectOperator::build(spec, &input, compiler)?)
         }
-        Some(pb::node::Kind::Window(spec)) => {
-            let state: Arc<dyn KeyedStateBackend> = Arc::new(MemoryStateBackend::new());
-            let op = WindowOperator::build(
-                node.id,
-                spec,
-                &input,
-                compiler,
-                state,
-                metrics.window_counters(),
-            )?;
-            Box::new(match remote {
-                Some(remote) => op.with_remote_state(remote),
-                None => op,
-            })
-        }
+        Some(pb::node::Kind::Window(spec)) => Box::new(WindowOperator::build(
+            spec,
+            &input,
+            compiler,
+            metrics.window_counters(),
+        )?),
+        Some(pb::node::Kind::Dedup(spec)) => Box::new(DedupOperator::build(spec, &input)?),
         Some(pb::node::Kind::Sink(spec)) => {
-            let writer = connector::create_sink(spec, input, info).await?;
+            let writer = plan.connectors.create_sink(spec, input, info).await?;
             let sink = SinkOperator::new(
                 writer,
                 metrics.records_out.clone(),

@@ -3,10 +3,18 @@
 //! What operator `i` emits on its main output is handed to operator `i + 1` before the
 //! chain takes the next input element; what the last one emits goes to the task's router.
 //! Side outputs (e.g. late records) are routed from whichever operator emitted them.
+//!
+//! # State epochs
+//! The chain drives the keyed state of its operators: when a barrier has passed operator
+//! `i` (its `on_barrier` returned), the chain seals operator `i`'s epoch before the
+//! barrier reaches operator `i + 1`; at the end of the input it seals what the operators
+//! wrote on closing; a completed checkpoint reaches every operator's state after the
+//! operator itself. Operators never do either.
 
 use crate::element::{Barrier, StreamElement};
 use crate::error::Result;
-use crate::operator::{Operator, Output};
+use crate::keyed::OperatorState;
+use crate::operator::{Operator, OperatorContext, Output};
 use crate::runtime::router::OutputEdge;
 
 /// Where side outputs of one operator of the chain go.
@@ -51,12 +59,21 @@ impl TaskOutput {
 /// The operators of one task.
 pub struct Chain {
     operators: Vec<Box<dyn Operator>>,
+    /// Each operator's keyed state, when it keeps any.
+    states: Vec<Option<OperatorState>>,
 }
 
 impl Chain {
-    /// A chain of `operators`, called in order.
+    /// A chain of `operators`, called in order; none keeps keyed state.
     pub fn new(operators: Vec<Box<dyn Operator>>) -> Self {
-        Self { operators }
+        let states = operators.iter().map(|_| None).collect();
+        Self { operators, states }
+    }
+
+    /// A chain of `operators` with the state each one's context gives it.
+    pub fn with_contexts(operators: Vec<Box<dyn Operator>>, contexts: &[OperatorContext]) -> Self {
+        let states = contexts.iter().map(|c| c.state.clone()).collect();
+        Self { operators, states }
     }
 
     /// Whether any operator needs processing-time ticks.
@@ -91,26 +108,37 @@ impl Chain {
     /// it had arrived (windows flush their state epoch, sinks pre-commit), and what they
     /// emit is dropped: the chain's outputs have ended.
     pub async fn final_barrier(&mut self, barrier: Barrier) -> Result<()> {
-        for op in &mut self.operators {
+        for i in 0..self.operators.len() {
             let mut out = Output::default();
-            op.on_barrier(barrier, &mut out).await?;
+            self.operators[i].on_barrier(barrier, &mut out).await?;
+            if let Some(state) = &self.states[i] {
+                state.seal(barrier.checkpoint_id).await?;
+            }
         }
         Ok(())
     }
 
-    /// Tells every operator that checkpoint `checkpoint_id` is committed job-wide.
+    /// Tells every operator, then its state, that checkpoint `checkpoint_id` is
+    /// committed job-wide.
     pub async fn notify_checkpoint_complete(&mut self, checkpoint_id: u64) -> Result<()> {
-        for op in &mut self.operators {
+        for (op, state) in self.operators.iter_mut().zip(&self.states) {
             op.notify_checkpoint_complete(checkpoint_id).await?;
+            if let Some(state) = state {
+                state.committed(checkpoint_id).await?;
+            }
         }
         Ok(())
     }
 
     /// Closes every operator in order; what one emits on closing flows through the rest.
+    /// What an operator wrote to its state becomes durable with its open epoch.
     pub async fn close(&mut self, output: &mut TaskOutput) -> Result<()> {
         for i in 0..self.operators.len() {
             let mut out = Output::default();
             self.operators[i].close(&mut out).await?;
+            if let Some(state) = &self.states[i] {
+                state.seal_open_epoch().await?;
+            }
             self.forward(i, out, output).await?;
         }
         Ok(())
@@ -138,7 +166,12 @@ impl Chain {
                 match element {
                     StreamElement::Batch(b) => op.process_batch(b, &mut out).await?,
                     StreamElement::Watermark(ts) => op.on_watermark(ts, &mut out).await?,
-                    StreamElement::Barrier(b) => op.on_barrier(b, &mut out).await?,
+                    StreamElement::Barrier(b) => {
+                        op.on_barrier(b, &mut out).await?;
+                        if let Some(state) = &self.states[i] {
+                            state.seal(b.checkpoint_id).await?;
+                        }
+                    }
                     other @ (StreamElement::Idle | StreamElement::EndOfPartition) => {
                         out.main.push(other)
                     }

@@ -19,13 +19,13 @@
 //!   [`InputGate::take_channel_state`] hands to whoever stores checkpoints.
 //! - The gate ends when every channel has ended; a failed channel fails the gate.
 //!
-//! The gate does not know whether a channel is local or remote (see `runtime::queue`).
+//! The gate does not know whether a channel is local or remote (see `crate::queue`).
 
 use std::collections::VecDeque;
 
 use crate::element::{Barrier, BarrierKind, StreamElement, Timestamp};
 use crate::error::{Error, Result};
-use crate::runtime::queue::{Envelope, PriorityEnvelope, QueueReceiver, Received};
+use crate::queue::{Envelope, PriorityEnvelope, QueueReceiver, Received};
 
 #[derive(Debug)]
 struct ChannelInfo {
@@ -372,7 +372,7 @@ mod tests {
     use arrow::record_batch::RecordBatch;
 
     use super::*;
-    use crate::runtime::queue::input_queue;
+    use crate::queue::input_queue;
 
     fn batch(v: i64) -> StreamElement {
         let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));

@@ -2,7 +2,7 @@
 //!
 //! Every subtask of every chain becomes a tokio task on the current (multi-threaded)
 //! runtime, so parallelism > 1 runs in parallel on as many cores as the runtime has.
-//! Chains are wired with byte-bounded queues (`runtime::queue`) by `runtime::build` (the
+//! Chains are wired with byte-bounded queues (`crate::queue`) by `runtime::build` (the
 //! one-worker case). [`run_tasks`] is shared with the cluster worker: the first task to
 //! fail cancels the others, and its error (not the knock-on "downstream gone" ones) is
 //! returned.
@@ -28,19 +28,17 @@ pub async fn run(
     options: &LocalOptions,
 ) -> Result<()> {
     let mut options = options.clone();
-    let remote = build::remote_state(plan, &options)?.cloned();
-    if let Some(r) = &remote {
-        options.first_epoch = r.open_all().await? + 1;
-    }
+    let store = build::job_store(plan, &options)?;
+    options.first_epoch = store.open().await? + 1;
+    options.state = Some(store.clone());
     let placement = Placement::round_robin(plan, 1);
     let tasks = build::build_tasks(plan, &metrics, &options, &placement, 0, None).await?;
     run_tasks(tasks).await?;
-    if let Some(r) = remote
-        && let Some(epoch) = r.last_flushed_epoch()
-    {
-        // Every task flushed its last epoch at the end of input: with no coordinator to
+    let epoch = store.last_sealed();
+    if epoch > 0 {
+        // Every task sealed its last epoch at the end of input: with no coordinator to
         // commit checkpoints, the finished run commits that epoch as its checkpoint.
-        r.commit(epoch, &[epoch]).await?;
+        store.commit(epoch, &[epoch]).await?;
     }
     Ok(())
 }

@@ -1,6 +1,5 @@
 //! The task runtime: tasks, their queues, input gates, output routers and chains.
 //!
-//! - [`queue`]: byte-bounded channels between tasks.
 //! - [`input_gate`]: merges a task's channels; watermark minimum, idleness, barriers.
 //! - [`router`]: forward / hash / rebalance / broadcast partitioning of a task's output.
 //! - [`chain`]: operators of one task called in sequence.
@@ -9,13 +8,14 @@
 //! - [`local`]: runs a whole plan in this process (the embedded default).
 //! - [`metrics`]: job-wide counters for progress and benchmarks.
 //!
-//! Nothing here knows what an operator computes, or where a source reads from.
+//! The byte-bounded channels between tasks are [`crate::queue`], below both this module
+//! and the data plane. Nothing here knows what an operator computes, or where a source
+//! reads from.
 
 pub mod build;
 pub mod chain;
 pub mod input_gate;
 pub mod local;
 pub mod metrics;
-pub mod queue;
 pub mod router;
 pub mod task;

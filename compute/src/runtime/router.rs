@@ -23,8 +23,8 @@ use crate::element::{BarrierKind, StreamElement};
 use crate::error::Result;
 use crate::keys::{EncodedKeys, KeyEncoder};
 use crate::network::partition::SubpartitionWriter;
+use crate::queue::QueueSender;
 use crate::runtime::metrics::TaskMetrics;
-use crate::runtime::queue::QueueSender;
 
 /// One outgoing channel.
 #[derive(Debug)]
@@ -207,7 +207,7 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
-    use crate::runtime::queue::input_queue;
+    use crate::queue::input_queue;
 
     #[tokio::test]
     async fn hash_sends_each_key_to_its_key_group_owner() {
@@ -232,7 +232,7 @@ mod tests {
         drop((s0, s1));
         let mut total = 0;
         for (subtask, rx) in [(0u32, &mut r0), (1, &mut r1)] {
-            while let Some(crate::runtime::queue::Received::Element(env)) = rx.recv().await {
+            while let Some(crate::queue::Received::Element(env)) = rx.recv().await {
                 let Ok(StreamElement::Batch(b)) = env.item else {
                     break;
                 };

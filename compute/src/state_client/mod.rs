@@ -44,7 +44,7 @@ use bytes::Bytes;
 use futures::future::try_join_all;
 use sluice_common::pb::state as pb;
 use sluice_common::pb::state::state_service_client::StateServiceClient;
-use sluice_common::state::{KeyedStateBackend, StateError, StateResult, WriteOp};
+use sluice_common::state::{KeyedStateBackend, StateError, StateResult, StateStore, WriteOp};
 use tokio::sync::OnceCell;
 use tonic::transport::{Channel, Endpoint};
 
@@ -427,6 +427,52 @@ impl RemoteState {
     }
 }
 
+/// A job's state in the service, as the runtime and the coordinator use it.
+#[derive(Debug, Clone)]
+pub struct RemoteStore(pub Arc<RemoteState>);
+
+#[async_trait]
+impl StateStore for RemoteStore {
+    async fn open(&self) -> StateResult<u64> {
+        self.0.open_all().await
+    }
+
+    fn subtask(&self, key_groups: Range<u32>, first_epoch: u64) -> Arc<dyn KeyedStateBackend> {
+        Arc::new(self.0.backend(key_groups, first_epoch))
+    }
+
+    async fn restore(&self, checkpoint: u64, fence: u64) -> StateResult<u64> {
+        if checkpoint == 0 {
+            // Nothing completed: drop every epoch (opening at 0 would mean "latest").
+            self.0.rollback(0, fence).await.map(|_| 0)
+        } else {
+            self.0.restore_to(checkpoint, fence).await
+        }
+    }
+
+    async fn commit(&self, checkpoint: u64, retained: &[u64]) -> StateResult<()> {
+        self.0.commit(checkpoint, retained).await.map(|_| ())
+    }
+
+    fn last_sealed(&self) -> u64 {
+        self.0.last_flushed_epoch().unwrap_or(0)
+    }
+
+    async fn restored_bytes(&self) -> StateResult<u64> {
+        Ok(self.0.status().await?.restore_bytes_total)
+    }
+
+    fn remote_ref(&self) -> Option<sluice_common::pb::cluster::RemoteStateRef> {
+        Some(sluice_common::pb::cluster::RemoteStateRef {
+            endpoint: self.0.config.endpoint.clone(),
+            job_id: self.0.layout.job_id().to_owned(),
+            shards: self.0.layout.len() as u32,
+            first_epoch: 0,
+            fence: 0,
+        })
+    }
+}
+
 /// The epoch buffer and the writes being shipped.
 #[derive(Default)]
 struct Buffers {
@@ -662,6 +708,19 @@ impl KeyedStateBackend for RemoteStateBackend {
             self.ship().await?;
         }
         Ok(())
+    }
+
+    async fn seal_epoch(&self, epoch: u64) -> StateResult<()> {
+        self.flush_epoch(epoch).await.map(|_| ())
+    }
+
+    fn open_epoch(&self) -> u64 {
+        self.epoch()
+    }
+
+    fn pipelined_reads(&self) -> usize {
+        // A read is a round trip to the service: overlap it with the next batches'.
+        4
     }
 
     async fn scan(

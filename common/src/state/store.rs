@@ -1,0 +1,72 @@
+//! A job's keyed state as a whole: the seam between the runtime (or the coordinator)
+//! and whichever store holds the state.
+//!
+//! A [`StateStore`] hands each subtask its [`KeyedStateBackend`] over the key groups the
+//! subtask owns, and moves the whole job's state between checkpoints: [`open`] says which
+//! checkpoint it holds, [`restore`] goes back to a completed checkpoint (dropping every
+//! later write, at any parallelism: subtasks of the next attempt may own other key-group
+//! ranges), [`commit`] lets versions that no retained checkpoint needs go. Two stores
+//! implement it: the in-memory one ([`MemoryStateStore`](super::MemoryStateStore)) and
+//! the client of the remote state service (in the runtime crate). Both pass the epoch
+//! cases of [`conformance`](super::conformance).
+//!
+//! [`open`]: StateStore::open
+//! [`restore`]: StateStore::restore
+//! [`commit`]: StateStore::commit
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::backend::KeyedStateBackend;
+use super::error::StateResult;
+use crate::pb;
+
+/// One job's keyed state, as one process reaches it.
+#[async_trait]
+pub trait StateStore: Send + Sync + std::fmt::Debug {
+    /// Opens the job's state; returns the newest checkpoint it holds (0: none).
+    async fn open(&self) -> StateResult<u64>;
+
+    /// The backend of the subtask owning `key_groups`, whose writes start in epoch
+    /// `first_epoch` (the checkpoint after the one restored).
+    fn subtask(&self, key_groups: Range<u32>, first_epoch: u64) -> Arc<dyn KeyedStateBackend>;
+
+    /// Brings the job's state back to completed checkpoint `checkpoint` (0: empty),
+    /// dropping every later write, and refuses writers of attempts older than `fence`
+    /// from then on (0: leaves the fence). Returns the bytes read back from durable
+    /// storage to do it.
+    async fn restore(&self, checkpoint: u64, fence: u64) -> StateResult<u64>;
+
+    /// Checkpoint `checkpoint` completed job-wide; `retained` are the checkpoints a
+    /// restore may still ask for.
+    async fn commit(&self, checkpoint: u64, retained: &[u64]) -> StateResult<()>;
+
+    /// The newest epoch a subtask of this process sealed (0: none).
+    fn last_sealed(&self) -> u64;
+
+    /// Bytes read back from durable storage to restore state so far (a rescale must add
+    /// none).
+    async fn restored_bytes(&self) -> StateResult<u64> {
+        Ok(0)
+    }
+
+    /// How a worker in another process reaches this state (without `first_epoch` and
+    /// `fence`); `None` when only this process can (memory).
+    fn remote_ref(&self) -> Option<pb::cluster::RemoteStateRef> {
+        None
+    }
+}
+
+/// Finds the state of jobs.
+#[async_trait]
+pub trait StateConnector: Send + Sync {
+    /// The state of job `job_id`, whose graph is `graph`; `None` when this connector does
+    /// not hold the backend the graph asks for.
+    async fn connect(
+        &self,
+        job_id: &str,
+        graph: &pb::JobGraph,
+    ) -> StateResult<Option<Arc<dyn StateStore>>>;
+}

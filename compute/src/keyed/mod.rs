@@ -1,0 +1,18 @@
+//! Keyed state as operators see it: the state a subtask's operator declares, and the
+//! timers kept with it.
+//!
+//! - [`state`]: [`OperatorState`], what the runtime gives a keyed operator: its key
+//!   groups and, once it asks for a table, its backend. The runtime keeps the same
+//!   handle and seals the backend's epoch at every barrier, so an operator never sees
+//!   which store holds its state or when an epoch ends.
+//! - [`timers`]: [`KeyedTimers`], event- and processing-time timers per key group,
+//!   kept as rows of the operator's `timers` table so that a restore (at any
+//!   parallelism) brings back exactly the timers pending at the checkpoint.
+//!
+//! Nothing here knows the network, barriers' alignment, or what an operator computes.
+
+pub mod state;
+pub mod timers;
+
+pub use state::OperatorState;
+pub use timers::KeyedTimers;

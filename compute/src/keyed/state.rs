@@ -1,0 +1,108 @@
+//! The keyed state of one operator in one subtask.
+//!
+//! The task builder gives every operator of a job that keeps keyed state an
+//! [`OperatorState`] (through its `OperatorContext`): the job's [`StateStore`], the key
+//! groups the subtask owns and the epoch its writes start in. The operator *declares*
+//! its state by asking for tables ([`OperatorState::table`]); the first ask opens its
+//! subtask backend. The chain holds a clone of the same handle and drives the backend's
+//! epochs: sealed after every barrier has passed the operator, sealed at the end of the
+//! input, told of completed checkpoints. An operator that never asks for a table has no
+//! backend and costs nothing at barriers.
+
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
+use sluice_common::state::{KeyedStateBackend, StateStore, StateTable};
+
+use crate::error::Result;
+
+/// One operator's keyed state in one subtask.
+#[derive(Clone)]
+pub struct OperatorState {
+    store: Arc<dyn StateStore>,
+    operator_id: u32,
+    key_groups: Range<u32>,
+    first_epoch: u64,
+    checkpointed: bool,
+    backend: Arc<OnceLock<Arc<dyn KeyedStateBackend>>>,
+}
+
+impl std::fmt::Debug for OperatorState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorState")
+            .field("operator_id", &self.operator_id)
+            .field("key_groups", &self.key_groups)
+            .field("first_epoch", &self.first_epoch)
+            .field("open", &self.backend.get().is_some())
+            .finish()
+    }
+}
+
+impl OperatorState {
+    /// The state of operator `operator_id` over `key_groups` of `store`, writing from
+    /// epoch `first_epoch`; `checkpointed` when the job takes checkpoints.
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        operator_id: u32,
+        key_groups: Range<u32>,
+        first_epoch: u64,
+        checkpointed: bool,
+    ) -> Self {
+        Self {
+            store,
+            operator_id,
+            key_groups,
+            first_epoch,
+            checkpointed,
+            backend: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Table `name` of this operator (opening the subtask's backend on first use).
+    pub fn table(&self, name: &'static str) -> StateTable {
+        let backend = self.backend.get_or_init(|| {
+            self.store
+                .subtask(self.key_groups.clone(), self.first_epoch)
+        });
+        StateTable::new(backend.clone(), self.operator_id, name)
+    }
+
+    /// The key groups this subtask owns.
+    pub fn key_groups(&self) -> Range<u32> {
+        self.key_groups.clone()
+    }
+
+    /// Whether the job takes checkpoints (so state must be ready to be restored).
+    pub fn checkpointed(&self) -> bool {
+        self.checkpointed
+    }
+
+    /// The backend, once the operator declared a table.
+    fn opened(&self) -> Option<&Arc<dyn KeyedStateBackend>> {
+        self.backend.get()
+    }
+
+    /// Barrier `epoch` has passed the operator: ends the epoch.
+    pub(crate) async fn seal(&self, epoch: u64) -> Result<()> {
+        if let Some(b) = self.opened() {
+            b.seal_epoch(epoch).await?;
+        }
+        Ok(())
+    }
+
+    /// The input ended: what the operator wrote last becomes durable with the open epoch.
+    pub(crate) async fn seal_open_epoch(&self) -> Result<()> {
+        if let Some(b) = self.opened() {
+            b.seal_epoch(b.open_epoch()).await?;
+        }
+        Ok(())
+    }
+
+    /// Checkpoint `epoch` completed job-wide.
+    pub(crate) async fn committed(&self, epoch: u64) -> Result<()> {
+        if let Some(b) = self.opened() {
+            b.notify_committed(epoch).await?;
+        }
+        Ok(())
+    }
+}

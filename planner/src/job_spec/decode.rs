@@ -1,0 +1,144 @@
+//! The top level of a job file: name, parallelism, state, and the order in which the
+//! sections are decoded (the watermark before the pipeline, whose event-time windows need
+//! it).
+
+use super::connector;
+use super::fields::{Fields, Result, choice, duration_ms, positive_duration_ms, string, u32_in};
+use super::marked_yaml::{Node, PosError};
+use super::pipeline;
+use super::spec::JobSpec;
+use sluice_common::{DEFAULT_MAX_PARALLELISM, pb};
+
+/// Largest number of key groups a job may have (DESIGN §4).
+const MAX_KEY_GROUPS: u32 = 32_768;
+
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "name",
+    "parallelism",
+    "max_parallelism",
+    "state",
+    "checkpoint",
+    "source",
+    "watermark",
+    "pipeline",
+    "sink",
+];
+
+pub(super) fn job(root: &Node) -> Result<JobSpec> {
+    let fields = Fields::new(root, "", TOP_LEVEL_KEYS)?;
+    let name = string(
+        fields.require("name", "; every job needs a name")?.value,
+        "name",
+    )?;
+    let parallelism = fields
+        .opt("parallelism", |node, path| {
+            u32_in(node, path, 1, MAX_KEY_GROUPS)
+        })?
+        .unwrap_or(1);
+    let max_parallelism = match fields.get("max_parallelism") {
+        // Room to scale out later: 1.5 x parallelism rounded up to a power of two, at
+        // least the default (Flink's rule).
+        None => (parallelism + parallelism / 2)
+            .next_power_of_two()
+            .clamp(DEFAULT_MAX_PARALLELISM, MAX_KEY_GROUPS),
+        Some(entry) => {
+            let value = u32_in(entry.value, "max_parallelism", 1, MAX_KEY_GROUPS)?;
+            if value < parallelism {
+                return Err(PosError::new(
+                    entry.value.pos,
+                    format!(
+                        "`max_parallelism` ({value}) must be at least `parallelism` \
+                         ({parallelism})"
+                    ),
+                ));
+            }
+            value
+        }
+    };
+    let state = fields.opt("state", state)?.unwrap_or_default();
+
+    let checkpoint = fields.opt("checkpoint", checkpoint)?;
+
+    let source_entry = fields.require("source", "; e.g. `source: { nexmark: { stream: bid } }`")?;
+    let mut source = connector::source(source_entry.value, "source")?;
+    source.watermark = fields.opt("watermark", watermark)?;
+
+    let pipeline = match fields.get("pipeline") {
+        Some(entry) => pipeline::pipeline(entry.value, source.watermark.as_ref())?,
+        None => Vec::new(),
+    };
+
+    let sink_entry = fields.require("sink", "; e.g. `sink: { stdout: {} }`")?;
+    let sink = connector::sink(sink_entry.value, "sink")?;
+
+    Ok(JobSpec {
+        name,
+        parallelism,
+        max_parallelism,
+        state,
+        checkpoint,
+        source,
+        source_at: source_entry.key.pos,
+        pipeline,
+        sink,
+        sink_at: sink_entry.key.pos,
+    })
+}
+
+fn state(node: &Node, path: &str) -> Result<pb::StateConfig> {
+    let fields = Fields::new(node, path, &["backend", "shards"])?;
+    let backends = [
+        ("memory", pb::StateBackend::Memory),
+        ("remote", pb::StateBackend::Remote),
+    ];
+    let backend = choice(
+        fields
+            .require("backend", "; expected memory or remote")?
+            .value,
+        &fields.path_of("backend"),
+        &backends,
+    )?;
+    let shards = fields
+        .opt("shards", |n, p| u32_in(n, p, 1, 32768))?
+        .unwrap_or(0);
+    Ok(pb::StateConfig {
+        backend: backend as i32,
+        shards,
+    })
+}
+
+fn checkpoint(node: &Node, path: &str) -> Result<pb::CheckpointConfig> {
+    let fields = Fields::new(node, path, &["interval", "mode"])?;
+    let interval_ms = positive_duration_ms(
+        fields.require("interval", "; e.g. `interval: 1s`")?.value,
+        &fields.path_of("interval"),
+    )?;
+    let modes = [
+        ("aligned", pb::CheckpointMode::Aligned),
+        ("unaligned", pb::CheckpointMode::Unaligned),
+    ];
+    let mode = fields
+        .opt("mode", |node, path| choice(node, path, &modes))?
+        .unwrap_or(pb::CheckpointMode::Aligned);
+    Ok(pb::CheckpointConfig {
+        interval_ms,
+        mode: mode as i32,
+    })
+}
+
+fn watermark(node: &Node, path: &str) -> Result<pb::WatermarkSpec> {
+    let fields = Fields::new(node, path, &["column", "max_out_of_orderness", "idleness"])?;
+    let column = string(
+        fields
+            .require("column", "; which column holds the event time?")?
+            .value,
+        &fields.path_of("column"),
+    )?;
+    Ok(pb::WatermarkSpec {
+        column,
+        max_out_of_orderness_ms: fields
+            .opt("max_out_of_orderness", duration_ms)?
+            .unwrap_or(0),
+        idleness_ms: fields.opt("idleness", duration_ms)?.unwrap_or(0),
+    })
+}

@@ -1,0 +1,176 @@
+//! From a checked [`JobSpec`] to a [`pb::JobGraph`]: node ids, names, parallelism and
+//! edge partitioning. Nothing here can fail; every user mistake was caught while decoding.
+//!
+//! # Shape
+//!
+//! Nodes are numbered in order: the source (0), one node per filter, select and window, the
+//! sink, then one `late-sink` per window that sends late records to a sink. Consecutive
+//! nodes are connected; a late sink hangs off its window by a `late` side-output edge.
+//!
+//! # Parallelism and partitioning
+//!
+//! The source runs at the job parallelism and each node inherits its upstream node's,
+//! except windows: a keyed window runs at the job parallelism behind a hash edge on its key
+//! columns; a non-keyed window runs as one subtask behind a hash edge with no key columns
+//! (every record in the same key group). Other edges are forward when both ends have the
+//! same parallelism and rebalance otherwise.
+
+use std::collections::HashMap;
+
+use super::marked_yaml::Pos;
+use super::spec::{JobSpec, Operator, WindowStage};
+use sluice_common::pb;
+
+pub(super) fn job_graph(file: &str, spec: JobSpec) -> pb::JobGraph {
+    let mut graph = GraphBuilder::default();
+    let job_parallelism = spec.parallelism;
+    let mut upstream = graph.add_node(
+        "source",
+        job_parallelism,
+        spec.source_at,
+        pb::node::Kind::Source(spec.source),
+    );
+    let mut late_sinks = Vec::new();
+    for stage in spec.pipeline {
+        let (node, edge_partitioning, key_columns) = match stage.op {
+            Operator::Filter(filter) => {
+                let p = upstream.parallelism;
+                let node = graph.add_node("filter", p, stage.at, pb::node::Kind::Filter(filter));
+                (node, pointwise(upstream.parallelism, p), Vec::new())
+            }
+            Operator::Select(select) => {
+                let p = upstream.parallelism;
+                let node = graph.add_node("select", p, stage.at, pb::node::Kind::Select(select));
+                (node, pointwise(upstream.parallelism, p), Vec::new())
+            }
+            Operator::Window(window) => {
+                let WindowStage { spec, late_sink } = *window;
+                let p = if spec.key_columns.is_empty() {
+                    1
+                } else {
+                    job_parallelism
+                };
+                let key_columns = spec.key_columns.clone();
+                let node = graph.add_node("window", p, stage.at, pb::node::Kind::Window(spec));
+                if let Some((sink, at)) = late_sink {
+                    late_sinks.push((node, sink, at));
+                }
+                (node, pb::Partitioning::Hash, key_columns)
+            }
+            Operator::Dedup(dedup) => {
+                let key_columns = dedup.key_columns.clone();
+                let node = graph.add_node(
+                    "dedup",
+                    job_parallelism,
+                    stage.at,
+                    pb::node::Kind::Dedup(dedup),
+                );
+                (node, pb::Partitioning::Hash, key_columns)
+            }
+        };
+        graph.connect(upstream, node, edge_partitioning, key_columns, "");
+        upstream = node;
+    }
+    let sink_parallelism = match spec.sink.parallelism {
+        0 => upstream.parallelism,
+        p => p,
+    };
+    let sink = graph.add_node(
+        "sink",
+        sink_parallelism,
+        spec.sink_at,
+        pb::node::Kind::Sink(spec.sink),
+    );
+    graph.connect(
+        upstream,
+        sink,
+        pointwise(upstream.parallelism, sink.parallelism),
+        Vec::new(),
+        "",
+    );
+    for (window, sink, at) in late_sinks {
+        let late = graph.add_node(
+            "late-sink",
+            window.parallelism,
+            at,
+            pb::node::Kind::Sink(sink),
+        );
+        graph.connect(window, late, pb::Partitioning::Forward, Vec::new(), "late");
+    }
+    pb::JobGraph {
+        name: spec.name,
+        max_parallelism: spec.max_parallelism,
+        nodes: graph.nodes,
+        edges: graph.edges,
+        origin_file: file.to_owned(),
+        state: Some(spec.state),
+        checkpoint: spec.checkpoint,
+    }
+}
+
+/// Forward between equal parallelisms, rebalance otherwise.
+fn pointwise(upstream: u32, downstream: u32) -> pb::Partitioning {
+    if upstream == downstream {
+        pb::Partitioning::Forward
+    } else {
+        pb::Partitioning::Rebalance
+    }
+}
+
+/// A node already added: its id and parallelism.
+#[derive(Clone, Copy)]
+struct Added {
+    id: u32,
+    parallelism: u32,
+}
+
+#[derive(Default)]
+struct GraphBuilder {
+    nodes: Vec<pb::Node>,
+    edges: Vec<pb::Edge>,
+    /// How many nodes of each base name exist; the second `filter` is `filter-2`.
+    names: HashMap<&'static str, u32>,
+}
+
+impl GraphBuilder {
+    fn add_node(
+        &mut self,
+        base: &'static str,
+        parallelism: u32,
+        at: Pos,
+        kind: pb::node::Kind,
+    ) -> Added {
+        let count = self.names.entry(base).or_insert(0);
+        *count += 1;
+        let name = match *count {
+            1 => base.to_owned(),
+            n => format!("{base}-{n}"),
+        };
+        let id = u32::try_from(self.nodes.len()).unwrap_or(u32::MAX);
+        self.nodes.push(pb::Node {
+            id,
+            name,
+            parallelism,
+            location: Some(at.to_location()),
+            kind: Some(kind),
+        });
+        Added { id, parallelism }
+    }
+
+    fn connect(
+        &mut self,
+        from: Added,
+        to: Added,
+        partitioning: pb::Partitioning,
+        key_columns: Vec<String>,
+        side_output: &str,
+    ) {
+        self.edges.push(pb::Edge {
+            source: from.id,
+            target: to.id,
+            partitioning: partitioning as i32,
+            key_columns,
+            side_output: side_output.to_owned(),
+        });
+    }
+}

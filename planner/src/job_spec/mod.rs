@@ -1,0 +1,96 @@
+//! # Job files
+//!
+//! The YAML format users write a job in, parsed into a [`pb::JobGraph`]. Every mistake is
+//! reported as `file:line:column: what was wrong; what was expected`, for example
+//!
+//! ```text
+//! bids.yaml:7:5: unknown operator `flter` in pipeline[0]; expected one of filter, select, key_by, window (did you mean `filter`?)
+//! ```
+//!
+//! This module owns the format and its checks, and nothing else: it must not know about
+//! Arrow or DataFusion. Expressions (`filter`, `select`, `aggregate`) are kept as SQL text
+//! with their position; the compute crate compiles them and reports SQL errors at those
+//! positions.
+//!
+//! # The format
+//!
+//! ```yaml
+//! name: bids-per-auction            # required
+//! parallelism: 2                    # default 1
+//! max_parallelism: 128              # key groups; default 128 (more for parallelism > 85)
+//! state: { backend: memory }        # memory (default) | remote [, shards: 4]
+//! source:                           # exactly one connector, plus optional batch_size
+//!   nexmark: { stream: bid, events: 1000000, seed: 42, max_out_of_orderness: 2s }
+//!   # file: { path: data/bids, format: csv, on_error: fail, schema: { price: int64 } }
+//!   batch_size: 8192
+//! watermark: { column: date_time, max_out_of_orderness: 4s, idleness: 1m }
+//! pipeline:                         # optional; one operator per item
+//!   - filter: "price > 100"
+//!   - select: ["auction", "price * 0.908 AS price_eur", "date_time"]
+//!   - key_by: [auction]             # must be followed by a window item
+//!   - window: { sliding: 10s, slide: 2s }   # or tumbling: 10s, or session: 30s
+//!     aggregate: ["count(*) AS bids"]
+//!     late: { sink: { file: { path: out/late } } }   # default `drop`
+//!   - dedup: [bidder, auction]      # the first record of every distinct key
+//! sink:                             # exactly one of stdout, blackhole, file
+//!   stdout: { format: jsonl }
+//! ```
+//!
+//! Durations are a number and a unit (`500ms`, `10s`, `1.5m`, `2h`, `1d`; see
+//! [`parse_duration_ms`]). A window item may also set `allowed_lateness`, `time: event |
+//! processing` (event time needs the `watermark:` section) and `column` (the time column;
+//! by default the watermark's). The source file connector accepts `on_error: fail | skip |
+//! dead_letter` (the last with a `dead_letter:` path); file connectors take `endpoint`,
+//! `region`, `allow_http`, `access_key_id` and `secret_access_key` for object stores.
+//!
+//! # How the parts fit
+//!
+//! 1. `marked_yaml` turns the text into a small YAML tree whose every node knows its line
+//!    and column (anchors, aliases and tags are rejected).
+//! 2. `decode` reads that tree into a checked `JobSpec` (`spec`), with `fields` for
+//!    typed access, `connector` for sources and sinks, `pipeline` for operators and
+//!    `duration` for `10s`-style values.
+//! 3. `graph` lays the spec out as nodes and edges; it cannot fail.
+
+mod connector;
+mod decode;
+mod duration;
+mod fields;
+mod graph;
+mod marked_yaml;
+mod pipeline;
+mod spec;
+
+#[cfg(test)]
+mod tests;
+
+pub use duration::parse_duration_ms;
+
+use sluice_common::pb;
+
+/// A mistake in a job file, at a 1-based line and column.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}:{column}: {message}")]
+pub struct JobSpecError {
+    pub file: String,
+    pub line: u32,
+    pub column: u32,
+    pub message: String,
+}
+
+/// Parses the job file `text`; `file` names it in errors and in `JobGraph.origin_file`.
+///
+/// # Errors
+/// The first mistake found, with its position: YAML syntax, an unknown or missing key, a
+/// value of the wrong type or out of range, or an inconsistent pipeline.
+pub fn parse_job(file: &str, text: &str) -> Result<pb::JobGraph, JobSpecError> {
+    let spec = marked_yaml::parse(text)
+        .and_then(|root| decode::job(&root))
+        .map_err(|error| JobSpecError {
+            file: file.to_owned(),
+            line: error.pos.line,
+            column: error.pos.column,
+            message: error.message,
+        })?;
+    Ok(graph::job_graph(file, spec))
+}

@@ -1,0 +1,334 @@
+//! The `pipeline:` list: filters, projections, key-bys, windows and dedups, in order.
+//!
+//! Each item is a mapping with one operator key. A `window` item also holds its
+//! `aggregate` list and `late` policy; a `key_by` item only sets the key of the window item
+//! that must come right after it, so it becomes part of that window rather than a stage.
+
+use super::connector;
+use super::fields::{
+    Fields, Result, choice, duration_ms, positive_duration_ms, string, string_list,
+};
+use super::marked_yaml::{Node, Pos, PosError, Value};
+use super::spec::{Operator, Stage, WindowStage};
+use sluice_common::pb;
+
+const OPERATORS: &[&str] = &["filter", "select", "key_by", "window", "dedup"];
+/// Keys a `window` item holds next to `window:`.
+const WINDOW_COMPANIONS: &[&str] = &["aggregate", "late"];
+const WINDOW_KINDS: &[&str] = &["tumbling", "sliding", "session"];
+const WINDOW_KEYS: &[&str] = &[
+    "tumbling",
+    "sliding",
+    "slide",
+    "session",
+    "allowed_lateness",
+    "time",
+    "column",
+];
+
+/// A `key_by` waiting for its window.
+struct PendingKey {
+    columns: Vec<String>,
+    at: Pos,
+    index: usize,
+}
+
+/// Decodes the pipeline; `watermark` is the job's `watermark:` section, if any.
+pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Result<Vec<Stage>> {
+    let items: &[Node] = match &node.value {
+        Value::Null => &[],
+        Value::Seq(items) => items,
+        _ => {
+            return Err(PosError::new(
+                node.pos,
+                format!(
+                    "expected a list of operators for `pipeline` (e.g. `- filter: \"price > \
+                     100\"`), found {}",
+                    node.describe()
+                ),
+            ));
+        }
+    };
+    let mut stages = Vec::new();
+    let mut pending: Option<PendingKey> = None;
+    for (index, item) in items.iter().enumerate() {
+        let path = format!("pipeline[{index}]");
+        let (op, at) = operator_of(item, &path)?;
+        if let Some(key) = &pending
+            && op != "window"
+        {
+            return Err(key_by_without_window(key, &format!("`{op}` in {path}")));
+        }
+        let allowed: &[&str] = match op {
+            "window" => &["window", "aggregate", "late"],
+            "filter" => &["filter"],
+            "select" => &["select"],
+            "dedup" => &["dedup"],
+            _ => &["key_by"],
+        };
+        let fields = Fields::new(item, &path, allowed)?;
+        let value = fields.require(op, "")?.value;
+        let op_path = fields.path_of(op);
+        let op = match op {
+            "filter" => Operator::Filter(pb::FilterSpec {
+                predicate: Some(expr(string(value, &op_path)?, value.pos)),
+            }),
+            "select" => Operator::Select(pb::SelectSpec {
+                exprs: exprs(string_list(value, &op_path, false)?),
+            }),
+            "dedup" => Operator::Dedup(pb::DedupSpec {
+                key_columns: string_list(value, &op_path, true)?
+                    .into_iter()
+                    .map(|(column, _)| column)
+                    .collect(),
+            }),
+            "key_by" => {
+                let columns = string_list(value, &op_path, true)?;
+                pending = Some(PendingKey {
+                    columns: columns.into_iter().map(|(column, _)| column).collect(),
+                    at,
+                    index,
+                });
+                continue;
+            }
+            _ => {
+                let keys = pending.take().map(|key| key.columns).unwrap_or_default();
+                window(&fields, at, keys, watermark)?
+            }
+        };
+        stages.push(Stage { at, op });
+    }
+    if let Some(key) = &pending {
+        return Err(key_by_without_window(key, "the end of the pipeline"));
+    }
+    Ok(stages)
+}
+
+/// The operator key of a pipeline item and where it is written.
+fn operator_of<'a>(item: &'a Node, path: &str) -> Result<(&'a str, Pos)> {
+    let Value::Map(entries) = &item.value else {
+        return Err(PosError::new(
+            item.pos,
+            format!(
+                "expected {path} to be a mapping with one operator key ({}), found {}",
+                OPERATORS.join(", "),
+                item.describe()
+            ),
+        ));
+    };
+    let mut found: Option<(&str, Pos)> = None;
+    for (key, _) in entries {
+        let name = key.text();
+        if OPERATORS.contains(&name) {
+            if let Some((first, _)) = found {
+                return Err(PosError::new(
+                    key.pos,
+                    format!(
+                        "{path} has two operators (`{first}` and `{name}`); write each as its \
+                         own list item"
+                    ),
+                ));
+            }
+            found = Some((name, key.pos));
+        }
+    }
+    if let Some(found) = found {
+        return Ok(found);
+    }
+    // No operator: explain the first key, which is either misplaced or misspelled.
+    match entries.first() {
+        Some((key, _)) if WINDOW_COMPANIONS.contains(&key.text()) => Err(PosError::new(
+            key.pos,
+            format!(
+                "`{}` in {path} belongs in a `window` item, next to `window:`",
+                key.text()
+            ),
+        )),
+        Some(_) => Err(Fields::with_noun(item, path, OPERATORS, "operator")
+            .err()
+            .unwrap_or_else(|| PosError::new(item.pos, format!("{path} has no operator")))),
+        None => Err(PosError::new(
+            item.pos,
+            format!(
+                "{path} is empty; expected one operator key ({})",
+                OPERATORS.join(", ")
+            ),
+        )),
+    }
+}
+
+fn key_by_without_window(key: &PendingKey, found: &str) -> PosError {
+    PosError::new(
+        key.at,
+        format!(
+            "`key_by` in pipeline[{}] must be followed by a `window` item, found {found}",
+            key.index
+        ),
+    )
+}
+
+fn expr(sql: String, at: Pos) -> pb::Expr {
+    pb::Expr {
+        sql,
+        location: Some(at.to_location()),
+    }
+}
+
+fn exprs(list: Vec<(String, Pos)>) -> Vec<pb::Expr> {
+    list.into_iter().map(|(sql, at)| expr(sql, at)).collect()
+}
+
+/// Decodes a window item; `at` is where its `window:` key is, `keys` its key_by columns.
+fn window(
+    item: &Fields<'_>,
+    at: Pos,
+    key_columns: Vec<String>,
+    watermark: Option<&pb::WatermarkSpec>,
+) -> Result<Operator> {
+    let window_path = item.path_of("window");
+    let window_node = item.require("window", "")?.value;
+    if let Value::Map(entries) = &window_node.value
+        && let Some((key, _)) = entries
+            .iter()
+            .find(|(key, _)| WINDOW_COMPANIONS.contains(&key.text()))
+    {
+        return Err(PosError::new(
+            key.pos,
+            format!(
+                "`{}` goes next to `window:` in {}, not inside it",
+                key.text(),
+                item.path
+            ),
+        ));
+    }
+    let fields = Fields::new(window_node, &window_path, WINDOW_KEYS)?;
+    let kinds = fields.present(WINDOW_KINDS);
+    let (kind_name, kind_entry) = match kinds.as_slice() {
+        [] => {
+            return Err(PosError::new(
+                fields.pos,
+                format!(
+                    "`{window_path}` names no window kind; expected one of {} (e.g. \
+                     `window: {{ tumbling: 10s }}`)",
+                    WINDOW_KINDS.join(", ")
+                ),
+            ));
+        }
+        [one] => *one,
+        [(first, _), (second, entry), ..] => {
+            return Err(PosError::new(
+                entry.key.pos,
+                format!(
+                    "`{window_path}` has two kinds (`{first}` and `{second}`); a window has \
+                     exactly one"
+                ),
+            ));
+        }
+    };
+    let size_path = fields.path_of(kind_name);
+    let size_ms = positive_duration_ms(kind_entry.value, &size_path)?;
+    if kind_name != "sliding"
+        && let Some(slide) = fields.get("slide")
+    {
+        return Err(PosError::new(
+            slide.key.pos,
+            format!("`slide` only applies to sliding windows, not `{kind_name}` ones"),
+        ));
+    }
+    let kind = match kind_name {
+        "tumbling" => pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms }),
+        "session" => pb::window_spec::Kind::Session(pb::SessionWindow { gap_ms: size_ms }),
+        _ => {
+            let slide = fields.require("slide", " (how often a sliding window starts)")?;
+            let slide_ms = positive_duration_ms(slide.value, &fields.path_of("slide"))?;
+            if slide_ms > size_ms {
+                return Err(PosError::new(
+                    slide.value.pos,
+                    format!(
+                        "`slide` ({}) must not be longer than the window size ({})",
+                        slide.value.text(),
+                        kind_entry.value.text()
+                    ),
+                ));
+            }
+            pb::window_spec::Kind::Sliding(pb::SlidingWindow { size_ms, slide_ms })
+        }
+    };
+    let times = [
+        ("event", pb::TimeCharacteristic::TimeEvent),
+        ("processing", pb::TimeCharacteristic::TimeProcessing),
+    ];
+    let time = fields
+        .opt("time", |node, path| choice(node, path, &times))?
+        .unwrap_or(pb::TimeCharacteristic::TimeEvent);
+    let time_column = match fields.opt("column", string)? {
+        Some(column) => column,
+        None => watermark.map(|w| w.column.clone()).unwrap_or_default(),
+    };
+    if time == pb::TimeCharacteristic::TimeEvent {
+        if watermark.is_none() {
+            return Err(PosError::new(
+                at,
+                format!(
+                    "event-time windows need a `watermark:` section (in {}); add one such as \
+                     `watermark: {{ column: date_time, max_out_of_orderness: 2s }}`, or set \
+                     `time: processing`",
+                    item.path
+                ),
+            ));
+        }
+        if time_column.is_empty() {
+            return Err(PosError::new(
+                at,
+                format!(
+                    "event-time windows need a time column (in {}); set `column:` here or in \
+                     `watermark:`",
+                    item.path
+                ),
+            ));
+        }
+    }
+    let aggregate = item.require(
+        "aggregate",
+        "; a window needs at least one, e.g. `aggregate: [\"count(*) AS n\"]`",
+    )?;
+    let aggregates = exprs(string_list(
+        aggregate.value,
+        &item.path_of("aggregate"),
+        false,
+    )?);
+    let (late, late_sink) = match item.get("late") {
+        None => (pb::LatePolicy::Drop, None),
+        Some(entry) => late(entry.value, &item.path_of("late"))?,
+    };
+    let spec = pb::WindowSpec {
+        kind: Some(kind),
+        key_columns,
+        aggregates,
+        allowed_lateness_ms: fields.opt("allowed_lateness", duration_ms)?.unwrap_or(0),
+        late: late as i32,
+        time: time as i32,
+        time_column,
+    };
+    Ok(Operator::Window(Box::new(WindowStage { spec, late_sink })))
+}
+
+/// `late: drop` or `late: { sink: ... }`.
+fn late(node: &Node, path: &str) -> Result<(pb::LatePolicy, Option<(pb::SinkSpec, Pos)>)> {
+    match &node.value {
+        Value::Scalar { text, .. } if text == "drop" => Ok((pb::LatePolicy::Drop, None)),
+        Value::Map(_) => {
+            let fields = Fields::new(node, path, &["sink"])?;
+            let entry = fields.require("sink", "")?;
+            let sink = connector::sink(entry.value, &fields.path_of("sink"))?;
+            Ok((pb::LatePolicy::SideOutput, Some((sink, entry.key.pos))))
+        }
+        _ => Err(PosError::new(
+            node.pos,
+            format!(
+                "expected `drop` or a mapping `{{ sink: ... }}` for `{path}`, found {}",
+                node.describe()
+            ),
+        )),
+    }
+}
