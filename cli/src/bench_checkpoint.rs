@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use bytes::Bytes;
 use clap::Args;
+use sluice_common::byte_size;
 use sluice_common::pb::state as pb;
 use sluice_common::pb::state::state_service_client::StateServiceClient;
 use sluice_common::state::encode_key;
@@ -40,7 +41,7 @@ use sluice_compute::state_client::ShardLayout;
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
 
-use crate::{Failure, byte_size, runtime};
+use crate::{Failure, runtime};
 
 /// Key groups the keys are spread over (the job's max parallelism).
 const KEY_GROUPS: u32 = 128;

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
+use sluice_common::byte_size;
 use sluice_common::job_spec;
 use sluice_compute::network::NetworkConfig;
 use sluice_compute::state_client::ShardLayout;
@@ -31,7 +32,7 @@ use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitO
 use crate::bench_checkpoint::{NodeProcess, preload};
 use crate::cluster::embedded::{ProcessLauncher, master_config};
 use crate::cluster::state::StateServiceConnector;
-use crate::{Failure, byte_size, runtime};
+use crate::{Failure, runtime};
 
 const JOB_ID: &str = "bench-cluster";
 const SHARDS: u32 = 4;

@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Args;
+use sluice_common::byte_size;
 use sluice_common::pb::state as pb;
 use sluice_common::pb::state::state_service_client::StateServiceClient;
 
 use crate::state_service::start_embedded;
-use crate::{Failure, byte_size, runtime};
+use crate::{Failure, runtime};
 
 /// Arguments of `sluice bench state`.
 #[derive(Args)]

@@ -23,7 +23,6 @@ mod bench_checkpoint;
 mod bench_cluster;
 mod bench_exchange;
 mod bench_state;
-mod byte_size;
 mod cluster;
 mod nexmark_gen;
 mod progress;

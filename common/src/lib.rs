@@ -6,6 +6,7 @@
 //!   its parts). Generated types are used through this module only.
 //! - [`job_spec`]: the YAML job format users write, parsed into a [`pb::JobGraph`] with
 //!   errors that name file, line and column.
+//! - [`byte_size`]: byte sizes as people write them on command lines (`512MiB`, `1.5GB`).
 //! - [`key_group`]: the stable key hash and the key-group ranges of DESIGN §4.
 //! - [`state`]: the keyed-state API (`ValueState`, `MapState`, ...) over a byte-level
 //!   backend trait, the in-memory backend, and the conformance suite every backend passes.
@@ -13,6 +14,7 @@
 //! This crate must not know about Arrow, DataFusion, RocksDB, foyer, S3 or the network:
 //! those belong to the crates that run things (`compute`, `state-service`).
 
+pub mod byte_size;
 pub mod job_spec;
 pub mod key_group;
 pub mod state;
