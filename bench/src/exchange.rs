@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
+use clap::{Args as ClapArgs, ValueEnum};
 use sluice_common::job_spec;
 use sluice_common::pb;
 use sluice_common::pb::cluster as pbc;
@@ -41,7 +41,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 
-use crate::{Failure, runtime};
+use crate::Error as Failure;
+use crate::harness::runtime;
 
 /// How long children have to start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -56,8 +57,8 @@ pub enum Role {
 }
 
 /// Arguments of `sluice bench exchange`.
-#[derive(Args)]
-pub struct ExchangeBenchArgs {
+#[derive(ClapArgs, Debug)]
+pub struct Args {
     /// Bytes per network buffer of the exchange, and per write of the raw pair.
     #[arg(long, default_value_t = 32 << 10)]
     buffer_bytes: usize,
@@ -128,7 +129,7 @@ fn fail(message: impl Into<String>) -> Failure {
 }
 
 /// Runs `sluice bench exchange` (or one of its child roles).
-pub fn bench(args: ExchangeBenchArgs) -> Result<(), Failure> {
+pub fn run(args: Args) -> Result<(), Failure> {
     if args.buffer_bytes < 64 || args.buffer_bytes > (64 << 20) {
         return Err(Failure::usage(
             "--buffer-bytes must be between 64 and 67108864",
@@ -207,11 +208,7 @@ pub fn bench(args: ExchangeBenchArgs) -> Result<(), Failure> {
 // Raw TCP pair
 
 /// Starts a receiver and a sender child; the receiver's count is the measurement.
-async fn measure_raw(
-    exe: &Path,
-    args: &ExchangeBenchArgs,
-    timeout: Duration,
-) -> Result<Measurement, Failure> {
+async fn measure_raw(exe: &Path, args: &Args, timeout: Duration) -> Result<Measurement, Failure> {
     let common = |role: &str| {
         let mut c = Command::new(exe);
         c.args([
@@ -509,7 +506,7 @@ fn vm_rss_kb(pid: u32) -> u64 {
 async fn run_exchange(
     exe: &PathBuf,
     graph: pb::JobGraph,
-    args: &ExchangeBenchArgs,
+    args: &Args,
     sample_rss: Option<Duration>,
 ) -> Result<ExchangeRun, Failure> {
     const N: usize = 2;
@@ -583,7 +580,7 @@ async fn drive(
     listener: &TcpListener,
     workers: &mut [WorkerChild],
     graph: pb::JobGraph,
-    args: &ExchangeBenchArgs,
+    args: &Args,
     timeout: Duration,
     sample_rss: Option<Duration>,
 ) -> Result<ExchangeRun, DriveError> {
@@ -745,7 +742,7 @@ async fn wait_any(workers: &mut [WorkerChild]) -> (usize, String) {
 /// A consumer `factor` times slower than `fast`'s: the sink sleeps after each batch.
 async fn slow_consumer(
     exe: &PathBuf,
-    args: &ExchangeBenchArgs,
+    args: &Args,
     factor: f64,
     fast: &Measurement,
 ) -> Result<(), Failure> {
@@ -792,7 +789,7 @@ mod tests {
     fn the_exchange_job_is_two_chains_on_two_workers() {
         let graph = match exchange_job(1000, 100, 5) {
             Ok(g) => g,
-            Err(f) => panic!("{}", f.message),
+            Err(f) => panic!("{f}"),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
