@@ -1,10 +1,11 @@
 //! `sluice bench exchange`: throughput of the data plane between two worker processes
 //! on loopback, next to a plain TCP sender/receiver pair measured in the same run.
 //!
-//! - **raw**: two child processes of this binary (hidden `--role raw-recv` and
-//!   `--role raw-send`) move bytes over one TCP connection on 127.0.0.1 in writes of
-//!   `--buffer-bytes` for `--raw-seconds`, timed by the sender from connecting until
-//!   the receiver has read everything and closed.
+//! - **raw** (the baseline): a sender and a receiver thread of this process move bytes
+//!   over one TCP connection on 127.0.0.1 with blocking std sockets, in writes of
+//!   `--buffer-bytes`, for `--raw-seconds`: what loopback TCP does with no framing,
+//!   encoding or credit. Timed by the sender from connecting until the receiver has
+//!   read everything and closed.
 //! - **exchange**: two `sluice worker` child processes under a small driver here (the
 //!   same control protocol as `sluice run --workers 2`; this one keeps the workers' pids
 //!   and per-task reports). The job is Nexmark bids (parallelism 1) into a blackhole
@@ -25,18 +26,18 @@
 //! are killed when this command returns.
 
 use std::io::{BufReader, Read, Seek, Write};
-use std::net::{TcpListener as StdListener, TcpStream as StdStream};
-use std::path::{Path, PathBuf};
+use std::net::{Shutdown, SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use clap::{Args as ClapArgs, ValueEnum};
+use anyhow::{Context, anyhow, bail};
+use clap::Args as ClapArgs;
 use sluice_common::job_spec;
 use sluice_common::pb;
 use sluice_common::pb::cluster as pbc;
 use sluice_compute::cluster::control::{self, CONTROL_VERSION};
 use sluice_compute::network::NetworkConfig;
-use tokio::io::AsyncBufReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
@@ -47,14 +48,8 @@ use crate::harness::runtime;
 /// How long children have to start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A role of a child process of this benchmark.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Role {
-    /// Accept one connection on 127.0.0.1, read to EOF, print what arrived.
-    RawRecv,
-    /// Connect to `--addr` and write for `--raw-seconds`.
-    RawSend,
-}
+/// Bound on one blocking read or write of the raw pair.
+const RAW_IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Arguments of `sluice bench exchange`.
 #[derive(ClapArgs, Debug)]
@@ -87,12 +82,6 @@ pub struct Args {
     /// Upper bound of one measurement; children still running then are killed.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
-    /// Internal: the role of a child process.
-    #[arg(long, value_enum, hide = true)]
-    role: Option<Role>,
-    /// Internal: the receiver's address (raw-send).
-    #[arg(long, hide = true)]
-    addr: Option<String>,
 }
 
 /// What one measurement moved.
@@ -144,17 +133,6 @@ pub fn run(args: Args) -> Result<(), Failure> {
         ));
     }
     let timeout = Duration::from_secs(args.timeout_secs);
-    match args.role {
-        Some(Role::RawRecv) => return raw_recv(args.buffer_bytes, timeout),
-        Some(Role::RawSend) => {
-            let addr = args
-                .addr
-                .as_deref()
-                .ok_or_else(|| Failure::usage("--role raw-send needs --addr"))?;
-            return raw_send(addr, args.buffer_bytes, args.raw_seconds, timeout);
-        }
-        None => {}
-    }
     let slow_factor = match &args.slow_consumer {
         None => None,
         Some(s) => {
@@ -171,15 +149,16 @@ pub fn run(args: Args) -> Result<(), Failure> {
         }
     };
     let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find sluice: {e}")))?;
+    let raw = if args.no_raw {
+        None
+    } else {
+        let m = measure_raw(args.buffer_bytes, args.raw_seconds, timeout)
+            .context("the raw TCP pair")?;
+        println!("{}", m.line("raw", args.buffer_bytes));
+        Some(m)
+    };
     let rt = runtime()?;
     rt.block_on(async {
-        let raw = if args.no_raw {
-            None
-        } else {
-            let m = measure_raw(&exe, &args, timeout).await?;
-            println!("{}", m.line("raw", args.buffer_bytes));
-            Some(m)
-        };
         let graph = exchange_job(args.events, args.batch_size, 0)?;
         let run = run_exchange(&exe, graph, &args, None).await?;
         let ex = run.measurement()?;
@@ -207,88 +186,30 @@ pub fn run(args: Args) -> Result<(), Failure> {
 // ---------------------------------------------------------------------------------
 // Raw TCP pair
 
-/// Starts a receiver and a sender child; the receiver's count is the measurement.
-async fn measure_raw(exe: &Path, args: &Args, timeout: Duration) -> Result<Measurement, Failure> {
-    let common = |role: &str| {
-        let mut c = Command::new(exe);
-        c.args([
-            "bench",
-            "exchange",
-            "--role",
-            role,
-            "--buffer-bytes",
-            &args.buffer_bytes.to_string(),
-            "--raw-seconds",
-            &args.raw_seconds.to_string(),
-            "--timeout-secs",
-            &args.timeout_secs.to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true);
-        c
-    };
-    let mut recv = common("raw-recv")
-        .spawn()
-        .map_err(|e| fail(format!("cannot start the raw receiver: {e}")))?;
-    let mut recv_out = tokio::io::BufReader::new(
-        recv.stdout
-            .take()
-            .ok_or_else(|| fail("raw receiver has no stdout"))?,
-    );
-    let mut line = String::new();
-    tokio::time::timeout(START_TIMEOUT, recv_out.read_line(&mut line))
-        .await
-        .map_err(|_| fail("the raw receiver did not start in time"))?
-        .map_err(|e| fail(format!("reading the raw receiver: {e}")))?;
-    let addr = line
-        .trim()
-        .strip_prefix("listening ")
-        .ok_or_else(|| fail(format!("unexpected line from the raw receiver: {line:?}")))?
-        .to_owned();
-    let mut send = common("raw-send")
-        .args(["--addr", &addr])
-        .spawn()
-        .map_err(|e| fail(format!("cannot start the raw sender: {e}")))?;
-    let mut send_out = tokio::io::BufReader::new(
-        send.stdout
-            .take()
-            .ok_or_else(|| fail("raw sender has no stdout"))?,
-    );
-    let deadline = Instant::now() + timeout;
-    let mut received = String::new();
-    let mut sent = String::new();
-    for (name, out, line) in [
-        ("receiver", &mut recv_out, &mut received),
-        ("sender", &mut send_out, &mut sent),
-    ] {
-        tokio::time::timeout_at(deadline.into(), out.read_line(line))
-            .await
-            .map_err(|_| fail(format!("the raw pair did not finish within {timeout:?}")))?
-            .map_err(|e| fail(format!("reading the raw {name}: {e}")))?;
-    }
-    for (name, child) in [("receiver", &mut recv), ("sender", &mut send)] {
-        let status = tokio::time::timeout_at(deadline.into(), child.wait())
-            .await
-            .map_err(|_| fail(format!("the raw {name} did not exit in time")))?
-            .map_err(|e| fail(format!("waiting for the raw {name}: {e}")))?;
-        if !status.success() {
-            return Err(fail(format!("the raw {name} failed ({status})")));
-        }
-    }
-    let bad =
-        |who: &str, line: &str| fail(format!("unexpected result from the raw {who}: {line:?}"));
-    let bytes: u64 = field(&received, "bytes").ok_or_else(|| bad("receiver", &received))?;
-    let sent_bytes: u64 = field(&sent, "bytes").ok_or_else(|| bad("sender", &sent))?;
+/// Sends from this thread to a receiver thread over one loopback connection for
+/// `seconds`; the bytes received, timed by the sender.
+fn measure_raw(
+    buffer_bytes: usize,
+    seconds: f64,
+    timeout: Duration,
+) -> anyhow::Result<Measurement> {
+    let listener = StdListener::bind("127.0.0.1:0").context("bind")?;
+    let addr = listener.local_addr().context("listener address")?;
+    let receiver = std::thread::Builder::new()
+        .name("raw-receiver".into())
+        .spawn(move || receive(listener, buffer_bytes, timeout))
+        .context("starting the receiver thread")?;
+    // A failed sender drops its connection, so the receiver ends too.
+    let sent = send(addr, buffer_bytes, seconds, timeout).context("the sender");
+    let received = receiver
+        .join()
+        .map_err(|_| anyhow!("the receiver thread panicked"))?
+        .context("the receiver");
+    let (sent_bytes, seconds) = sent?;
+    let bytes = received?;
     if bytes != sent_bytes {
-        return Err(fail(format!(
-            "the raw receiver got {bytes} bytes, the sender sent {sent_bytes}"
-        )));
+        bail!("the receiver got {bytes} bytes, the sender sent {sent_bytes}");
     }
-    // The sender's clock: from connecting until the receiver had read everything and
-    // closed (the receiver's own clock starts at accept, which a loaded machine may
-    // delay while the first bytes already sit in the socket buffer).
-    let seconds: f64 = field(&sent, "seconds").ok_or_else(|| bad("sender", &sent))?;
     Ok(Measurement {
         records: 0,
         bytes,
@@ -296,77 +217,57 @@ async fn measure_raw(exe: &Path, args: &Args, timeout: Duration) -> Result<Measu
     })
 }
 
-/// The value of `key=value` in a line of `key=value` words.
-fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-        .and_then(|v| v.parse().ok())
-}
-
-fn io_fail(what: &str, e: std::io::Error) -> Failure {
-    fail(format!("{what}: {e}"))
-}
-
-/// Child: accept one connection, read until EOF (or the timeout), print the count.
-fn raw_recv(buffer_bytes: usize, timeout: Duration) -> Result<(), Failure> {
-    let listener = StdListener::bind("127.0.0.1:0").map_err(|e| io_fail("bind", e))?;
-    let addr = listener.local_addr().map_err(|e| io_fail("address", e))?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "listening {addr}")
-        .and_then(|_| out.flush())
-        .map_err(|e| io_fail("stdout", e))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io_fail("listener", e))?;
+/// Accepts one connection and reads it to the end (or the timeout); the bytes read.
+/// Closes the connection when done, which tells the sender everything arrived.
+fn receive(listener: StdListener, buffer_bytes: usize, timeout: Duration) -> anyhow::Result<u64> {
+    listener.set_nonblocking(true).context("listener")?;
     let accept_deadline = Instant::now() + START_TIMEOUT;
     let mut stream = loop {
         match listener.accept() {
             Ok((s, _)) => break s,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() > accept_deadline {
-                    return Err(fail("no sender connected in time"));
+                    bail!("no sender connected within {START_TIMEOUT:?}");
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
-            Err(e) => return Err(io_fail("accept", e)),
+            Err(e) => return Err(e).context("accept"),
         }
     };
     stream
         .set_nonblocking(false)
-        .and_then(|_| stream.set_read_timeout(Some(Duration::from_secs(30))))
-        .map_err(|e| io_fail("socket", e))?;
-    let start = Instant::now();
-    let deadline = start + timeout;
+        .and_then(|_| stream.set_read_timeout(Some(RAW_IO_TIMEOUT)))
+        .context("socket")?;
+    let deadline = Instant::now() + timeout;
     let mut buf = vec![0u8; buffer_bytes];
     let mut total: u64 = 0;
     loop {
-        let n = stream.read(&mut buf).map_err(|e| io_fail("read", e))?;
+        let n = stream.read(&mut buf).context("read")?;
         if n == 0 {
-            break;
+            return Ok(total);
         }
         total += n as u64;
         if Instant::now() > deadline {
-            return Err(fail(format!("still receiving after {timeout:?}")));
+            bail!("still receiving after {timeout:?}");
         }
     }
-    let seconds = start.elapsed().as_secs_f64();
-    writeln!(out, "received bytes={total} seconds={seconds:.6}")
-        .and_then(|_| out.flush())
-        .map_err(|e| io_fail("stdout", e))?;
-    Ok(())
 }
 
-/// Child: write `buffer_bytes` at a time for `seconds`, then close.
-fn raw_send(
-    addr: &str,
+/// Connects to `addr` and writes `buffer_bytes` at a time for `seconds`, then waits for
+/// the receiver to close; the bytes sent and the seconds from connecting to that close
+/// (the receiver's own clock would start at accept, which a loaded machine may delay
+/// while the first bytes already sit in the socket buffer).
+fn send(
+    addr: SocketAddr,
     buffer_bytes: usize,
     seconds: f64,
     timeout: Duration,
-) -> Result<(), Failure> {
-    let mut stream = StdStream::connect(addr).map_err(|e| io_fail("connect", e))?;
+) -> anyhow::Result<(u64, f64)> {
+    let mut stream = StdStream::connect(addr).context("connect")?;
     stream
-        .set_write_timeout(Some(Duration::from_secs(30)))
-        .map_err(|e| io_fail("socket", e))?;
+        .set_write_timeout(Some(RAW_IO_TIMEOUT))
+        .and_then(|_| stream.set_read_timeout(Some(RAW_IO_TIMEOUT)))
+        .context("socket")?;
     let buf: Vec<u8> = (0..buffer_bytes).map(|i| (i % 251) as u8).collect();
     let start = Instant::now();
     let run_for = Duration::from_secs_f64(seconds).min(timeout);
@@ -374,30 +275,24 @@ fn raw_send(
     let max_writes = (1u64 << 40) / buffer_bytes as u64;
     let mut writes = 0u64;
     while writes < max_writes && start.elapsed() < run_for {
-        stream.write_all(&buf).map_err(|e| io_fail("write", e))?;
+        stream.write_all(&buf).context("write")?;
         writes += 1;
     }
-    stream
-        .shutdown(std::net::Shutdown::Write)
-        .map_err(|e| io_fail("shutdown", e))?;
-    // Wait for the receiver to close (it has read everything by then).
-    let mut b = [0u8; 1];
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .map_err(|e| io_fail("socket", e))?;
+    stream.shutdown(Shutdown::Write).context("shutdown")?;
     let n = stream
-        .read(&mut b)
-        .map_err(|e| io_fail("waiting for the receiver to close", e))?;
+        .read(&mut [0u8; 1])
+        .context("waiting for the receiver to close")?;
     if n != 0 {
-        return Err(fail("the receiver sent data"));
+        bail!("the receiver sent data");
     }
-    let seconds = start.elapsed().as_secs_f64();
-    let total = writes * buffer_bytes as u64;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "sent bytes={total} seconds={seconds:.6}")
-        .and_then(|_| out.flush())
-        .map_err(|e| io_fail("stdout", e))?;
-    Ok(())
+    Ok((writes * buffer_bytes as u64, start.elapsed().as_secs_f64()))
+}
+
+// ---------------------------------------------------------------------------------
+// Helpers
+
+fn io_fail(what: &str, e: std::io::Error) -> Failure {
+    fail(format!("{what}: {e}"))
 }
 
 // ---------------------------------------------------------------------------------
@@ -802,5 +697,12 @@ mod tests {
         let placement = sluice_compute::runtime::build::Placement::round_robin(&plan, 2);
         assert_eq!(placement.worker_of(0, 0), 0);
         assert_eq!(placement.worker_of(1, 0), 1);
+    }
+
+    #[test]
+    fn the_raw_pair_moves_every_byte_it_sends() {
+        let m = measure_raw(4096, 0.05, Duration::from_secs(30)).expect("raw pair");
+        assert!(m.bytes > 0 && m.bytes % 4096 == 0, "{m:?}");
+        assert!(m.seconds >= 0.05, "{m:?}");
     }
 }
