@@ -1,53 +1,56 @@
 //! `sluice bench exchange`: throughput of the data plane between two worker processes
-//! on loopback, next to a plain TCP sender/receiver pair measured in the same run.
+//! on loopback, next to raw TCP on the same loopback in the same run, and the
+//! producer's memory under a slow consumer.
 //!
 //! - **raw** (the baseline): a sender and a receiver thread of this process move bytes
 //!   over one TCP connection on 127.0.0.1 with blocking std sockets, in writes of
 //!   `--buffer-bytes`, for `--raw-seconds`: what loopback TCP does with no framing,
 //!   encoding or credit. Timed by the sender from connecting until the receiver has
 //!   read everything and closed.
-//! - **exchange**: two `sluice worker` child processes under a small driver here (the
-//!   same control protocol as `sluice run --workers 2`; this one keeps the workers' pids
-//!   and per-task reports). The job is Nexmark bids (parallelism 1) into a blackhole
-//!   sink (parallelism 1) over a rebalance edge, so placement puts the source on worker
-//!   0 and the sink on worker 1 and every batch crosses the network as Arrow IPC in
-//!   credit-based buffers. Records and bytes are the source task's records and network
-//!   bytes out (checked against the sink's records in); seconds run from sending the
-//!   deployments to the last report (planning and connecting included, process start
-//!   not).
-//! - **slow consumer** (`--slow-consumer 10x`): the same job with the sink sleeping
-//!   after each batch so that it is about that many times slower than the exchange
-//!   measured just before; the producer worker's VmRSS is sampled every
+//! - **exchange**: a coordinator in this process (`sluice_coordinator`'s, serving the
+//!   workers' gRPC API on 127.0.0.1, job records in a temporary directory) and two
+//!   `sluice worker --coordinator URL` child processes attached to it; the job is
+//!   submitted and deployed through the attach protocol like any other. It is Nexmark
+//!   bids (parallelism 1) into a blackhole sink (parallelism 1) over a rebalance edge,
+//!   so placement puts the source on worker 0 and the sink on worker 1 and every batch
+//!   crosses the network as Arrow IPC in credit-based buffers of `--buffer-bytes`.
+//!   Records and bytes are the source task's records and network bytes out, from the
+//!   `metrics` lines the workers print when the job ends (checked against the sink's
+//!   records in and the job's status); seconds run from submitting the job, both
+//!   workers attached, to its end (scheduling, planning and connecting included,
+//!   process start not). CPU seconds are each worker's user + system time then.
+//! - **slow consumer** (`--slow-consumer 10x`): the same job on two fresh workers with
+//!   the sink sleeping after each batch so that it is about that many times slower than
+//!   the exchange measured just before; the producer worker's VmRSS is sampled every
 //!   `--rss-interval-ms` and printed as a series with its maximum.
 //!
 //! Output: one `kind=raw|exchange|slow-consumer buffer_bytes=.. records=.. bytes=..
 //! seconds=.. gb_per_s=.. records_per_s=..` line per measurement, then `ratio=..`
-//! (exchange GB/s over raw GB/s). Every wait is bounded by `--timeout-secs`; children
-//! are killed when this command returns.
+//! (exchange GB/s over raw GB/s). Every wait is bounded by `--timeout-secs`; the
+//! workers are killed when a measurement ends.
 
-use std::io::{BufReader, Read, Seek, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args as ClapArgs;
-use sluice_common::job_spec;
-use sluice_common::pb;
-use sluice_common::pb::cluster as pbc;
-use sluice_compute::cluster::control::{self, CONTROL_VERSION};
+use sluice_common::{job_spec, pb};
 use sluice_compute::network::NetworkConfig;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::process::{Child, Command};
-use tokio::task::JoinSet;
+use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
+use sluice_coordinator::job::JobState;
+use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitOptions};
 
-use crate::Error as Failure;
+use crate::harness::process::Workers;
+use crate::harness::resources::{cpu_seconds, rss_bytes};
 use crate::harness::runtime;
+use crate::harness::table::{Line, field};
+use crate::{Error, Host, Result};
 
-/// How long children have to start.
+/// How long the raw receiver waits for its sender, and the workers have to attach.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// Bound on one blocking read or write of the raw pair.
 const RAW_IO_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -79,7 +82,7 @@ pub struct Args {
     /// RSS sampling period of the slow-consumer run.
     #[arg(long, default_value_t = 250)]
     rss_interval_ms: u64,
-    /// Upper bound of one measurement; children still running then are killed.
+    /// Upper bound of one measurement; workers still running then are killed.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
 }
@@ -101,54 +104,49 @@ impl Measurement {
         self.records as f64 / self.seconds.max(1e-9)
     }
 
-    fn line(&self, kind: &str, buffer_bytes: usize) -> String {
-        format!(
-            "kind={kind} buffer_bytes={buffer_bytes} records={} bytes={} seconds={:.3} gb_per_s={:.3} records_per_s={:.0}",
-            self.records,
-            self.bytes,
-            self.seconds,
-            self.gb_per_s(),
-            self.records_per_s()
-        )
+    /// `kind=.. buffer_bytes=.. records=.. bytes=.. seconds=.. gb_per_s=..
+    /// records_per_s=..`, for more fields to follow.
+    fn line(&self, kind: &str, buffer_bytes: usize) -> Line {
+        Line::new()
+            .field("kind", kind)
+            .field("buffer_bytes", buffer_bytes)
+            .field("records", self.records)
+            .field("bytes", self.bytes)
+            .field("seconds", format!("{:.3}", self.seconds))
+            .field("gb_per_s", format!("{:.3}", self.gb_per_s()))
+            .field("records_per_s", format!("{:.0}", self.records_per_s()))
     }
 }
 
-fn fail(message: impl Into<String>) -> Failure {
-    Failure::from(anyhow::anyhow!("{}", message.into()))
-}
-
-/// Runs `sluice bench exchange` (or one of its child roles).
-pub fn run(args: Args) -> Result<(), Failure> {
+/// Runs `sluice bench exchange`.
+pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     if args.buffer_bytes < 64 || args.buffer_bytes > (64 << 20) {
-        return Err(Failure::usage(
+        return Err(Error::usage(
             "--buffer-bytes must be between 64 and 67108864",
         ));
     }
     if !(args.raw_seconds > 0.0 && args.raw_seconds <= 3600.0) {
-        return Err(Failure::usage("--raw-seconds must be in (0, 3600]"));
+        return Err(Error::usage("--raw-seconds must be in (0, 3600]"));
     }
     if args.events == 0 || args.batch_size == 0 || args.timeout_secs == 0 {
-        return Err(Failure::usage(
+        return Err(Error::usage(
             "--events, --batch-size and --timeout-secs must be at least 1",
         ));
     }
-    let timeout = Duration::from_secs(args.timeout_secs);
     let slow_factor = match &args.slow_consumer {
         None => None,
         Some(s) => {
             let f: f64 = s
                 .trim_end_matches(['x', 'X'])
                 .parse()
-                .map_err(|_| Failure::usage(format!("--slow-consumer {s}: expected e.g. 10x")))?;
+                .map_err(|_| Error::usage(format!("--slow-consumer {s}: expected e.g. 10x")))?;
             if !(1.0..=1000.0).contains(&f) {
-                return Err(Failure::usage(
-                    "--slow-consumer must be between 1x and 1000x",
-                ));
+                return Err(Error::usage("--slow-consumer must be between 1x and 1000x"));
             }
             Some(f)
         }
     };
-    let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find sluice: {e}")))?;
+    let timeout = Duration::from_secs(args.timeout_secs);
     let raw = if args.no_raw {
         None
     } else {
@@ -160,14 +158,13 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let rt = runtime()?;
     rt.block_on(async {
         let graph = exchange_job(args.events, args.batch_size, 0)?;
-        let run = run_exchange(&exe, graph, &args, None).await?;
+        let run = run_exchange(graph, &args, host, None).await?;
         let ex = run.measurement()?;
-        println!(
-            "{} producer_cpu_s={:.2} consumer_cpu_s={:.2}",
-            ex.line("exchange", args.buffer_bytes),
-            run.cpu_seconds[0],
-            run.cpu_seconds[1]
-        );
+        let line = ex
+            .line("exchange", args.buffer_bytes)
+            .field("producer_cpu_s", format!("{:.2}", run.cpu_seconds[0]))
+            .field("consumer_cpu_s", format!("{:.2}", run.cpu_seconds[1]));
+        println!("{line}");
         if let Some(raw) = raw {
             println!(
                 "ratio={:.3} (exchange {:.3} GB/s / raw {:.3} GB/s, target >= 0.70 at 32 KiB)",
@@ -177,7 +174,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
             );
         }
         if let Some(factor) = slow_factor {
-            slow_consumer(&exe, &args, factor, &ex).await?;
+            slow_consumer(&args, host, factor, &ex).await?;
         }
         Ok(())
     })
@@ -193,7 +190,7 @@ fn measure_raw(
     seconds: f64,
     timeout: Duration,
 ) -> anyhow::Result<Measurement> {
-    let listener = StdListener::bind("127.0.0.1:0").context("bind")?;
+    let listener = TcpListener::bind("127.0.0.1:0").context("bind")?;
     let addr = listener.local_addr().context("listener address")?;
     let receiver = std::thread::Builder::new()
         .name("raw-receiver".into())
@@ -219,7 +216,7 @@ fn measure_raw(
 
 /// Accepts one connection and reads it to the end (or the timeout); the bytes read.
 /// Closes the connection when done, which tells the sender everything arrived.
-fn receive(listener: StdListener, buffer_bytes: usize, timeout: Duration) -> anyhow::Result<u64> {
+fn receive(listener: TcpListener, buffer_bytes: usize, timeout: Duration) -> anyhow::Result<u64> {
     listener.set_nonblocking(true).context("listener")?;
     let accept_deadline = Instant::now() + START_TIMEOUT;
     let mut stream = loop {
@@ -263,7 +260,7 @@ fn send(
     seconds: f64,
     timeout: Duration,
 ) -> anyhow::Result<(u64, f64)> {
-    let mut stream = StdStream::connect(addr).context("connect")?;
+    let mut stream = TcpStream::connect(addr).context("connect")?;
     stream
         .set_write_timeout(Some(RAW_IO_TIMEOUT))
         .and_then(|_| stream.set_read_timeout(Some(RAW_IO_TIMEOUT)))
@@ -289,27 +286,20 @@ fn send(
 }
 
 // ---------------------------------------------------------------------------------
-// Helpers
-
-fn io_fail(what: &str, e: std::io::Error) -> Failure {
-    fail(format!("{what}: {e}"))
-}
-
-// ---------------------------------------------------------------------------------
 // Exchange between two worker processes
 
 /// Bids at parallelism 1 into a blackhole at parallelism 1 over a rebalance edge.
-fn exchange_job(events: u64, batch_size: u32, delay_ms: u64) -> Result<pb::JobGraph, Failure> {
+fn exchange_job(events: u64, batch_size: u32, delay_ms: u64) -> Result<pb::JobGraph> {
     let text = format!(
         "name: bench-exchange\nparallelism: 1\nsource:\n  nexmark: {{ stream: bid, events: {events}, seed: 42 }}\n  batch_size: {batch_size}\nsink:\n  blackhole: {{ delay_per_batch: {delay_ms}ms }}\n"
     );
-    let mut graph = job_spec::parse_job("<bench exchange>", &text)
-        .map_err(|e| Failure::usage(e.to_string()))?;
+    let mut graph =
+        job_spec::parse_job("<bench exchange>", &text).map_err(|e| Error::usage(e.to_string()))?;
     // The YAML would chain source and sink (forward between equal parallelisms); a
     // rebalance edge cuts them into two chains, which round-robin placement puts on
     // workers 0 and 1.
     if graph.edges.len() != 1 {
-        return Err(fail(format!(
+        return Err(Error::failed(format!(
             "the exchange job has {} edges, expected 1",
             graph.edges.len()
         )));
@@ -318,44 +308,95 @@ fn exchange_job(events: u64, batch_size: u32, delay_ms: u64) -> Result<pb::JobGr
     Ok(graph)
 }
 
+/// One task's figures from the last `metrics` line a worker printed for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TaskFigures {
+    /// The worker's index in the deployment.
+    worker: u32,
+    task: String,
+    records_in: u64,
+    records_out: u64,
+    bytes_out: u64,
+}
+
+impl TaskFigures {
+    /// The figures of a `metrics worker=.. task=.. ..` line; `None` for other lines.
+    fn parse(line: &str) -> Option<Self> {
+        if !line.starts_with("metrics ") {
+            return None;
+        }
+        Some(Self {
+            worker: field(line, "worker")?,
+            task: field(line, "task")?,
+            records_in: field(line, "records_in")?,
+            records_out: field(line, "records_out")?,
+            bytes_out: field(line, "bytes_out")?,
+        })
+    }
+}
+
+/// Every task's figures in a worker's log, the last line per task winning.
+fn task_figures(log: &Path) -> anyhow::Result<Vec<TaskFigures>> {
+    let text =
+        std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    let mut tasks: Vec<TaskFigures> = Vec::new();
+    for t in text.lines().filter_map(TaskFigures::parse) {
+        match tasks.iter_mut().find(|o| o.task == t.task) {
+            Some(old) => *old = t,
+            None => tasks.push(t),
+        }
+    }
+    Ok(tasks)
+}
+
 /// What a run of the exchange job produced.
 struct ExchangeRun {
-    reports: Vec<pbc::Report>,
+    /// The producer's (worker 0) tasks and the consumer's (worker 1).
+    tasks: [Vec<TaskFigures>; 2],
+    /// Records the job's sources read, from its status.
+    status_records_in: u64,
     seconds: f64,
-    /// (ms since deployment, producer VmRSS kB, consumer VmRSS kB)
+    /// (ms since submission, producer VmRSS kB, consumer VmRSS kB)
     rss: Vec<(u64, u64, u64)>,
-    /// CPU seconds (user + system) of the producer and consumer workers, sampled every
-    /// 250 ms while they ran: the last sample before they exited.
+    /// CPU seconds (user + system) of the producer and the consumer when the job ended.
     cpu_seconds: [f64; 2],
 }
 
 impl ExchangeRun {
-    /// The source's records and network bytes out, checked against the sink.
-    fn measurement(&self) -> Result<Measurement, Failure> {
-        let [producer, consumer] = self.reports.as_slice() else {
-            return Err(fail("expected two worker reports"));
-        };
+    /// The source's records and network bytes out, checked against the sink and the
+    /// job's status.
+    fn measurement(&self) -> anyhow::Result<Measurement> {
+        let [producer, consumer] = &self.tasks;
         let source = producer
-            .tasks
             .iter()
             .max_by_key(|t| t.bytes_out)
-            .ok_or_else(|| fail("worker 0 reported no task"))?;
+            .ok_or_else(|| anyhow!("worker 0 printed no task metrics"))?;
         let sink = consumer
-            .tasks
             .iter()
             .max_by_key(|t| t.records_in)
-            .ok_or_else(|| fail("worker 1 reported no task"))?;
+            .ok_or_else(|| anyhow!("worker 1 printed no task metrics"))?;
         if sink.records_in != source.records_out {
-            return Err(fail(format!(
+            bail!(
                 "the sink ({}) received {} records, the source ({}) sent {}",
-                sink.task, sink.records_in, source.task, source.records_out
-            )));
+                sink.task,
+                sink.records_in,
+                source.task,
+                source.records_out
+            );
+        }
+        if self.status_records_in != source.records_out {
+            bail!(
+                "the job's status says its sources read {} records, the source task ({}) sent {}",
+                self.status_records_in,
+                source.task,
+                source.records_out
+            );
         }
         if source.bytes_out == 0 {
-            return Err(fail(format!(
+            bail!(
                 "the source task ({}) sent no bytes over the network; is it on another worker than the sink?",
                 source.task
-            )));
+            );
         }
         Ok(Measurement {
             records: source.records_out,
@@ -365,270 +406,129 @@ impl ExchangeRun {
     }
 }
 
-/// A worker child and the file holding its stderr.
-struct WorkerChild {
-    child: Child,
-    pid: u32,
-    stderr: std::fs::File,
-}
-
-impl WorkerChild {
-    /// The last lines the worker wrote to stderr.
-    fn stderr_tail(&mut self) -> String {
-        let mut text = String::new();
-        if self.stderr.rewind().is_ok() {
-            let _ = BufReader::new(&self.stderr).read_to_string(&mut text);
-        }
-        let lines: Vec<&str> = text.lines().collect();
-        let from = lines.len().saturating_sub(10);
-        lines[from..].join("\n")
-    }
-}
-
-fn vm_rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// Runs `graph` on two worker processes; with `sample_rss`, samples their VmRSS.
+/// Runs `graph` under a coordinator in this process on two fresh worker processes;
+/// with `sample_rss`, samples their VmRSS that often.
 async fn run_exchange(
-    exe: &PathBuf,
     graph: pb::JobGraph,
     args: &Args,
+    host: &dyn Host,
     sample_rss: Option<Duration>,
-) -> Result<ExchangeRun, Failure> {
-    const N: usize = 2;
-    let timeout = Duration::from_secs(args.timeout_secs);
-    let listener = TcpListener::bind("127.0.0.1:0")
+) -> anyhow::Result<ExchangeRun> {
+    let dir = tempfile::Builder::new()
+        .prefix("sluice-bench-exchange-")
+        .tempdir()
+        .context("temporary directory")?;
+    let store = ObjectMetadataStore::from_url(&format!("file://{}", dir.path().display()))
+        .context("the coordinator's store")?;
+    let (listener, addr) = service::bind("127.0.0.1:0", "workers")
         .await
-        .map_err(|e| io_fail("cannot listen for workers", e))?;
-    let control_addr = listener
-        .local_addr()
-        .map_err(|e| io_fail("control address", e))?
-        .to_string();
-    let mut workers: Vec<WorkerChild> = Vec::with_capacity(N);
-    for _ in 0..N {
-        let stderr = tempfile::tempfile().map_err(|e| io_fail("temporary file", e))?;
-        let child = Command::new(exe)
-            .args([
-                "worker",
-                "--listen",
-                "127.0.0.1:0",
-                "--control",
-                &control_addr,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                stderr
-                    .try_clone()
-                    .map_err(|e| io_fail("temporary file", e))?,
-            )
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| io_fail("cannot start a worker", e))?;
-        let pid = child.id().unwrap_or(0);
-        workers.push(WorkerChild { child, pid, stderr });
-    }
-    let result = drive(&listener, &mut workers, graph, args, timeout, sample_rss).await;
-    if result.is_err() {
-        for w in &mut workers {
-            let _ = w.child.start_kill();
-        }
-    }
-    for w in &mut workers {
-        if tokio::time::timeout(Duration::from_secs(10), w.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = w.child.start_kill();
-            let _ = tokio::time::timeout(Duration::from_secs(5), w.child.wait()).await;
-        }
-    }
-    match result {
-        Ok(run) => Ok(run),
-        Err((i, message)) => {
-            let tail = match i {
-                Some(i) => format!(
-                    "\n--- worker {i} stderr (last lines) ---\n{}",
-                    workers[i].stderr_tail()
-                ),
-                None => String::new(),
-            };
-            Err(fail(format!("{message}{tail}")))
-        }
-    }
-}
-
-type DriveError = (Option<usize>, String);
-
-/// Hellos, deployments, reports; the workers' control connections stay open until the
-/// caller has waited for the workers to exit.
-async fn drive(
-    listener: &TcpListener,
-    workers: &mut [WorkerChild],
-    graph: pb::JobGraph,
-    args: &Args,
-    timeout: Duration,
-    sample_rss: Option<Duration>,
-) -> Result<ExchangeRun, DriveError> {
-    let n = workers.len();
-    let pids: Vec<u32> = workers.iter().map(|w| w.pid).collect();
-    let mut conns: Vec<Option<(TcpStream, String)>> = (0..n).map(|_| None).collect();
-    let deadline = Instant::now() + START_TIMEOUT;
-    while conns.iter().any(Option::is_none) {
-        let accepted = tokio::select! {
-            a = tokio::time::timeout_at(deadline.into(), listener.accept()) => a,
-            (i, status) = wait_any(workers) => {
-                return Err((Some(i), format!("worker {i} exited ({status}) before saying hello")));
-            }
-        };
-        let (mut stream, _) = match accepted {
-            Err(_) => {
-                return Err((
-                    None,
-                    format!("workers did not start within {START_TIMEOUT:?}"),
-                ));
-            }
-            Ok(Err(e)) => return Err((None, format!("accepting a worker: {e}"))),
-            Ok(Ok(s)) => s,
-        };
-        let hello: Option<pbc::Hello> =
-            tokio::time::timeout_at(deadline.into(), control::read_message(&mut stream))
-                .await
-                .map_err(|_| (None, "a worker did not say hello in time".to_owned()))?
-                .map_err(|e| (None, format!("bad hello from a worker: {e}")))?;
-        let Some(hello) = hello else { continue };
-        if hello.protocol_version != CONTROL_VERSION {
-            return Err((
-                None,
-                format!(
-                    "a worker speaks control protocol {}, expected {CONTROL_VERSION}",
-                    hello.protocol_version
-                ),
-            ));
-        }
-        match pids.iter().position(|&p| p == hello.pid) {
-            Some(i) if conns[i].is_none() => conns[i] = Some((stream, hello.data_address)),
-            _ => return Err((None, format!("unexpected hello from pid {}", hello.pid))),
-        }
-    }
-    let conns: Vec<(TcpStream, String)> = conns.into_iter().flatten().collect();
-    let peers: Vec<String> = conns.iter().map(|(_, a)| a.clone()).collect();
+        .map_err(|e| anyhow!("{e}"))?;
     let mut network = NetworkConfig {
         buffer_bytes: args.buffer_bytes,
         ..NetworkConfig::default()
     };
     network.max_frame_bytes = network.buffer_bytes + 64;
+    let coordinator = Coordinator::new(CoordinatorOptions {
+        store: Arc::new(store),
+        state: None,
+        // The benchmark starts the two workers itself; one that dies fails the job.
+        launcher: None,
+        heartbeat_interval: Duration::from_millis(500),
+        heartbeat_timeout: Duration::from_secs(5),
+        master: host.master_config(2, &network, 0),
+    });
+    let server = coordinator.serve_workers(listener);
+    // Dropped (killed) before `dir`, which holds their logs, is removed.
+    let workers = Workers::new(format!("http://{addr}"), dir.path())?;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let run = drive(&coordinator, &workers, graph, timeout, sample_rss).await;
+    server.abort();
+    run.map_err(|e| anyhow!("{e:#}{}", workers.log_tails()))
+}
 
-    let start = Instant::now();
-    let deadline = start + timeout;
-    let mut waits: JoinSet<(usize, Result<pbc::Report, String>, TcpStream)> = JoinSet::new();
-    for (i, (mut stream, _)) in conns.into_iter().enumerate() {
-        let deployment = pbc::Deployment {
-            job: Some(graph.clone()),
-            worker_index: i as u32,
-            peers: peers.clone(),
-            network: Some(network.to_proto()),
-            metrics_interval_ms: 0,
-            ..Default::default()
-        };
-        control::write_message(&mut stream, &deployment)
-            .await
-            .map_err(|e| (Some(i), format!("deploying to worker {i}: {e}")))?;
-        waits.spawn(async move {
-            let got = control::read_message::<_, pbc::Report>(&mut stream).await;
-            let r = match got {
-                Ok(Some(r)) => Ok(r),
-                Ok(None) => Err("closed its control connection before reporting".to_owned()),
-                Err(e) => Err(format!("control connection failed: {e}")),
-            };
-            (i, r, stream)
-        });
+/// Starts the workers, waits for both to attach, submits `graph` and waits for its end.
+async fn drive(
+    coordinator: &Arc<Coordinator>,
+    workers: &Workers,
+    graph: pb::JobGraph,
+    timeout: Duration,
+    sample_rss: Option<Duration>,
+) -> anyhow::Result<ExchangeRun> {
+    workers.start(2)?;
+    let attaching = Instant::now();
+    while coordinator.workers().len() < 2 {
+        if let Some(failed) = workers.failed() {
+            bail!("{failed}");
+        }
+        if attaching.elapsed() > START_TIMEOUT {
+            bail!("the workers did not attach within {START_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut reports: Vec<Option<pbc::Report>> = (0..n).map(|_| None).collect();
-    // Held until the caller waited for the workers (closing early would make a worker
-    // that has not exited yet take it for a lost driver).
-    let mut held = Vec::with_capacity(n);
+    let logs = workers.logs();
+    let [(pid_a, log_a), (pid_b, log_b)] = logs.as_slice() else {
+        bail!("expected two workers, started {}", logs.len());
+    };
+    let start = Instant::now();
+    let id = coordinator
+        .submit(
+            graph,
+            SubmitOptions {
+                workers: Some(2),
+                ..SubmitOptions::default()
+            },
+        )
+        .await
+        .map_err(|e| anyhow!("submitting the exchange job: {e}"))?;
+    let deadline = start + timeout;
+    let kb = |pid: u32| rss_bytes(pid).unwrap_or(0) / 1024;
     let mut rss = Vec::new();
-    let mut cpu = [0u64; 2];
-    let mut tick = tokio::time::interval(sample_rss.unwrap_or(Duration::from_millis(250)));
-    let mut seconds = 0.0;
-    while reports.iter().any(Option::is_none) {
+    // Without sampling the tick's branch is disabled; its period does not matter.
+    let mut tick = tokio::time::interval(sample_rss.unwrap_or(Duration::from_secs(1)));
+    let wait = coordinator.wait(&id);
+    tokio::pin!(wait);
+    let status = loop {
         tokio::select! {
-            joined = waits.join_next() => {
-                let Some(joined) = joined else { break };
-                let (i, r, stream) = joined.map_err(|e| (None, format!("driver task: {e}")))?;
-                held.push(stream);
-                match r {
-                    Ok(report) if report.error.is_empty() => {
-                        reports[i] = Some(report);
-                        seconds = start.elapsed().as_secs_f64();
-                    }
-                    Ok(report) => return Err((Some(i), format!("worker {i} (pid {}): {}", pids[i], report.error))),
-                    Err(e) => return Err((Some(i), format!("worker {i} (pid {}): {e}", pids[i]))),
-                }
-            }
-            (i, status) = wait_any(workers) => {
-                if reports[i].is_none() {
-                    return Err((Some(i), format!("worker {i} (pid {}) exited ({status}) before reporting", pids[i])));
-                }
-            }
-            _ = tick.tick() => {
-                // CPU time of each worker as last seen alive (a lower bound near the end).
-                for (c, &pid) in cpu.iter_mut().zip(&pids) {
-                    if let Some(ticks) = cpu_ticks(pid) {
-                        *c = ticks;
-                    }
-                }
-                if sample_rss.is_some() {
-                    rss.push((start.elapsed().as_millis() as u64, vm_rss_kb(pids[0]), vm_rss_kb(pids[1])));
-                }
+            status = &mut wait => break status.map_err(|e| anyhow!("waiting for the exchange job: {e}"))?,
+            _ = tick.tick(), if sample_rss.is_some() => {
+                rss.push((start.elapsed().as_millis() as u64, kb(*pid_a), kb(*pid_b)));
             }
             _ = tokio::time::sleep_until(deadline.into()) => {
-                return Err((None, format!("the exchange did not finish within {timeout:?}")));
+                let _ = coordinator.cancel(&id).await;
+                bail!("the exchange did not finish within {timeout:?}");
             }
         }
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    // The workers outlive the job: their CPU time is complete now.
+    let cpu = [*pid_a, *pid_b].map(|pid| cpu_seconds(pid).unwrap_or(0.0));
+    if status.state != JobState::Finished {
+        bail!(
+            "the exchange job ended {}: {}",
+            status.state,
+            status.failure.unwrap_or_default()
+        );
     }
-    drop(held);
+    // Which process ran which side: the `worker=` index of its metrics lines.
+    let (a, b) = (task_figures(log_a)?, task_figures(log_b)?);
+    let producer_first = match (a.first(), b.first()) {
+        (Some(t), _) if t.worker == 0 => true,
+        (_, Some(t)) if t.worker == 0 => false,
+        _ => bail!("neither worker printed the metrics of worker 0"),
+    };
+    let (tasks, cpu_seconds, rss) = if producer_first {
+        ([a, b], cpu, rss)
+    } else {
+        let swapped = rss.into_iter().map(|(t, a, b)| (t, b, a)).collect();
+        ([b, a], [cpu[1], cpu[0]], swapped)
+    };
     Ok(ExchangeRun {
-        reports: reports.into_iter().flatten().collect(),
+        tasks,
+        status_records_in: status.records_in,
         seconds,
         rss,
-        cpu_seconds: cpu.map(|t| t as f64 / 100.0),
+        cpu_seconds,
     })
-}
-
-/// User + system CPU time of `pid` in clock ticks (100 per second on Linux).
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start at field 3 (state).
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// The first worker to exit unsuccessfully, with its status (pending otherwise).
-async fn wait_any(workers: &mut [WorkerChild]) -> (usize, String) {
-    loop {
-        for (i, w) in workers.iter_mut().enumerate() {
-            if let Ok(Some(status)) = w.child.try_wait()
-                && !status.success()
-            {
-                return (i, status.to_string());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -636,11 +536,11 @@ async fn wait_any(workers: &mut [WorkerChild]) -> (usize, String) {
 
 /// A consumer `factor` times slower than `fast`'s: the sink sleeps after each batch.
 async fn slow_consumer(
-    exe: &PathBuf,
     args: &Args,
+    host: &dyn Host,
     factor: f64,
     fast: &Measurement,
-) -> Result<(), Failure> {
+) -> anyhow::Result<()> {
     let batches = fast.records.div_ceil(u64::from(args.batch_size)).max(1);
     let batch_ms = fast.seconds * 1000.0 / batches as f64;
     let delay_ms = ((factor - 1.0) * batch_ms).ceil().max(1.0) as u64;
@@ -649,17 +549,32 @@ async fn slow_consumer(
     let events = (slow_batches.max(4) * u64::from(args.batch_size)).min(args.events);
     let graph = exchange_job(events, args.batch_size, delay_ms)?;
     let interval = Duration::from_millis(args.rss_interval_ms.max(10));
-    let run = run_exchange(exe, graph, args, Some(interval)).await?;
+    let run = run_exchange(graph, args, host, Some(interval)).await?;
     let m = run.measurement()?;
+    let line = m
+        .line("slow-consumer", args.buffer_bytes)
+        .field("delay_per_batch_ms", delay_ms)
+        .field(
+            "slowdown",
+            format!("{:.1}x", fast.records_per_s() / m.records_per_s().max(1e-9)),
+        );
+    println!("{line}");
+    let series = |pick: fn(&(u64, u64, u64)) -> u64| -> String {
+        let points: Vec<String> = run
+            .rss
+            .iter()
+            .map(|r| format!("{}:{}", r.0, pick(r)))
+            .collect();
+        points.join(",")
+    };
     println!(
-        "{} delay_per_batch_ms={delay_ms} slowdown={:.1}x",
-        m.line("slow-consumer", args.buffer_bytes),
-        fast.records_per_s() / m.records_per_s().max(1e-9)
+        "{}",
+        Line::new().field("producer_rss_kb_series(ms:kB)", series(|r| r.1))
     );
-    let series: Vec<String> = run.rss.iter().map(|(t, p, _)| format!("{t}:{p}")).collect();
-    println!("producer_rss_kb_series(ms:kB)={}", series.join(","));
-    let consumer: Vec<String> = run.rss.iter().map(|(t, _, c)| format!("{t}:{c}")).collect();
-    println!("consumer_rss_kb_series(ms:kB)={}", consumer.join(","));
+    println!(
+        "{}",
+        Line::new().field("consumer_rss_kb_series(ms:kB)", series(|r| r.2))
+    );
     let max = run.rss.iter().map(|r| r.1).max().unwrap_or(0);
     let min = run
         .rss
@@ -668,11 +583,12 @@ async fn slow_consumer(
         .filter(|&k| k > 0)
         .min()
         .unwrap_or(0);
-    println!(
-        "producer_rss_max_kb={max} producer_rss_min_kb={min} samples={} interval_ms={}",
-        run.rss.len(),
-        interval.as_millis()
-    );
+    let line = Line::new()
+        .field("producer_rss_max_kb", max)
+        .field("producer_rss_min_kb", min)
+        .field("samples", run.rss.len())
+        .field("interval_ms", interval.as_millis());
+    println!("{line}");
     Ok(())
 }
 
@@ -684,7 +600,7 @@ mod tests {
     fn the_exchange_job_is_two_chains_on_two_workers() {
         let graph = match exchange_job(1000, 100, 5) {
             Ok(g) => g,
-            Err(f) => panic!("{f}"),
+            Err(e) => panic!("{e}"),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -704,5 +620,32 @@ mod tests {
         let m = measure_raw(4096, 0.05, Duration::from_secs(30)).expect("raw pair");
         assert!(m.bytes > 0 && m.bytes % 4096 == 0, "{m:?}");
         assert!(m.seconds >= 0.05, "{m:?}");
+    }
+
+    #[test]
+    fn metrics_lines_give_the_last_figures_per_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("worker-0.log");
+        let line = |records: u64| {
+            format!(
+                "metrics worker=0 task=source[0] busy_ms_per_s=1 backpressured_ms_per_s=0 idle_ms_per_s=0 \
+                 records_in=0 records_out={records} bytes_in=0 bytes_out={} buffers_in_use_in=0 \
+                 buffers_in_use_out=0 credits=2 backlog=0 rss_kb=1000",
+                records * 10
+            )
+        };
+        let text = format!("{}\nWARN something else\n{}\n", line(5), line(7));
+        std::fs::write(&log, text).unwrap();
+        let tasks = task_figures(&log).unwrap();
+        assert_eq!(
+            tasks,
+            vec![TaskFigures {
+                worker: 0,
+                task: "source[0]".into(),
+                records_in: 0,
+                records_out: 7,
+                bytes_out: 70,
+            }]
+        );
     }
 }

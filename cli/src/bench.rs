@@ -60,7 +60,7 @@ pub fn run(command: BenchCommand) -> Result<(), Failure> {
         BenchCommand::State(args) => sluice_bench::state::run(args, &Wiring::default()),
         BenchCommand::Checkpoint(args) => sluice_bench::checkpoint::run(args),
         BenchCommand::Cluster(args) => sluice_bench::cluster::run(args, &Wiring::default()),
-        BenchCommand::Exchange(args) => sluice_bench::exchange::run(args),
+        BenchCommand::Exchange(args) => sluice_bench::exchange::run(args, &Wiring::default()),
     };
     result.map_err(Failure::from)
 }

@@ -36,7 +36,7 @@ pub mod pb {
         include!(concat!(env!("OUT_DIR"), "/sluice.state.rs"));
     }
 
-    /// Messages between a driver (later: the coordinator) and its workers, generated
+    /// Messages between the coordinator and its workers (the `Attach` stream), generated
     /// from `proto/cluster.proto`.
     pub mod cluster {
         include!(concat!(env!("OUT_DIR"), "/sluice.cluster.rs"));

@@ -253,7 +253,10 @@ impl Workers {
     pub fn log_tails(&self) -> String {
         self.lock()
             .iter()
-            .map(|w| format!("\nworker pid {}{}", w.pid, log_tail(&w.log, 10)))
+            .map(|w| match log_tail(&w.log, 10) {
+                tail if tail.is_empty() => format!("\nworker pid {}: its log is empty", w.pid),
+                tail => format!("\nworker pid {}{tail}", w.pid),
+            })
             .collect()
     }
 }
