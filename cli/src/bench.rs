@@ -1,192 +1,139 @@
-//! `sluice bench nexmark`: a whole-job benchmark that prints one line of figures.
+//! `sluice bench …`: the benchmarks' subcommands and this binary's side of them.
 //!
-//! The query runs on the embedded local runtime exactly as `sluice run` would run it
-//! (with `--workers N`, across N worker processes as `sluice run --workers N` would),
-//! reading either the built-in generator or CSV files of bids (`--input`, as written by
-//! `sluice nexmark gen --format csv`), and writing to a blackhole sink.
+//! The benchmarks themselves are the `sluice-bench` crate, which declares their flags
+//! and does not import this crate. What they need that only the composition root has
+//! (running a job as `sluice run` does, an embedded state-service node, the coordinator's
+//! state connector, the master settings) they ask of [`Wiring`], this binary's
+//! [`sluice_bench::Host`].
 
-use clap::{Args, ValueEnum};
-use sluice_planner::job_spec;
+use std::path::Path;
+use std::sync::Arc;
 
+use async_trait::async_trait;
+use clap::{Args, Subcommand};
+use sluice_bench::JobSummary;
+use sluice_common::pb;
 use sluice_compute::network::NetworkConfig;
+use sluice_coordinator::job::master::{MasterConfig, StateConnector};
+use sluice_state_service::RunningStateService;
 
-use crate::cluster::embedded::{self as local_driver, DriverOptions};
+use crate::cluster::embedded::{self, DriverOptions, master_config};
+use crate::cluster::state::StateServiceConnector;
 use crate::run::{StateArgs, execute};
-use crate::{Failure, rss, runtime};
+use crate::state_service::start_embedded;
+use crate::{Failure, runtime};
 
-/// Benchmark queries.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Query {
-    /// Pass-through.
-    Q0,
-    /// Currency conversion (projection).
-    Q1,
-    /// Filter by auction id.
-    Q2,
-    /// Bids per auction in 10 s windows sliding by 2 s.
-    Q5,
-    /// Highest bid per 10 s tumbling window.
-    Q7,
-    /// Bids per bidder session (10 s gap).
-    Q11,
-    /// COUNT and SUM of bids per auction in 10 s tumbling windows.
-    Tumbling,
+/// The benchmarks.
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Run a Nexmark query and print events, seconds, events/s, events/s per core, peak RSS.
+    Nexmark(NexmarkArgs),
+    /// State-service operations per second over gRPC on loopback.
+    State(sluice_bench::state::Args),
+    /// State-service checkpoint latency, memory and shard open time, nodes as child
+    /// processes.
+    Checkpoint(sluice_bench::checkpoint::Args),
+    /// Checkpoint duration, rescale time and recovery time of a job under the
+    /// coordinator, with a given amount of state.
+    Cluster(sluice_bench::cluster::Args),
+    /// Exchange throughput between two worker processes next to a raw TCP pair; with
+    /// --slow-consumer, the producer's RSS under back pressure.
+    Exchange(sluice_bench::exchange::Args),
 }
 
-/// Arguments of `sluice bench nexmark`.
+/// Arguments of `sluice bench nexmark`: the benchmark's, and where remote state lives
+/// (as for `sluice run`).
 #[derive(Args)]
-pub struct BenchArgs {
-    /// The query.
-    #[arg(long, value_enum)]
-    query: Query,
-    /// Number of bids (ignored with --input, which reads every file).
-    #[arg(long, default_value_t = 10_000_000)]
-    events: u64,
-    /// Parallelism of the job.
-    #[arg(long, default_value_t = 2)]
-    parallelism: u32,
-    /// Read bids from CSV files in this directory instead of the generator.
-    #[arg(long)]
-    input: Option<String>,
-    /// Where window state lives: `memory`, or `remote` (an embedded state service unless
-    /// --state-service names one).
-    #[arg(long, value_enum, default_value_t = StateChoice::Memory)]
-    state: StateChoice,
+pub struct NexmarkArgs {
     #[command(flatten)]
-    state_args: StateArgs,
-    /// Run across this many worker processes through the local driver (0: in this
-    /// process). With workers the seconds include starting them, and peak_rss_mb (this
-    /// process only) is NaN: the workers print theirs in their `metrics` lines.
-    #[arg(long, default_value_t = 0)]
-    workers: u32,
+    bench: sluice_bench::nexmark::Args,
+    #[command(flatten)]
+    state: StateArgs,
 }
 
-/// The state backend of a benchmark run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum StateChoice {
-    /// In the worker's memory.
-    Memory,
-    /// In the state service.
-    Remote,
+/// Runs `sluice bench …`.
+pub fn run(command: BenchCommand) -> Result<(), Failure> {
+    let result = match command {
+        BenchCommand::Nexmark(args) => {
+            sluice_bench::nexmark::run(args.bench, &Wiring { state: args.state })
+        }
+        BenchCommand::State(args) => sluice_bench::state::run(args, &Wiring::default()),
+        BenchCommand::Checkpoint(args) => sluice_bench::checkpoint::run(args),
+        BenchCommand::Cluster(args) => sluice_bench::cluster::run(args, &Wiring::default()),
+        BenchCommand::Exchange(args) => sluice_bench::exchange::run(args, &Wiring::default()),
+    };
+    result.map_err(Failure::from)
 }
 
-fn pipeline(query: Query) -> &'static str {
-    match query {
-        Query::Q0 => "",
-        Query::Q1 => {
-            "pipeline:\n  - select: [\"auction\", \"bidder\", \"price * 0.908 AS price\", \"date_time\"]\n"
-        }
-        Query::Q2 => {
-            "pipeline:\n  - filter: \"auction % 123 = 0\"\n  - select: [\"auction\", \"price\"]\n"
-        }
-        Query::Q5 => {
-            "pipeline:\n  - key_by: [auction]\n  - window: { sliding: 10s, slide: 2s }\n    aggregate: [\"count(*) AS bids\"]\n"
-        }
-        Query::Q7 => {
-            "pipeline:\n  - window: { tumbling: 10s }\n    aggregate: [\"max(price) AS top_price\", \"count(*) AS bids\"]\n"
-        }
-        Query::Q11 => {
-            "pipeline:\n  - key_by: [bidder]\n  - window: { session: 10s }\n    aggregate: [\"count(*) AS bids\"]\n"
-        }
-        Query::Tumbling => {
-            "pipeline:\n  - key_by: [auction]\n  - window: { tumbling: 10s }\n    aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n"
+impl From<sluice_bench::Error> for Failure {
+    fn from(e: sluice_bench::Error) -> Self {
+        match e {
+            sluice_bench::Error::Usage(message) => Failure::usage(message),
+            sluice_bench::Error::Failed(e) => Failure::from(e),
         }
     }
 }
 
-/// The job file text of a benchmark run.
-pub fn job_text(
-    query: Query,
-    events: u64,
-    parallelism: u32,
-    input: Option<&str>,
-    state: StateChoice,
-) -> String {
-    let source = match input {
-        None => format!(
-            "  nexmark: {{ stream: bid, events: {events}, seed: 42, max_out_of_orderness: 2s }}\n"
-        ),
-        Some(dir) => format!(
-            "  file:\n    path: \"{dir}\"\n    format: csv\n    schema: {{ auction: int64, bidder: int64, price: int64, channel: string, url: string, date_time: timestamp, extra: string }}\n"
-        ),
-    };
-    let state = match state {
-        StateChoice::Memory => "memory",
-        StateChoice::Remote => "remote",
-    };
-    format!(
-        "name: bench-{q:?}\nparallelism: {parallelism}\nstate: {{ backend: {state} }}\nsource:\n{source}watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n{p}sink:\n  blackhole: {{}}\n",
-        q = query,
-        p = pipeline(query)
-    )
-}
-
-/// Runs `sluice bench nexmark`.
-pub fn nexmark(args: BenchArgs) -> Result<(), Failure> {
-    if args.parallelism == 0 {
-        return Err(Failure::usage("--parallelism must be at least 1"));
-    }
-    let text = job_text(
-        args.query,
-        args.events,
-        args.parallelism,
-        args.input.as_deref(),
-        args.state,
-    );
-    let graph = job_spec::parse_job("<bench>", &text).map_err(|e| Failure::usage(e.to_string()))?;
-    let s = if args.workers > 0 {
-        let options = DriverOptions {
-            workers: args.workers,
-            network: NetworkConfig::default(),
-            metrics_interval_ms: 0,
-        };
-        runtime()?.block_on(local_driver::run(graph, &options, &args.state_args))?
-    } else {
-        execute(graph, true, &args.state_args)?
-    };
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let eps = s.records_in as f64 / s.seconds.max(1e-9);
-    let rss_mb = match args.workers {
-        0 => rss::peak_rss_bytes()
-            .map(|b| b as f64 / (1 << 20) as f64)
-            .unwrap_or(f64::NAN),
-        _ => f64::NAN,
-    };
-    println!(
-        "query={:?} state={:?} source={} parallelism={} workers={} events={} seconds={:.3} events_per_s={:.0} events_per_s_per_core={:.0} peak_rss_mb={:.1} out={}",
-        args.query,
-        args.state,
-        if args.input.is_some() {
-            "csv"
+impl Failure {
+    /// The same failure as a benchmark's error (a usage error stays one).
+    fn into_bench(self) -> sluice_bench::Error {
+        if self.code == 2 {
+            sluice_bench::Error::Usage(self.message)
         } else {
-            "generator"
-        },
-        args.parallelism,
-        args.workers,
-        s.records_in,
-        s.seconds,
-        eps,
-        eps / cores as f64,
-        rss_mb,
-        s.records_out
-    );
-    Ok(())
+            sluice_bench::Error::failed(self.message)
+        }
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// This binary's wiring, as the benchmarks see it.
+#[derive(Default)]
+struct Wiring {
+    /// Where the keyed state of jobs with remote state lives.
+    state: StateArgs,
+}
 
-    #[test]
-    fn every_query_is_a_valid_job() {
-        for q in Query::value_variants() {
-            for input in [None, Some("/tmp/bids")] {
-                let text = job_text(*q, 10, 2, input, StateChoice::Remote);
-                job_spec::parse_job("<bench>", &text)
-                    .unwrap_or_else(|e| panic!("{q:?}: {e}\n{text}"));
-            }
-        }
+#[async_trait]
+impl sluice_bench::Host for Wiring {
+    fn run_job(&self, graph: pb::JobGraph, workers: u32) -> sluice_bench::Result<JobSummary> {
+        let summary = if workers > 0 {
+            let options = DriverOptions {
+                workers,
+                network: NetworkConfig::default(),
+                metrics_interval_ms: 0,
+            };
+            runtime()
+                .and_then(|rt| rt.block_on(embedded::run(graph, &options, &self.state)))
+                .map_err(Failure::into_bench)?
+        } else {
+            execute(graph, true, &self.state).map_err(Failure::into_bench)?
+        };
+        Ok(JobSummary {
+            records_in: summary.records_in,
+            records_out: summary.records_out,
+            seconds: summary.seconds,
+        })
+    }
+
+    async fn start_state_service(
+        &self,
+        dir: &Path,
+        memory: u64,
+    ) -> sluice_bench::Result<RunningStateService> {
+        start_embedded(dir, memory)
+            .await
+            .map_err(Failure::into_bench)
+    }
+
+    fn state_connector(&self, endpoint: String) -> Arc<dyn StateConnector> {
+        Arc::new(StateServiceConnector { endpoint })
+    }
+
+    fn master_config(
+        &self,
+        workers: usize,
+        network: &NetworkConfig,
+        metrics_interval_ms: u64,
+    ) -> MasterConfig {
+        master_config(workers, network, metrics_interval_ms)
     }
 }

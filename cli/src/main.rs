@@ -1,33 +1,27 @@
 //! The `sluice` command: one binary, one subcommand per role and per user task.
 //!
 //! - `sluice run JOB.yaml`: runs a job on the embedded local runtime.
-//! - `sluice nexmark gen`: writes the Nexmark events the built-in source produces.
-//! - `sluice bench nexmark`: runs a benchmark query and prints one line of figures.
 //! - `sluice run JOB.yaml --workers N`: runs it across N worker processes.
-//! - `sluice bench exchange`: data-plane throughput between two worker processes next to
-//!   a raw TCP pair, and producer memory under a slow consumer.
-//! - `sluice bench state | checkpoint`: state-service operations per second; checkpoint
-//!   latency, memory and shard open time of state-service nodes run as child processes.
-//! - `sluice bench cluster`: checkpoint, rescale and recovery times under the coordinator.
+//! - `sluice nexmark gen`: writes the Nexmark events the built-in source produces.
+//! - `sluice bench nexmark | state | checkpoint | cluster | exchange`: the benchmarks of
+//!   the `sluice-bench` crate; [`bench`] parses their subcommands and wires them to this
+//!   binary.
 //! - `sluice state-service`: a state-service node.
 //! - `sluice worker`: a compute worker (see `cluster::worker`).
 //! - `sluice coordinator`: the coordinator (REST for users, gRPC for workers).
 //! - `sluice submit | jobs | status | cancel | checkpoints | savepoint | stop | rescale`:
 //!   jobs on a coordinator.
 //!
+//! This crate is the composition root: argument parsing, and the wiring of the roles
+//! (and of the benchmarks) to the library crates. It holds no benchmark code.
+//!
 //! Exit codes: 0 success, 1 a job or I/O failure, 2 a mistake in the job or the command
 //! line (the message names file, line and column where there is one).
 
 mod bench;
-mod bench_checkpoint;
-mod bench_cluster;
-mod bench_exchange;
-mod bench_state;
-mod byte_size;
 mod cluster;
 mod nexmark_gen;
 mod progress;
-mod rss;
 mod run;
 mod state_service;
 
@@ -55,10 +49,10 @@ enum Command {
         #[command(subcommand)]
         command: NexmarkCommand,
     },
-    /// Benchmarks of whole jobs.
+    /// Benchmarks of whole jobs and services (the `sluice-bench` crate).
     Bench {
         #[command(subcommand)]
-        command: BenchCommand,
+        command: bench::BenchCommand,
     },
     /// Run a compute worker (under `sluice run --workers N`, or by hand).
     Worker(cluster::worker::WorkerArgs),
@@ -75,23 +69,6 @@ enum Command {
 enum NexmarkCommand {
     /// Write the events the built-in Nexmark source produces to files.
     Gen(nexmark_gen::GenArgs),
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Run a Nexmark query and print events, seconds, events/s, events/s per core, peak RSS.
-    Nexmark(bench::BenchArgs),
-    /// State-service operations per second over gRPC on loopback.
-    State(bench_state::StateBenchArgs),
-    /// State-service checkpoint latency, memory and shard open time, nodes as child
-    /// processes.
-    Checkpoint(bench_checkpoint::CheckpointBenchArgs),
-    /// Checkpoint duration, rescale time and recovery time of a job under the
-    /// coordinator, with a given amount of state.
-    Cluster(bench_cluster::ClusterBenchArgs),
-    /// Exchange throughput between two worker processes next to a raw TCP pair; with
-    /// --slow-consumer, the producer's RSS under back pressure.
-    Exchange(bench_exchange::ExchangeBenchArgs),
 }
 
 /// A failure with the exit code it maps to.
@@ -154,21 +131,7 @@ fn main() -> ExitCode {
         Command::Nexmark {
             command: NexmarkCommand::Gen(args),
         } => nexmark_gen::generate(args),
-        Command::Bench {
-            command: BenchCommand::Nexmark(args),
-        } => bench::nexmark(args),
-        Command::Bench {
-            command: BenchCommand::State(args),
-        } => bench_state::bench(args),
-        Command::Bench {
-            command: BenchCommand::Checkpoint(args),
-        } => bench_checkpoint::bench(args),
-        Command::Bench {
-            command: BenchCommand::Exchange(args),
-        } => bench_exchange::bench(args),
-        Command::Bench {
-            command: BenchCommand::Cluster(args),
-        } => bench_cluster::bench(args),
+        Command::Bench { command } => bench::run(command),
         Command::Worker(args) => cluster::worker::worker(args),
         Command::Coordinator(args) => cluster::coordinator::serve(args),
         Command::Job(command) => cluster::client::run(command),

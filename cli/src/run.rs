@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use clap::Args;
-use sluice_common::pb;
+use sluice_common::{byte_size, pb};
 use sluice_compute::plan::PhysicalPlan;
 use sluice_compute::runtime::local::{self, LocalOptions};
 use sluice_compute::runtime::metrics::JobMetrics;
@@ -16,7 +16,7 @@ use sluice_state_service::RunningStateService;
 
 use crate::progress::{Progress, human};
 use crate::state_service::start_embedded;
-use crate::{Failure, byte_size, runtime};
+use crate::{Failure, runtime};
 
 /// Arguments of `sluice run`.
 #[derive(Args)]

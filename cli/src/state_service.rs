@@ -5,9 +5,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use sluice_common::byte_size;
 use sluice_state_service::{RunningStateService, StateServiceConfig};
 
-use crate::{Failure, byte_size, runtime};
+use crate::{Failure, runtime};
 
 /// Arguments of `sluice state-service`.
 #[derive(Args)]

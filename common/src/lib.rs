@@ -4,13 +4,15 @@
 //!
 //! - [`pb`]: the protobuf messages compiled from `common/proto/` (the [`pb::JobGraph`] and
 //!   its parts). Generated types are used through this module only.
+//! - [`byte_size`]: byte sizes as people write them on command lines (`512MiB`, `1.5GB`).
 //! - [`key_group`]: the stable key hash and the key-group ranges of DESIGN §4.
-//! - [`state`]: the keyed-state API (`ValueState`, `MapState`, ...) over a byte-level
-//!   backend trait, the in-memory backend, and the conformance suite every backend passes.
+//! - [`state`]: keyed state: the tables operators hold, the subtask backend and job store
+//!   traits with their epochs, the in-memory store, and the conformance suites.
 //!
 //! This crate must not know about Arrow, DataFusion, RocksDB, foyer, S3 or the network:
 //! those belong to the crates that run things (`compute`, `state-service`).
 
+pub mod byte_size;
 pub mod key_group;
 pub mod state;
 
@@ -31,8 +33,8 @@ pub mod pb {
         include!(concat!(env!("OUT_DIR"), "/sluice.state.rs"));
     }
 
-    /// Messages between the coordinator and its workers, generated from
-    /// `proto/cluster.proto`.
+    /// Messages between the coordinator and its workers (the `Attach` stream), generated
+    /// from `proto/cluster.proto`.
     pub mod cluster {
         include!(concat!(env!("OUT_DIR"), "/sluice.cluster.rs"));
     }

@@ -56,13 +56,6 @@ impl ProcessLauncher {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<std::process::Child>> {
         self.children.lock().unwrap_or_else(|p| p.into_inner())
     }
-
-    /// Pids of the workers started so far that are still running.
-    pub fn pids(&self) -> Vec<u32> {
-        let mut children = self.lock();
-        children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
-        children.iter().map(|c| c.id()).collect()
-    }
 }
 
 impl WorkerLauncher for ProcessLauncher {

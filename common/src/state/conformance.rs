@@ -767,7 +767,11 @@ pub async fn restore_drops_later_epochs(store: Arc<dyn StateStore>) {
     .await
     .unwrap();
     s.seal_epoch(2).await.unwrap();
-    assert_eq!(get_row(&t, 12, b"k12", b"").await, None, "deleted in epoch 2");
+    assert_eq!(
+        get_row(&t, 12, b"k12", b"").await,
+        None,
+        "deleted in epoch 2"
+    );
     // Epoch 3, open: more changes that a restore must drop too.
     fill(&s, GROUPS / 2..GROUPS, b"three").await;
     t.write(vec![WriteOp::Put {

@@ -5,16 +5,13 @@
 //! [`worker`] runs one attempt: plans the job, runs the subtasks that the round-robin
 //! placement gives this worker, links them to the coordinator's checkpoints, and ends
 //! with a [`pb::cluster::Report`]. [`task_metrics`] samples the per-task figures that are
-//! printed, reported and exposed through the OpenTelemetry metrics API. [`control`] is
-//! the older length-prefixed TCP control connection that `sluice bench exchange` still
-//! drives workers with.
+//! printed, reported and exposed through the OpenTelemetry metrics API.
 //!
 //! This module must not know how workers are started or found, or how the coordinator
 //! decides anything: it does what the control stream says.
 //!
 //! [`pb::cluster::Report`]: sluice_common::pb::cluster::Report
 
-pub mod control;
 pub mod session;
 pub mod task_metrics;
 pub mod worker;

@@ -13,32 +13,60 @@
 //! - recovery after one worker is SIGKILLed: kill to the first record read again by the
 //!   new attempt (deployed from the last checkpoint, state restored, timers rebuilt),
 //!   as reported by a worker within 10 ms of reading it.
+//!
+//! The coordinator is the real one (`sluice_coordinator::service::Coordinator`) with
+//! the binary's master settings and state connector ([`Host`]); the workers are
+//! `sluice worker --coordinator URL` processes ([`Workers`], which the coordinator also
+//! asks for a replacement after the kill), logging to `worker-K.log` in the run's
+//! directory. It compares state sizes with each other: a checkpoint's cost should be
+//! its epoch's delta, and a rescale should move no state (`rescale_state_bytes` 0).
+//!
+//! Output: the header `state_mb checkpoints p50_ms p99_ms max_ms rescale_to rescale_ms
+//! rescale_state_bytes recovery_ms`, then one line per state size; progress on stderr.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use clap::Args;
+use clap::Args as ClapArgs;
+use sluice_common::byte_size;
 use sluice_compute::network::NetworkConfig;
 use sluice_compute::state_client::ShardLayout;
 use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
 use sluice_coordinator::job::JobState;
-use sluice_coordinator::job::master::StateConnector;
 use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitOptions};
 use sluice_planner::job_spec;
 
-use crate::bench_checkpoint::{NodeProcess, preload};
-use crate::cluster::embedded::{ProcessLauncher, master_config};
-use crate::cluster::state::StateServiceConnector;
-use crate::{Failure, byte_size, runtime};
+use crate::harness::process::{StateServiceNode, Workers};
+use crate::harness::runtime;
+use crate::harness::table::Table;
+use crate::harness::timing::{percentile, wait_for};
+use crate::state_workload::preload;
+use crate::{Error, Host, Result};
 
 const JOB_ID: &str = "bench-cluster";
 const SHARDS: u32 = 4;
 
+/// The result table.
+const TABLE: Table = Table::new(
+    &[
+        "state_mb",
+        "checkpoints",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "rescale_to",
+        "rescale_ms",
+        "rescale_state_bytes",
+        "recovery_ms",
+    ],
+    " ",
+);
+
 /// Arguments of `sluice bench cluster`.
-#[derive(Args)]
-pub struct ClusterBenchArgs {
+#[derive(ClapArgs, Debug)]
+pub struct Args {
     /// State sizes, one run each (e.g. 100MB,1GB,4GB).
     #[arg(long, value_delimiter = ',', default_value = "100MB", value_parser = byte_size::parse)]
     state_bytes: Vec<u64>,
@@ -63,40 +91,24 @@ pub struct ClusterBenchArgs {
 }
 
 /// Runs `sluice bench cluster`.
-pub fn bench(args: ClusterBenchArgs) -> Result<(), Failure> {
+pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     if args.state_bytes.is_empty() || args.rate == 0 || args.workers == 0 {
-        return Err(Failure::usage(
+        return Err(Error::usage(
             "--state-bytes, --rate and --workers must be positive",
         ));
     }
-    let exe = std::env::current_exe()
-        .map_err(|e| Failure::from(anyhow!("cannot find the sluice binary: {e}")))?;
     let rt = runtime()?;
-    println!(
-        "state_mb checkpoints p50_ms p99_ms max_ms rescale_to rescale_ms rescale_state_bytes recovery_ms"
-    );
+    println!("{}", TABLE.header());
     for &size in &args.state_bytes {
         let line = rt
-            .block_on(run_one(&args, &exe, size))
+            .block_on(run_one(&args, host, size))
             .with_context(|| format!("cluster benchmark with {size} bytes of state"))?;
         println!("{line}");
     }
     Ok(())
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-async fn run_one(
-    args: &ClusterBenchArgs,
-    exe: &std::path::Path,
-    size: u64,
-) -> anyhow::Result<String> {
+async fn run_one(args: &Args, host: &dyn Host, size: u64) -> anyhow::Result<String> {
     let temp = tempfile::Builder::new()
         .prefix("sluice-bench-cluster-")
         .tempdir()?;
@@ -106,7 +118,7 @@ async fn run_one(
         .unwrap_or_else(|| temp.path().to_path_buf());
     std::fs::create_dir_all(dir.join("objects"))?;
     let objects = format!("file://{}", dir.join("objects").display());
-    let node = NodeProcess::start(exe, &dir, "node", &objects, args.memory)?;
+    let node = StateServiceNode::start(&dir, "node", &objects, args.memory)?;
     let layout = ShardLayout::new(JOB_ID, sluice_common::DEFAULT_MAX_PARALLELISM, SHARDS);
     let loaded = Instant::now();
     let epoch = preload(
@@ -130,21 +142,15 @@ async fn run_one(
     let (listener, addr) = service::bind("127.0.0.1:0", "workers")
         .await
         .map_err(|e| anyhow!("{e}"))?;
-    let launcher = Arc::new(
-        ProcessLauncher::new(format!("http://{addr}"))
-            .map_err(|_| anyhow!("cannot start workers"))?,
-    );
-    let connector: Arc<dyn StateConnector> = Arc::new(StateServiceConnector {
-        endpoint: format!("http://{}", node.addr),
-    });
+    let launcher = Arc::new(Workers::new(format!("http://{addr}"), &dir)?);
     let workers = args.workers as usize;
     let coordinator = Coordinator::new(CoordinatorOptions {
         store: Arc::new(store),
-        state: Some(connector),
+        state: Some(host.state_connector(format!("http://{}", node.addr))),
         launcher: Some(launcher.clone()),
         heartbeat_interval: Duration::from_millis(500),
         heartbeat_timeout: Duration::from_secs(5),
-        master: master_config(workers, &NetworkConfig::default(), 0),
+        master: host.master_config(workers, &NetworkConfig::default(), 0),
     });
     let server = coordinator.serve_workers(listener);
     let yaml = format!(
@@ -177,25 +183,10 @@ async fn run_one(
     result
 }
 
-async fn wait_for(
-    what: &str,
-    limit: Duration,
-    mut done: impl FnMut() -> bool,
-) -> anyhow::Result<Duration> {
-    let start = Instant::now();
-    while !done() {
-        if start.elapsed() > limit {
-            bail!("{what} did not happen within {limit:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(start.elapsed())
-}
-
 async fn measure(
-    args: &ClusterBenchArgs,
+    args: &Args,
     c: &Arc<Coordinator>,
-    launcher: &ProcessLauncher,
+    launcher: &Workers,
     id: &str,
     size: u64,
 ) -> anyhow::Result<String> {
@@ -231,9 +222,9 @@ async fn measure(
         .first()
         .ok_or_else(|| anyhow!("no worker to kill"))?;
     let killed = Instant::now();
-    let _ = std::process::Command::new("kill")
-        .args(["-9", &victim.to_string()])
-        .status();
+    if !launcher.kill(victim) {
+        bail!("worker {victim} could not be killed");
+    }
     wait_for("recovery", limit, || {
         c.status(id).is_ok_and(|s| {
             (s.attempt > before && s.state == JobState::Running && s.records_in > 0)
@@ -249,15 +240,15 @@ async fn measure(
             st.failure.unwrap_or_default()
         );
     }
-    Ok(format!(
-        "{} {} {} {} {} {to} {} {} {}",
-        size / 1_000_000,
-        durations.len(),
-        percentile(&durations, 0.5),
-        percentile(&durations, 0.99),
-        durations.last().copied().unwrap_or(0),
-        rescale.millis,
-        rescale.state_bytes_restored,
-        recovery.as_millis()
-    ))
+    Ok(TABLE.row(&[
+        (size / 1_000_000).to_string(),
+        durations.len().to_string(),
+        percentile(&durations, 0.5).to_string(),
+        percentile(&durations, 0.99).to_string(),
+        durations.last().copied().unwrap_or(0).to_string(),
+        to.to_string(),
+        rescale.millis.to_string(),
+        rescale.state_bytes_restored.to_string(),
+        recovery.as_millis().to_string(),
+    ]))
 }

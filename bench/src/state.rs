@@ -4,21 +4,34 @@
 //! a temporary directory) unless `--state-service` names one, and drives it with the
 //! raw gRPC client: puts, and multi-gets of keys that exist (served by the node's
 //! cache after the first pass) and of keys that do not, at several batch sizes. Each
-//! figure runs for about `--seconds`.
+//! figure is one call at a time for about `--seconds`. It compares against nothing in
+//! the same run: the batch sizes against each other, and runs against earlier runs.
+//!
+//! Output: the CSV header `op,batch,ops_per_s,calls_per_s,mean_call_us`, then one row
+//! per operation (`put`, `get_hit`, `get_miss`) and batch size.
 
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, anyhow};
 use bytes::Bytes;
-use clap::Args;
+use clap::Args as ClapArgs;
+use sluice_common::byte_size;
 use sluice_common::pb::state as pb;
 use sluice_common::pb::state::state_service_client::StateServiceClient;
 
-use crate::state_service::start_embedded;
-use crate::{Failure, byte_size, runtime};
+use crate::harness::runtime;
+use crate::harness::table::Table;
+use crate::{Error, Host, Result};
+
+/// The result table.
+const TABLE: Table = Table::new(
+    &["op", "batch", "ops_per_s", "calls_per_s", "mean_call_us"],
+    ",",
+);
 
 /// Arguments of `sluice bench state`.
-#[derive(Args)]
-pub struct StateBenchArgs {
+#[derive(ClapArgs, Debug)]
+pub struct Args {
     /// Batch sizes to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
     batch: Vec<usize>,
@@ -48,26 +61,23 @@ fn key(i: u32) -> Bytes {
 }
 
 /// Runs `sluice bench state`.
-pub fn bench(args: StateBenchArgs) -> Result<(), Failure> {
+pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     if args.batch.contains(&0) || args.keys == 0 {
-        return Err(Failure::usage(
-            "--batch sizes and --keys must be at least 1",
-        ));
+        return Err(Error::usage("--batch sizes and --keys must be at least 1"));
     }
     let rt = runtime()?;
     rt.block_on(async {
-        let temp =
-            tempfile::tempdir().map_err(|e| Failure::from(anyhow::anyhow!("temp dir: {e}")))?;
+        let temp = tempfile::tempdir().context("temp dir")?;
         let (url, embedded) = match &args.state_service {
             Some(url) => (url.clone(), None),
             None => {
-                let node = start_embedded(temp.path(), args.memory).await?;
+                let node = host.start_state_service(temp.path(), args.memory).await?;
                 (format!("http://{}", node.local_addr()), Some(node))
             }
         };
         let mut client = StateServiceClient::connect(url.clone())
             .await
-            .map_err(|e| Failure::from(anyhow::anyhow!("connecting to {url}: {e}")))?
+            .with_context(|| format!("connecting to {url}"))?
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         let shard = pb::ShardId {
@@ -83,10 +93,10 @@ pub fn bench(args: StateBenchArgs) -> Result<(), Failure> {
                 ttl_states: Vec::new(),
             })
             .await
-            .map_err(|e| Failure::from(anyhow::anyhow!("open shard: {e}")))?;
+            .context("open shard")?;
         let value = Bytes::from(vec![b'v'; args.value_bytes]);
         let budget = Duration::from_secs_f64(args.seconds.max(0.1));
-        println!("op,batch,ops_per_s,calls_per_s,mean_call_us");
+        println!("{}", TABLE.header());
         for &batch in &args.batch {
             // Puts: fill the key space round-robin, in batches.
             let mut next = 0u32;
@@ -133,7 +143,7 @@ pub fn bench(args: StateBenchArgs) -> Result<(), Failure> {
                             ops,
                         })
                         .await
-                        .map_err(|e| Failure::from(anyhow::anyhow!("fill: {e}")))?;
+                        .context("fill")?;
                 }
             }
             for (name, offset) in [("get_hit", 0u32), ("get_miss", u32::MAX / 2)] {
@@ -161,7 +171,7 @@ pub fn bench(args: StateBenchArgs) -> Result<(), Failure> {
         if let Some(node) = embedded {
             let _ = node.shutdown().await;
         }
-        Ok(())
+        Ok::<_, Error>(())
     })
 }
 
@@ -171,7 +181,7 @@ struct Figure {
     elapsed: Duration,
 }
 
-async fn measure<F, Fut>(budget: Duration, mut call: F) -> Result<Figure, Failure>
+async fn measure<F, Fut>(budget: Duration, mut call: F) -> anyhow::Result<Figure>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), tonic::Status>>,
@@ -182,7 +192,7 @@ where
     while start.elapsed() < budget && calls < 10_000_000 {
         call()
             .await
-            .map_err(|e| Failure::from(anyhow::anyhow!("state call failed: {e}")))?;
+            .map_err(|e| anyhow!("state call failed: {e}"))?;
         calls += 1;
     }
     Ok(Figure {
@@ -191,14 +201,16 @@ where
     })
 }
 
-/// One CSV line: `batch` operations per call.
+/// One row: `batch` operations per call.
 fn report(op: &str, batch: usize, f: Figure) {
     let secs = f.elapsed.as_secs_f64().max(1e-9);
     let calls_per_s = f.calls as f64 / secs;
-    println!(
-        "{op},{batch},{:.0},{:.0},{:.1}",
-        calls_per_s * batch as f64,
-        calls_per_s,
-        1e6 / calls_per_s.max(1e-9)
-    );
+    let row = TABLE.row(&[
+        op.to_owned(),
+        batch.to_string(),
+        format!("{:.0}", calls_per_s * batch as f64),
+        format!("{calls_per_s:.0}"),
+        format!("{:.1}", 1e6 / calls_per_s.max(1e-9)),
+    ]);
+    println!("{row}");
 }

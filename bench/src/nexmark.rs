@@ -1,0 +1,189 @@
+//! `sluice bench nexmark`: a Nexmark query end to end, one line of figures.
+//!
+//! What it measures: events per second (and per core) of a whole job, the query's
+//! source, operators and a blackhole sink, with the job's peak resident memory.
+//! How: the query runs exactly as `sluice run` would run it (with `--workers N`, across
+//! N worker processes as `sluice run --workers N` would; [`Host::run_job`]), reading
+//! either the built-in generator or CSV files of bids (`--input`, as written by `sluice
+//! nexmark gen --format csv`); seconds run from planning to the end. It compares
+//! against nothing in the same run: runs of different queries, parallelisms, state
+//! backends and worker counts are compared with each other.
+//!
+//! Output: `query=.. state=.. source=.. parallelism=.. workers=.. events=.. seconds=..
+//! events_per_s=.. events_per_s_per_core=.. peak_rss_mb=.. out=..`.
+
+use clap::{Args as ClapArgs, ValueEnum};
+use sluice_planner::job_spec;
+
+use crate::harness::resources::peak_rss_bytes;
+use crate::harness::table::Line;
+use crate::{Error, Host, Result};
+
+/// Benchmark queries.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Query {
+    /// Pass-through.
+    Q0,
+    /// Currency conversion (projection).
+    Q1,
+    /// Filter by auction id.
+    Q2,
+    /// Bids per auction in 10 s windows sliding by 2 s.
+    Q5,
+    /// Highest bid per 10 s tumbling window.
+    Q7,
+    /// Bids per bidder session (10 s gap).
+    Q11,
+    /// COUNT and SUM of bids per auction in 10 s tumbling windows.
+    Tumbling,
+}
+
+/// Arguments of `sluice bench nexmark` (where remote state lives is the [`Host`]'s).
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// The query.
+    #[arg(long, value_enum)]
+    query: Query,
+    /// Number of bids (ignored with --input, which reads every file).
+    #[arg(long, default_value_t = 10_000_000)]
+    events: u64,
+    /// Parallelism of the job.
+    #[arg(long, default_value_t = 2)]
+    parallelism: u32,
+    /// Read bids from CSV files in this directory instead of the generator.
+    #[arg(long)]
+    input: Option<String>,
+    /// Where window state lives: `memory`, or `remote` (an embedded state service unless
+    /// --state-service names one).
+    #[arg(long, value_enum, default_value_t = StateChoice::Memory)]
+    state: StateChoice,
+    /// Run across this many worker processes under a coordinator in this process, as
+    /// `sluice run --workers N` does (0: in this process). With workers the seconds include starting them, and peak_rss_mb (this
+    /// process only) is NaN: the workers print theirs in their `metrics` lines.
+    #[arg(long, default_value_t = 0)]
+    workers: u32,
+}
+
+/// The state backend of a benchmark run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StateChoice {
+    /// In the worker's memory.
+    Memory,
+    /// In the state service.
+    Remote,
+}
+
+fn pipeline(query: Query) -> &'static str {
+    match query {
+        Query::Q0 => "",
+        Query::Q1 => {
+            "pipeline:\n  - select: [\"auction\", \"bidder\", \"price * 0.908 AS price\", \"date_time\"]\n"
+        }
+        Query::Q2 => {
+            "pipeline:\n  - filter: \"auction % 123 = 0\"\n  - select: [\"auction\", \"price\"]\n"
+        }
+        Query::Q5 => {
+            "pipeline:\n  - key_by: [auction]\n  - window: { sliding: 10s, slide: 2s }\n    aggregate: [\"count(*) AS bids\"]\n"
+        }
+        Query::Q7 => {
+            "pipeline:\n  - window: { tumbling: 10s }\n    aggregate: [\"max(price) AS top_price\", \"count(*) AS bids\"]\n"
+        }
+        Query::Q11 => {
+            "pipeline:\n  - key_by: [bidder]\n  - window: { session: 10s }\n    aggregate: [\"count(*) AS bids\"]\n"
+        }
+        Query::Tumbling => {
+            "pipeline:\n  - key_by: [auction]\n  - window: { tumbling: 10s }\n    aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n"
+        }
+    }
+}
+
+/// The job file text of a benchmark run.
+pub fn job_text(
+    query: Query,
+    events: u64,
+    parallelism: u32,
+    input: Option<&str>,
+    state: StateChoice,
+) -> String {
+    let source = match input {
+        None => format!(
+            "  nexmark: {{ stream: bid, events: {events}, seed: 42, max_out_of_orderness: 2s }}\n"
+        ),
+        Some(dir) => format!(
+            "  file:\n    path: \"{dir}\"\n    format: csv\n    schema: {{ auction: int64, bidder: int64, price: int64, channel: string, url: string, date_time: timestamp, extra: string }}\n"
+        ),
+    };
+    let state = match state {
+        StateChoice::Memory => "memory",
+        StateChoice::Remote => "remote",
+    };
+    format!(
+        "name: bench-{q:?}\nparallelism: {parallelism}\nstate: {{ backend: {state} }}\nsource:\n{source}watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n{p}sink:\n  blackhole: {{}}\n",
+        q = query,
+        p = pipeline(query)
+    )
+}
+
+/// Runs `sluice bench nexmark`.
+pub fn run(args: Args, host: &dyn Host) -> Result<()> {
+    if args.parallelism == 0 {
+        return Err(Error::usage("--parallelism must be at least 1"));
+    }
+    let text = job_text(
+        args.query,
+        args.events,
+        args.parallelism,
+        args.input.as_deref(),
+        args.state,
+    );
+    let graph = job_spec::parse_job("<bench>", &text).map_err(|e| Error::usage(e.to_string()))?;
+    let s = host.run_job(graph, args.workers)?;
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let eps = s.records_in as f64 / s.seconds.max(1e-9);
+    let rss_mb = match args.workers {
+        0 => peak_rss_bytes()
+            .map(|b| b as f64 / (1 << 20) as f64)
+            .unwrap_or(f64::NAN),
+        _ => f64::NAN,
+    };
+    let source = if args.input.is_some() {
+        "csv"
+    } else {
+        "generator"
+    };
+    let line = Line::new()
+        .field("query", format!("{:?}", args.query))
+        .field("state", format!("{:?}", args.state))
+        .field("source", source)
+        .field("parallelism", args.parallelism)
+        .field("workers", args.workers)
+        .field("events", s.records_in)
+        .field("seconds", format!("{:.3}", s.seconds))
+        .field("events_per_s", format!("{eps:.0}"))
+        .field(
+            "events_per_s_per_core",
+            format!("{:.0}", eps / cores as f64),
+        )
+        .field("peak_rss_mb", format!("{rss_mb:.1}"))
+        .field("out", s.records_out);
+    println!("{line}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_query_is_a_valid_job() {
+        for q in Query::value_variants() {
+            for input in [None, Some("/tmp/bids")] {
+                let text = job_text(*q, 10, 2, input, StateChoice::Remote);
+                job_spec::parse_job("<bench>", &text)
+                    .unwrap_or_else(|e| panic!("{q:?}: {e}\n{text}"));
+            }
+        }
+    }
+}
