@@ -147,8 +147,7 @@ async fn stop(
     } else {
         body(&bytes)?
     };
-    let path = c.stop(&id, req.savepoint).await?;
-    ok(json!({ "savepoint": path }))
+    ok(c.stop(&id, req.savepoint).await?)
 }
 
 async fn rescale(

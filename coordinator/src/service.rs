@@ -17,18 +17,18 @@ use prost::Message;
 use sluice_common::pb;
 use sluice_common::pb::cluster::coordinator_server::CoordinatorServer;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::store::{self, MetadataStore};
 use crate::cluster::grpc::ControlService;
 use crate::cluster::registry::{Registry, WorkerView};
+use crate::job::command::{Command, RescaleOutcome, StopOutcome};
+use crate::job::graph::{max_parallelism, set_parallelism, uses_remote_state};
 use crate::job::lifecycle::JobState;
-use crate::job::master::{
-    Command, JobInput, JobMaster, JobStatus, MasterConfig, RescaleOutcome, StateConnector,
-    WorkerLauncher, max_parallelism, set_parallelism,
-};
+use crate::job::master::{JobMaster, MasterConfig, StateConnector, WorkerLauncher};
+use crate::job::status::JobStatus;
 
 /// An error of an API call, with the HTTP status it maps to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -82,8 +82,8 @@ pub struct CoordinatorOptions {
 struct JobEntry {
     /// Whose state-service shards it uses (remote state only).
     state_id: Option<String>,
-    mailbox: mpsc::UnboundedSender<JobInput>,
-    status: Arc<Mutex<JobStatus>>,
+    commands: mpsc::UnboundedSender<Command>,
+    status: watch::Receiver<JobStatus>,
     done: Option<JoinHandle<JobState>>,
 }
 
@@ -251,12 +251,7 @@ impl Coordinator {
             Err(e) => return Err(ApiError::Internal(format!("reading {record}: {e}"))),
         };
         let busy = self.lock().iter().find_map(|(id, e)| {
-            let ended = e
-                .status
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .state
-                .is_terminal();
+            let ended = e.status.borrow().state.is_terminal();
             (e.state_id.as_deref() == Some(state_id.as_str()) && !ended).then(|| id.clone())
         });
         if let Some(other) = busy {
@@ -278,7 +273,7 @@ impl Coordinator {
         let mut config = self.options.master.clone();
         config.workers = workers;
         config.state_id = state_id.clone();
-        let (master, mailbox, status) = JobMaster::new(
+        let handle = JobMaster::spawn(
             id.clone(),
             graph,
             config,
@@ -288,14 +283,13 @@ impl Coordinator {
             self.options.launcher.clone(),
             resume,
         );
-        let done = tokio::spawn(master.run());
         self.lock().insert(
             id,
             JobEntry {
                 state_id,
-                mailbox,
-                status,
-                done: Some(done),
+                commands: handle.commands,
+                status: handle.status,
+                done: Some(handle.done),
             },
         );
     }
@@ -367,7 +361,7 @@ impl Coordinator {
     pub fn jobs(&self) -> Vec<JobStatus> {
         self.lock()
             .values()
-            .map(|e| e.status.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|e| e.status.borrow().clone())
             .collect()
     }
 
@@ -375,7 +369,7 @@ impl Coordinator {
     pub fn status(&self, id: &str) -> Result<JobStatus, ApiError> {
         self.lock()
             .get(id)
-            .map(|e| e.status.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|e| e.status.borrow().clone())
             .ok_or_else(|| ApiError::NotFound(format!("no job `{id}`")))
     }
 
@@ -390,7 +384,7 @@ impl Coordinator {
             let entry = jobs
                 .get(id)
                 .ok_or_else(|| ApiError::NotFound(format!("no job `{id}`")))?;
-            if entry.mailbox.send(JobInput::Command(make(tx))).is_err() {
+            if entry.commands.send(make(tx)).is_err() {
                 return Err(ApiError::Conflict(format!("job `{id}` has ended")));
             }
         }
@@ -415,8 +409,9 @@ impl Coordinator {
             .await
     }
 
-    /// Stops job `id`, after savepoint `savepoint` if given; returns its path.
-    pub async fn stop(&self, id: &str, savepoint: Option<String>) -> Result<String, ApiError> {
+    /// Stops job `id`, after savepoint `savepoint` if given; returns its path (and a
+    /// warning when the stop did not go entirely as it should).
+    pub async fn stop(&self, id: &str, savepoint: Option<String>) -> Result<StopOutcome, ApiError> {
         if let Some(n) = &savepoint {
             store::validate_name("savepoint name", n)
                 .map_err(|e| ApiError::bad("savepoint", e.to_string()))?;
@@ -447,13 +442,6 @@ impl Coordinator {
         }
         self.status(id)
     }
-}
-
-fn uses_remote_state(graph: &pb::JobGraph) -> bool {
-    graph
-        .state
-        .as_ref()
-        .is_some_and(|s| s.backend() == pb::StateBackend::Remote)
 }
 
 /// A fresh job id: the job's name (letters, digits, `-`, `_`) and a unique suffix.
