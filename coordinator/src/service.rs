@@ -50,6 +50,17 @@ pub enum ApiError {
     /// Something failed inside (500).
     #[error("{0}")]
     Internal(String),
+    /// The request, or `field` in it, is larger than allowed (413).
+    #[error("{message}")]
+    TooLarge {
+        /// What is too large (`body`, `job`).
+        field: String,
+        /// By how much, and the limit.
+        message: String,
+    },
+    /// The request body is not JSON (415).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
 }
 
 impl ApiError {
@@ -161,6 +172,9 @@ impl Coordinator {
     ) -> Result<String, ApiError> {
         if graph.nodes.is_empty() {
             return Err(ApiError::bad("job", "the job has no nodes"));
+        }
+        if options.workers == Some(0) {
+            return Err(ApiError::bad("workers", "must be at least 1"));
         }
         let (resume, savepoint_state) = match &options.from_savepoint {
             Some(path) => {
