@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use crate::run::load_job;
+use crate::run::load_job_text;
 use crate::{Failure, runtime};
 
 /// Where the coordinator is and how to print.
@@ -143,12 +143,10 @@ fn request(
             parallelism,
             from_savepoint,
         } => {
-            let graph = load_job(&job)?;
+            let (text, graph) = load_job_text(&job)?;
             runtime()?
                 .block_on(sluice_compute::plan::plan(graph))
                 .map_err(Failure::from_compute)?;
-            let text = std::fs::read_to_string(&job)
-                .map_err(|e| Failure::usage(format!("cannot read {}: {e}", job.display())))?;
             let body = json!({
                 "job": text,
                 "file": job.display().to_string(),
