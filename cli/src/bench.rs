@@ -11,6 +11,7 @@ use sluice_common::job_spec;
 use sluice_compute::network::NetworkConfig;
 
 use crate::cluster::embedded::{self as local_driver, DriverOptions};
+use crate::output::outln;
 use crate::run::{StateArgs, execute};
 use crate::{Failure, rss, runtime};
 
@@ -154,7 +155,7 @@ pub fn nexmark(args: BenchArgs) -> Result<(), Failure> {
             .unwrap_or(f64::NAN),
         _ => f64::NAN,
     };
-    println!(
+    outln!(
         "query={:?} state={:?} source={} parallelism={} workers={} events={} seconds={:.3} events_per_s={:.0} events_per_s_per_core={:.0} peak_rss_mb={:.1} out={}",
         args.query,
         args.state,

@@ -40,6 +40,7 @@ use sluice_compute::state_client::ShardLayout;
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
 
+use crate::output::outln;
 use crate::{Failure, byte_size, runtime};
 
 /// Key groups the keys are spread over (the job's max parallelism).
@@ -139,12 +140,12 @@ pub fn bench(args: CheckpointBenchArgs) -> Result<(), Failure> {
     let exe = std::env::current_exe()
         .map_err(|e| Failure::from(anyhow!("cannot find the sluice binary to start nodes: {e}")))?;
     let rt = runtime()?;
-    println!("{}", Figures::HEADER);
+    outln!("{}", Figures::HEADER);
     for &size in &args.state_bytes {
         let figures = rt
             .block_on(Box::pin(run_one(&args, &exe, size)))
             .with_context(|| format!("checkpoint benchmark with {size} bytes of state"))?;
-        println!("{}", figures.line());
+        outln!("{}", figures.line());
     }
     Ok(())
 }

@@ -31,6 +31,7 @@ use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitO
 use crate::bench_checkpoint::{NodeProcess, preload};
 use crate::cluster::embedded::{ProcessLauncher, master_config};
 use crate::cluster::state::StateServiceConnector;
+use crate::output::outln;
 use crate::{Failure, byte_size, runtime};
 
 const JOB_ID: &str = "bench-cluster";
@@ -72,14 +73,14 @@ pub fn bench(args: ClusterBenchArgs) -> Result<(), Failure> {
     let exe = std::env::current_exe()
         .map_err(|e| Failure::from(anyhow!("cannot find the sluice binary: {e}")))?;
     let rt = runtime()?;
-    println!(
+    outln!(
         "state_mb checkpoints p50_ms p99_ms max_ms rescale_to rescale_ms rescale_state_bytes recovery_ms"
     );
     for &size in &args.state_bytes {
         let line = rt
             .block_on(run_one(&args, &exe, size))
             .with_context(|| format!("cluster benchmark with {size} bytes of state"))?;
-        println!("{line}");
+        outln!("{line}");
     }
     Ok(())
 }

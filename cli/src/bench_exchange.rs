@@ -41,6 +41,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 
+use crate::output::outln;
 use crate::{Failure, runtime};
 
 /// How long children have to start.
@@ -176,20 +177,20 @@ pub fn bench(args: ExchangeBenchArgs) -> Result<(), Failure> {
             None
         } else {
             let m = measure_raw(&exe, &args, timeout).await?;
-            println!("{}", m.line("raw", args.buffer_bytes));
+            outln!("{}", m.line("raw", args.buffer_bytes));
             Some(m)
         };
         let graph = exchange_job(args.events, args.batch_size, 0)?;
         let run = run_exchange(&exe, graph, &args, None).await?;
         let ex = run.measurement()?;
-        println!(
+        outln!(
             "{} producer_cpu_s={:.2} consumer_cpu_s={:.2}",
             ex.line("exchange", args.buffer_bytes),
             run.cpu_seconds[0],
             run.cpu_seconds[1]
         );
         if let Some(raw) = raw {
-            println!(
+            outln!(
                 "ratio={:.3} (exchange {:.3} GB/s / raw {:.3} GB/s, target >= 0.70 at 32 KiB)",
                 ex.gb_per_s() / raw.gb_per_s().max(1e-12),
                 ex.gb_per_s(),
@@ -759,15 +760,15 @@ async fn slow_consumer(
     let interval = Duration::from_millis(args.rss_interval_ms.max(10));
     let run = run_exchange(exe, graph, args, Some(interval)).await?;
     let m = run.measurement()?;
-    println!(
+    outln!(
         "{} delay_per_batch_ms={delay_ms} slowdown={:.1}x",
         m.line("slow-consumer", args.buffer_bytes),
         fast.records_per_s() / m.records_per_s().max(1e-9)
     );
     let series: Vec<String> = run.rss.iter().map(|(t, p, _)| format!("{t}:{p}")).collect();
-    println!("producer_rss_kb_series(ms:kB)={}", series.join(","));
+    outln!("producer_rss_kb_series(ms:kB)={}", series.join(","));
     let consumer: Vec<String> = run.rss.iter().map(|(t, _, c)| format!("{t}:{c}")).collect();
-    println!("consumer_rss_kb_series(ms:kB)={}", consumer.join(","));
+    outln!("consumer_rss_kb_series(ms:kB)={}", consumer.join(","));
     let max = run.rss.iter().map(|r| r.1).max().unwrap_or(0);
     let min = run
         .rss
@@ -776,7 +777,7 @@ async fn slow_consumer(
         .filter(|&k| k > 0)
         .min()
         .unwrap_or(0);
-    println!(
+    outln!(
         "producer_rss_max_kb={max} producer_rss_min_kb={min} samples={} interval_ms={}",
         run.rss.len(),
         interval.as_millis()

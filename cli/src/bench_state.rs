@@ -13,6 +13,7 @@ use clap::Args;
 use sluice_common::pb::state as pb;
 use sluice_common::pb::state::state_service_client::StateServiceClient;
 
+use crate::output::outln;
 use crate::state_service::start_embedded;
 use crate::{Failure, byte_size, runtime};
 
@@ -86,7 +87,7 @@ pub fn bench(args: StateBenchArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::from(anyhow::anyhow!("open shard: {e}")))?;
         let value = Bytes::from(vec![b'v'; args.value_bytes]);
         let budget = Duration::from_secs_f64(args.seconds.max(0.1));
-        println!("op,batch,ops_per_s,calls_per_s,mean_call_us");
+        outln!("op,batch,ops_per_s,calls_per_s,mean_call_us");
         for &batch in &args.batch {
             // Puts: fill the key space round-robin, in batches.
             let mut next = 0u32;
@@ -195,7 +196,7 @@ where
 fn report(op: &str, batch: usize, f: Figure) {
     let secs = f.elapsed.as_secs_f64().max(1e-9);
     let calls_per_s = f.calls as f64 / secs;
-    println!(
+    outln!(
         "{op},{batch},{:.0},{:.0},{:.1}",
         calls_per_s * batch as f64,
         calls_per_s,

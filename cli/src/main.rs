@@ -26,6 +26,7 @@ mod bench_state;
 mod byte_size;
 mod cluster;
 mod nexmark_gen;
+mod output;
 mod progress;
 mod rss;
 mod run;

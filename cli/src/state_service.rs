@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use sluice_state_service::{RunningStateService, StateServiceConfig};
 
+use crate::output::outln;
 use crate::{Failure, byte_size, runtime};
 
 /// Arguments of `sluice state-service`.
@@ -50,7 +51,7 @@ pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
             .await
             .map_err(|e| Failure::from(anyhow::anyhow!("state service: {e}")))?;
         // Scripts and tests read the bound address from this line.
-        println!("state-service listening on {}", service.local_addr());
+        outln!("state-service listening on {}", service.local_addr());
         shutdown_signal().await;
         service
             .shutdown()

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
+use crate::output::outln;
 use crate::run::load_job_text;
 use crate::{Failure, runtime};
 
@@ -121,7 +122,7 @@ pub fn run(command: JobCommand) -> Result<(), Failure> {
     let url = format!("{base}{path}");
     let value = runtime()?.block_on(call(method, &url, body))?;
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&value).unwrap_or_default()
         );
@@ -262,7 +263,7 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) {
             .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        println!("{}", parts.join("  ").trim_end());
+        outln!("{}", parts.join("  ").trim_end());
     };
     line(header.iter().map(|h| h.to_string()).collect());
     for r in rows {
@@ -273,7 +274,7 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) {
 fn print_human(path: &str, v: &Value) {
     if path == "/v1/jobs" {
         if let Some(id) = v.get("id") {
-            println!("{}", id.as_str().unwrap_or_default());
+            outln!("{}", id.as_str().unwrap_or_default());
             return;
         }
         let rows = v
@@ -347,9 +348,9 @@ fn print_human(path: &str, v: &Value) {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),
             };
-            println!("{k}: {shown}");
+            outln!("{k}: {shown}");
         }
     } else {
-        println!("{v}");
+        outln!("{v}");
     }
 }
