@@ -491,3 +491,102 @@ pub async fn bind(addr: &str, what: &str) -> Result<(TcpListener, SocketAddr), A
         .map_err(|e| ApiError::Internal(format!("{what} address: {e}")))?;
     Ok((l, a))
 }
+
+#[cfg(test)]
+mod tests {
+    use sluice_common::pb::cluster as pbc;
+
+    use super::*;
+    use crate::checkpoint::MemoryMetadataStore;
+    use crate::checkpoint::metadata::encode;
+    use crate::checkpoint::store::checkpoint_path;
+    use crate::job::RestartPolicy;
+    use crate::job::graph::node_parallelism;
+
+    fn graph(parallelism: u32) -> pb::JobGraph {
+        let node = |id| pb::Node {
+            id,
+            parallelism,
+            ..Default::default()
+        };
+        pb::JobGraph {
+            name: "j".into(),
+            nodes: vec![node(1), node(2)],
+            checkpoint: Some(pb::CheckpointConfig {
+                interval_ms: 1000,
+                mode: 0,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn checkpoint(id: u64, parallelism: u32) -> Bytes {
+        let g = graph(parallelism);
+        encode(&CheckpointMetadata {
+            job_id: "j-1".into(),
+            checkpoint_id: id,
+            job_graph: Bytes::from(g.encode_to_vec()),
+            parallelism: node_parallelism(&g),
+            ..CheckpointMetadata::default()
+        })
+    }
+
+    fn options(store: Arc<MemoryMetadataStore>) -> CoordinatorOptions {
+        CoordinatorOptions {
+            store,
+            state: None,
+            launcher: None,
+            heartbeat_interval: Duration::from_millis(100),
+            heartbeat_timeout: Duration::from_secs(1),
+            master: MasterConfig {
+                workers: 1,
+                restart: RestartPolicy::default(),
+                deploy_timeout: Duration::from_secs(1),
+                network: pbc::NetworkConfig::default(),
+                metrics_interval_ms: 0,
+                coordinator_id: "c2".into(),
+                state_id: None,
+            },
+        }
+    }
+
+    /// A coordinator that died while a rescale 2 → 4 deployed its new attempt left the
+    /// rescale's checkpoint (at 2), one checkpoint at 4, and a corrupt newer one.
+    #[tokio::test]
+    async fn a_new_coordinator_resumes_from_the_newest_valid_checkpoint_at_its_parallelism() {
+        let store = Arc::new(MemoryMetadataStore::new());
+        let put = |path: &str, bytes: Bytes| store.overwrite(path, bytes);
+        put("jobs/j-1/job", Bytes::from(graph(2).encode_to_vec()));
+        put("jobs/j-1/workers", Bytes::from_static(b"2"));
+        put(&checkpoint_path("j-1", 5).unwrap(), checkpoint(5, 2));
+        put(&checkpoint_path("j-1", 6).unwrap(), checkpoint(6, 4));
+        put(
+            &checkpoint_path("j-1", 7).unwrap(),
+            Bytes::from_static(b"torn"),
+        );
+        let c = Coordinator::new(options(store.clone()));
+        assert_eq!(c.resume_jobs().await.unwrap(), vec!["j-1".to_string()]);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            let s = c.status("j-1").unwrap();
+            if s.waiting_for.is_some() || tokio::time::Instant::now() >= deadline {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(status.state, JobState::Scheduling, "{status:?}");
+        assert_eq!(status.last_checkpoint, Some(6));
+        assert_eq!(status.parallelism, 4);
+        assert_eq!(
+            status.waiting_for.as_deref(),
+            Some("workers with a free slot: 0 of 2")
+        );
+        // A job that is not running takes no savepoint and says why.
+        let refused = c.savepoint("j-1", "sp").await.unwrap_err();
+        assert!(refused.to_string().contains("being scheduled"), "{refused}");
+        c.cancel("j-1").await.unwrap();
+        let ended = c.wait("j-1").await.unwrap();
+        assert_eq!(ended.state, JobState::Cancelled);
+        assert!(store.get("jobs/j-1/end").await.unwrap().is_some());
+    }
+}
