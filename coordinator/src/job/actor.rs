@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 use super::command::{Command, ReplyId, Responder};
 use super::driver::{Action, Driver, End, Event, Failure};
 use super::lifecycle::JobState;
-use super::master::{JobStateShards, StateConnector, WorkerLauncher};
+use super::ports::{JobStateShards, StateConnector, WorkerLauncher};
 use super::status::JobStatus;
 use crate::checkpoint::metadata;
 use crate::checkpoint::store::{self, MetadataStore};

@@ -1,19 +1,18 @@
 //! A job's master: what it is given and how it is started.
 //!
-//! The master of a job is an actor ([`super::actor`]) around a pure driver
+//! The master of a job is an actor (`super::actor`) around a pure driver
 //! ([`super::driver`]). This module is their face to the rest of the coordinator: the
 //! settings ([`MasterConfig`]), the ports through which the master reaches what it
-//! does not own (the state service: [`StateConnector`], [`JobStateShards`]; worker
-//! processes: [`WorkerLauncher`]), and [`JobMaster::spawn`], which starts the actor and
-//! returns the [`JobHandle`] the service keeps: a command channel, the published
-//! status, and the task to wait for.
+//! does not own (re-exported from [`super::ports`]: the state service,
+//! [`StateConnector`] and [`JobStateShards`]; worker processes, [`WorkerLauncher`]),
+//! and [`JobMaster::spawn`], which starts the actor and returns the [`JobHandle`] the
+//! service keeps: a command channel, the published status, and the task to wait for.
 //!
 //! It knows nothing of how a job is driven.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sluice_common::pb;
 use sluice_common::pb::cluster as pbc;
 use tokio::sync::{mpsc, watch};
@@ -30,45 +29,12 @@ use crate::checkpoint::store::{self, MetadataStore};
 use crate::cluster::registry::Registry;
 
 pub use super::graph::{graph_parallelism, max_parallelism, set_parallelism};
+pub use super::ports::{JobStateShards, StateConnector, WorkerLauncher};
 
 /// How long workers may take to confirm that an attempt is cancelled.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a stop waits for the tasks to commit its savepoint's output.
 const STOP_COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A job's keyed state in the state service, as the coordinator needs it.
-#[async_trait]
-pub trait JobStateShards: Send + Sync {
-    /// Opens every shard; returns the checkpoint they hold.
-    async fn open(&self) -> Result<u64, String>;
-    /// Brings every shard to `checkpoint`: drops later writes, or restores it from the
-    /// object store when a later checkpoint was committed since; and raises the shards'
-    /// fence to `fence`, so writers of earlier attempts are refused from then on.
-    async fn rollback(&self, checkpoint: u64, fence: u64) -> Result<(), String>;
-    /// Commits `checkpoint`, keeping `retained`.
-    async fn commit(&self, checkpoint: u64, retained: &[u64]) -> Result<(), String>;
-    /// What workers need to reach the shards (without `first_epoch`).
-    fn reference(&self) -> pbc::RemoteStateRef;
-    /// Bytes the node(s) downloaded to restore shards so far (rescaling must add none).
-    async fn restore_bytes(&self) -> Result<u64, String>;
-}
-
-/// Connects jobs to the state service.
-#[async_trait]
-pub trait StateConnector: Send + Sync {
-    /// The shards of job `job_id` with graph `graph` (which asked for remote state).
-    async fn connect(
-        &self,
-        job_id: &str,
-        graph: &pb::JobGraph,
-    ) -> Result<Arc<dyn JobStateShards>, String>;
-}
-
-/// Starts worker processes when a job needs more than are attached (embedded clusters).
-pub trait WorkerLauncher: Send + Sync {
-    /// Makes sure `n` launched workers are alive (starting replacements for dead ones).
-    fn ensure(&self, n: usize);
-}
 
 /// Settings of a job's master.
 #[derive(Clone)]

@@ -13,16 +13,16 @@
 //! - `actor`: the one mailbox loop per job that carries the driver's actions out
 //!   (workers, slots, the `_metadata` store, the state service) and feeds their results
 //!   back. The only place a job's I/O happens.
-//! - [`master`]: how a job's master is configured and started, and the ports it
-//!   reaches the state service and worker processes through.
+//! - [`master`]: how a job's master is configured and started; [`ports`]: the traits
+//!   it reaches the state service and worker processes through.
 //! - [`command`]: user requests and their answers; [`status`]: what the REST API shows;
 //!   [`control`]: the control messages of an attempt; [`graph`]: what the coordinator
 //!   reads from a job graph.
 //!
-//! Dependencies point one way: `master` → `actor` → `driver` → (`lifecycle`,
-//! `restart`, `control`, `command`, `status`, `graph`, `crate::checkpoint`). Only the
-//! actor knows the worker registry (`crate::cluster`), and the registry knows nothing of
-//! jobs.
+//! Dependencies point one way: `master` → `actor` → (`driver`, `ports`), and `driver`
+//! → (`lifecycle`, `restart`, `control`, `command`, `status`, `graph`,
+//! `crate::checkpoint`). Only `master` (which registers the job) and `actor` know the
+//! worker registry (`crate::cluster`), and the registry knows nothing of jobs.
 
 mod actor;
 pub mod command;
@@ -31,6 +31,7 @@ pub mod driver;
 pub mod graph;
 pub mod lifecycle;
 pub mod master;
+pub mod ports;
 pub mod restart;
 pub mod status;
 
