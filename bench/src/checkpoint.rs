@@ -27,6 +27,7 @@
 //! A wrong or missing value, a failed RPC or a node that does not start ends the run
 //! with exit code 1 and a message naming what failed.
 
+use sluice_common::outln;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -121,12 +122,12 @@ pub fn run(args: Args) -> Result<()> {
         )));
     }
     let rt = runtime()?;
-    println!("{}", TABLE.header());
+    outln!("{}", TABLE.header());
     for &size in &args.state_bytes {
         let figures = rt
             .block_on(Box::pin(run_one(&args, size)))
             .with_context(|| format!("checkpoint benchmark with {size} bytes of state"))?;
-        println!("{}", figures.line());
+        outln!("{}", figures.line());
     }
     Ok(())
 }

@@ -24,6 +24,7 @@
 //! Output: the header `state_mb checkpoints p50_ms p99_ms max_ms rescale_to rescale_ms
 //! rescale_state_bytes recovery_ms`, then one line per state size; progress on stderr.
 
+use sluice_common::outln;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -98,12 +99,12 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         ));
     }
     let rt = runtime()?;
-    println!("{}", TABLE.header());
+    outln!("{}", TABLE.header());
     for &size in &args.state_bytes {
         let line = rt
             .block_on(run_one(&args, host, size))
             .with_context(|| format!("cluster benchmark with {size} bytes of state"))?;
-        println!("{line}");
+        outln!("{line}");
     }
     Ok(())
 }

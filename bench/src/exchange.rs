@@ -29,6 +29,7 @@
 //! (exchange GB/s over raw GB/s). Every wait is bounded by `--timeout-secs`; the
 //! workers are killed when a measurement ends.
 
+use sluice_common::outln;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -153,7 +154,7 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     } else {
         let m = measure_raw(args.buffer_bytes, args.raw_seconds, timeout)
             .context("the raw TCP pair")?;
-        println!("{}", m.line("raw", args.buffer_bytes));
+        outln!("{}", m.line("raw", args.buffer_bytes));
         Some(m)
     };
     let rt = runtime()?;
@@ -165,9 +166,9 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
             .line("exchange", args.buffer_bytes)
             .field("producer_cpu_s", format!("{:.2}", run.cpu_seconds[0]))
             .field("consumer_cpu_s", format!("{:.2}", run.cpu_seconds[1]));
-        println!("{line}");
+        outln!("{line}");
         if let Some(raw) = raw {
-            println!(
+            outln!(
                 "ratio={:.3} (exchange {:.3} GB/s / raw {:.3} GB/s, target >= 0.70 at 32 KiB)",
                 ex.gb_per_s() / raw.gb_per_s().max(1e-12),
                 ex.gb_per_s(),
@@ -559,7 +560,7 @@ async fn slow_consumer(
             "slowdown",
             format!("{:.1}x", fast.records_per_s() / m.records_per_s().max(1e-9)),
         );
-    println!("{line}");
+    outln!("{line}");
     let series = |pick: fn(&(u64, u64, u64)) -> u64| -> String {
         let points: Vec<String> = run
             .rss
@@ -568,11 +569,11 @@ async fn slow_consumer(
             .collect();
         points.join(",")
     };
-    println!(
+    outln!(
         "{}",
         Line::new().field("producer_rss_kb_series(ms:kB)", series(|r| r.1))
     );
-    println!(
+    outln!(
         "{}",
         Line::new().field("consumer_rss_kb_series(ms:kB)", series(|r| r.2))
     );
@@ -589,7 +590,7 @@ async fn slow_consumer(
         .field("producer_rss_min_kb", min)
         .field("samples", run.rss.len())
         .field("interval_ms", interval.as_millis());
-    println!("{line}");
+    outln!("{line}");
     Ok(())
 }
 

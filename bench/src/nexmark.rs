@@ -13,6 +13,7 @@
 //! events_per_s=.. events_per_s_per_core=.. peak_rss_mb=.. out=..`.
 
 use clap::{Args as ClapArgs, ValueEnum};
+use sluice_common::outln;
 use sluice_planner::job_spec;
 
 use crate::harness::resources::peak_rss_bytes;
@@ -168,7 +169,7 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         )
         .field("peak_rss_mb", format!("{rss_mb:.1}"))
         .field("out", s.records_out);
-    println!("{line}");
+    outln!("{line}");
     Ok(())
 }
 

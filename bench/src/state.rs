@@ -10,6 +10,7 @@
 //! Output: the CSV header `op,batch,ops_per_s,calls_per_s,mean_call_us`, then one row
 //! per operation (`put`, `get_hit`, `get_miss`) and batch size.
 
+use sluice_common::outln;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
@@ -96,7 +97,7 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
             .context("open shard")?;
         let value = Bytes::from(vec![b'v'; args.value_bytes]);
         let budget = Duration::from_secs_f64(args.seconds.max(0.1));
-        println!("{}", TABLE.header());
+        outln!("{}", TABLE.header());
         for &batch in &args.batch {
             // Puts: fill the key space round-robin, in batches.
             let mut next = 0u32;
@@ -212,5 +213,5 @@ fn report(op: &str, batch: usize, f: Figure) {
         format!("{calls_per_s:.0}"),
         format!("{:.1}", 1e6 / calls_per_s.max(1e-9)),
     ]);
-    println!("{row}");
+    outln!("{row}");
 }

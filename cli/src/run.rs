@@ -79,10 +79,36 @@ pub struct StateArgs {
 
 /// Reads and parses a job file; errors name file, line and column.
 pub fn load_job(path: &std::path::Path) -> Result<pb::JobGraph, Failure> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Failure::usage(format!("cannot read job file {}: {e}", path.display())))?;
-    job_spec::parse_job(&path.display().to_string(), &text)
-        .map_err(|e| Failure::usage(e.to_string()))
+    load_job_text(path).map(|(_, graph)| graph)
+}
+
+/// [`load_job`], with the file's text.
+pub fn load_job_text(path: &std::path::Path) -> Result<(String, pb::JobGraph), Failure> {
+    let text = read_job_file(path)?;
+    let graph = job_spec::parse_job(&path.display().to_string(), &text)
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    Ok((text, graph))
+}
+
+/// Reads a job file, refusing one larger than `job_spec::MAX_JOB_FILE_BYTES` before
+/// reading it (and reading no more than that of anything that does not say its size).
+fn read_job_file(path: &std::path::Path) -> Result<String, Failure> {
+    use std::io::Read;
+    let name = path.display().to_string();
+    let cannot = |e: std::io::Error| Failure::usage(format!("cannot read job file {name}: {e}"));
+    let too_large = |bytes: u64| job_spec::job_file_too_large(&name, bytes).map(Failure::usage);
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    if let Some(f) = too_large(file.metadata().map_err(cannot)?.len()) {
+        return Err(f);
+    }
+    let mut text = String::new();
+    file.take(job_spec::MAX_JOB_FILE_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    match too_large(text.len() as u64) {
+        Some(f) => Err(f),
+        None => Ok(text),
+    }
 }
 
 /// What a finished job did.

@@ -8,6 +8,8 @@ use clap::Args;
 use sluice_common::byte_size;
 use sluice_state_service::{RunningStateService, StateServiceConfig};
 
+use sluice_common::outln;
+
 use crate::{Failure, runtime};
 
 /// Arguments of `sluice state-service`.
@@ -51,7 +53,7 @@ pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
             .await
             .map_err(|e| Failure::from(anyhow::anyhow!("state service: {e}")))?;
         // Scripts and tests read the bound address from this line.
-        println!("state-service listening on {}", service.local_addr());
+        outln!("state-service listening on {}", service.local_addr());
         shutdown_signal().await;
         service
             .shutdown()

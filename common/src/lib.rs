@@ -5,6 +5,7 @@
 //! - [`pb`]: the protobuf messages compiled from `common/proto/` (the [`pb::JobGraph`] and
 //!   its parts). Generated types are used through this module only.
 //! - [`byte_size`]: byte sizes as people write them on command lines (`512MiB`, `1.5GB`).
+//! - [`output`]: command output on stdout that ends quietly when the reader closes it.
 //! - [`key_group`]: the stable key hash and the key-group ranges of DESIGN §4.
 //! - [`state`]: keyed state: the tables operators hold, the subtask backend and job store
 //!   traits with their epochs, the in-memory store, and the conformance suites.
@@ -14,6 +15,7 @@
 
 pub mod byte_size;
 pub mod key_group;
+pub mod output;
 pub mod state;
 
 /// Protobuf messages of the job model, generated from `proto/job_graph.proto`.

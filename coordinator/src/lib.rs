@@ -5,10 +5,11 @@
 //!
 //! - [`job`]: the job lifecycle as a typed state machine ([`job::JobState::next`] is the
 //!   one place transitions are decided), the restart policy (exponential back-off with a
-//!   limit), and [`job::master`]: one actor per job that deploys it on workers, drives
-//!   its checkpoints and restarts it from the last one.
+//!   limit), the job driver ([`job::driver::Driver`]: deploy, failover, restart, rescale,
+//!   savepoint, stop and cancel as a pure state machine) and, per job, one actor that
+//!   carries the driver's actions out ([`job::master`] starts it).
 //! - [`checkpoint`]: the checkpoint commit protocol as a pure state machine
-//!   ([`checkpoint::CheckpointProtocol`]) that returns actions for the master, the
+//!   ([`checkpoint::CheckpointProtocol`]) that returns actions for the job driver, the
 //!   `_metadata` format, and the metadata store whose one write primitive is "create if
 //!   absent", which fences two coordinators racing to commit one checkpoint.
 //! - [`cluster`]: the workers' gRPC `Attach` service and the registry of attached
@@ -16,8 +17,9 @@
 //! - [`service`]: the coordinator itself: submission, job records in the store, resuming
 //!   jobs after a restart, the operations behind [`rest`], the REST API.
 //!
-//! Decisions never do I/O; I/O never decides: the master feeds events to the two state
-//! machines and carries out what they return.
+//! Decisions never do I/O; I/O never decides: a job's actor feeds events to its driver
+//! (which owns the job's lifecycle and checkpoint protocol) and carries out what it
+//! returns.
 //!
 //! ## What this crate must not know
 //!

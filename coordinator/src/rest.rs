@@ -1,15 +1,28 @@
 //! The coordinator's REST API for users and scripts (JSON; `docs/api/openapi.yaml`).
 //!
-//! Errors are JSON objects `{"error": "...", "field": "..."}` with 400 for a bad request
-//! (naming the field), 404 for an unknown job, 409 for a request the job cannot take
-//! now, 500 otherwise.
+//! # Errors
+//!
+//! Every error has one shape, `{"error": "what is wrong", "field": "job"}`, where
+//! `field` names the request field at fault (its path inside the body, `id` for the
+//! job in the URL, `body`, `content-type` or `path` for the request itself) or is
+//! `null` when no field is at fault:
+//!
+//! - 400: a bad request: not JSON, a field of the wrong type (`{"job": 123}`: field
+//!   `job`), missing or unknown, or a value out of range (`workers: 0`);
+//! - 404: no such job (field `id`) or endpoint (field `path`);
+//! - 409: a request the job cannot take now;
+//! - 413: a body over [`MAX_BODY_BYTES`] (field `body`) or a job file over
+//!   `job_spec::MAX_JOB_FILE_BYTES` (field `job`);
+//! - 415: a body that is not `application/json` (field `content-type`);
+//! - 500: anything else.
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -22,18 +35,34 @@ use crate::service::{ApiError, Coordinator, SubmitOptions};
 /// The OpenAPI description of this API.
 pub const OPENAPI: &str = include_str!("../../docs/api/openapi.yaml");
 
+/// The largest request body accepted: a job file at its limit, escaped as a JSON
+/// string, with room to spare.
+pub const MAX_BODY_BYTES: usize = 2 * job_spec::MAX_JOB_FILE_BYTES + (64 << 10);
+
+/// The one JSON shape of every error.
+fn error(code: StatusCode, message: &str, field: Option<&str>) -> Response {
+    (
+        code,
+        axum::Json(json!({ "error": message, "field": field })),
+    )
+        .into_response()
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (code, body) = match &self {
-            ApiError::BadRequest { field, message } => (
-                StatusCode::BAD_REQUEST,
-                json!({ "error": message, "field": field }),
-            ),
-            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, json!({ "error": m })),
-            ApiError::Conflict(m) => (StatusCode::CONFLICT, json!({ "error": m })),
-            ApiError::Internal(m) => (StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": m })),
+        let (code, field) = match &self {
+            ApiError::BadRequest { field, .. } => (StatusCode::BAD_REQUEST, Some(field.as_str())),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, Some("id")),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, None),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
+            ApiError::TooLarge { field, .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, Some(field.as_str()))
+            }
+            ApiError::UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("content-type"))
+            }
         };
-        (code, axum::Json(body)).into_response()
+        error(code, &self.to_string(), field)
     }
 }
 
@@ -43,17 +72,73 @@ fn ok(value: impl serde::Serialize) -> ApiResult {
     Ok(axum::Json(value).into_response())
 }
 
-/// Parses a JSON body; serde's message names the field and position.
+/// A request body as it arrived: within the size limit, and JSON when not empty.
+fn checked(headers: &HeaderMap, bytes: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    let bytes = bytes.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge {
+                field: "body".into(),
+                message: format!(
+                    "the request body is larger than {} MiB",
+                    MAX_BODY_BYTES >> 20
+                ),
+            }
+        } else {
+            ApiError::bad("body", format!("cannot read the request body: {r}"))
+        }
+    })?;
+    if bytes.is_empty() {
+        return Ok(bytes);
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if essence == "application/json" || essence.ends_with("+json") {
+        return Ok(bytes);
+    }
+    let given = if content_type.is_empty() {
+        "no content type".to_string()
+    } else {
+        format!("content type `{content_type}`")
+    };
+    Err(ApiError::UnsupportedMediaType(format!(
+        "the request body must be JSON (Content-Type: application/json); it came with {given}"
+    )))
+}
+
+/// Parses a JSON body; a mistake names the field at fault (its path in the body).
 fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        let field = e
-            .to_string()
-            .split('`')
-            .nth(1)
-            .unwrap_or("body")
-            .to_string();
-        ApiError::bad(&field, format!("invalid request body: {e}"))
-    })
+    let invalid = |field: &str, e: &serde_json::Error| {
+        ApiError::bad(field, format!("invalid request body: {e}"))
+    };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = inner.to_string();
+        let field = if path != "." && !path.is_empty() {
+            path
+        } else {
+            // Missing and unknown fields are reported at the object that lacks or has
+            // them: their name is in the message.
+            message
+                .strip_prefix("missing field `")
+                .or_else(|| message.strip_prefix("unknown field `"))
+                .and_then(|rest| rest.split('`').next())
+                .unwrap_or("body")
+                .to_string()
+        };
+        invalid(&field, &inner)
+    })?;
+    de.end().map_err(|e| invalid("body", &e))?;
+    Ok(value)
 }
 
 #[derive(Deserialize)]
@@ -78,7 +163,7 @@ struct SavepointRequest {
     name: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct StopRequest {
     #[serde(default)]
@@ -91,9 +176,22 @@ struct RescaleRequest {
     parallelism: u32,
 }
 
-async fn submit(State(c): State<Arc<Coordinator>>, bytes: Bytes) -> ApiResult {
-    let req: SubmitRequest = body(&bytes)?;
+async fn submit(
+    State(c): State<Arc<Coordinator>>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let req: SubmitRequest = body(&checked(&headers, bytes)?)?;
     let file = req.file.unwrap_or_else(|| "job".into());
+    if let Some(message) = job_spec::job_file_too_large(&file, req.job.len() as u64) {
+        return Err(ApiError::TooLarge {
+            field: "job".into(),
+            message,
+        });
+    }
+    if req.workers == Some(0) {
+        return Err(ApiError::bad("workers", "must be at least 1"));
+    }
     let graph =
         job_spec::parse_job(&file, &req.job).map_err(|e| ApiError::bad("job", e.to_string()))?;
     let id = c
@@ -130,9 +228,10 @@ async fn cancel(State(c): State<Arc<Coordinator>>, Path(id): Path<String>) -> Ap
 async fn savepoint(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-    bytes: Bytes,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let req: SavepointRequest = body(&bytes)?;
+    let req: SavepointRequest = body(&checked(&headers, bytes)?)?;
     let path = c.savepoint(&id, &req.name).await?;
     ok(json!({ "path": path }))
 }
@@ -140,23 +239,25 @@ async fn savepoint(
 async fn stop(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-    bytes: Bytes,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
+    let bytes = checked(&headers, bytes)?;
     let req: StopRequest = if bytes.is_empty() {
-        StopRequest { savepoint: None }
+        StopRequest::default()
     } else {
         body(&bytes)?
     };
-    let path = c.stop(&id, req.savepoint).await?;
-    ok(json!({ "savepoint": path }))
+    ok(c.stop(&id, req.savepoint).await?)
 }
 
 async fn rescale(
     State(c): State<Arc<Coordinator>>,
     Path(id): Path<String>,
-    bytes: Bytes,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let req: RescaleRequest = body(&bytes)?;
+    let req: RescaleRequest = body(&checked(&headers, bytes)?)?;
     ok(c.rescale(&id, req.parallelism).await?)
 }
 
@@ -168,10 +269,12 @@ async fn openapi() -> Response {
     ([("content-type", "application/yaml")], OPENAPI).into_response()
 }
 
-async fn not_found() -> ApiResult {
-    Err(ApiError::NotFound(
-        "no such endpoint; see /v1/openapi.yaml".into(),
-    ))
+async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "no such endpoint; see /v1/openapi.yaml",
+        Some("path"),
+    )
 }
 
 /// The API's routes.
@@ -187,6 +290,7 @@ pub fn router(c: Arc<Coordinator>) -> Router {
         .route("/v1/workers", get(workers))
         .route("/v1/openapi.yaml", get(openapi))
         .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(c)
 }
 
@@ -197,4 +301,51 @@ pub fn serve(c: Arc<Coordinator>, listener: TcpListener) -> tokio::task::JoinHan
             tracing::error!("the coordinator's REST server stopped: {e}");
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> (String, String) {
+        match body::<SubmitRequest>(&Bytes::from(text.to_string())) {
+            Err(ApiError::BadRequest { field, message }) => (field, message),
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("{text} parsed"),
+        }
+    }
+
+    #[test]
+    fn a_body_error_names_the_field_not_the_value() {
+        let (field, message) = err(r#"{"job": 123}"#);
+        assert_eq!(field, "job");
+        assert!(message.contains("invalid type: integer `123`"), "{message}");
+        assert_eq!(err(r#"{"job": "x", "workers": -1}"#).0, "workers");
+        assert_eq!(err(r#"{"workers": 2}"#).0, "job");
+        assert_eq!(err(r#"{"job": "x", "wrokers": 2}"#).0, "wrokers");
+        assert_eq!(err(r#"{"job": "x"} trailing"#).0, "body");
+        assert_eq!(err("not json").0, "body");
+    }
+
+    #[test]
+    fn a_body_must_be_json() {
+        let json = |ct: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, ct.parse().unwrap());
+            h
+        };
+        let b = || Ok(Bytes::from_static(b"{}"));
+        assert!(checked(&json("application/json"), b()).is_ok());
+        assert!(checked(&json("application/json; charset=utf-8"), b()).is_ok());
+        assert!(matches!(
+            checked(&json("text/plain"), b()),
+            Err(ApiError::UnsupportedMediaType(m)) if m.contains("text/plain")
+        ));
+        assert!(matches!(
+            checked(&HeaderMap::new(), b()),
+            Err(ApiError::UnsupportedMediaType(_))
+        ));
+        // An empty body needs no content type (`POST /stop` without a savepoint).
+        assert!(checked(&HeaderMap::new(), Ok(Bytes::new())).is_ok());
+    }
 }

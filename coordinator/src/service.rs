@@ -17,18 +17,18 @@ use prost::Message;
 use sluice_common::pb;
 use sluice_common::pb::cluster::coordinator_server::CoordinatorServer;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::store::{self, MetadataStore};
 use crate::cluster::grpc::ControlService;
 use crate::cluster::registry::{Registry, WorkerView};
+use crate::job::command::{Command, RescaleOutcome, StopOutcome};
+use crate::job::graph::{max_parallelism, set_parallelism, uses_remote_state};
 use crate::job::lifecycle::JobState;
-use crate::job::master::{
-    Command, JobInput, JobMaster, JobStatus, MasterConfig, RescaleOutcome, StateConnector,
-    WorkerLauncher, max_parallelism, set_parallelism,
-};
+use crate::job::master::{JobMaster, MasterConfig, StateConnector, WorkerLauncher};
+use crate::job::status::JobStatus;
 
 /// An error of an API call, with the HTTP status it maps to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +50,17 @@ pub enum ApiError {
     /// Something failed inside (500).
     #[error("{0}")]
     Internal(String),
+    /// The request, or `field` in it, is larger than allowed (413).
+    #[error("{message}")]
+    TooLarge {
+        /// What is too large (`body`, `job`).
+        field: String,
+        /// By how much, and the limit.
+        message: String,
+    },
+    /// The request body is not JSON (415).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
 }
 
 impl ApiError {
@@ -82,8 +93,8 @@ pub struct CoordinatorOptions {
 struct JobEntry {
     /// Whose state-service shards it uses (remote state only).
     state_id: Option<String>,
-    mailbox: mpsc::UnboundedSender<JobInput>,
-    status: Arc<Mutex<JobStatus>>,
+    commands: mpsc::UnboundedSender<Command>,
+    status: watch::Receiver<JobStatus>,
     done: Option<JoinHandle<JobState>>,
 }
 
@@ -161,6 +172,9 @@ impl Coordinator {
     ) -> Result<String, ApiError> {
         if graph.nodes.is_empty() {
             return Err(ApiError::bad("job", "the job has no nodes"));
+        }
+        if options.workers == Some(0) {
+            return Err(ApiError::bad("workers", "must be at least 1"));
         }
         let (resume, savepoint_state) = match &options.from_savepoint {
             Some(path) => {
@@ -251,12 +265,7 @@ impl Coordinator {
             Err(e) => return Err(ApiError::Internal(format!("reading {record}: {e}"))),
         };
         let busy = self.lock().iter().find_map(|(id, e)| {
-            let ended = e
-                .status
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .state
-                .is_terminal();
+            let ended = e.status.borrow().state.is_terminal();
             (e.state_id.as_deref() == Some(state_id.as_str()) && !ended).then(|| id.clone())
         });
         if let Some(other) = busy {
@@ -278,7 +287,7 @@ impl Coordinator {
         let mut config = self.options.master.clone();
         config.workers = workers;
         config.state_id = state_id.clone();
-        let (master, mailbox, status) = JobMaster::new(
+        let handle = JobMaster::spawn(
             id.clone(),
             graph,
             config,
@@ -288,14 +297,13 @@ impl Coordinator {
             self.options.launcher.clone(),
             resume,
         );
-        let done = tokio::spawn(master.run());
         self.lock().insert(
             id,
             JobEntry {
                 state_id,
-                mailbox,
-                status,
-                done: Some(done),
+                commands: handle.commands,
+                status: handle.status,
+                done: Some(handle.done),
             },
         );
     }
@@ -367,7 +375,7 @@ impl Coordinator {
     pub fn jobs(&self) -> Vec<JobStatus> {
         self.lock()
             .values()
-            .map(|e| e.status.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|e| e.status.borrow().clone())
             .collect()
     }
 
@@ -375,7 +383,7 @@ impl Coordinator {
     pub fn status(&self, id: &str) -> Result<JobStatus, ApiError> {
         self.lock()
             .get(id)
-            .map(|e| e.status.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|e| e.status.borrow().clone())
             .ok_or_else(|| ApiError::NotFound(format!("no job `{id}`")))
     }
 
@@ -390,7 +398,7 @@ impl Coordinator {
             let entry = jobs
                 .get(id)
                 .ok_or_else(|| ApiError::NotFound(format!("no job `{id}`")))?;
-            if entry.mailbox.send(JobInput::Command(make(tx))).is_err() {
+            if entry.commands.send(make(tx)).is_err() {
                 return Err(ApiError::Conflict(format!("job `{id}` has ended")));
             }
         }
@@ -415,8 +423,9 @@ impl Coordinator {
             .await
     }
 
-    /// Stops job `id`, after savepoint `savepoint` if given; returns its path.
-    pub async fn stop(&self, id: &str, savepoint: Option<String>) -> Result<String, ApiError> {
+    /// Stops job `id`, after savepoint `savepoint` if given; returns its path (and a
+    /// warning when the stop did not go entirely as it should).
+    pub async fn stop(&self, id: &str, savepoint: Option<String>) -> Result<StopOutcome, ApiError> {
         if let Some(n) = &savepoint {
             store::validate_name("savepoint name", n)
                 .map_err(|e| ApiError::bad("savepoint", e.to_string()))?;
@@ -447,13 +456,6 @@ impl Coordinator {
         }
         self.status(id)
     }
-}
-
-fn uses_remote_state(graph: &pb::JobGraph) -> bool {
-    graph
-        .state
-        .as_ref()
-        .is_some_and(|s| s.backend() == pb::StateBackend::Remote)
 }
 
 /// A fresh job id: the job's name (letters, digits, `-`, `_`) and a unique suffix.
@@ -488,4 +490,103 @@ pub async fn bind(addr: &str, what: &str) -> Result<(TcpListener, SocketAddr), A
         .local_addr()
         .map_err(|e| ApiError::Internal(format!("{what} address: {e}")))?;
     Ok((l, a))
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_common::pb::cluster as pbc;
+
+    use super::*;
+    use crate::checkpoint::MemoryMetadataStore;
+    use crate::checkpoint::metadata::encode;
+    use crate::checkpoint::store::checkpoint_path;
+    use crate::job::RestartPolicy;
+    use crate::job::graph::node_parallelism;
+
+    fn graph(parallelism: u32) -> pb::JobGraph {
+        let node = |id| pb::Node {
+            id,
+            parallelism,
+            ..Default::default()
+        };
+        pb::JobGraph {
+            name: "j".into(),
+            nodes: vec![node(1), node(2)],
+            checkpoint: Some(pb::CheckpointConfig {
+                interval_ms: 1000,
+                mode: 0,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn checkpoint(id: u64, parallelism: u32) -> Bytes {
+        let g = graph(parallelism);
+        encode(&CheckpointMetadata {
+            job_id: "j-1".into(),
+            checkpoint_id: id,
+            job_graph: Bytes::from(g.encode_to_vec()),
+            parallelism: node_parallelism(&g),
+            ..CheckpointMetadata::default()
+        })
+    }
+
+    fn options(store: Arc<MemoryMetadataStore>) -> CoordinatorOptions {
+        CoordinatorOptions {
+            store,
+            state: None,
+            launcher: None,
+            heartbeat_interval: Duration::from_millis(100),
+            heartbeat_timeout: Duration::from_secs(1),
+            master: MasterConfig {
+                workers: 1,
+                restart: RestartPolicy::default(),
+                deploy_timeout: Duration::from_secs(1),
+                network: pbc::NetworkConfig::default(),
+                metrics_interval_ms: 0,
+                coordinator_id: "c2".into(),
+                state_id: None,
+            },
+        }
+    }
+
+    /// A coordinator that died while a rescale 2 → 4 deployed its new attempt left the
+    /// rescale's checkpoint (at 2), one checkpoint at 4, and a corrupt newer one.
+    #[tokio::test]
+    async fn a_new_coordinator_resumes_from_the_newest_valid_checkpoint_at_its_parallelism() {
+        let store = Arc::new(MemoryMetadataStore::new());
+        let put = |path: &str, bytes: Bytes| store.overwrite(path, bytes);
+        put("jobs/j-1/job", Bytes::from(graph(2).encode_to_vec()));
+        put("jobs/j-1/workers", Bytes::from_static(b"2"));
+        put(&checkpoint_path("j-1", 5).unwrap(), checkpoint(5, 2));
+        put(&checkpoint_path("j-1", 6).unwrap(), checkpoint(6, 4));
+        put(
+            &checkpoint_path("j-1", 7).unwrap(),
+            Bytes::from_static(b"torn"),
+        );
+        let c = Coordinator::new(options(store.clone()));
+        assert_eq!(c.resume_jobs().await.unwrap(), vec!["j-1".to_string()]);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            let s = c.status("j-1").unwrap();
+            if s.waiting_for.is_some() || tokio::time::Instant::now() >= deadline {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(status.state, JobState::Scheduling, "{status:?}");
+        assert_eq!(status.last_checkpoint, Some(6));
+        assert_eq!(status.parallelism, 4);
+        assert_eq!(
+            status.waiting_for.as_deref(),
+            Some("workers with a free slot: 0 of 2")
+        );
+        // A job that is not running takes no savepoint and says why.
+        let refused = c.savepoint("j-1", "sp").await.unwrap_err();
+        assert!(refused.to_string().contains("being scheduled"), "{refused}");
+        c.cancel("j-1").await.unwrap();
+        let ended = c.wait("j-1").await.unwrap();
+        assert_eq!(ended.state, JobState::Cancelled);
+        assert!(store.get("jobs/j-1/end").await.unwrap().is_some());
+    }
 }

@@ -11,8 +11,15 @@
 //! - Stopping with a savepoint commits what the savepoint covers, and resubmitting from it
 //!   at another parallelism gives the output of one uninterrupted run: no duplicate, no
 //!   gap.
-//! - Bad requests get 400/404 and exit code 2 with messages naming what was wrong; a
-//!   corrupt newest checkpoint makes the coordinator resume from the one before.
+//! - Bad requests get 400/404/413/415 in one JSON shape naming the field, and exit code 2
+//!   with messages naming what was wrong; a job file over 4 MiB is refused before it is
+//!   parsed; a corrupt newest checkpoint makes the coordinator resume from the one
+//!   before.
+//! - A stop with a savepoint after rescaling above the source's split count does not
+//!   wait for the source subtasks without splits; a rescale to the current parallelism
+//!   changes nothing.
+//! - A job that asks for more workers than are attached waits for them, saying so,
+//!   without failing; the job commands survive a closed stdout (`| head -1`).
 //!
 //! Every process a test starts is killed when its guard drops, also on panic, and every
 //! wait is bounded. The tests run one at a time (each starts a small cluster and a
@@ -300,11 +307,18 @@ struct Cluster {
     grpc: String,
     state: ServiceProcess,
     coordinator: Option<Coordinator>,
+    /// Arguments every coordinator of the cluster gets besides the usual ones.
+    coordinator_args: Vec<String>,
     workers: Vec<Proc>,
 }
 
 impl Cluster {
     fn start(dir: &Path, workers: usize) -> Self {
+        Self::start_with(dir, workers, &[])
+    }
+
+    /// [`Cluster::start`] with `coordinator_args` for its coordinators.
+    fn start_with(dir: &Path, workers: usize, coordinator_args: &[&str]) -> Self {
         let data = dir.join("state-data");
         let objects = dir.join("state-objects");
         std::fs::create_dir_all(&objects).expect("objects dir");
@@ -329,6 +343,7 @@ impl Cluster {
             grpc: format!("127.0.0.1:{}", free_port()),
             state,
             coordinator: None,
+            coordinator_args: coordinator_args.iter().map(|a| a.to_string()).collect(),
             workers: Vec::new(),
         };
         cluster.start_coordinator();
@@ -341,20 +356,20 @@ impl Cluster {
     /// once it listens.
     fn start_coordinator(&mut self) -> String {
         assert!(self.coordinator.is_none(), "a coordinator is running");
-        let mut proc = Proc::start(
-            &[
-                "coordinator",
-                "--http",
-                "127.0.0.1:0",
-                "--grpc",
-                &self.grpc,
-                "--store",
-                self.store.to_str().expect("UTF-8 path"),
-                "--state-service",
-                &self.state.url(),
-            ],
-            &self.dir,
-        );
+        let state_url = self.state.url();
+        let mut args = vec![
+            "coordinator",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            &self.grpc,
+            "--store",
+            self.store.to_str().expect("UTF-8 path"),
+            "--state-service",
+            &state_url,
+        ];
+        args.extend(self.coordinator_args.iter().map(String::as_str));
+        let mut proc = Proc::start(&args, &self.dir);
         let line = proc.wait_for_line("coordinator listening:", START_TIMEOUT);
         let http = line
             .split_whitespace()
@@ -410,6 +425,27 @@ impl Cluster {
         let mut all = args.to_vec();
         all.extend_from_slice(&["--coordinator", &url]);
         run_sluice(&all, &self.dir)
+    }
+
+    /// `sluice args... --coordinator http://HTTP` with a stdout nobody reads (a pipe whose
+    /// reader is closed, as after `| head -1`): its exit code and stderr.
+    fn sluice_closed_stdout(&mut self, args: &[&str]) -> (Option<i32>, String) {
+        let url = format!("http://{}", self.coordinator().http);
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let output = Command::new(sluice_bin())
+            .args(args)
+            .args(["--coordinator", &url])
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("running sluice");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
     }
 
     /// The JSON answer of `sluice args... --json`, which must succeed.
@@ -619,27 +655,48 @@ fn tail(s: &str, max: usize) -> &str {
     &s[at..]
 }
 
-/// A minimal HTTP/1.1 request (`Connection: close`) to `addr`; the status code and the
-/// body parsed as JSON (a string when it is not JSON).
+/// A minimal HTTP/1.1 request (`Connection: close`) to `addr` with a JSON body; the
+/// status code and the body parsed as JSON (a string when it is not JSON).
 fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    http_request_as(addr, method, path, Some("application/json"), body)
+}
+
+/// [`http_request`] with the body's `content_type` (none: no header). The body is sent
+/// from its own thread and a failed send is ignored: a server may answer and close
+/// before it read all of a body it refuses.
+fn http_request_as(
+    addr: &str,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: Option<&str>,
+) -> (u16, Value) {
     let mut stream =
         TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .expect("read timeout");
-    let body = body.unwrap_or("");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+    let body = body.unwrap_or("").to_owned();
+    let content_type = content_type
+        .map(|t| format!("Content-Type: {t}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{content_type}\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream
-        .write_all(request.as_bytes())
-        .unwrap_or_else(|e| panic!("sending {method} {path}: {e}"));
+    let mut sender = stream.try_clone().expect("cloning the stream");
+    let sending = std::thread::spawn(move || {
+        let _ = sender
+            .write_all(head.as_bytes())
+            .and_then(|()| sender.write_all(body.as_bytes()));
+    });
     let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .unwrap_or_else(|e| panic!("reading the answer to {method} {path}: {e}"));
+    let read = stream.read_to_end(&mut raw);
+    let _ = sending.join();
+    if raw.is_empty() {
+        panic!("no answer to {method} {path}: {read:?}");
+    }
     let raw = String::from_utf8_lossy(&raw).into_owned();
     let (head, rest) = raw
         .split_once("\r\n\r\n")
@@ -901,6 +958,78 @@ fn bad_requests_get_clear_errors() {
         "{body}"
     );
 
+    // A field of the wrong type names the field, not its value.
+    let (code, body) = http_request(&http, "POST", "/v1/jobs", Some(r#"{"job": 123}"#));
+    eprintln!("wrong type: {code} {body}");
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(body["field"], "job", "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| e.contains("123")),
+        "{body}"
+    );
+
+    // No workers is not a number of workers.
+    let zero = serde_json::json!({ "job": "name: x\n", "workers": 0 }).to_string();
+    let (code, body) = http_request(&http, "POST", "/v1/jobs", Some(&zero));
+    eprintln!("workers 0: {code} {body}");
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(body["field"], "workers", "{body}");
+
+    // A body that says it is text is not parsed as JSON.
+    let (code, body) = http_request_as(
+        &http,
+        "POST",
+        "/v1/jobs",
+        Some("text/plain"),
+        Some(r#"{"job": "name: x"}"#),
+    );
+    eprintln!("text/plain: {code} {body}");
+    assert_eq!(code, 415, "{body}");
+    assert_eq!(body["field"], "content-type", "{body}");
+
+    // A 10 MB body: 413 in the same JSON shape.
+    let huge = format!(r#"{{"job": "{}"}}"#, "x".repeat(10 << 20));
+    let (code, body) = http_request(&http, "POST", "/v1/jobs", Some(&huge));
+    eprintln!("10 MB body: {code} {body}");
+    assert_eq!(code, 413, "{body}");
+    assert_eq!(body["field"], "body", "{body}");
+    assert!(body["error"].is_string(), "{body}");
+
+    // A job file over 4 MiB, through REST and through the CLI: refused before parsing,
+    // naming the file and the limit.
+    let mut big = String::from("name: big\n");
+    let mut i = 0u64;
+    while big.len() <= 5 << 20 {
+        big.push_str(&format!("junk_key_{i}: {i}\n"));
+        i += 1;
+    }
+    let request = serde_json::json!({ "job": big, "file": "big.yaml" }).to_string();
+    let (code, body) = http_request(&http, "POST", "/v1/jobs", Some(&request));
+    eprintln!("5 MiB job: {code} {body}");
+    assert_eq!(code, 413, "{body}");
+    assert_eq!(body["field"], "job", "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("big.yaml") && e.contains("4 MiB")),
+        "{body}"
+    );
+    let big_job = write_job(dir.path(), "big.yaml", &big);
+    let big_path = big_job.to_str().expect("UTF-8 path");
+    for args in [vec!["submit", big_path], vec!["run", big_path]] {
+        let outcome = if args[0] == "run" {
+            run_sluice(&args, dir.path())
+        } else {
+            cluster.sluice(&args)
+        };
+        outcome
+            .assert_code(2)
+            .assert_no_panic()
+            .assert_stderr_contains("big.yaml")
+            .assert_stderr_contains("limited to 4 MiB");
+        eprintln!("{}: {}", outcome.command, outcome.stderr.trim());
+    }
+
     // Unknown job and unknown endpoint.
     let (code, body) = http_request(&http, "GET", "/v1/jobs/nope", None);
     assert_eq!(code, 404, "{body}");
@@ -908,9 +1037,11 @@ fn bad_requests_get_clear_errors() {
         body["error"].as_str().is_some_and(|e| e.contains("nope")),
         "{body}"
     );
+    assert_eq!(body["field"], "id", "{body}");
     let (code, body) = http_request(&http, "GET", "/v1/nothing-here", None);
     assert_eq!(code, 404, "{body}");
     assert!(body["error"].is_string(), "{body}");
+    assert_eq!(body["field"], "path", "{body}");
 
     // The same through the CLI: exit code 2 with a message.
     let outcome = cluster.sluice(&["status", "nope"]);
@@ -1006,4 +1137,143 @@ fn a_corrupt_newest_checkpoint_resumes_the_job_from_the_one_before() {
     cluster.start_workers(2);
     cluster.wait_finished(&id);
     assert_output_matches(&out, &dir.path().join("reference"), &expected);
+}
+
+/// The stateless job reading 8 splits (`rate` 0: unthrottled).
+fn eight_splits_job(out: &Path, rate: u64) -> String {
+    stateless_job(out, rate).replace("splits: 4", "splits: 8")
+}
+
+#[test]
+fn stop_with_a_savepoint_after_rescaling_above_the_split_count() {
+    let _serial = serial();
+    let dir = tempdir();
+    let Started {
+        expected,
+        mut cluster,
+        out,
+        job,
+        id,
+    } = start(dir.path(), eight_splits_job, &[], 2);
+    cluster.wait_checkpoint(&id, 1);
+
+    // 16 source subtasks for 8 splits: half of them have nothing to read.
+    let answer = cluster.json(&["rescale", &id, "--parallelism", "16"]);
+    eprintln!("rescale to 16: {answer}");
+    assert_eq!(answer["unchanged"], false, "{answer}");
+    let checkpoint = answer["checkpoint_id"].as_u64().expect("checkpoint_id");
+    // The same parallelism again changes nothing and says so.
+    let attempt = cluster.status(&id)["attempt"].clone();
+    let again = cluster.json(&["rescale", &id, "--parallelism", "16"]);
+    eprintln!("rescale to 16 again: {again}");
+    assert_eq!(again["unchanged"], true, "{again}");
+    assert!(
+        again["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("already")),
+        "{again}"
+    );
+    assert_eq!(
+        cluster.status(&id)["attempt"],
+        attempt,
+        "nothing was redeployed"
+    );
+    let human = cluster.sluice(&["rescale", &id, "--parallelism", "16"]);
+    human.assert_success();
+    assert!(human.stdout.contains("already"), "{}", human.stdout);
+    cluster.wait_checkpoint(&id, checkpoint + 1);
+
+    // Every task, with a split or without, confirms the savepoint's commit: the stop
+    // answers without a warning (a task that did not confirm within 30 s would give one).
+    let stopped = cluster.json(&["stop", &id, "--savepoint", "sp16"]);
+    eprintln!("stop: {stopped}");
+    assert!(stopped.get("warning").is_none(), "{stopped}");
+    let path = stopped["savepoint"]
+        .as_str()
+        .expect("a savepoint path")
+        .to_owned();
+    cluster.wait_status(&id, "cancelled", START_TIMEOUT, |s| {
+        s["state"] == "cancelled"
+    });
+    // The rescale left no savepoint behind: only the one asked for.
+    let savepoints = cluster.store.join("jobs").join(&id).join("savepoints");
+    let (saved, _) = names(&savepoints);
+    assert_eq!(saved, vec!["sp16".to_string()], "savepoints of {id}");
+    let (_, hidden) = names(&out);
+    eprintln!("hidden files after the stop: {hidden:?}");
+    assert!(
+        !hidden.iter().any(|n| n.contains(".pending-")),
+        "output of the savepoint left uncommitted: {hidden:?}"
+    );
+
+    let resumed = cluster.submit(
+        &job,
+        &[
+            "--from-savepoint",
+            &path,
+            "--parallelism",
+            "2",
+            "--workers",
+            "2",
+        ],
+    );
+    cluster.wait_finished(&resumed);
+    assert_output_matches(&out, &dir.path().join("reference"), &expected);
+}
+
+#[test]
+fn a_job_waits_for_the_workers_it_lacks_without_failing() {
+    let _serial = serial();
+    let dir = tempdir();
+    // Deployments time out after 1 s: waiting for workers must not count against it.
+    let mut cluster = Cluster::start_with(dir.path(), 2, &["--deploy-timeout-ms", "1000"]);
+    let out = dir.path().join("out");
+    let job = write_job(dir.path(), "job.yaml", &stateless_job(&out, 10_000));
+    let id = cluster.submit(&job, &["--workers", "3"]);
+    let waiting = |s: &Value| {
+        s["waiting_for"]
+            .as_str()
+            .is_some_and(|w| w.contains("2 of 3"))
+    };
+    let status = cluster.wait_status(&id, "waiting for a third worker", START_TIMEOUT, waiting);
+    eprintln!("waiting: {status:#}");
+    std::thread::sleep(Duration::from_secs(4));
+    let status = cluster.status(&id);
+    assert_eq!(status["state"], "scheduling", "{status:#}");
+    assert!(waiting(&status), "{status:#}");
+    assert_eq!(status["restarts"], 0, "{status:#}");
+    assert_eq!(status["failure"], Value::Null, "{status:#}");
+    let human = cluster.sluice(&["status", &id]);
+    human.assert_success();
+    assert!(
+        human
+            .stdout
+            .contains("waiting_for: workers with a free slot: 2 of 3"),
+        "{}",
+        human.stdout
+    );
+
+    // The job commands survive a reader that goes away (`| head -1`).
+    for args in [
+        vec!["status", id.as_str()],
+        vec!["checkpoints", id.as_str()],
+        vec!["jobs"],
+        vec!["status", id.as_str(), "--json"],
+    ] {
+        let (code, stderr) = cluster.sluice_closed_stdout(&args);
+        assert_eq!(
+            code,
+            Some(0),
+            "sluice {args:?} with a closed stdout: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "sluice {args:?}: {stderr}");
+    }
+
+    // The third worker: the job runs.
+    cluster.start_workers(1);
+    cluster.wait_status(&id, "running", START_TIMEOUT, |s| s["state"] == "running");
+    let status = cluster.status(&id);
+    assert_eq!(status["restarts"], 0, "{status:#}");
+    assert_eq!(status["waiting_for"], Value::Null, "{status:#}");
+    cluster.sluice(&["cancel", &id]).assert_success();
 }

@@ -10,8 +10,9 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use crate::run::load_job;
+use crate::run::load_job_text;
 use crate::{Failure, runtime};
+use sluice_common::outln;
 
 /// Where the coordinator is and how to print.
 #[derive(Args, Clone)]
@@ -121,7 +122,7 @@ pub fn run(command: JobCommand) -> Result<(), Failure> {
     let url = format!("{base}{path}");
     let value = runtime()?.block_on(call(method, &url, body))?;
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&value).unwrap_or_default()
         );
@@ -143,15 +144,13 @@ fn request(
             parallelism,
             from_savepoint,
         } => {
-            let graph = load_job(&job)?;
+            let (text, graph) = load_job_text(&job)?;
             runtime()?
                 .block_on(sluice_compute::plan::plan(
                     graph,
                     sluice_connectors::Builtin::shared(),
                 ))
                 .map_err(Failure::from_compute)?;
-            let text = std::fs::read_to_string(&job)
-                .map_err(|e| Failure::usage(format!("cannot read {}: {e}", job.display())))?;
             let body = json!({
                 "job": text,
                 "file": job.display().to_string(),
@@ -267,7 +266,7 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) {
             .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        println!("{}", parts.join("  ").trim_end());
+        outln!("{}", parts.join("  ").trim_end());
     };
     line(header.iter().map(|h| h.to_string()).collect());
     for r in rows {
@@ -278,7 +277,7 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) {
 fn print_human(path: &str, v: &Value) {
     if path == "/v1/jobs" {
         if let Some(id) = v.get("id") {
-            println!("{}", id.as_str().unwrap_or_default());
+            outln!("{}", id.as_str().unwrap_or_default());
             return;
         }
         let rows = v
@@ -352,9 +351,9 @@ fn print_human(path: &str, v: &Value) {
                 Value::String(s) => s.clone(),
                 other => other.to_string(),
             };
-            println!("{k}: {shown}");
+            outln!("{k}: {shown}");
         }
     } else {
-        println!("{v}");
+        outln!("{v}");
     }
 }

@@ -49,6 +49,11 @@ pub struct CoordinatorArgs {
     /// Workers print per-task metrics this often (ms; 0: only at the end).
     #[arg(long, default_value_t = 0)]
     metrics_interval_ms: u64,
+    /// Workers that hold a job's slots must bind their data ports within this long
+    /// (ms), and then deploy their tasks within as long again, or the attempt fails.
+    /// Waiting for free slots has no limit.
+    #[arg(long, default_value_t = 30_000)]
+    deploy_timeout_ms: u64,
 }
 
 /// Runs `sluice coordinator` until interrupted.
@@ -68,17 +73,19 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
                 endpoint: e.clone(),
             }) as Arc<dyn StateConnector>
         });
+        let mut master = master_config(
+            args.workers.max(1),
+            &NetworkConfig::default(),
+            args.metrics_interval_ms,
+        );
+        master.deploy_timeout = Duration::from_millis(args.deploy_timeout_ms.max(1));
         let coordinator = Coordinator::new(CoordinatorOptions {
             store: Arc::new(store),
             state: connector,
             launcher: None,
             heartbeat_interval: Duration::from_millis(args.heartbeat_interval_ms),
             heartbeat_timeout: Duration::from_millis(args.heartbeat_timeout_ms),
-            master: master_config(
-                args.workers.max(1),
-                &NetworkConfig::default(),
-                args.metrics_interval_ms,
-            ),
+            master,
         });
         let (grpc, grpc_addr) = service::bind(&args.grpc, "workers")
             .await

@@ -321,8 +321,10 @@ impl Task {
 
     /// Under the coordinator, a task that finished its input stays until the job's final
     /// checkpoint completed: its sinks commit their last output only then, so a restore
-    /// never repeats output that was already visible. Source tasks that finished early
-    /// also take part in the job's periodic checkpoints meanwhile.
+    /// never repeats output that was already visible. Meanwhile it still takes part in
+    /// the job's checkpoints: a source task acknowledges triggers (one without splits
+    /// finishes at once), and every task passes completed checkpoints on and confirms
+    /// them.
     async fn await_final_checkpoint(&mut self, mut cancel: watch::Receiver<bool>) -> Result<()> {
         let Some(link) = self.link.as_ref() else {
             return Ok(());
@@ -338,6 +340,12 @@ impl Task {
             let done = *link.completed.borrow();
             if taken > 0 && done >= taken {
                 return self.pass_on_completed(taken).await;
+            }
+            if done > link.notified {
+                // Still a participant: a completed checkpoint commits what this task's
+                // sinks hold for it, and a stop waits for every task to say so.
+                self.pass_on_completed(done).await?;
+                continue;
             }
             let id = tokio::select! {
                 _ = cancel.changed() => return Err(Error::Cancelled),

@@ -27,7 +27,9 @@
 //! 3. When checkpoint `N` completes ([`commit`](SinkWriter::commit)) every part pending
 //!    for a checkpoint `<= N` is made visible as `part-<i>-<seq>.<ext>`.
 //! 4. At the end of a bounded input ([`finish`](SinkWriter::finish)) the job is over:
-//!    every pending part and the current part are committed.
+//!    every pending part and the current part are committed. Under the coordinator a
+//!    finished task still takes part in checkpoints: a barrier after finish has nothing
+//!    to pre-commit.
 //!
 //! ## Why S3 parts are complete objects while pending
 //!
@@ -342,10 +344,11 @@ impl SinkWriter for FileWriter {
 
     async fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<String>> {
         if self.finished {
-            return Err(Error::Internal(format!(
-                "barrier {checkpoint} at {} after finish",
-                self.dir.display("")
-            )));
+            // A task that finished its input still takes part in checkpoints; its sink
+            // committed everything it wrote when it finished (and refuses writes since),
+            // so there is nothing to pre-commit.
+            tracing::debug!(checkpoint, dir = %self.dir.display(""), "barrier after finish: nothing to pre-commit");
+            return Ok(self.pending());
         }
         if !self.two_phase {
             // The job checkpoints: from now on parts are numbered and committed in two

@@ -390,3 +390,27 @@ async fn recovery_after_records_were_written_is_refused() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_finished_writer_takes_later_barriers_with_nothing_to_pre_commit() {
+    // A task that finished its input passes a completed checkpoint on (the sink commits
+    // and finishes) and then still takes part in the job's next checkpoints.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let format = pb::FileFormat::Jsonl;
+    let mut w = writer(dir, format, 0, 1).await;
+    w.write(&batch(0..10)).await.unwrap();
+    w.pre_commit(1).await.unwrap();
+    w.commit(1).await.unwrap();
+    w.finish().await.unwrap();
+    assert_eq!(visible_ids(dir, format).await, range(0..10));
+    assert!(w.pre_commit(2).await.unwrap().is_empty());
+    w.commit(2).await.unwrap();
+    w.finish().await.unwrap();
+    assert!(
+        w.write(&batch(10..11)).await.is_err(),
+        "no write after finish"
+    );
+    assert_eq!(visible_ids(dir, format).await, range(0..10));
+    assert!(names(dir).1.is_empty(), "nothing hidden: {:?}", names(dir));
+}

@@ -358,6 +358,13 @@ impl CheckpointProtocol {
         self.abort_all(now, AbortReason::JobFailover)
     }
 
+    /// The graph future checkpoints record (a rescale changed its parallelism), so a
+    /// coordinator that resumes from one of them runs the job as it was then.
+    pub fn set_job_graph(&mut self, job_graph: Bytes, parallelism: BTreeMap<u32, u32>) {
+        self.job.job_graph = job_graph;
+        self.job.parallelism = parallelism;
+    }
+
     /// Aborts every checkpoint still collecting acknowledgements (a task failed).
     /// Checkpoints being committed are left to their write's outcome.
     pub fn abort_all(&mut self, now: u64, reason: AbortReason) -> Vec<Action> {
@@ -1187,6 +1194,21 @@ mod tests {
             p.acknowledge(now2, ack(id2, TaskId::new(2, 0))).is_empty(),
             "old task"
         );
+    }
+
+    #[test]
+    fn checkpoints_after_a_rescale_record_the_new_graph() {
+        let mut p = protocol(config());
+        let (_, acts) = complete_one(&mut p);
+        assert!(!acts.is_empty());
+        p.set_job_graph(
+            Bytes::from_static(b"graph at 4"),
+            BTreeMap::from([(1, 4), (2, 4)]),
+        );
+        let (id, now) = next_checkpoint(&mut p);
+        let (_, meta) = write_of(&ack_all(&mut p, now, id));
+        assert_eq!(meta.job_graph, Bytes::from_static(b"graph at 4"));
+        assert_eq!(meta.parallelism, BTreeMap::from([(1, 4), (2, 4)]));
     }
 
     #[test]

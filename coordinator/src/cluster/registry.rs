@@ -1,9 +1,15 @@
 //! The workers attached to this coordinator and who owns their slots.
 //!
-//! Every worker's control stream feeds [`Registry::deliver`]; messages of a worker that
-//! a job owns go to that job's mailbox, heartbeats only refresh the worker. A worker is
-//! lost when its stream ends or it misses heartbeats for the timeout
-//! ([`Registry::reap`]); its jobs hear of it as [`JobInput::Lost`].
+//! Every worker's control stream feeds [`Registry::deliver`]; messages of a worker whose
+//! slot a job holds go to that job's [`WorkerEvent`] channel, heartbeats only refresh the
+//! worker. A worker is lost when its stream ends or it misses heartbeats for the timeout
+//! ([`Registry::reap`]); the jobs holding its slots hear of it as [`WorkerEvent::Lost`].
+//!
+//! ## What it must not know
+//!
+//! Jobs are names with a channel here: the registry knows workers, slots and heartbeats,
+//! and nothing of what a job does with them (no type of `crate::job`). Whoever holds a
+//! slot decides what a message or a loss means.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -13,10 +19,30 @@ use sluice_common::pb::cluster as pbc;
 use sluice_common::pb::cluster::{coordinator_message as cm, worker_message as wm};
 use tokio::sync::{Notify, mpsc};
 
-use crate::job::master::JobInput;
-
 /// Sends control messages to one worker.
 pub type WorkerTx = mpsc::UnboundedSender<Result<pbc::CoordinatorMessage, tonic::Status>>;
+
+/// What a job hears about the workers whose slots it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerEvent {
+    /// A control message from the worker (never a heartbeat).
+    Message {
+        /// The worker.
+        worker: String,
+        /// The message.
+        msg: wm::Msg,
+    },
+    /// The worker is gone: its stream ended or it missed its heartbeats.
+    Lost {
+        /// The worker.
+        worker: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Where a job's [`WorkerEvent`]s go.
+pub type JobEvents = mpsc::UnboundedSender<WorkerEvent>;
 
 /// One attached worker.
 #[derive(Debug)]
@@ -74,7 +100,7 @@ impl WorkerHandle {
 #[derive(Default)]
 struct Inner {
     workers: BTreeMap<String, Worker>,
-    mailboxes: HashMap<String, mpsc::UnboundedSender<JobInput>>,
+    jobs: HashMap<String, JobEvents>,
     next_seq: u64,
 }
 
@@ -139,8 +165,8 @@ impl Registry {
         }
         let owners = w.owners.clone();
         for job in owners {
-            if let Some(mb) = inner.mailboxes.get(&job) {
-                let _ = mb.send(JobInput::Worker {
+            if let Some(events) = inner.jobs.get(&job) {
+                let _ = events.send(WorkerEvent::Message {
                     worker: id.to_string(),
                     msg: msg.clone(),
                 });
@@ -160,8 +186,8 @@ impl Registry {
             tracing::warn!(worker = id, pid = w.pid, "worker lost: {reason}");
         }
         for job in &w.owners {
-            if let Some(mb) = inner.mailboxes.get(job) {
-                let _ = mb.send(JobInput::Lost {
+            if let Some(events) = inner.jobs.get(job) {
+                let _ = events.send(WorkerEvent::Lost {
                     worker: id.to_string(),
                     reason: reason.to_string(),
                 });
@@ -184,14 +210,14 @@ impl Registry {
         }
     }
 
-    /// Registers `job`'s mailbox.
-    pub fn add_job(&self, job: &str, mailbox: mpsc::UnboundedSender<JobInput>) {
-        self.lock().mailboxes.insert(job.to_string(), mailbox);
+    /// Sends what happens to the workers `job` holds slots on to `events`.
+    pub fn add_job(&self, job: &str, events: JobEvents) {
+        self.lock().jobs.insert(job.to_string(), events);
     }
 
-    /// Forgets `job`: its mailbox and its slots.
+    /// Forgets `job`: its channel and its slots.
     pub fn remove_job(&self, job: &str) {
-        self.lock().mailboxes.remove(job);
+        self.lock().jobs.remove(job);
         self.release(job);
     }
 
@@ -245,6 +271,15 @@ impl Registry {
             .workers
             .values()
             .filter(|w| w.owners.len() < w.slots as usize)
+            .count()
+    }
+
+    /// Number of workers `job` could take a slot on now (a free slot, none of it `job`'s).
+    pub fn free_for(&self, job: &str) -> usize {
+        self.lock()
+            .workers
+            .values()
+            .filter(|w| w.owners.len() < w.slots as usize && !w.owners.iter().any(|o| o == job))
             .count()
     }
 
@@ -319,8 +354,14 @@ mod tests {
             .collect();
         assert_eq!(got, vec![b.clone(), c.clone()]);
         assert_eq!(r.free_workers(), 0);
+        assert_eq!(r.free_for("j3"), 0);
         r.release("j1");
         assert_eq!(r.free_workers(), 2);
+        assert_eq!(
+            r.free_for("j2"),
+            1,
+            "a is free; b's free slot is no use to j2"
+        );
     }
 
     #[test]
@@ -335,10 +376,10 @@ mod tests {
         let w = r.acquire("j1", 1).unwrap();
         assert_eq!(w[0].id, a);
         r.deliver(&a, wm::Msg::Prepared(pbc::Prepared::default()));
-        assert!(matches!(rx1.try_recv(), Ok(JobInput::Worker { .. })));
+        assert!(matches!(rx1.try_recv(), Ok(WorkerEvent::Message { .. })));
         std::thread::sleep(Duration::from_millis(2));
         r.reap();
-        assert!(matches!(rx1.try_recv(), Ok(JobInput::Lost { worker, .. }) if worker == a));
+        assert!(matches!(rx1.try_recv(), Ok(WorkerEvent::Lost { worker, .. }) if worker == a));
         assert!(rx2.try_recv().is_err(), "j2 used no worker");
         assert!(!r.is_attached(&a));
         assert!(r.view().is_empty(), "both timed out");

@@ -78,12 +78,38 @@ pub struct JobSpecError {
     pub message: String,
 }
 
+/// The largest job file accepted (4 MiB). A job is a few hundred lines; a file far
+/// larger is a mistake, and parsing it first would cost its size many times over in
+/// memory and time before the error at its first line.
+pub const MAX_JOB_FILE_BYTES: usize = 4 << 20;
+
+/// Why a job file of `bytes` bytes is refused, if it is: larger than
+/// [`MAX_JOB_FILE_BYTES`].
+pub fn job_file_too_large(file: &str, bytes: u64) -> Option<String> {
+    (bytes > MAX_JOB_FILE_BYTES as u64).then(|| {
+        format!(
+            "job file {file} is {:.1} MiB; job files are limited to {} MiB",
+            bytes as f64 / (1 << 20) as f64,
+            MAX_JOB_FILE_BYTES >> 20
+        )
+    })
+}
+
 /// Parses the job file `text`; `file` names it in errors and in `JobGraph.origin_file`.
 ///
 /// # Errors
-/// The first mistake found, with its position: YAML syntax, an unknown or missing key, a
-/// value of the wrong type or out of range, or an inconsistent pipeline.
+/// The first mistake found, with its position: a file larger than
+/// [`MAX_JOB_FILE_BYTES`] (refused before it is parsed), YAML syntax, an unknown or
+/// missing key, a value of the wrong type or out of range, or an inconsistent pipeline.
 pub fn parse_job(file: &str, text: &str) -> Result<pb::JobGraph, JobSpecError> {
+    if let Some(message) = job_file_too_large(file, text.len() as u64) {
+        return Err(JobSpecError {
+            file: file.to_owned(),
+            line: 1,
+            column: 1,
+            message,
+        });
+    }
     let spec = marked_yaml::parse(text)
         .and_then(|root| decode::job(&root))
         .map_err(|error| JobSpecError {

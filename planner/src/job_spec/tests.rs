@@ -815,3 +815,22 @@ fn checkpoint_settings_parse_with_positions() {
     assert!(err.starts_with("job.yaml:2:"), "{err}");
     assert!(err.contains("sometimes"), "{err}");
 }
+
+#[test]
+fn a_job_file_over_the_limit_is_refused_before_it_is_parsed() {
+    // Unique junk keys: parsing this would build a map of every one of them first.
+    let mut text = String::from("name: t\n");
+    let mut i = 0u64;
+    while text.len() <= crate::job_spec::MAX_JOB_FILE_BYTES {
+        text.push_str(&format!("junk_key_{i}: {i}\n"));
+        i += 1;
+    }
+    let err = crate::job_spec::parse_job("big.yaml", &text).unwrap_err();
+    assert_eq!((err.line, err.column), (1, 1));
+    let message = err.to_string();
+    assert!(
+        message.starts_with("big.yaml:1:1: job file big.yaml is 4.0 MiB")
+            && message.contains("limited to 4 MiB"),
+        "{message}"
+    );
+}

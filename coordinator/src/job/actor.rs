@@ -1,0 +1,340 @@
+//! A job's actor: the one mailbox loop where the job's I/O happens.
+//!
+//! [`JobActor`] owns the job's [`Driver`] and everything the driver must not touch: the
+//! worker registry (slots, control streams), the `_metadata` store, the state service
+//! (through [`JobStateShards`]), the worker launcher, the answer channels of user
+//! commands, and the published status. Its loop waits (biased) on user commands, the
+//! workers' events, free slots when it waits for some, and the driver's next deadline;
+//! hands what happened to the driver; and carries out the [`Action`]s it returns in
+//! order, feeding each result back as an event at once. It decides nothing: a question
+//! about the job's life goes to the driver.
+//!
+//! It knows the registry only through its public API and routes nothing: worker
+//! messages arrive on the channel the registry was given for this job.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+
+use super::command::{Command, ReplyId, Responder};
+use super::driver::{Action, Driver, End, Event, Failure};
+use super::lifecycle::JobState;
+use super::ports::{JobStateShards, StateConnector, WorkerLauncher};
+use super::status::JobStatus;
+use crate::checkpoint::metadata;
+use crate::checkpoint::store::{self, MetadataStore};
+use crate::cluster::registry::{Registry, WorkerEvent, WorkerHandle};
+
+/// How often a job waiting for slots looks again even without news from the registry.
+const SLOT_POLL: Duration = Duration::from_millis(200);
+
+/// Wall-clock milliseconds since the Unix epoch: the driver's time.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// What the actor reaches the world through.
+pub(crate) struct Ports {
+    pub registry: Arc<Registry>,
+    pub store: Arc<dyn MetadataStore>,
+    pub state_connector: Option<Arc<dyn StateConnector>>,
+    pub launcher: Option<Arc<dyn WorkerLauncher>>,
+    /// Whose shards in the state service the job uses.
+    pub state_id: String,
+}
+
+/// One job's actor: see the module docs.
+pub(crate) struct JobActor {
+    id: String,
+    driver: Driver,
+    ports: Ports,
+    commands: mpsc::UnboundedReceiver<Command>,
+    events: mpsc::UnboundedReceiver<WorkerEvent>,
+    status: watch::Sender<JobStatus>,
+    published: u64,
+    shards: Option<Arc<dyn JobStateShards>>,
+    /// The job's slots, by worker.
+    workers: HashMap<String, WorkerHandle>,
+    /// Slots wanted and not held yet.
+    wanted: Option<usize>,
+    /// Workers free for the job when last told to the driver.
+    told_free: Option<usize>,
+    replies: HashMap<ReplyId, Responder>,
+    next_reply: u64,
+}
+
+impl JobActor {
+    /// The actor of `driver`'s job `id`.
+    pub(crate) fn new(
+        id: String,
+        driver: Driver,
+        ports: Ports,
+        commands: mpsc::UnboundedReceiver<Command>,
+        events: mpsc::UnboundedReceiver<WorkerEvent>,
+        status: watch::Sender<JobStatus>,
+    ) -> Self {
+        Self {
+            id,
+            driver,
+            ports,
+            commands,
+            events,
+            status,
+            published: 0,
+            shards: None,
+            workers: HashMap::new(),
+            wanted: None,
+            told_free: None,
+            replies: HashMap::new(),
+            next_reply: 0,
+        }
+    }
+
+    /// Runs the job to its end; returns how it ended.
+    pub(crate) async fn run(mut self) -> JobState {
+        let first = self.driver.start(now_ms());
+        self.execute(first).await;
+        let (mut commands_open, mut events_open) = (true, true);
+        let end = loop {
+            if let Some(end) = self.driver.end() {
+                break end;
+            }
+            let deadline = self.driver.next_deadline().map(|at| {
+                let wait = at.saturating_sub(now_ms());
+                tokio::time::Instant::now() + Duration::from_millis(wait)
+            });
+            let event = tokio::select! {
+                biased;
+                command = self.commands.recv(), if commands_open => match command {
+                    Some(c) => Some(self.request(c)),
+                    None => {
+                        // Nobody can ask anything any more; the job goes on.
+                        commands_open = false;
+                        None
+                    }
+                },
+                event = self.events.recv(), if events_open => match event {
+                    Some(WorkerEvent::Message { worker, msg }) => Some(Event::Worker { worker, msg }),
+                    Some(WorkerEvent::Lost { worker, reason }) => Some(Event::WorkerLost { worker, reason }),
+                    None => {
+                        // Cannot happen while the registry holds the job (this actor
+                        // holds the registry); deadlines still apply.
+                        events_open = false;
+                        None
+                    }
+                },
+                () = self.ports.registry.wait_for_change(SLOT_POLL), if self.wanted.is_some() => {
+                    self.try_acquire()
+                }
+                () = sleep_until(deadline) => Some(Event::Tick),
+            };
+            if let Some(event) = event {
+                let actions = self.driver.on_event(now_ms(), event);
+                self.execute(actions).await;
+            }
+        };
+        self.finish(end).await;
+        end.state
+    }
+
+    /// Registers `c`'s answer channel; the request for the driver.
+    fn request(&mut self, c: Command) -> Event {
+        let (request, responder) = c.split();
+        self.next_reply += 1;
+        let reply = ReplyId(self.next_reply);
+        self.replies.insert(reply, responder);
+        Event::Request { reply, request }
+    }
+
+    /// Cleans up after the end: slots, the registry's channel, the end marker.
+    async fn finish(&mut self, end: End) {
+        self.ports.registry.remove_job(&self.id);
+        self.workers.clear();
+        for (_, r) in self.replies.drain() {
+            r.send(Err("the job has ended".into()));
+        }
+        self.publish(true);
+        if end.record {
+            let marker = format!("jobs/{}/end", self.id);
+            if let Err(e) = self
+                .ports
+                .store
+                .create_if_absent(&marker, Bytes::from(end.state.to_string()))
+                .await
+            {
+                tracing::warn!(job = %self.id, "cannot record the job's end: {e}");
+            }
+        }
+    }
+
+    /// Publishes the driver's status when it changed.
+    fn publish(&mut self, force: bool) {
+        let version = self.driver.status_version();
+        if force || version != self.published {
+            self.published = version;
+            self.status.send_replace(self.driver.status().clone());
+        }
+    }
+
+    /// Carries out `actions` in order, and those their results lead to.
+    async fn execute(&mut self, actions: Vec<Action>) {
+        let mut queue: VecDeque<Action> = actions.into();
+        while let Some(action) = queue.pop_front() {
+            if let Some(event) = self.perform(action).await {
+                queue.extend(self.driver.on_event(now_ms(), event));
+            }
+        }
+        self.publish(false);
+    }
+
+    /// Carries out one action; the event that answers it, if any.
+    async fn perform(&mut self, action: Action) -> Option<Event> {
+        match action {
+            Action::ConnectState => Some(Event::StateConnected(self.connect().await)),
+            Action::AcquireSlots { workers } => {
+                self.wanted = Some(workers);
+                self.told_free = None;
+                self.try_acquire()
+            }
+            Action::ReleaseSlots => {
+                self.wanted = None;
+                self.workers.clear();
+                self.ports.registry.release(&self.id);
+                None
+            }
+            Action::Send { workers, msg } => {
+                for w in &workers {
+                    match self.workers.get(w) {
+                        Some(h) => {
+                            // A broken stream is reported as a lost worker by the registry.
+                            h.send((*msg).clone());
+                        }
+                        None => {
+                            tracing::debug!(job = %self.id, worker = %w, "no slot on this worker: message dropped")
+                        }
+                    }
+                }
+                None
+            }
+            Action::OpenState => Some(Event::StateOpened(match &self.shards {
+                Some(s) => s.open().await,
+                None => Err("the job has no state service connection".into()),
+            })),
+            Action::RollbackState { checkpoint, fence } => {
+                Some(Event::StateRolledBack(match &self.shards {
+                    Some(s) => s.rollback(checkpoint, fence).await,
+                    None => Err("the job has no state service connection".into()),
+                }))
+            }
+            Action::CommitState { id, retained } => Some(Event::StateCommitted {
+                id,
+                result: match &self.shards {
+                    Some(s) => s.commit(id, &retained).await,
+                    None => Ok(()),
+                },
+            }),
+            Action::ReadRestoreBytes => Some(Event::RestoreBytes(match &self.shards {
+                Some(s) => s.restore_bytes().await.unwrap_or(0),
+                None => 0,
+            })),
+            Action::ReadLatestCheckpoint => {
+                let latest = match store::latest_valid(self.ports.store.as_ref(), &self.id).await {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(job = %self.id, "cannot read checkpoints: {e}");
+                        None
+                    }
+                };
+                Some(Event::LatestCheckpoint(latest.map(Box::new)))
+            }
+            Action::WriteMetadata { path, metadata } => {
+                let outcome = self
+                    .ports
+                    .store
+                    .create_if_absent(&path, metadata::encode(&metadata))
+                    .await
+                    .map_err(|e| e.to_string());
+                Some(Event::MetadataWritten { path, outcome })
+            }
+            Action::DeleteCheckpoint { id } => {
+                // Its state versions go with the shards' next commit.
+                let deleted = match store::checkpoint_path(&self.id, id) {
+                    Ok(path) => self
+                        .ports
+                        .store
+                        .delete(&path)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if let Err(e) = deleted {
+                    tracing::warn!(job = %self.id, id, "cannot delete a checkpoint retention let go: {e}");
+                }
+                None
+            }
+            Action::Reply { to, answer } => {
+                match self.replies.remove(&to) {
+                    Some(r) => r.send(answer),
+                    None => tracing::error!(job = %self.id, ?to, "an answer to no request"),
+                }
+                None
+            }
+        }
+    }
+
+    /// The state service's shards of the job, and the reference for its workers.
+    async fn connect(&mut self) -> Result<sluice_common::pb::cluster::RemoteStateRef, Failure> {
+        let Some(connector) = self.ports.state_connector.clone() else {
+            return Err(Failure {
+                reason: "the job keeps its state in a state service, and this coordinator \
+                         knows none (--state-service)"
+                    .into(),
+                user: true,
+            });
+        };
+        let shards = connector
+            .connect(&self.ports.state_id, self.driver.graph())
+            .await
+            .map_err(|e| Failure::system(format!("state service: {e}")))?;
+        let reference = shards.reference();
+        self.shards = Some(shards);
+        Ok(reference)
+    }
+
+    /// Tries to take the slots wanted; the event saying how it went, if it is news.
+    fn try_acquire(&mut self) -> Option<Event> {
+        let n = self.wanted?;
+        if let Some(l) = &self.ports.launcher {
+            l.ensure(n);
+        }
+        match self.ports.registry.acquire(&self.id, n) {
+            Some(handles) => {
+                self.wanted = None;
+                let ids = handles.iter().map(|h| h.id.clone()).collect();
+                self.workers = handles.into_iter().map(|h| (h.id.clone(), h)).collect();
+                Some(Event::SlotsAcquired(ids))
+            }
+            None => {
+                let free = self.ports.registry.free_for(&self.id);
+                (self.told_free != Some(free)).then(|| {
+                    self.told_free = Some(free);
+                    Event::Capacity { free }
+                })
+            }
+        }
+    }
+}
+
+/// Sleeps until `deadline`; forever without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,135 @@
+//! What the REST API shows of a job: [`JobStatus`] and its [`CheckpointRecord`]s.
+//!
+//! Plain data, serialized as `docs/api/openapi.yaml` describes it. The job's driver
+//! (`super::driver`) keeps it up to date as a side effect of its decisions; the job's
+//! actor publishes a copy whenever it changed. Nothing here decides anything.
+
+use crate::checkpoint::metadata::CheckpointMetadata;
+use crate::job::lifecycle::JobState;
+
+/// How many completed checkpoints a status lists.
+pub const CHECKPOINT_HISTORY: usize = 100;
+
+/// A completed checkpoint, as `sluice checkpoints` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CheckpointRecord {
+    /// Its id.
+    pub id: u64,
+    /// Its savepoint name, if any.
+    pub savepoint: Option<String>,
+    /// Trigger to last acknowledgement, ms.
+    pub duration_ms: u64,
+    /// Trigger to the `_metadata` write, ms.
+    pub commit_ms: u64,
+    /// Longest synchronous part of a task, µs.
+    pub max_sync_micros: u64,
+    /// Longest barrier alignment of a task, µs.
+    pub max_alignment_micros: u64,
+    /// When it was triggered (ms since the Unix epoch).
+    pub triggered_at_ms: u64,
+    /// Tasks that acknowledged.
+    pub tasks: usize,
+}
+
+impl CheckpointRecord {
+    /// The record of `m`, committed at `now` (ms since the Unix epoch).
+    pub fn of(m: &CheckpointMetadata, now: u64) -> Self {
+        let max_micros = |f: fn(&crate::checkpoint::TaskFigures) -> std::time::Duration| {
+            m.tasks
+                .iter()
+                .map(|t| f(&t.figures).as_micros() as u64)
+                .max()
+                .unwrap_or(0)
+        };
+        Self {
+            id: m.checkpoint_id,
+            savepoint: m.savepoint.clone(),
+            duration_ms: m.duration().as_millis() as u64,
+            commit_ms: now.saturating_sub(m.triggered_at_ms),
+            max_sync_micros: max_micros(|f| f.sync),
+            max_alignment_micros: max_micros(|f| f.alignment),
+            triggered_at_ms: m.triggered_at_ms,
+            tasks: m.tasks.len(),
+        }
+    }
+}
+
+/// What the REST API shows of a job.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct JobStatus {
+    /// Its id.
+    pub id: String,
+    /// Its name in the job file.
+    pub name: String,
+    /// Where it is in its life.
+    pub state: JobState,
+    /// What the job waits for before it can go on ("workers with a free slot: 2 of 3"),
+    /// while it is not running.
+    pub waiting_for: Option<String>,
+    /// The current deployment attempt (1 for the first).
+    pub attempt: u64,
+    /// Restarts after failures so far.
+    pub restarts: u32,
+    /// Worker processes it runs on.
+    pub workers: Vec<String>,
+    /// Parallelism of its nodes (the largest).
+    pub parallelism: u32,
+    /// Records read and written, from the workers' last reports.
+    pub records_in: u64,
+    /// Records written by the sinks.
+    pub records_out: u64,
+    /// Late records the windows counted (at the end).
+    pub late: u64,
+    /// Malformed records skipped (at the end).
+    pub skipped: u64,
+    /// Checkpoint barriers that reached the sinks (at the end).
+    pub barriers: u64,
+    /// The newest completed checkpoint.
+    pub last_checkpoint: Option<u64>,
+    /// Completed checkpoints, oldest first (the last [`CHECKPOINT_HISTORY`]).
+    pub checkpoints: Vec<CheckpointRecord>,
+    /// Checkpoints aborted so far.
+    pub checkpoints_aborted: u64,
+    /// Why the last attempt failed.
+    pub failure: Option<String>,
+    /// The error was in the job itself (not retried).
+    pub user_error: bool,
+    /// Milliseconds since the Unix epoch when it was submitted.
+    pub submitted_at_ms: u64,
+}
+
+impl JobStatus {
+    /// The status of a job that was just created.
+    pub fn new(id: &str, name: &str, parallelism: u32, now: u64) -> Self {
+        Self {
+            id: id.to_string(),
+            name: name.to_string(),
+            state: JobState::Created,
+            waiting_for: None,
+            attempt: 0,
+            restarts: 0,
+            workers: Vec::new(),
+            parallelism,
+            records_in: 0,
+            records_out: 0,
+            late: 0,
+            skipped: 0,
+            barriers: 0,
+            last_checkpoint: None,
+            checkpoints: Vec::new(),
+            checkpoints_aborted: 0,
+            failure: None,
+            user_error: false,
+            submitted_at_ms: now,
+        }
+    }
+
+    /// Adds a completed checkpoint (keeping the last [`CHECKPOINT_HISTORY`]).
+    pub fn record_checkpoint(&mut self, record: CheckpointRecord) {
+        self.last_checkpoint = Some(record.id);
+        self.checkpoints.push(record);
+        if self.checkpoints.len() > CHECKPOINT_HISTORY {
+            self.checkpoints.remove(0);
+        }
+    }
+}
