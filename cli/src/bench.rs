@@ -14,12 +14,12 @@ use clap::{Args, Subcommand};
 use sluice_bench::JobSummary;
 use sluice_common::pb;
 use sluice_compute::network::NetworkConfig;
+use sluice_compute::state_client::StateServiceConnector;
 use sluice_coordinator::job::master::{MasterConfig, StateConnector};
 use sluice_state_service::RunningStateService;
 
-use crate::cluster::embedded::{self, DriverOptions, master_config};
-use crate::cluster::state::StateServiceConnector;
-use crate::run::{StateArgs, execute};
+use crate::cluster::embedded::{self, RunOptions, master_config};
+use crate::cluster::local_state::StateArgs;
 use crate::state_service::start_embedded;
 use crate::{Failure, runtime};
 
@@ -95,18 +95,13 @@ struct Wiring {
 #[async_trait]
 impl sluice_bench::Host for Wiring {
     fn run_job(&self, graph: pb::JobGraph, workers: u32) -> sluice_bench::Result<JobSummary> {
-        let summary = if workers > 0 {
-            let options = DriverOptions {
-                workers,
-                network: NetworkConfig::default(),
-                metrics_interval_ms: 0,
-            };
-            runtime()
-                .and_then(|rt| rt.block_on(embedded::run(graph, &options, &self.state)))
-                .map_err(Failure::into_bench)?
-        } else {
-            execute(graph, true, &self.state).map_err(Failure::into_bench)?
+        let options = RunOptions {
+            workers,
+            ..RunOptions::default()
         };
+        let summary = runtime()
+            .and_then(|rt| rt.block_on(embedded::run(graph, &options, &self.state)))
+            .map_err(Failure::into_bench)?;
         Ok(JobSummary {
             records_in: summary.records_in,
             records_out: summary.records_out,

@@ -1,11 +1,7 @@
 //! The live progress line of `sluice run` on a terminal.
 
 use std::io::{IsTerminal, Write};
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-use sluice_compute::runtime::metrics::JobMetrics;
 
 /// Formats a count as `1.23M` / `45.6K`.
 pub fn human(n: f64) -> String {
@@ -26,25 +22,21 @@ pub fn event_time(ms: i64) -> String {
 }
 
 fn chrono_like(ms: i64) -> String {
-    // Civil-from-days (Howard Hinnant), to avoid a date dependency in the CLI.
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+    match chrono::DateTime::from_timestamp_millis(ms) {
+        Some(t) => t.format("%Y-%m-%d %H:%M:%S").to_string(),
+        None => format!("{ms} ms"),
+    }
+}
+
+/// What the progress line shows.
+#[derive(Debug, Clone, Copy)]
+pub struct Figures {
+    /// Records read so far.
+    pub records_in: u64,
+    /// Records written so far.
+    pub records_out: u64,
+    /// The sources' smallest watermark, once they have one.
+    pub watermark: Option<i64>,
 }
 
 /// Prints a progress line to stderr every 250 ms while the job runs, when stderr is a terminal.
@@ -54,8 +46,9 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Starts the printer (a no-op when stderr is not a terminal or `quiet`).
-    pub fn start(metrics: Arc<JobMetrics>, quiet: bool) -> Self {
+    /// Starts the printer of what `figures` says (a no-op when stderr is not a
+    /// terminal or `quiet`).
+    pub fn start(figures: impl Fn() -> Option<Figures> + Send + 'static, quiet: bool) -> Self {
         if quiet || !std::io::stderr().is_terminal() {
             return Self {
                 stop: None,
@@ -70,13 +63,10 @@ impl Progress {
                 if rx.try_recv().is_ok() {
                     break;
                 }
+                let Some(f) = figures() else { continue };
                 let secs = start.elapsed().as_secs_f64().max(1e-9);
-                let input = metrics.records_in.load(Ordering::Relaxed) as f64;
-                let output = metrics.records_out.load(Ordering::Relaxed) as f64;
-                let wm = metrics
-                    .watermark()
-                    .map(event_time)
-                    .unwrap_or_else(|| "-".into());
+                let (input, output) = (f.records_in as f64, f.records_out as f64);
+                let wm = f.watermark.map(event_time).unwrap_or_else(|| "-".into());
                 eprint!(
                     "\r\x1b[2Kin {}  out {}  {} events/s  watermark {wm}",
                     human(input),

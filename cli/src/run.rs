@@ -1,21 +1,16 @@
-//! `sluice run JOB.yaml`: parse, plan and run a job on the embedded local runtime.
+//! `sluice run JOB.yaml`: reads and parses a job file and runs it to its end on an
+//! embedded cluster (`cluster::embedded`): a coordinator in this process with its
+//! workers in this process, or with `--workers N` in N child processes.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use clap::Args;
-use sluice_common::{byte_size, pb};
-use sluice_compute::plan::PhysicalPlan;
-use sluice_compute::runtime::local::{self, LocalOptions};
-use sluice_compute::runtime::metrics::JobMetrics;
-use sluice_compute::state_client::{RemoteState, RemoteStateConfig};
+use sluice_common::pb;
 use sluice_planner::job_spec;
-use sluice_state_service::RunningStateService;
 
-use crate::progress::{Progress, human};
-use crate::state_service::start_embedded;
+use crate::cluster::embedded::{self, RunOptions};
+use crate::cluster::local_state::StateArgs;
+use crate::progress::human;
 use crate::{Failure, runtime};
 
 /// Arguments of `sluice run`.
@@ -31,6 +26,13 @@ pub struct RunArgs {
     /// Run across this many worker processes on this machine (0: in this process).
     #[arg(long, default_value_t = 0)]
     pub workers: u32,
+    /// Where checkpoint metadata and job records live: a directory, `file:///dir` or
+    /// `s3://bucket/prefix`. Default: under --state-dir, else a temporary directory.
+    #[arg(long)]
+    pub store: Option<String>,
+    /// Start from this savepoint in --store (the path `sluice savepoint` printed).
+    #[arg(long)]
+    pub from_savepoint: Option<String>,
     /// Bytes per network buffer (with --workers).
     #[arg(long, default_value_t = 32 << 10)]
     pub buffer_bytes: usize,
@@ -43,8 +45,8 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// The driver settings these arguments ask for.
-    pub fn driver_options(&self) -> crate::cluster::embedded::DriverOptions {
+    /// The run settings these arguments ask for.
+    pub fn run_options(&self) -> RunOptions {
         let mut network = sluice_compute::network::NetworkConfig {
             buffer_bytes: self.buffer_bytes.max(64),
             flush_every_batch: self.buffer_timeout_ms == 0,
@@ -52,29 +54,15 @@ impl RunArgs {
             ..Default::default()
         };
         network.max_frame_bytes = network.buffer_bytes + 64;
-        crate::cluster::embedded::DriverOptions {
+        RunOptions {
             workers: self.workers,
             network,
             metrics_interval_ms: self.metrics_interval_ms,
+            store: self.store.clone(),
+            from_savepoint: self.from_savepoint.clone(),
+            progress: !self.quiet,
         }
     }
-}
-
-/// Where a job with `state: { backend: remote }` keeps its state.
-#[derive(Args, Clone, Default)]
-pub struct StateArgs {
-    /// A running state service (`http://host:port`); without it, `sluice run` starts an
-    /// embedded one.
-    #[arg(long, env = "SLUICE_STATE_SERVICE")]
-    pub state_service: Option<String>,
-    /// Directory of the embedded state service (its object store and RocksDB); kept
-    /// after the run, so a later run with the same job name restores from it. Default:
-    /// a temporary directory removed at the end.
-    #[arg(long)]
-    pub state_dir: Option<PathBuf>,
-    /// Memory budget of the embedded state service.
-    #[arg(long, default_value = "256MiB", value_parser = byte_size::parse)]
-    pub state_memory: u64,
 }
 
 /// Reads and parses a job file; errors name file, line and column.
@@ -111,157 +99,12 @@ fn read_job_file(path: &std::path::Path) -> Result<String, Failure> {
     }
 }
 
-/// What a finished job did.
-pub struct Summary {
-    /// Records read by the sources.
-    pub records_in: u64,
-    /// Records written by the sinks.
-    pub records_out: u64,
-    /// Late records counted by windows.
-    pub late: u64,
-    /// Malformed records skipped.
-    pub skipped: u64,
-    /// Checkpoint barriers that reached sinks.
-    pub barriers: u64,
-    /// Times the job restarted from a checkpoint after a failure.
-    pub restarts: u32,
-    /// Wall-clock seconds from planning to the end.
-    pub seconds: f64,
-}
-
-/// Plans and runs `graph` to the end on a fresh runtime.
-pub fn execute(graph: pb::JobGraph, quiet: bool, state: &StateArgs) -> Result<Summary, Failure> {
-    let rt = runtime()?;
-    let metrics = Arc::new(JobMetrics::default());
-    let start = Instant::now();
-    rt.block_on(async {
-        let plan = sluice_compute::plan::plan(graph, sluice_connectors::Builtin::shared())
-            .await
-            .map_err(Failure::from_compute)?;
-        let remote = connect_state(&plan, state).await?;
-        let options = LocalOptions {
-            state: remote.as_ref().map(|r| {
-                Arc::new(sluice_compute::state_client::RemoteStore(r.state.clone()))
-                    as Arc<dyn sluice_common::state::StateStore>
-            }),
-            ..LocalOptions::default()
-        };
-        let progress = Progress::start(metrics.clone(), quiet);
-        let result = local::run(&plan, metrics.clone(), &options).await;
-        progress.finish();
-        if let Some(r) = remote {
-            r.close().await;
-        }
-        result.map_err(Failure::from_compute)
-    })?;
-    Ok(Summary {
-        records_in: metrics.records_in.load(Ordering::Relaxed),
-        records_out: metrics.records_out.load(Ordering::Relaxed),
-        late: metrics.late_records(),
-        skipped: metrics.skipped_records.load(Ordering::Relaxed),
-        barriers: metrics.sink_barriers.load(Ordering::Relaxed),
-        restarts: 0,
-        seconds: start.elapsed().as_secs_f64(),
-    })
-}
-
-/// The state service a run uses, and the embedded one it started, if any.
-pub(crate) struct RunState {
-    /// The job's connection to it.
-    pub(crate) state: Arc<RemoteState>,
-    /// Its address.
-    pub(crate) endpoint: String,
-    embedded: Option<RunningStateService>,
-    _temp_dir: Option<tempfile::TempDir>,
-}
-
-impl RunState {
-    /// Stops the embedded node, if there is one.
-    pub(crate) async fn close(self) {
-        if let Some(service) = self.embedded
-            && let Err(e) = service.shutdown().await
-        {
-            tracing::warn!("embedded state service did not shut down cleanly: {e}");
-        }
-    }
-}
-
-/// Connects to (or starts) the state service when the job keeps its state remotely.
-pub(crate) async fn connect_state(
-    plan: &PhysicalPlan,
-    args: &StateArgs,
-) -> Result<Option<RunState>, Failure> {
-    let Some(config) = plan.graph.state.as_ref() else {
-        return Ok(None);
-    };
-    if config.backend() != pb::StateBackend::Remote {
-        return Ok(None);
-    }
-    let (endpoint, embedded, temp) = match &args.state_service {
-        Some(url) => (url.clone(), None, None),
-        None => {
-            let (dir, temp) = match &args.state_dir {
-                Some(d) => (d.clone(), None),
-                None => {
-                    let t = tempfile::Builder::new()
-                        .prefix("sluice-state-")
-                        .tempdir()
-                        .map_err(|e| Failure::from(anyhow::anyhow!("temporary state dir: {e}")))?;
-                    (t.path().to_path_buf(), Some(t))
-                }
-            };
-            let service = start_embedded(&dir, args.state_memory).await?;
-            (
-                format!("http://{}", service.local_addr()),
-                Some(service),
-                temp,
-            )
-        }
-    };
-    let mut remote = RemoteStateConfig::new(
-        endpoint.clone(),
-        job_id(&plan.graph.name),
-        plan.max_parallelism,
-    );
-    if config.shards > 0 {
-        remote.shards = config.shards;
-    }
-    let state = RemoteState::connect(remote)
-        .await
-        .map_err(|e| Failure::from_compute(e.into()))?;
-    Ok(Some(RunState {
-        state,
-        endpoint,
-        embedded,
-        _temp_dir: temp,
-    }))
-}
-
-/// The state-service job id of a job name: letters, digits, `-` and `_` kept.
-fn job_id(name: &str) -> String {
-    let id: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if id.is_empty() { "job".into() } else { id }
-}
-
 /// Runs `sluice run`.
 pub fn run(args: RunArgs) -> Result<(), Failure> {
     let graph = load_job(&args.job)?;
     let name = graph.name.clone();
-    let s = if args.workers > 0 {
-        let options = args.driver_options();
-        runtime()?.block_on(crate::cluster::embedded::run(graph, &options, &args.state))?
-    } else {
-        execute(graph, args.quiet, &args.state)?
-    };
+    let options = args.run_options();
+    let s = runtime()?.block_on(embedded::run(graph, &options, &args.state))?;
     if !args.quiet {
         let barriers = if s.barriers > 0 {
             format!(", {} barriers at sinks", s.barriers)

@@ -4,7 +4,7 @@
 //! executes them as parallel tasks.
 //!
 //! A job arrives as a `JobGraph` ([`sluice_common::pb`]). [`plan`] checks and types it
-//! and cuts it into chains; [`runtime::local`] runs each chain's subtasks as tasks
+//! and cuts it into chains; [`runtime`] runs each chain's subtasks as tasks
 //! joined by byte-bounded queues. Records flow as Arrow batches inside
 //! [`element::StreamElement`]s together with watermarks, barriers and end-of-partition
 //! markers. Expressions are DataFusion's ([`expr`]); keyed state goes through the
@@ -12,7 +12,7 @@
 //!
 //! - [`connector`]: the connector API; the connectors are the `sluice-connectors` crate.
 //! - [`keyed`]: keyed state as operators see it, and the timers kept with it.
-//! - [`operator`]: filter, select, window, sink; one file each.
+//! - [`operator`]: filter, select, window, dedup, sink; one file each.
 //! - [`window`]: window assignment, accumulators, sessions, timers.
 //! - [`time`]: per-split watermark generation at the sources.
 //! - [`keys`]: canonical key bytes for hashing and keyed state.

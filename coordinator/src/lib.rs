@@ -26,7 +26,7 @@
 //! Compute internals (operators, Arrow, the network stack) and the state service's
 //! storage (RocksDB, deltas, manifests): shard handles and source positions are opaque
 //! strings and bytes here, the state service is reached through
-//! [`job::master::JobStateShards`], and worker processes are started (when at all)
+//! [`job::master::StateStore`], and worker processes are started (when at all)
 //! through [`job::master::WorkerLauncher`]. It talks to the object store only through
 //! [`checkpoint::store`].
 

@@ -546,6 +546,7 @@ mod tests {
                 metrics_interval_ms: 0,
                 coordinator_id: "c2".into(),
                 state_id: None,
+                in_process_state: false,
             },
         }
     }

@@ -10,7 +10,7 @@
 //!   no state and changes no output.
 //! - Stopping with a savepoint commits what the savepoint covers, and resubmitting from it
 //!   at another parallelism gives the output of one uninterrupted run: no duplicate, no
-//!   gap.
+//!   gap; so does `sluice run --from-savepoint` on the cluster's store and state service.
 //! - Bad requests get 400/404/413/415 in one JSON shape naming the field, and exit code 2
 //!   with messages naming what was wrong; a job file over 4 MiB is refused before it is
 //!   parsed; a corrupt newest checkpoint makes the coordinator resume from the one
@@ -840,6 +840,51 @@ fn a_stateful_job_resumes_from_its_savepoint_at_another_parallelism() {
     // The new job opens the savepoint's shards at the savepoint's checkpoint: the
     // windows' state and the timers rebuilt from it carry on at parallelism 3.
     stop_with_savepoint_and_resume(windowed_job, &["--workers", "2"], 3);
+}
+
+/// `sluice run --from-savepoint` resumes a savepoint a cluster took, on its own embedded
+/// coordinator and in-process worker, with the cluster's metadata store and state
+/// service: `run` and `submit` share one path.
+#[test]
+fn sluice_run_resumes_a_clusters_savepoint() {
+    let _serial = serial();
+    let dir = tempdir();
+    let Started {
+        expected,
+        mut cluster,
+        out,
+        job,
+        id,
+    } = start(dir.path(), windowed_job, &["--workers", "2"], 2);
+    cluster.wait_checkpoint(&id, 3);
+    let answer = cluster.json(&["stop", &id, "--savepoint", "sp1"]);
+    let path = answer["savepoint"]
+        .as_str()
+        .unwrap_or_else(|| panic!("stop answered {answer}"))
+        .to_owned();
+    cluster.wait_status(&id, "cancelled", START_TIMEOUT, |s| {
+        s["state"] == "cancelled"
+    });
+    assert!(
+        visible_lines(&out).len() < expected.len(),
+        "stopped too late"
+    );
+    let store = cluster.store.to_str().expect("UTF-8 path").to_owned();
+    let state = cluster.state.url();
+    let args = [
+        "run",
+        job.to_str().expect("UTF-8 path"),
+        "--store",
+        &store,
+        "--state-service",
+        &state,
+        "--from-savepoint",
+        &path,
+    ];
+    run_sluice(&args, dir.path())
+        .assert_success()
+        .assert_no_panic();
+    assert_output_matches(&out, &dir.path().join("reference"), &expected);
 }
 
 /// Runs `job`, stops it with a savepoint once `checkpoints` checkpoints completed,

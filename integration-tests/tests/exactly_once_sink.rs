@@ -395,7 +395,9 @@ fn sluice_run_with_checkpoints_commits_everything_on_s3() {
     rt().block_on(async {
         let (visible, hidden) = s3.names("out").await;
         assert!(hidden.is_empty(), "left behind: {hidden:?}");
-        assert!(visible.len() > 2, "{visible:?}");
+        // At least a part per subtask; more when checkpoints completed while it ran
+        // (the coordinator's timing decides how many).
+        assert!(visible.len() >= 2, "{visible:?}");
         let mut rows: Vec<Row> = Vec::new();
         for name in visible {
             let key = ObjectPath::from(format!("{}/out/{name}", s3.prefix));

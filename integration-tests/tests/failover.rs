@@ -4,7 +4,10 @@
 //! checkpoint each time, and the committed output must equal the output of the same job
 //! run without failures: no duplicate, no gap. Once with the sink in a local directory,
 //! once on S3 (SeaweedFS), and once with a `dedup` step, the operator written on the
-//! state seam alone (no checkpoint code of its own).
+//! state seam alone (no checkpoint code of its own). And `sluice run` without
+//! `--workers`, whose worker runs in its own process: a task failure injected there
+//! (`SLUICE_TEST_FAIL_ONCE_AFTER`) restarts the job from its last checkpoint with its
+//! windows' state kept in memory, through the same coordinator code.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -18,8 +21,8 @@ use sluice_integration_tests::s3_env::s3_env;
 
 use sluice_integration_tests::procs::children_of;
 use sluice_integration_tests::{
-    Row, assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, sluice_bin, tempdir, write_job,
-    yaml_path, yaml_str,
+    Row, assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, run_sluice_env, sluice_bin,
+    tempdir, write_job, yaml_path, yaml_str,
 };
 
 /// A windowed count per auction on remote state, throttled so that the run lasts long
@@ -160,6 +163,56 @@ fn a_dedup_step_keeps_each_key_once_across_worker_kills() {
     run_with_kills(dir.path(), &dedup_job(&out, 12_000), 2);
     assert_same_rows(
         "dedup output after worker kills",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+}
+
+/// A windowed count per auction on memory state, checkpointed, throttled a little so
+/// that checkpoints complete before the injected failure.
+fn memory_job(out: &Path, rate: u64) -> String {
+    format!(
+        "name: in-process\nparallelism: 2\ncheckpoint: {{ interval: 200ms }}\n\
+         source:\n  nexmark: {{ stream: bid, events: 60000, seed: 3, splits: 4, max_events_per_second: {rate} }}\n\
+         watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
+         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    \
+         aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        yaml_path(out)
+    )
+}
+
+#[test]
+fn an_in_process_run_restarts_from_its_checkpoint_with_memory_state() {
+    let dir = tempdir();
+    let reference = dir.path().join("reference");
+    let job = write_job(dir.path(), "ref.yaml", &memory_job(&reference, 0));
+    run_sluice(&["run", job.to_str().unwrap()], dir.path())
+        .assert_success()
+        .assert_no_panic();
+    let expected = read_jsonl_dir(&reference);
+    assert!(!expected.is_empty());
+    let out = dir.path().join("out");
+    let job = write_job(dir.path(), "job.yaml", &memory_job(&out, 20_000));
+    let run = run_sluice_env(
+        &["run", job.to_str().unwrap()],
+        dir.path(),
+        &[("SLUICE_TEST_FAIL_ONCE_AFTER", "15000")],
+    );
+    run.assert_success().assert_no_panic();
+    let summary = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("finished "))
+        .unwrap_or_else(|| panic!("no summary:\n{}", run.stderr));
+    assert!(summary.ends_with(", 1 restarts"), "{summary}");
+    assert!(
+        run.stderr.contains("a failure injected after"),
+        "{}",
+        run.stderr
+    );
+    assert_same_rows(
+        "in-process output after a restart",
         &read_jsonl_dir(&out),
         &expected,
     );

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use clap::Args;
 use sluice_compute::network::NetworkConfig;
+use sluice_compute::state_client::StateServiceConnector;
 use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
 use sluice_coordinator::job::master::StateConnector;
 use sluice_coordinator::rest;
 use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions};
 
 use crate::cluster::embedded::master_config;
-use crate::cluster::state::StateServiceConnector;
 use crate::state_service::{object_store_url, shutdown_signal};
 use crate::{Failure, runtime};
 

@@ -1,37 +1,75 @@
-//! `sluice run JOB.yaml --workers N`: the coordinator's code with an embedded cluster.
+//! `sluice run JOB.yaml`: the coordinator's code with an embedded cluster.
 //!
-//! The job is planned here first (a mistake in it is reported once, with exit code 2);
-//! then a coordinator starts in this process (its workers' gRPC API on 127.0.0.1, its
-//! `_metadata` store in a temporary directory, or under `--state-dir`), a
-//! [`ProcessLauncher`] starts N `sluice worker` child processes attached to it (and
-//! replacements for workers that die, when the job restarts from a checkpoint), and the
-//! job is submitted and waited for. Without checkpoints a dead worker fails the run; with
-//! them, the coordinator restarts the job from its last checkpoint.
+//! The job is planned here first (a mistake in it is reported once, with exit code 2).
+//! Then a coordinator starts in this process (its workers' gRPC API on 127.0.0.1, its
+//! `_metadata` store in a temporary directory, under `--state-dir`, or at `--store`),
+//! workers attach to it over that API, and the job is submitted and waited for: the
+//! same deploy, checkpoint, commit, failover and restore paths as on a cluster.
+//!
+//! - Without `--workers`, one worker runs in this process ([`session::serve`] on a task
+//!   of this runtime). Keyed state kept in memory is then this process's memory, which
+//!   the coordinator restores and commits like the state service's, so a job with
+//!   checkpoints restarts from its last one after a task fails.
+//! - With `--workers N`, a [`ProcessLauncher`] starts N `sluice worker` child processes
+//!   (and replacements for workers that die, when the job restarts from a checkpoint).
+//!   Memory state then lives in those processes and is not restored.
+//!
+//! Without checkpoints a failure fails the run; with them, the coordinator restarts the
+//! job from its last checkpoint.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sluice_common::pb;
+use sluice_compute::cluster::session::{self, SessionOptions};
+use sluice_compute::cluster::worker::WorkerEnv;
 use sluice_compute::network::NetworkConfig;
 use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
-use sluice_coordinator::job::master::{MasterConfig, StateConnector, WorkerLauncher};
+use sluice_coordinator::job::master::{MasterConfig, WorkerLauncher};
 use sluice_coordinator::job::{JobState, RestartPolicy};
 use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitOptions};
 
 use crate::Failure;
-use crate::cluster::state::StateServiceConnector;
-use crate::run::{StateArgs, Summary, connect_state};
+use crate::cluster::local_state::{LocalState, StateArgs};
+use crate::progress::{Figures, Progress};
 
-/// Settings of a multi-process run.
-#[derive(Debug, Clone)]
-pub struct DriverOptions {
-    /// Number of worker processes.
+/// Settings of an embedded run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Worker processes to start; 0 runs one worker in this process.
     pub workers: u32,
     /// Data-plane settings sent to every worker.
     pub network: NetworkConfig,
-    /// Workers print per-task metrics this often (0: only at the end).
+    /// Workers print per-task metrics this often (0: only at the end, and not at all
+    /// for the worker in this process).
     pub metrics_interval_ms: u64,
+    /// Where checkpoint metadata and job records live (a directory, `file://` or
+    /// `s3://` URL); default: under `--state-dir`, or a temporary directory.
+    pub store: Option<String>,
+    /// A savepoint in that store to start from (as `sluice savepoint` printed it).
+    pub from_savepoint: Option<String>,
+    /// A live progress line on a terminal.
+    pub progress: bool,
+}
+
+/// What a finished job did.
+#[derive(Debug, Clone, Copy)]
+pub struct Summary {
+    /// Records read by the sources.
+    pub records_in: u64,
+    /// Records written by the sinks.
+    pub records_out: u64,
+    /// Late records counted by windows.
+    pub late: u64,
+    /// Malformed records skipped.
+    pub skipped: u64,
+    /// Checkpoint barriers that reached sinks.
+    pub barriers: u64,
+    /// Times the job restarted from a checkpoint after a failure.
+    pub restarts: u32,
+    /// Wall-clock seconds from planning to the end.
+    pub seconds: f64,
 }
 
 /// Starts `sluice worker` processes attached to a coordinator; kills them when dropped.
@@ -113,6 +151,7 @@ pub fn master_config(
         metrics_interval_ms,
         coordinator_id: format!("c{}-{}", std::process::id(), now_ms()),
         state_id: None,
+        in_process_state: false,
     }
 }
 
@@ -127,38 +166,65 @@ fn fail(message: impl Into<String>) -> Failure {
     Failure::from(anyhow::anyhow!("{}", message.into()))
 }
 
-/// Runs `graph` on `options.workers` worker processes under an embedded coordinator.
+/// The state-service job id of a job name: letters, digits, `-` and `_` kept, so a run
+/// with `--state-dir` finds the state of an earlier run of the same job.
+fn job_id(name: &str) -> String {
+    let id: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if id.is_empty() { "job".into() } else { id }
+}
+
+/// Runs `graph` to its end under a coordinator in this process.
 pub async fn run(
     graph: pb::JobGraph,
-    options: &DriverOptions,
+    options: &RunOptions,
     state: &StateArgs,
 ) -> Result<Summary, Failure> {
     let start = Instant::now();
     let plan = sluice_compute::plan::plan(graph.clone(), sluice_connectors::Builtin::shared())
         .await
         .map_err(Failure::from_compute)?;
-    let remote = connect_state(&plan, state).await?;
-    let connector: Option<Arc<dyn StateConnector>> = remote.as_ref().map(|r| {
-        Arc::new(StateServiceConnector {
-            endpoint: r.endpoint.clone(),
-        }) as Arc<dyn StateConnector>
-    });
-    let result = run_job(graph, options, state, connector, start).await;
-    if let Some(r) = remote {
-        r.close().await;
+    let in_process = options.workers == 0;
+    let memory_keyed = !sluice_compute::runtime::build::wants_remote_state(&plan)
+        && graph.nodes.iter().any(|n| {
+            matches!(
+                n.kind,
+                Some(pb::node::Kind::Window(_) | pb::node::Kind::Dedup(_))
+            )
+        });
+    if memory_keyed && options.from_savepoint.is_some() {
+        return Err(Failure::usage(
+            "--from-savepoint: this job keeps its keyed state in memory, which no savepoint \
+             holds; resuming it needs `state: { backend: remote }`",
+        ));
     }
+    let local = LocalState::start(&graph, state, in_process).await?;
+    let result = run_job(graph, options, state, &local, start).await;
+    local.close().await;
     result
 }
 
-async fn run_job(
-    graph: pb::JobGraph,
-    options: &DriverOptions,
+/// The metadata store of a run: `--store`, else under `--state-dir`, else a temporary
+/// directory (held by the returned guard).
+fn metadata_store(
+    options: &RunOptions,
     state: &StateArgs,
-    connector: Option<Arc<dyn StateConnector>>,
-    start: Instant,
-) -> Result<Summary, Failure> {
-    // Checkpoint metadata: next to the state when it is kept, else for this run only.
-    let (dir, _temp) = match &state.state_dir {
+) -> Result<(ObjectMetadataStore, Option<tempfile::TempDir>), Failure> {
+    if let Some(url) = &options.store {
+        let url = crate::state_service::object_store_url("--store", url)?;
+        let store = ObjectMetadataStore::from_url(&url)
+            .map_err(|e| Failure::usage(format!("--store {url}: {e}")))?;
+        return Ok((store, None));
+    }
+    let (dir, temp) = match &state.state_dir {
         Some(d) => (d.join("coordinator"), None),
         None => {
             let t = tempfile::Builder::new()
@@ -171,30 +237,97 @@ async fn run_job(
     std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
     let store = ObjectMetadataStore::from_url(&format!("file://{}", dir.display()))
         .map_err(|e| fail(format!("checkpoint store: {e}")))?;
+    Ok((store, temp))
+}
+
+async fn run_job(
+    graph: pb::JobGraph,
+    options: &RunOptions,
+    state: &StateArgs,
+    local: &LocalState,
+    start: Instant,
+) -> Result<Summary, Failure> {
+    let (store, _temp) = metadata_store(options, state)?;
     let (listener, addr) = service::bind("127.0.0.1:0", "workers")
         .await
         .map_err(|e| fail(e.to_string()))?;
-    let launcher = Arc::new(ProcessLauncher::new(format!("http://{addr}"))?);
-    let n = options.workers.max(1) as usize;
+    let url = format!("http://{addr}");
+    let launcher = match options.workers {
+        0 => None,
+        _ => Some(Arc::new(ProcessLauncher::new(url.clone())?)),
+    };
+    let mut master = master_config(
+        options.workers.max(1) as usize,
+        &options.network,
+        options.metrics_interval_ms,
+    );
+    master.in_process_state = launcher.is_none();
     let coordinator = Coordinator::new(CoordinatorOptions {
         store: Arc::new(store),
-        state: connector,
-        launcher: Some(launcher.clone()),
+        state: Some(local.connector()),
+        launcher: launcher.clone().map(|l| l as Arc<dyn WorkerLauncher>),
         heartbeat_interval: Duration::from_millis(500),
         heartbeat_timeout: Duration::from_secs(5),
-        master: master_config(n, &options.network, options.metrics_interval_ms),
+        master,
     });
     let server = coordinator.serve_workers(listener);
-    let id = coordinator
-        .submit(graph, SubmitOptions::default())
-        .await
-        .map_err(|e| Failure::usage(e.to_string()))?;
-    let status = coordinator
-        .wait(&id)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
+    // The worker in this process, attached like any other.
+    let worker = launcher.is_none().then(|| {
+        tokio::spawn(session::serve(SessionOptions {
+            coordinator: url.clone(),
+            host: "127.0.0.1".into(),
+            slots: 1,
+            name: "in-process".into(),
+            exit_with_coordinator: true,
+            env: WorkerEnv {
+                connectors: sluice_connectors::Builtin::shared(),
+                memory: local.memory(),
+                final_metrics: options.metrics_interval_ms > 0,
+            },
+        }))
+    });
+    let submitted = coordinator
+        .submit(
+            graph.clone(),
+            SubmitOptions {
+                job_id: Some(job_id(&graph.name)),
+                from_savepoint: options.from_savepoint.clone(),
+                ..SubmitOptions::default()
+            },
+        )
+        .await;
+    let id = match submitted {
+        Ok(id) => id,
+        Err(e) => {
+            server.abort();
+            if let Some(w) = worker {
+                w.abort();
+            }
+            return Err(Failure::usage(e.to_string()));
+        }
+    };
+    let progress = {
+        let coordinator = coordinator.clone();
+        let id = id.clone();
+        Progress::start(
+            move || {
+                coordinator.status(&id).ok().map(|s| Figures {
+                    records_in: s.records_in,
+                    records_out: s.records_out,
+                    watermark: s.watermark,
+                })
+            },
+            !options.progress,
+        )
+    };
+    let status = coordinator.wait(&id).await;
+    progress.finish();
     server.abort();
+    if let Some(w) = worker {
+        w.abort();
+    }
     drop(launcher);
+    let status = status.map_err(|e| fail(e.to_string()))?;
     match status.state {
         JobState::Finished => Ok(Summary {
             records_in: status.records_in,
@@ -205,15 +338,12 @@ async fn run_job(
             restarts: status.restarts,
             seconds: start.elapsed().as_secs_f64(),
         }),
-        other => {
-            let message = status
+        // The job file was planned here already: what fails now is the job (a bad
+        // record, an unreachable store, a worker), exit code 1.
+        other => Err(fail(
+            status
                 .failure
-                .unwrap_or_else(|| format!("the job ended {other}"));
-            Err(if status.user_error {
-                Failure::usage(message)
-            } else {
-                fail(message)
-            })
-        }
+                .unwrap_or_else(|| format!("the job ended {other}")),
+        )),
     }
 }

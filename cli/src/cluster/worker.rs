@@ -7,14 +7,15 @@
 //! By hand: `sluice worker --listen ADDR --job JOB.yaml --index I --peers A0,A1,...`
 //! runs worker `I` of the job among the listed data addresses (its own entry is only
 //! used in messages), prints `worker I listening on ADDR` on stderr and, at the end, the
-//! same `finished ...` line as `sluice run`.
+//! same `finished ...` line as `sluice run`. This runs one deployment without a
+//! coordinator (a tool for testing the data plane): no state service and no checkpoints.
 
 use std::path::PathBuf;
 
 use clap::Args;
 use sluice_common::pb::cluster as pbc;
 use sluice_compute::cluster::session::{self, SessionOptions};
-use sluice_compute::cluster::worker::run_deployment;
+use sluice_compute::cluster::worker::{WorkerEnv, run_deployment};
 use sluice_compute::network::NetworkConfig;
 use tokio::net::TcpListener;
 
@@ -63,7 +64,7 @@ pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
             slots: args.slots,
             name: String::new(),
             exit_with_coordinator: args.exit_with_coordinator,
-            connectors: sluice_connectors::Builtin::shared(),
+            env: WorkerEnv::standalone(sluice_connectors::Builtin::shared()),
         };
         return rt
             .block_on(session::serve(options))
@@ -75,6 +76,13 @@ pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
         ));
     };
     let graph = load_job(job)?;
+    if graph.checkpoint.as_ref().is_some_and(|c| c.interval_ms > 0) {
+        return Err(Failure::usage(format!(
+            "{}: checkpoints need a coordinator: run the job with `sluice run` or submit it \
+             to `sluice coordinator`",
+            job.display()
+        )));
+    }
     rt.block_on(async move {
         let listener = TcpListener::bind(&args.listen)
             .await
@@ -96,8 +104,8 @@ pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
             remote_state: None,
             ..Default::default()
         };
-        let report =
-            run_deployment(&listener, deployment, sluice_connectors::Builtin::shared()).await;
+        let env = WorkerEnv::standalone(sluice_connectors::Builtin::shared());
+        let report = run_deployment(&listener, deployment, env).await;
         finish(&name, &report)
     })
 }

@@ -52,10 +52,11 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
         Ok(0)
     }
 
-    /// How a worker in another process reaches this state (without `first_epoch` and
-    /// `fence`); `None` when only this process can (memory).
-    fn remote_ref(&self) -> Option<pb::cluster::RemoteStateRef> {
-        None
+    /// How workers reach this state (without `first_epoch` and `fence`): a
+    /// state-service endpoint, or an empty one for memory of this process, which only
+    /// workers running in it share.
+    fn reference(&self) -> pb::cluster::RemoteStateRef {
+        pb::cluster::RemoteStateRef::default()
     }
 }
 

@@ -23,8 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tonic::transport::Endpoint;
 
 use crate::cluster::task_metrics;
-use crate::cluster::worker::{AttemptEvent, AttemptLink, run_attempt};
-use crate::connector::Connectors;
+use crate::cluster::worker::{AttemptEvent, AttemptLink, WorkerEnv, run_attempt};
 use crate::error::{Error, Result};
 use crate::runtime::metrics::JobMetrics;
 use crate::runtime::task::CheckpointEvent;
@@ -51,8 +50,9 @@ pub struct SessionOptions {
     /// Exit when the coordinator goes away instead of attaching again (workers that an
     /// embedded coordinator started).
     pub exit_with_coordinator: bool,
-    /// The sources and sinks jobs may use.
-    pub connectors: Arc<dyn Connectors>,
+    /// What the worker offers jobs: connectors, and the memory state it shares with a
+    /// coordinator in the same process.
+    pub env: WorkerEnv,
 }
 
 /// Serves the coordinator until it goes away for good (with `exit_with_coordinator`),
@@ -189,7 +189,7 @@ async fn attach(options: &SessionOptions) -> Result<()> {
                             continue;
                         };
                         let Some(deployment) = d.deployment else { continue };
-                        let attempt = start_attempt(d.attempt, listener, deployment, options.connectors.clone(), out_tx.clone(), done_tx.clone());
+                        let attempt = start_attempt(d.attempt, listener, deployment, options.env.clone(), out_tx.clone(), done_tx.clone());
                         running.insert(d.attempt, attempt);
                     }
                     Some(cm::Msg::Trigger(t)) => {
@@ -234,7 +234,7 @@ fn start_attempt(
     attempt: u64,
     listener: TcpListener,
     deployment: pbc::Deployment,
-    connectors: Arc<dyn Connectors>,
+    env: WorkerEnv,
     out: mpsc::UnboundedSender<pbc::WorkerMessage>,
     done: mpsc::UnboundedSender<u64>,
 ) -> Attempt {
@@ -265,6 +265,7 @@ fn start_attempt(
                     attempt,
                     records_in: metrics.records_in.load(Ordering::Relaxed),
                     records_out: metrics.records_out.load(Ordering::Relaxed),
+                    watermark: metrics.watermark(),
                     rss_bytes: task_metrics::rss_bytes(),
                     ..Default::default()
                 };
@@ -290,7 +291,7 @@ fn start_attempt(
         };
         let run = async move {
             tokio::select! {
-                report = run_attempt(&listener, deployment, Some(link), connectors) => report,
+                report = run_attempt(&listener, deployment, Some(link), env) => report,
                 () = progress => unreachable!("the progress loop never ends"),
             }
         };

@@ -23,12 +23,13 @@ use crate::cluster::task_metrics::{self, Sampler};
 use crate::connector::Connectors;
 use crate::element::{Barrier, BarrierKind};
 use crate::error::{Error, Result};
+use crate::keyed::MemoryStores;
 use crate::network::NetworkConfig;
 use crate::network::environment::{self, NetworkBuilder};
 use crate::runtime::build::{self, BuildOptions, Placement, RestoreFrom};
-use crate::runtime::local;
 use crate::runtime::metrics::JobMetrics;
 use crate::runtime::task::{CheckpointEvent, CheckpointLink, Task};
+use crate::runtime::tasks::run_tasks;
 use crate::state_client::{RemoteState, RemoteStateConfig, RemoteStore};
 
 /// What a deployment attempt tells its coordinator.
@@ -52,13 +53,37 @@ pub struct AttemptLink {
     pub metrics: Arc<JobMetrics>,
 }
 
+/// What this worker process offers the jobs it runs.
+#[derive(Debug, Clone)]
+pub struct WorkerEnv {
+    /// The sources and sinks jobs may use.
+    pub connectors: Arc<dyn Connectors>,
+    /// The memory stores of jobs whose coordinator runs in this process (in-process
+    /// workers only): a deployment whose state lives "in this process" uses them.
+    pub memory: Option<Arc<MemoryStores>>,
+    /// Print the tasks' metrics lines at the end of an attempt (a worker process of its
+    /// own); in-process workers of `sluice run` leave the summary to it.
+    pub final_metrics: bool,
+}
+
+impl WorkerEnv {
+    /// A worker process of its own: `connectors`, no shared memory state.
+    pub fn standalone(connectors: Arc<dyn Connectors>) -> Self {
+        Self {
+            connectors,
+            memory: None,
+            final_metrics: true,
+        }
+    }
+}
+
 /// Runs `deployment` with the data plane on `listener`; never fails, the report says.
 pub async fn run_deployment(
     listener: &TcpListener,
     deployment: pbc::Deployment,
-    connectors: Arc<dyn Connectors>,
+    env: WorkerEnv,
 ) -> pbc::Report {
-    run_attempt(listener, deployment, None, connectors).await
+    run_attempt(listener, deployment, None, env).await
 }
 
 /// [`run_deployment`], linked to the coordinator when `link` is given.
@@ -66,7 +91,7 @@ pub async fn run_attempt(
     listener: &TcpListener,
     deployment: pbc::Deployment,
     link: Option<AttemptLink>,
-    connectors: Arc<dyn Connectors>,
+    env: WorkerEnv,
 ) -> pbc::Report {
     let metrics = link
         .as_ref()
@@ -75,11 +100,12 @@ pub async fn run_attempt(
     let interval = Duration::from_millis(deployment.metrics_interval_ms);
     let mut sampler_slot = None;
     let mut remote = None;
+    let final_metrics = env.final_metrics;
     let result = run(
         listener,
         deployment,
         link,
-        connectors,
+        env,
         &metrics,
         &mut sampler_slot,
         &mut remote,
@@ -90,8 +116,10 @@ pub async fn run_attempt(
     let tasks = match &sampler_slot {
         Some(s) => {
             let figures = lock(s).sample();
-            for m in &figures {
-                eprintln!("{}", task_metrics::format_line(me, m, rss));
+            if final_metrics {
+                for m in &figures {
+                    eprintln!("{}", task_metrics::format_line(me, m, rss));
+                }
             }
             figures
         }
@@ -112,6 +140,7 @@ pub async fn run_attempt(
         user_error,
         records_in: metrics.records_in.load(Ordering::Relaxed),
         records_out: metrics.records_out.load(Ordering::Relaxed),
+        watermark: metrics.watermark(),
         late: metrics.late_records(),
         skipped: metrics.skipped_records.load(Ordering::Relaxed),
         tasks,
@@ -124,8 +153,10 @@ pub async fn run_attempt(
 }
 
 /// Links every task to the coordinator; returns the task that hands triggers to the
-/// source tasks (aborted when dropped). A trigger for a source task that has finished is
-/// declined for it, so the checkpoint is aborted at once rather than timing out.
+/// source tasks (aborted when dropped). A source task that finished its input still
+/// takes part (it waits for the final checkpoint); a trigger for one that is gone
+/// altogether is declined for it, so the checkpoint is aborted at once rather than
+/// timing out.
 fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDrop {
     let AttemptLink {
         mut triggers,
@@ -210,7 +241,7 @@ async fn run(
     listener: &TcpListener,
     deployment: pbc::Deployment,
     link: Option<AttemptLink>,
-    connectors: Arc<dyn Connectors>,
+    env: WorkerEnv,
     metrics: &Arc<JobMetrics>,
     sampler_slot: &mut Option<Arc<Mutex<Sampler>>>,
     remote_slot: &mut Option<Arc<RemoteState>>,
@@ -227,16 +258,32 @@ async fn run(
     let graph = deployment
         .job
         .ok_or_else(|| Error::Internal("the deployment has no job".into()))?;
-    let plan = crate::plan::plan(graph, connectors).await?;
+    let plan = crate::plan::plan(graph, env.connectors).await?;
     let mut options = BuildOptions::default();
-    if let Some(r) = &deployment.remote_state {
-        let mut config = RemoteStateConfig::new(&r.endpoint, &r.job_id, plan.max_parallelism);
-        config.shards = r.shards.max(1);
-        config.fence = r.fence;
-        let remote = RemoteState::connect(config).await?;
-        *remote_slot = Some(remote.clone());
-        options.state = Some(Arc::new(RemoteStore(remote)));
-        options.first_epoch = r.first_epoch.max(1);
+    match &deployment.remote_state {
+        Some(r) if r.endpoint.is_empty() => {
+            // The coordinator holds the job's memory state in its own process.
+            let stores = env.memory.as_ref().ok_or_else(|| {
+                Error::Internal(
+                    "the job's state is in the memory of the coordinator's process, which \
+                     this worker is not"
+                        .into(),
+                )
+            })?;
+            let versioned = build::takes_checkpoints(&plan);
+            options.state = Some(stores.store(&deployment.job_id, versioned));
+            options.first_epoch = r.first_epoch.max(1);
+        }
+        Some(r) => {
+            let mut config = RemoteStateConfig::new(&r.endpoint, &r.job_id, plan.max_parallelism);
+            config.shards = r.shards.max(1);
+            config.fence = r.fence;
+            let remote = RemoteState::connect(config).await?;
+            *remote_slot = Some(remote.clone());
+            options.state = Some(Arc::new(RemoteStore(remote)));
+            options.first_epoch = r.first_epoch.max(1);
+        }
+        None => {}
     }
     options.coordinated_checkpoints = deployment.coordinated_checkpoints;
     options.restore = deployment.restore.as_ref().map(|r| RestoreFrom {
@@ -284,7 +331,7 @@ async fn run(
             }
         })
     });
-    let result = local::run_tasks(tasks).await;
+    let result = run_tasks(tasks).await;
     let result = match result {
         Ok(()) => running.finish().await,
         Err(e) => Err(e),

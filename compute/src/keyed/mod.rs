@@ -9,10 +9,15 @@
 //!   kept as rows of the operator's `timers` table so that a restore (at any
 //!   parallelism) brings back exactly the timers pending at the checkpoint.
 //!
+//! - [`memory_stores`]: the memory stores of the jobs a process runs, shared by its
+//!   in-process workers and the coordinator beside them.
+//!
 //! Nothing here knows the network, barriers' alignment, or what an operator computes.
 
+pub mod memory_stores;
 pub mod state;
 pub mod timers;
 
+pub use memory_stores::{InProcessState, MemoryStores};
 pub use state::OperatorState;
 pub use timers::KeyedTimers;

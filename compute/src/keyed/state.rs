@@ -90,8 +90,13 @@ impl OperatorState {
         Ok(())
     }
 
-    /// The input ended: what the operator wrote last becomes durable with the open epoch.
+    /// The input ended: what the operator wrote last becomes durable with the open
+    /// epoch. A job that takes checkpoints leaves that to its final checkpoint, which
+    /// seals the same epoch after the operators' last writes at its barrier.
     pub(crate) async fn seal_open_epoch(&self) -> Result<()> {
+        if self.checkpointed {
+            return Ok(());
+        }
         if let Some(b) = self.opened() {
             b.seal_epoch(b.open_epoch()).await?;
         }

@@ -9,7 +9,8 @@
 //! the edge between them is forward, on the main output, between equal parallelisms, and
 //! the upstream has no other main consumer.
 //!
-//! The plan says nothing about threads, processes or queues: `runtime::local` runs it.
+//! The plan says nothing about threads, processes or queues: `runtime::build` turns the
+//! share of it placed on a worker into tasks.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;

@@ -9,11 +9,10 @@
 //! channel on the consumer's ([`NetworkBuilder`]). Channel ids are
 //! `(consumer chain, consumer subtask, channel index)`, the same on both sides.
 //!
-//! The embedded runtime (`runtime::local`) is the one-worker case.
+//! `sluice run` without `--workers` is the one-worker case, under a coordinator too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -22,7 +21,6 @@ use sluice_common::pb;
 use sluice_common::state::{MemoryStateStore, StateStore};
 
 use crate::connector::SubtaskInfo;
-use crate::element::BarrierKind;
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
 use crate::keyed::OperatorState;
@@ -41,7 +39,7 @@ use crate::runtime::chain::{Chain, SideRoute, TaskOutput};
 use crate::runtime::input_gate::InputGate;
 use crate::runtime::metrics::{JobMetrics, TaskMetrics};
 use crate::runtime::router::{ChannelSender, OutputEdge, Partitioner};
-use crate::runtime::task::{CheckpointTrigger, SourceInput, Task, TaskInput};
+use crate::runtime::task::{SourceInput, Task, TaskInput};
 use crate::time::watermark::WatermarkGenerator;
 
 /// Which worker runs each subtask.
@@ -89,7 +87,8 @@ pub struct BuildOptions {
     pub first_epoch: u64,
     /// The checkpoint the tasks resume from (a restart, a rescale, a savepoint).
     pub restore: Option<RestoreFrom>,
-    /// The coordinator triggers barriers: sources inject none on their own.
+    /// The job takes checkpoints under its coordinator (sinks then wait for the final
+    /// checkpoint to commit their last output).
     pub coordinated_checkpoints: bool,
 }
 
@@ -226,18 +225,6 @@ pub async fn build_tasks(
         receivers.push(r);
     }
 
-    let checkpoint = plan
-        .graph
-        .checkpoint
-        .as_ref()
-        .filter(|c| c.interval_ms > 0 && !options.coordinated_checkpoints)
-        .map(|c| {
-            let kind = match c.mode() {
-                pb::CheckpointMode::Aligned => BarrierKind::Aligned,
-                pb::CheckpointMode::Unaligned => BarrierKind::Unaligned,
-            };
-            CheckpointTrigger::new(Duration::from_millis(c.interval_ms), kind)
-        });
     let compiler = ExprCompiler::new();
     let keyed = plan
         .graph
@@ -397,7 +384,6 @@ pub async fn build_tasks(
                     TaskInput::Gate(InputGate::new(rx))
                 }
             };
-            let checkpoints = chain.source.and(checkpoint.clone());
             tasks.push(Task {
                 name,
                 id: (first_node(plan, chain.id), subtask as u32),
@@ -406,7 +392,6 @@ pub async fn build_tasks(
                 contexts,
                 output,
                 metrics: task_metrics,
-                checkpoints,
                 channel_state: None,
                 link: None,
             });

@@ -5,8 +5,9 @@
 //! - [`chain`]: operators of one task called in sequence.
 //! - [`task`]: the loop of one subtask.
 //! - [`build`]: builds the tasks placed on this process, local and remote channels.
-//! - [`local`]: runs a whole plan in this process (the embedded default).
+//! - [`tasks`]: runs the tasks built on this process; the first failure cancels the rest.
 //! - [`metrics`]: job-wide counters for progress and benchmarks.
+//! - [`fault`]: a failure tests can ask a process to inject once.
 //!
 //! The byte-bounded channels between tasks are [`crate::queue`], below both this module
 //! and the data plane. Nothing here knows what an operator computes, or where a source
@@ -14,8 +15,9 @@
 
 pub mod build;
 pub mod chain;
+pub mod fault;
 pub mod input_gate;
-pub mod local;
 pub mod metrics;
 pub mod router;
 pub mod task;
+pub mod tasks;

@@ -6,14 +6,14 @@
 //! (`i64::MAX`, so every event-time window fires), the chain is closed, and
 //! `EndOfPartition` goes downstream.
 //!
-//! Checkpoint barriers come from one of two places. In a cluster run the coordinator
-//! triggers them ([`CheckpointLink`]): a source task records its reader's positions,
-//! injects the barrier and acknowledges; every other task acknowledges once the barrier
-//! has passed through its chain (its window flushed its state epoch, its sink
-//! pre-committed); a completed checkpoint is passed to the chain so sinks commit. In one
-//! process, without a coordinator, a source task injects barriers itself every
-//! `interval` ([`CheckpointTrigger`], from the job's `checkpoint:` setting). The task
-//! times where it spends its time into its [`TaskMetrics`].
+//! Checkpoint barriers come from the coordinator only ([`CheckpointLink`], in every run:
+//! `sluice run` embeds one): a source task records its reader's positions, injects the
+//! barrier and acknowledges; every other task acknowledges once the barrier has passed
+//! through its chain (the chain sealed its operators' state epochs, its sink
+//! pre-committed); a completed checkpoint is passed to the chain so sinks commit and
+//! state lets go of what only a rollback needed. A task without a link (a deployment
+//! run by hand, without a coordinator) takes no checkpoints. The task times where it
+//! spends its time into its [`TaskMetrics`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -46,44 +46,6 @@ pub struct SourceInput {
     pub records_in: Arc<AtomicU64>,
     /// Job-wide count of malformed records skipped.
     pub skipped: Arc<AtomicU64>,
-}
-
-/// Periodic barriers injected by a source task.
-#[derive(Debug, Clone)]
-pub struct CheckpointTrigger {
-    /// Time between barriers.
-    pub interval: Duration,
-    /// Aligned or unaligned.
-    pub kind: BarrierKind,
-    /// Id of the next barrier.
-    pub next_id: u64,
-    /// When the last one was injected.
-    pub last: Instant,
-}
-
-impl CheckpointTrigger {
-    /// Barriers every `interval` of `kind`, the first after one interval.
-    pub fn new(interval: Duration, kind: BarrierKind) -> Self {
-        Self {
-            interval,
-            kind,
-            next_id: 1,
-            last: Instant::now(),
-        }
-    }
-
-    fn due(&mut self) -> Option<Barrier> {
-        if self.last.elapsed() < self.interval {
-            return None;
-        }
-        self.last = Instant::now();
-        let b = Barrier {
-            checkpoint_id: self.next_id,
-            kind: self.kind,
-        };
-        self.next_id += 1;
-        Some(b)
-    }
 }
 
 /// What a task tells the coordinator about a checkpoint.
@@ -194,11 +156,9 @@ pub struct Task {
     pub output: TaskOutput,
     /// Where the task's time goes.
     pub metrics: Arc<TaskMetrics>,
-    /// Barriers to inject (source tasks, when the job asks for checkpoints).
-    pub checkpoints: Option<CheckpointTrigger>,
     /// Channel state of the last unaligned checkpoint this task's gate completed.
     pub channel_state: Option<ChannelState>,
-    /// The coordinator's checkpoints, in a cluster run (replaces `checkpoints`).
+    /// The coordinator's checkpoints.
     pub link: Option<CheckpointLink>,
 }
 
@@ -228,12 +188,6 @@ impl Task {
                 last_tick = Instant::now();
                 self.on_tick().await?;
             }
-            if let Some(barrier) = self.checkpoints.as_mut().and_then(|c| c.due()) {
-                self.metrics.barriers.fetch_add(1, Ordering::Relaxed);
-                self.chain
-                    .push(StreamElement::Barrier(barrier), &mut self.output)
-                    .await?;
-            }
             self.on_coordinator().await?;
             // Only the wait for input races the clock and cancellation: receiving is
             // cancel-safe, pushing through the chain is not, so it happens outside.
@@ -245,7 +199,7 @@ impl Task {
                         biased;
                         _ = cancel.changed() => continue,
                         _ = changed(completed) => continue,
-                        _ = tokio::time::sleep(TICK), if ticks || self.checkpoints.is_some() => {
+                        _ = tokio::time::sleep(TICK), if ticks => {
                             self.metrics.idle_ns.fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
                             continue;
                         }
@@ -333,6 +287,8 @@ impl Task {
             .events
             .send(CheckpointEvent::Finished { task: link.task });
         let mut taken = 0u64;
+        // The newest checkpoint this task took here.
+        let mut last = 0u64;
         loop {
             let Some(link) = self.link.as_mut() else {
                 return Ok(());
@@ -347,8 +303,13 @@ impl Task {
                 self.pass_on_completed(done).await?;
                 continue;
             }
+            // Biased, triggers before the final checkpoint: the coordinator asked for a
+            // periodic checkpoint before the final one, and its trigger is queued by the
+            // time the final one shows, so barriers reach the sinks in id order.
             let id = tokio::select! {
+                biased;
                 _ = cancel.changed() => return Err(Error::Cancelled),
+                barrier = next_trigger(link.triggers.as_mut()) => barrier,
                 _ = link.completed.changed() => continue,
                 changed = link.final_checkpoint.changed() => {
                     if changed.is_err() {
@@ -356,11 +317,12 @@ impl Task {
                     }
                     *link.final_checkpoint.borrow_and_update()
                 }
-                barrier = next_trigger(link.triggers.as_mut()) => barrier,
             };
-            if id == 0 {
+            if id == 0 || id <= last {
+                // Nothing, or a checkpoint older than one this task took (aborted).
                 continue;
             }
+            last = id;
             let barrier = Barrier {
                 checkpoint_id: id,
                 kind: BarrierKind::Aligned,
@@ -495,9 +457,11 @@ impl Task {
         };
         src.records_in
             .fetch_add(sb.batch.num_rows() as u64, Ordering::Relaxed);
-        self.metrics
+        let read = self
+            .metrics
             .records_in
             .fetch_add(sb.batch.num_rows() as u64, Ordering::Relaxed);
+        super::fault::check_source(read + sb.batch.num_rows() as u64)?;
         let mut wm = match src.watermarks.as_mut() {
             Some(g) => g.on_batch(sb.split, &sb.batch)?,
             None => None,

@@ -5,6 +5,8 @@
 //! - [`RemoteState`]: one per worker process and job: the gRPC channel, the job's
 //!   [`ShardLayout`], lazy shard opening, and the job-level calls a checkpoint needs
 //!   (commit, rollback, status).
+//! - [`RemoteStore`]: the same as the job-level [`StateStore`] the runtime and the
+//!   coordinator use; [`StateServiceConnector`] hands it to the coordinator.
 //! - [`RemoteStateBackend`]: one per subtask, implementing [`KeyedStateBackend`]. It holds
 //!   an [`EpochBuffer`] (writes stay in the worker until the epoch's barrier, then go as
 //!   one batched `Write` per shard, then `Flush` makes them durable) and a bounded
@@ -29,6 +31,7 @@
 //! It must not know RocksDB, foyer's disk tier or the object store: those are the
 //! service's.
 
+mod connector;
 mod epoch_buffer;
 mod read_cache;
 mod shards;
@@ -48,6 +51,7 @@ use sluice_common::state::{KeyedStateBackend, StateError, StateResult, StateStor
 use tokio::sync::OnceCell;
 use tonic::transport::{Channel, Endpoint};
 
+pub use connector::StateServiceConnector;
 pub use epoch_buffer::{EpochBuffer, Lookup, Pending};
 pub use read_cache::ReadCache;
 pub use shards::{KEY_GROUP_SPACE, ShardLayout};
@@ -462,14 +466,14 @@ impl StateStore for RemoteStore {
         Ok(self.0.status().await?.restore_bytes_total)
     }
 
-    fn remote_ref(&self) -> Option<sluice_common::pb::cluster::RemoteStateRef> {
-        Some(sluice_common::pb::cluster::RemoteStateRef {
+    fn reference(&self) -> sluice_common::pb::cluster::RemoteStateRef {
+        sluice_common::pb::cluster::RemoteStateRef {
             endpoint: self.0.config.endpoint.clone(),
             job_id: self.0.layout.job_id().to_owned(),
             shards: self.0.layout.len() as u32,
             first_epoch: 0,
             fence: 0,
-        })
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! [`JobActor`] owns the job's [`Driver`] and everything the driver must not touch: the
 //! worker registry (slots, control streams), the `_metadata` store, the state service
-//! (through [`JobStateShards`]), the worker launcher, the answer channels of user
+//! (through [`StateStore`]), the worker launcher, the answer channels of user
 //! commands, and the published status. Its loop waits (biased) on user commands, the
 //! workers' events, free slots when it waits for some, and the driver's next deadline;
 //! hands what happened to the driver; and carries out the [`Action`]s it returns in
@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 use super::command::{Command, ReplyId, Responder};
 use super::driver::{Action, Driver, End, Event, Failure};
 use super::lifecycle::JobState;
-use super::ports::{JobStateShards, StateConnector, WorkerLauncher};
+use super::ports::{StateConnector, StateStore, WorkerLauncher};
 use super::status::JobStatus;
 use crate::checkpoint::metadata;
 use crate::checkpoint::store::{self, MetadataStore};
@@ -58,7 +58,7 @@ pub(crate) struct JobActor {
     events: mpsc::UnboundedReceiver<WorkerEvent>,
     status: watch::Sender<JobStatus>,
     published: u64,
-    shards: Option<Arc<dyn JobStateShards>>,
+    shards: Option<Arc<dyn StateStore>>,
     /// The job's slots, by worker.
     workers: HashMap<String, WorkerHandle>,
     /// Slots wanted and not held yet.
@@ -223,24 +223,28 @@ impl JobActor {
                 None
             }
             Action::OpenState => Some(Event::StateOpened(match &self.shards {
-                Some(s) => s.open().await,
-                None => Err("the job has no state service connection".into()),
+                Some(s) => s.open().await.map_err(|e| e.to_string()),
+                None => Err("the job has no state connection".into()),
             })),
             Action::RollbackState { checkpoint, fence } => {
                 Some(Event::StateRolledBack(match &self.shards {
-                    Some(s) => s.rollback(checkpoint, fence).await,
-                    None => Err("the job has no state service connection".into()),
+                    Some(s) => s
+                        .restore(checkpoint, fence)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    None => Err("the job has no state connection".into()),
                 }))
             }
             Action::CommitState { id, retained } => Some(Event::StateCommitted {
                 id,
                 result: match &self.shards {
-                    Some(s) => s.commit(id, &retained).await,
+                    Some(s) => s.commit(id, &retained).await.map_err(|e| e.to_string()),
                     None => Ok(()),
                 },
             }),
             Action::ReadRestoreBytes => Some(Event::RestoreBytes(match &self.shards {
-                Some(s) => s.restore_bytes().await.unwrap_or(0),
+                Some(s) => s.restored_bytes().await.unwrap_or(0),
                 None => 0,
             })),
             Action::ReadLatestCheckpoint => {
@@ -301,7 +305,13 @@ impl JobActor {
         let shards = connector
             .connect(&self.ports.state_id, self.driver.graph())
             .await
-            .map_err(|e| Failure::system(format!("state service: {e}")))?;
+            .map_err(|e| Failure::system(format!("state service: {e}")))?
+            .ok_or_else(|| Failure {
+                reason: "the job's keyed state is kept where this coordinator has no \
+                         connection to (start it with --state-service for remote state)"
+                    .into(),
+                user: true,
+            })?;
         let reference = shards.reference();
         self.shards = Some(shards);
         Ok(reference)

@@ -61,16 +61,22 @@ pub fn uses_remote_state(graph: &pb::JobGraph) -> bool {
         .is_some_and(|s| s.backend() == pb::StateBackend::Remote)
 }
 
-/// Why a checkpoint of this job cannot be restored, if it cannot: keyed state kept in
-/// worker memory is not part of a checkpoint.
-pub fn not_restorable(graph: &pb::JobGraph) -> Option<String> {
-    let keyed = graph.nodes.iter().any(|n| {
+/// Whether some operator of the job keeps keyed state.
+pub fn keeps_keyed_state(graph: &pb::JobGraph) -> bool {
+    graph.nodes.iter().any(|n| {
         matches!(
             n.kind,
             Some(pb::node::Kind::Window(_) | pb::node::Kind::Dedup(_))
         )
-    });
-    (keyed && !uses_remote_state(graph)).then(|| {
+    })
+}
+
+/// Why a checkpoint of this job cannot be restored, if it cannot: keyed state kept in
+/// the memory of worker processes is not part of a checkpoint (it is when the workers
+/// run `in_process` with the coordinator, which then holds that memory).
+pub fn not_restorable(graph: &pb::JobGraph, in_process: bool) -> Option<String> {
+    let keyed = keeps_keyed_state(graph);
+    (keyed && !in_process && !uses_remote_state(graph)).then(|| {
         "the job's keyed state (windows, dedup) lives in worker memory, which checkpoints \
          do not capture; with `state: { backend: remote }` it restarts from its last \
          checkpoint"

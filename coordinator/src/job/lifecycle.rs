@@ -33,8 +33,8 @@ pub enum JobState {
     Running,
     /// A task failed; the remaining tasks are being cancelled.
     Failing,
-    /// Waiting out the restart back-off; the state service rolls back to the last
-    /// committed checkpoint.
+    /// Waiting out the restart back-off (the job's state goes back to the checkpoint
+    /// the next attempt resumes from when that attempt deploys).
     Restarting,
     /// A rescale was requested: checkpoint, then redeploy at the new parallelism.
     Rescaling,
@@ -118,7 +118,7 @@ pub enum JobEvent {
     TaskFailed,
     /// The restart policy decided to restart (after its back-off).
     Restart,
-    /// The back-off passed and the state was rolled back: deploy again.
+    /// The back-off passed: deploy again (rolling the state back is the deploy's).
     Restarted,
     /// The user asked for another parallelism.
     RescaleRequested,

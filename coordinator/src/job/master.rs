@@ -4,7 +4,7 @@
 //! ([`super::driver`]). This module is their face to the rest of the coordinator: the
 //! settings ([`MasterConfig`]), the ports through which the master reaches what it
 //! does not own (re-exported from [`super::ports`]: the state service,
-//! [`StateConnector`] and [`JobStateShards`]; worker processes, [`WorkerLauncher`]),
+//! [`StateConnector`] and [`StateStore`]; worker processes, [`WorkerLauncher`]),
 //! and [`JobMaster::spawn`], which starts the actor and returns the [`JobHandle`] the
 //! service keeps: a command channel, the published status, and the task to wait for.
 //!
@@ -29,7 +29,7 @@ use crate::checkpoint::store::{self, MetadataStore};
 use crate::cluster::registry::Registry;
 
 pub use super::graph::{graph_parallelism, max_parallelism, set_parallelism};
-pub use super::ports::{JobStateShards, StateConnector, WorkerLauncher};
+pub use super::ports::{StateConnector, StateStore, WorkerLauncher};
 
 /// How long workers may take to confirm that an attempt is cancelled.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -54,6 +54,10 @@ pub struct MasterConfig {
     /// Whose shards in the state service the job uses: its own id (`None`), or the
     /// job it took a savepoint from.
     pub state_id: Option<String>,
+    /// The workers run in this process, whose memory holds the keyed state of jobs
+    /// with `state: { backend: memory }`: the coordinator restores and commits it as it
+    /// does the state service's, so such jobs restart from their checkpoints.
+    pub in_process_state: bool,
 }
 
 /// A running job's master, as the service holds it.
@@ -96,6 +100,7 @@ impl JobMaster {
             stop_commit_timeout: STOP_COMMIT_TIMEOUT,
             network: config.network,
             metrics_interval_ms: config.metrics_interval_ms,
+            in_process_state: config.in_process_state,
         };
         let now = now_ms();
         let initial = JobStatus::new(&id, &graph.name, graph_parallelism(&graph), now);

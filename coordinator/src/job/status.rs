@@ -78,6 +78,9 @@ pub struct JobStatus {
     pub records_in: u64,
     /// Records written by the sinks.
     pub records_out: u64,
+    /// The smallest source watermark the workers reported (ms since the epoch), once
+    /// every source has one.
+    pub watermark: Option<i64>,
     /// Late records the windows counted (at the end).
     pub late: u64,
     /// Malformed records skipped (at the end).
@@ -112,6 +115,7 @@ impl JobStatus {
             parallelism,
             records_in: 0,
             records_out: 0,
+            watermark: None,
             late: 0,
             skipped: 0,
             barriers: 0,

@@ -45,7 +45,7 @@ impl Driver {
                     self.to_running(control::complete(self.attempt, id), acts)
                 }
                 ckpt::Action::CommitShards { id, retained } => {
-                    if self.remote_state {
+                    if self.managed_state {
                         acts.push(Action::CommitState { id, retained });
                     } else {
                         self.checkpoint_done(now, id, acts);

@@ -143,7 +143,7 @@ impl Driver {
         let Phase::Deploying(d) = &mut self.phase else {
             return;
         };
-        if self.remote_state {
+        if self.managed_state {
             d.step = DeployStep::OpeningState { peers };
             self.waiting_for("the state service to open the job's shards");
             acts.push(Action::OpenState);

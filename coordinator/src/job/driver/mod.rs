@@ -8,8 +8,7 @@
 //! is a number of milliseconds supplied with every event, as for the
 //! [`CheckpointProtocol`], which the driver owns and feeds: the driver decides what an
 //! attempt is, the protocol what a checkpoint is. Nothing here reads a clock, sleeps or
-//! touches the network, so tests drive every interleaving directly (see the tests at
-//! the end of this file).
+//! touches the network, so tests drive every interleaving directly (see `tests.rs`).
 //!
 //! The job's lifecycle ([`JobState`]) moves only through [`JobState::next`]; a
 //! transition the lifecycle refuses is a bug: it is logged at error level, recorded
@@ -135,6 +134,8 @@ pub struct DriverConfig {
     pub network: pbc::NetworkConfig,
     /// Workers print task metrics this often (0: at the end only).
     pub metrics_interval_ms: u64,
+    /// The workers run in the coordinator's process, which holds memory state.
+    pub in_process_state: bool,
 }
 
 /// Where a driver starts from.
@@ -356,8 +357,8 @@ enum DeployStep {
 struct Running {
     workers: Vec<String>,
     tasks: BTreeSet<TaskId>,
-    /// Each worker's counts from its progress reports.
-    progress: BTreeMap<String, (u64, u64)>,
+    /// Each worker's counts and source watermark from its progress reports.
+    progress: BTreeMap<String, (u64, u64, Option<i64>)>,
     /// Final reports, by worker.
     reports: BTreeMap<String, pbc::Report>,
     /// Tasks that finished their input and wait for the final checkpoint.
@@ -447,7 +448,9 @@ pub struct Driver {
     protocol: Option<CheckpointProtocol>,
     /// Why the protocol could not be created (the job fails at start).
     protocol_error: Option<String>,
-    remote_state: bool,
+    /// The coordinator opens, restores and commits the job's keyed state: it is in the
+    /// state service, or in the memory of this process (in-process workers).
+    managed_state: bool,
     /// How workers reach the shards, once connected.
     state_ref: Option<pbc::RemoteStateRef>,
     not_restorable: Option<String>,
@@ -463,7 +466,6 @@ pub struct Driver {
     writes: BTreeMap<String, Box<CheckpointMetadata>>,
     savepoints: BTreeMap<u64, SavepointRequest>,
     rescale: Option<RescaleRequest>,
-    /// Shard commits asked for the job's last epoch (no checkpoints): not a checkpoint.
     status: JobStatus,
     status_version: u64,
     end: Option<End>,
@@ -513,8 +515,9 @@ impl Driver {
             }
         };
         Self {
-            remote_state: graph::uses_remote_state(&graph),
-            not_restorable: graph::not_restorable(&graph),
+            managed_state: graph::uses_remote_state(&graph)
+                || (config.in_process_state && graph::keeps_keyed_state(&graph)),
+            not_restorable: graph::not_restorable(&graph, config.in_process_state),
             config,
             graph,
             lifecycle: JobState::Created,
@@ -602,7 +605,7 @@ impl Driver {
                     user: true,
                 },
             );
-        } else if self.remote_state {
+        } else if self.managed_state {
             self.phase = Phase::Connecting;
             self.waiting_for("the state service");
             acts.push(Action::ConnectState);

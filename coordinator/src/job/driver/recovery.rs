@@ -189,7 +189,7 @@ impl Driver {
             None => {}
         }
         self.transition(JobEvent::Restarted);
-        if self.remote_state && self.state_ref.is_none() {
+        if self.managed_state && self.state_ref.is_none() {
             // The state service was not reached the first time.
             self.phase = Phase::Connecting;
             self.waiting_for("the state service");

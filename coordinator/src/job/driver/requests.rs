@@ -154,7 +154,7 @@ impl Driver {
             bytes_before: None,
             stage: RescaleStage::Checkpoint { id },
         });
-        if self.remote_state {
+        if self.managed_state {
             acts.push(Action::ReadRestoreBytes);
         }
         self.protocol_actions(now, out, acts);
@@ -225,7 +225,7 @@ impl Driver {
             return;
         };
         let checkpoint_id = from.checkpoint_id;
-        if self.remote_state {
+        if self.managed_state {
             r.stage = RescaleStage::Measure { checkpoint_id };
             acts.push(Action::ReadRestoreBytes);
         } else {

@@ -106,9 +106,11 @@ impl Driver {
             return;
         };
         if !r.r#final {
-            run.progress.insert(worker, (r.records_in, r.records_out));
+            run.progress
+                .insert(worker, (r.records_in, r.records_out, r.watermark));
             self.status.records_in = run.progress.values().map(|p| p.0).sum();
             self.status.records_out = run.progress.values().map(|p| p.1).sum();
+            self.status.watermark = run.progress.values().filter_map(|p| p.2).min();
             return;
         }
         // A worker ends its attempt once its tasks are done: after the final checkpoint,
@@ -143,7 +145,7 @@ impl Driver {
         };
         // With checkpoints, the final checkpoint committed the shards already; without,
         // every task flushed its last epoch at the end of its input.
-        if self.remote_state && self.protocol.is_none() && last > 0 {
+        if self.managed_state && self.protocol.is_none() && last > 0 {
             acts.push(Action::CommitState {
                 id: last,
                 retained: vec![last],

@@ -57,6 +57,7 @@ fn config(workers: usize) -> DriverConfig {
         stop_commit_timeout: Duration::from_millis(700),
         network: pbc::NetworkConfig::default(),
         metrics_interval_ms: 0,
+        in_process_state: false,
     }
 }
 
