@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 use super::backend::{KeyedStateBackend, WriteOp};
 use super::error::{StateError, StateResult};
-use super::key::{decode_key, encode_key, encode_state_part, prefix_end};
+use super::key::{decode_key, encode_key, encode_state_part, key_prefix, prefix_end};
 
 /// One named table of one operator's keyed state.
 #[derive(Clone)]
@@ -84,6 +84,26 @@ impl StateTable {
     pub async fn scan_group(&self, key_group: u16, page: usize) -> StateResult<Vec<Row>> {
         let mut prefix = key_group.to_be_bytes().to_vec();
         encode_state_part(&mut prefix, self.operator_id, self.name);
+        self.scan_prefix(prefix, page).await
+    }
+
+    /// Every row of `key` in `key_group` (any namespace), in namespace order.
+    pub async fn scan_key(&self, key_group: u16, key: &[u8], page: usize) -> StateResult<Vec<Row>> {
+        let prefix = key_prefix(key_group, self.operator_id, self.name, key);
+        self.scan_prefix(prefix, page).await
+    }
+
+    /// The operation removing every row of `key` in `key_group` (any namespace).
+    pub fn delete_key(&self, key_group: u16, key: &[u8]) -> WriteOp {
+        let prefix = key_prefix(key_group, self.operator_id, self.name, key);
+        let end = prefix_end(&prefix);
+        WriteOp::DeleteRange {
+            start: Bytes::from(prefix),
+            end: Bytes::from(end),
+        }
+    }
+
+    async fn scan_prefix(&self, prefix: Vec<u8>, page: usize) -> StateResult<Vec<Row>> {
         let end = prefix_end(&prefix);
         let mut from = prefix;
         let mut rows = Vec::new();

@@ -86,15 +86,21 @@ impl Sampler {
                 buffers_in_use_out: u64::from(o.buffers),
                 credits: u64::from(o.credit),
                 backlog: u64::from(o.buffers),
+                cache_hits: t.cache.hits.load(Ordering::Relaxed),
+                cache_misses: t.cache.misses.load(Ordering::Relaxed),
+                cache_reads: t.cache.reads.load(Ordering::Relaxed),
+                cache_spills: t.cache.spills.load(Ordering::Relaxed),
+                cache_bytes: t.cache.bytes.load(Ordering::Relaxed),
             });
         }
         out
     }
 }
 
-/// One line of figures for people and tests.
+/// One line of figures for people and tests; a task with a keyed operator's cache adds
+/// its figures (`cache_hit_ratio` is hits over hits and misses).
 pub fn format_line(worker: u32, m: &pbc::TaskMetrics, rss_bytes: u64) -> String {
-    format!(
+    let mut line = format!(
         "metrics worker={worker} task={} busy_ms_per_s={} backpressured_ms_per_s={} idle_ms_per_s={} \
          records_in={} records_out={} bytes_in={} bytes_out={} buffers_in_use_in={} \
          buffers_in_use_out={} credits={} backlog={} rss_kb={}",
@@ -111,7 +117,18 @@ pub fn format_line(worker: u32, m: &pbc::TaskMetrics, rss_bytes: u64) -> String 
         m.credits,
         m.backlog,
         rss_bytes / 1024
-    )
+    );
+    let lookups = m.cache_hits + m.cache_misses;
+    if lookups > 0 {
+        line.push_str(&format!(
+            " cache_hit_ratio={:.3} cache_reads={} cache_spills={} cache_kb={}",
+            m.cache_hits as f64 / lookups as f64,
+            m.cache_reads,
+            m.cache_spills,
+            m.cache_bytes / 1024
+        ));
+    }
+    line
 }
 
 /// Resident set size of this process (Linux; 0 elsewhere).

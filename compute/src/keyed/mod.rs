@@ -9,15 +9,18 @@
 //!   kept as rows of the operator's `timers` table so that a restore (at any
 //!   parallelism) brings back exactly the timers pending at the checkpoint.
 //!
+//! - [`cache_counters`]: what an operator's cache of decoded state counts.
 //! - [`memory_stores`]: the memory stores of the jobs a process runs, shared by its
 //!   in-process workers and the coordinator beside them.
 //!
 //! Nothing here knows the network, barriers' alignment, or what an operator computes.
 
+pub mod cache_counters;
 pub mod memory_stores;
 pub mod state;
 pub mod timers;
 
+pub use cache_counters::CacheCounters;
 pub use memory_stores::{InProcessState, MemoryStores};
 pub use state::OperatorState;
 pub use timers::KeyedTimers;

@@ -16,6 +16,10 @@ use sluice_common::state::{KeyedStateBackend, StateStore, StateTable};
 
 use crate::error::Result;
 
+/// Bytes of decoded state an operator subtask keeps unless the job says (`state: {
+/// cache: ... }`).
+pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
+
 /// One operator's keyed state in one subtask.
 #[derive(Clone)]
 pub struct OperatorState {
@@ -24,6 +28,7 @@ pub struct OperatorState {
     key_groups: Range<u32>,
     first_epoch: u64,
     checkpointed: bool,
+    cache_bytes: usize,
     backend: Arc<OnceLock<Arc<dyn KeyedStateBackend>>>,
 }
 
@@ -54,8 +59,21 @@ impl OperatorState {
             key_groups,
             first_epoch,
             checkpointed,
+            cache_bytes: DEFAULT_CACHE_BYTES,
             backend: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The same, with `bytes` for the operator's cache of decoded state.
+    pub fn with_cache_bytes(mut self, bytes: usize) -> Self {
+        self.cache_bytes = bytes.max(1);
+        self
+    }
+
+    /// Bytes of decoded state the operator may keep in memory before spilling to the
+    /// backend.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache_bytes
     }
 
     /// Table `name` of this operator (opening the subtask's backend on first use).

@@ -1,11 +1,11 @@
 //! `window` + `aggregate`: keyed (or global) tumbling, sliding and session windows.
 //!
-//! Per batch, rows are first folded into partial accumulators per distinct key and
-//! *pane* in operator memory (a pane is a `gcd(size, slide)`-long slice of time; a tumbling window
-//! is its own single pane); then each touched pane's accumulators in keyed state are
-//! read in one `get_many`, merged, and written back in one `write`. State is thereby
-//! touched once per key and pane per batch however many windows a record belongs to,
-//! which is what keeps a remote backend affordable. A firing window merges its panes.
+//! Tumbling and sliding windows are [`FixedWindows`] (`window/fixed.rs`): per *pane* (a
+//! `gcd(size, slide)`-long slice of time; a tumbling window is one pane) a hash
+//! aggregation of decoded accumulators, held in a memory-bounded write-back cache over
+//! keyed state, folded a batch at a time and fired from the watermark without per-key
+//! timers. Sessions keep one state row per key (its open sessions), read and written
+//! once per key and batch, and a timer per key in the runtime's timer service.
 //!
 //! Firing: an event-time window fires when the watermark reaches `end - 1`; results
 //! carry `window_start` and `window_end`. With allowed lateness a fired window is kept
@@ -16,22 +16,23 @@
 //!
 //! # State
 //!
-//! The window keeps three tables of keyed state: `window` (a pane's accumulators per
-//! key and pane) or `sessions` (a key's sessions), `watermark` (its event-time watermark
-//! at the last barrier, per key group), and `timers` (the runtime's timer service:
-//! firings and cleanups of panes, checks of sessions). At a barrier it finishes the
-//! batches whose reads are in flight, records its watermark and persists what changed in
-//! its timers; the runtime seals the epoch after that.
+//! Fixed windows keep tables `panes` (accumulators per key group, pane and key) and
+//! `pane_index` (which panes have rows, per key group); sessions keep `sessions` (a
+//! key's sessions) and `timers`. Both record `watermark` (the event-time watermark at
+//! the last barrier, per key group). At a barrier the window finishes what is in
+//! flight, writes what changed since the last one and records its watermark; the
+//! runtime seals the epoch after that.
 //!
 //! # Restore
 //!
-//! At `open` the timers of the subtask's key groups come back from the `timers` table,
-//! exactly as they were pending at the checkpoint, and the window's watermark is the
-//! smallest one recorded for those key groups, so records late then are late now. A job
+//! At `open`, fixed windows read the pane index of the subtask's key groups (the panes
+//! come back from state when they fire) and session timers come back from the `timers`
+//! table, as the checkpoint the state was restored to left them. The window's watermark
+//! is the smallest one recorded for its key groups, so records late then are late now;
+//! a key group's windows that fired before the checkpoint are not fired again. A job
 //! restarted from a checkpoint, at the same or another parallelism, thereby fires every
-//! window once, as an uninterrupted run would. Fresh state has no timers.
+//! window once, as an uninterrupted run would.
 
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,23 +52,25 @@ use crate::element::{Barrier, Timestamp};
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
 use crate::expr::aggregate::AggregateCall;
-use crate::keyed::KeyedTimers;
+use crate::keyed::{CacheCounters, KeyedTimers};
 use crate::keys::{EncodedKeys, KeyEncoder, decode_keys};
 use crate::window::accumulator::{self, Acc, evaluate_args};
 use crate::window::assigner::WindowAssigner;
+use crate::window::fixed::{Fired, FixedConfig, FixedWindows};
 use crate::window::session::{self, Session};
 
 /// Per-batch maps hash short keys millions of times a second: a fast, non-DoS-resistant
 /// hasher is right for them (keys come from the job's own data, bounded per batch).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-const SLOT_STATE: &str = "window";
+const PANE_STATE: &str = "panes";
+const PANE_INDEX_STATE: &str = "pane_index";
 const SESSION_STATE: &str = "sessions";
 /// The operator's event-time watermark at the last barrier, one entry per key group it
 /// owned (empty key and namespace), so that a restore at any parallelism knows how far
 /// each key group had got.
 const WATERMARK_STATE: &str = "watermark";
-/// The operator's timers.
+/// The session timers.
 const TIMER_STATE: &str = "timers";
 
 /// Where a record's time comes from.
@@ -79,112 +82,26 @@ enum TimeSource {
     Processing,
 }
 
-/// A timer: a fixed window to fire or clean up, or a key whose sessions to check. It
-/// is kept in the timer service as `[tag][start][end][key]` (sessions: `[tag][key]`).
-#[derive(Debug, PartialEq, Eq)]
-enum Timer {
-    Fire {
-        key_group: u16,
-        key: Bytes,
-        start: Timestamp,
-        end: Timestamp,
-    },
-    Cleanup {
-        key_group: u16,
-        key: Bytes,
-        start: Timestamp,
-        end: Timestamp,
-    },
-    Sessions {
-        key_group: u16,
-        key: Bytes,
-    },
-}
-
-impl Timer {
-    const FIRE: u8 = 0;
-    const CLEANUP: u8 = 1;
-    const SESSIONS: u8 = 2;
-
-    /// The key group it belongs to and its payload in the timer service.
-    fn encode(&self) -> (u16, Bytes) {
-        let (tag, key_group, key, window) = match self {
-            Timer::Fire {
-                key_group,
-                key,
-                start,
-                end,
-            } => (Self::FIRE, *key_group, key, Some((*start, *end))),
-            Timer::Cleanup {
-                key_group,
-                key,
-                start,
-                end,
-            } => (Self::CLEANUP, *key_group, key, Some((*start, *end))),
-            Timer::Sessions { key_group, key } => (Self::SESSIONS, *key_group, key, None),
-        };
-        let mut out = Vec::with_capacity(17 + key.len());
-        out.push(tag);
-        if let Some((start, end)) = window {
-            out.extend_from_slice(&start.to_be_bytes());
-            out.extend_from_slice(&end.to_be_bytes());
-        }
-        out.extend_from_slice(key);
-        (key_group, Bytes::from(out))
-    }
-
-    fn decode(key_group: u16, payload: &Bytes) -> Result<Self> {
-        let corrupt = || Error::Internal(format!("corrupt window timer ({payload:?})"));
-        let window = |p: &Bytes| -> Result<(Timestamp, Timestamp, Bytes)> {
-            let start = p.get(1..9).ok_or_else(corrupt)?;
-            let end = p.get(9..17).ok_or_else(corrupt)?;
-            Ok((
-                i64::from_be_bytes(start.try_into().map_err(|_| corrupt())?),
-                i64::from_be_bytes(end.try_into().map_err(|_| corrupt())?),
-                p.slice(17..),
-            ))
-        };
-        match payload.first() {
-            Some(&Self::FIRE) => {
-                let (start, end, key) = window(payload)?;
-                Ok(Timer::Fire {
-                    key_group,
-                    key,
-                    start,
-                    end,
-                })
-            }
-            Some(&Self::CLEANUP) => {
-                let (start, end, key) = window(payload)?;
-                Ok(Timer::Cleanup {
-                    key_group,
-                    key,
-                    start,
-                    end,
-                })
-            }
-            Some(&Self::SESSIONS) => Ok(Timer::Sessions {
-                key_group,
-                key: payload.slice(1..),
-            }),
-            _ => Err(corrupt()),
-        }
-    }
-}
-
-/// One window result awaiting emission.
-struct Fired {
-    key: Bytes,
-    start: Timestamp,
-    end: Timestamp,
-    accs: Vec<Acc>,
-}
-
 /// Counters the window shares with the job's metrics.
 #[derive(Debug, Default)]
 pub struct WindowCounters {
     /// Records that arrived after their windows were closed.
     pub late_records: AtomicU64,
+    /// The fixed windows' caches.
+    pub cache: Arc<CacheCounters>,
+}
+
+/// The sessions of a window operator: one state row and timers per key.
+struct Sessions {
+    gap: i64,
+    table: StateTable,
+    timers: KeyedTimers,
+}
+
+/// What the operator keeps, once open.
+enum WindowState {
+    Fixed(Box<FixedWindows>),
+    Sessions(Sessions),
 }
 
 /// The window operator of one subtask.
@@ -196,14 +113,6 @@ pub struct WindowOperator {
     lateness: i64,
     late_to_side: bool,
     schema: SchemaRef,
-    /// Panes or sessions (set at `open`).
-    slots: Option<StateTable>,
-    /// The watermark per key group at the last barrier (set at `open`).
-    watermarks: Option<StateTable>,
-    /// Timers, restored at `open`.
-    timers: Option<KeyedTimers>,
-    /// Batches whose state reads may be in flight at once (0: reads answer at once).
-    pipelined: usize,
     counters: Arc<WindowCounters>,
     max_parallelism: u32,
     watermark: Timestamp,
@@ -211,47 +120,9 @@ pub struct WindowOperator {
     key_groups: Range<u32>,
     /// The watermark last recorded in state at a barrier.
     recorded_watermark: Option<Timestamp>,
+    watermarks: Option<StateTable>,
+    state: Option<WindowState>,
     keys: EncodedKeys,
-    /// Batches whose state reads are in flight, oldest first.
-    inflight: VecDeque<InFlight>,
-}
-
-/// A batch folded into partial accumulators, waiting for its state values.
-struct FixedBatch {
-    /// Distinct keys of the batch (canonical bytes).
-    keys: Vec<Bytes>,
-    /// Key group of each key.
-    groups: Vec<u16>,
-    /// (key index, pane start) of each state entry the batch updates.
-    slots: Vec<(u32, Timestamp)>,
-    /// The batch's accumulators, `calls.len()` per slot.
-    partial: Vec<Acc>,
-    /// The state key of each slot.
-    state_keys: Vec<Bytes>,
-}
-
-/// A prepared batch and its state read.
-struct InFlight {
-    keys: std::collections::HashSet<Bytes, foldhash::fast::RandomState>,
-    prepared: FixedBatch,
-    read: AbortOnDrop<sluice_common::state::StateResult<Vec<Option<Bytes>>>>,
-}
-
-/// A spawned task that is aborted when its handle is dropped.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-fn overlaps<S: std::hash::BuildHasher>(
-    a: &std::collections::HashSet<Bytes, S>,
-    b: &std::collections::HashSet<Bytes, S>,
-) -> bool {
-    let (small, large) = if a.len() <= b.len() { (a, b) } else { (b, a) };
-    small.iter().any(|k| large.contains(k))
 }
 
 impl WindowOperator {
@@ -318,16 +189,13 @@ impl WindowOperator {
             lateness: spec.allowed_lateness_ms.min(i64::MAX as u64 / 4) as i64,
             late_to_side: spec.late() == pb::LatePolicy::SideOutput,
             schema: Arc::new(Schema::new(fields)),
-            slots: None,
-            watermarks: None,
-            timers: None,
-            pipelined: 0,
-            inflight: VecDeque::new(),
             counters,
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
             watermark: Timestamp::MIN,
             key_groups: 0..0,
             recorded_watermark: None,
+            watermarks: None,
+            state: None,
             keys: EncodedKeys::default(),
         })
     }
@@ -369,311 +237,70 @@ impl WindowOperator {
         self.is_event_time() && end - 1 + self.lateness <= self.watermark
     }
 
-    /// The panes or sessions table.
-    fn slots(&self) -> Result<&StateTable> {
-        self.slots.as_ref().ok_or_else(not_open)
+    fn state(&mut self) -> Result<&mut WindowState> {
+        self.state.as_mut().ok_or_else(not_open)
     }
 
-    fn timers(&mut self) -> Result<&mut KeyedTimers> {
-        self.timers.as_mut().ok_or_else(not_open)
-    }
-
-    /// Registers `timer` to fire at `at`.
-    fn register(&mut self, at: Timestamp, timer: Timer) -> Result<()> {
-        let (key_group, payload) = timer.encode();
-        self.timers()?.register(at, key_group, payload);
-        Ok(())
-    }
-
-    /// Tumbling and sliding windows. State holds one accumulator set per key and *pane*
-    /// (a `gcd(size, slide)`-long slice; for tumbling windows the window itself), so a record
-    /// updates one entry however many windows it belongs to; a window's result merges
-    /// its panes when it fires. A pane is dropped when the last window holding it (the
-    /// one starting with it) fires, or after allowed lateness.
-    async fn process_fixed(
-        &mut self,
-        batch: &RecordBatch,
-        times: &[Timestamp],
-        out: &mut Output,
-    ) -> Result<Vec<u32>> {
-        let (prepared, late) = self.prepare_fixed(batch, times)?;
-        let Some(prepared) = prepared else {
-            return Ok(late);
-        };
-        if self.pipelined == 0 {
-            let stored = self.slots()?.get_many(&prepared.state_keys).await?;
-            self.apply_fixed(prepared, stored, out).await?;
-            return Ok(late);
-        }
-        // Reads that take a round trip: the read goes out now and the batch is applied
-        // later, in order, so the reads of the next batches overlap with this one's round
-        // trip. A batch touching a key an earlier batch still waits on applies that one
-        // first (per-key order).
-        let keys: std::collections::HashSet<Bytes, foldhash::fast::RandomState> =
-            prepared.state_keys.iter().cloned().collect();
-        if let Some(last) = self
-            .inflight
-            .iter()
-            .rposition(|f| f.keys.len().min(keys.len()) > 0 && overlaps(&f.keys, &keys))
-        {
-            for _ in 0..=last {
-                self.apply_oldest(out).await?;
-            }
-        }
-        let slots = self.slots()?.clone();
-        let read_keys = prepared.state_keys.clone();
-        let read = AbortOnDrop(tokio::spawn(
-            async move { slots.get_many(&read_keys).await },
-        ));
-        self.inflight.push_back(InFlight {
-            keys,
-            prepared,
-            read,
-        });
-        while self.inflight.len() > self.pipelined {
-            self.apply_oldest(out).await?;
-        }
-        Ok(late)
-    }
-
-    /// Applies the oldest batch whose read is in flight.
-    async fn apply_oldest(&mut self, out: &mut Output) -> Result<()> {
-        let Some(mut f) = self.inflight.pop_front() else {
-            return Ok(());
-        };
-        let stored = (&mut f.read.0)
-            .await
-            .map_err(|e| Error::Internal(format!("a state read task failed: {e}")))??;
-        self.apply_fixed(f.prepared, stored, out).await
-    }
-
-    /// Applies every batch whose read is in flight: before time advances, a barrier
-    /// passes or the input ends, the state must hold every record seen.
-    async fn drain(&mut self, out: &mut Output) -> Result<()> {
-        while !self.inflight.is_empty() {
-            self.apply_oldest(out).await?;
-        }
-        Ok(())
-    }
-
-    /// Folds a batch into partial accumulators per key and pane, and names the state
-    /// entries it updates; returns the rows that are late.
-    fn prepare_fixed(
-        &mut self,
-        batch: &RecordBatch,
-        times: &[Timestamp],
-    ) -> Result<(Option<FixedBatch>, Vec<u32>)> {
-        let (pane, _, _) = self.assigner.panes();
-        let naggs = self.calls.len();
-        let args = evaluate_args(&self.calls, batch)?;
-        let mut key_ids: HashMap<&[u8], u32> = HashMap::default();
-        let mut key_list: Vec<&[u8]> = Vec::new();
-        let mut slot_ids: HashMap<(u32, Timestamp), u32> = HashMap::default();
-        let mut slots: Vec<(u32, Timestamp)> = Vec::new();
-        let mut partial: Vec<Acc> = Vec::new();
-        let mut late = Vec::new();
-        for (row, &ts) in times.iter().enumerate() {
-            let start = ts - ts.rem_euclid(pane);
-            if self.window_closed(self.assigner.last_window_end(start)) {
-                late.push(row as u32);
-                continue;
-            }
-            let key = self.keys.row(row);
-            let kid = *key_ids.entry(key).or_insert_with(|| {
-                key_list.push(key);
-                (key_list.len() - 1) as u32
-            });
-            let sid = *slot_ids.entry((kid, start)).or_insert_with(|| {
-                slots.push((kid, start));
-                partial.resize(partial.len() + naggs, Acc::default());
-                (slots.len() - 1) as u32
-            }) as usize;
-            let accs = &mut partial[sid * naggs..(sid + 1) * naggs];
-            for ((acc, call), arg) in accs.iter_mut().zip(&self.calls).zip(&args) {
-                accumulator::update(call.func, acc, arg, row);
-            }
-        }
-        if slots.is_empty() {
-            return Ok((None, late));
-        }
-        let groups: Vec<u16> = key_list
-            .iter()
-            .map(|k| key_group_of(k, self.max_parallelism))
-            .collect();
-        let table = self.slots()?;
-        let state_keys: Vec<Bytes> = slots
-            .iter()
-            .map(|&(kid, start)| {
-                let (kg, key) = (groups[kid as usize], key_list[kid as usize]);
-                table.key(kg, key, &pane_namespace(start, start + pane))
-            })
-            .collect();
-        let keys = key_list.iter().map(|k| Bytes::copy_from_slice(k)).collect();
-        Ok((
-            Some(FixedBatch {
-                keys,
-                groups,
-                slots,
-                partial,
-                state_keys,
-            }),
-            late,
-        ))
-    }
-
-    /// Merges a prepared batch into the state values read for it, registers timers of
-    /// new windows, and re-emits fired windows it updated (allowed lateness).
-    async fn apply_fixed(
-        &mut self,
-        prepared: FixedBatch,
-        stored: Vec<Option<Bytes>>,
-        out: &mut Output,
-    ) -> Result<()> {
-        let FixedBatch {
-            keys: key_list,
-            groups,
-            slots,
-            partial,
-            state_keys,
-        } = prepared;
-        if stored.len() != state_keys.len() {
-            return Err(Error::Internal(format!(
-                "state returned {} values for {} keys",
-                stored.len(),
-                state_keys.len()
-            )));
-        }
-        let naggs = self.calls.len();
-        let mut ops = Vec::with_capacity(slots.len());
-        let mut refire: Vec<(u16, Bytes, Timestamp)> = Vec::new();
-        let mut merged = Vec::with_capacity(naggs);
-        let mut buf = Vec::with_capacity(naggs * accumulator::ACC_BYTES);
-        for (sid, (value, state_key)) in stored.into_iter().zip(state_keys).enumerate() {
-            let (kid, start) = slots[sid];
-            let key_group = groups[kid as usize];
-            let part = &partial[sid * naggs..(sid + 1) * naggs];
-            merged.clear();
-            let is_new = value.is_none();
-            match value {
-                Some(bytes) => {
-                    accumulator::decode(&bytes, naggs, &mut merged)?;
-                    for ((acc, p), call) in merged.iter_mut().zip(part).zip(&self.calls) {
-                        accumulator::merge(call.func, call.arg_kind, acc, p);
-                    }
-                }
-                None => merged.extend_from_slice(part),
-            }
-            // Panes align with window boundaries: the windows holding a pane are those
-            // holding its start.
-            for (w, end) in self.assigner.windows(start) {
-                let fired = self.is_event_time() && end - 1 <= self.watermark;
-                if fired && !self.window_closed(end) {
-                    // Already fired, within allowed lateness: emit the update now.
-                    refire.push((key_group, key_list[kid as usize].clone(), w));
-                }
-            }
-            if is_new {
-                let key = &key_list[kid as usize];
-                self.register_pane_timers(key_group, key, start, self.watermark)?;
-            }
-            buf.clear();
-            accumulator::encode(&merged, &mut buf);
-            ops.push(WriteOp::Put {
-                key: state_key,
-                value: Bytes::copy_from_slice(&buf),
-            });
-        }
-        self.slots()?.write(ops).await?;
-        if !refire.is_empty() {
-            refire.sort();
-            refire.dedup();
-            let fired = self.read_windows(&refire).await?;
-            if !fired.is_empty() {
-                out.batch(self.results(fired)?);
-            }
-        }
-        Ok(())
-    }
-
-    /// Registers the timers of a pane that enters state while the watermark is
-    /// `watermark`: a firing for each of its windows that has not fired yet, and its
-    /// cleanup if the last of them has (nothing else will schedule it).
-    fn register_pane_timers(
-        &mut self,
-        key_group: u16,
-        key: &Bytes,
-        start: Timestamp,
-        watermark: Timestamp,
-    ) -> Result<()> {
-        let (pane, _, _) = self.assigner.panes();
-        let event_time = self.is_event_time();
-        for (w, end) in self.assigner.windows(start) {
-            if !(event_time && end - 1 <= watermark) {
-                let fire = Timer::Fire {
-                    key_group,
-                    key: key.clone(),
-                    start: w,
-                    end,
-                };
-                self.register(end - 1, fire)?;
-            }
-        }
-        let last_end = self.assigner.last_window_end(start);
-        if event_time && last_end - 1 <= watermark {
-            let cleanup = Timer::Cleanup {
-                key_group,
-                key: key.clone(),
-                start,
-                end: start + pane,
-            };
-            self.register(last_end - 1 + self.lateness, cleanup)?;
-        }
-        Ok(())
-    }
-
-    /// Opens the window's state: its tables, its timers as the checkpoint the state was
-    /// restored to left them, and (event time) the smallest watermark recorded for the
-    /// subtask's key groups, so that records late then are late now.
+    /// Opens the window's state at `open`: its tables and, per key group, the watermark
+    /// recorded at the checkpoint the state was restored to (the smallest becomes the
+    /// operator's, so records late then are late now).
     async fn open_state(&mut self, ctx: &OperatorContext) -> Result<()> {
         let state = ctx.keyed_state()?;
-        let name = if matches!(self.assigner, WindowAssigner::Session { .. }) {
-            SESSION_STATE
-        } else {
-            SLOT_STATE
-        };
-        let slots = state.table(name);
         let watermarks = state.table(WATERMARK_STATE);
         self.key_groups = state.key_groups();
-        self.pipelined = slots.pipelined_reads();
-        self.timers = Some(
-            KeyedTimers::restore(
-                state.table(TIMER_STATE),
-                self.key_groups.clone(),
-                state.checkpointed(),
-            )
-            .await?,
-        );
+        let mut recorded = Vec::new();
         if self.is_event_time() {
             let keys: Vec<Bytes> = self
                 .key_groups
                 .clone()
                 .map(|g| watermarks.key(g as u16, &[], &[]))
                 .collect();
-            let mut lowest = None::<Timestamp>;
             for value in watermarks.get_many(&keys).await? {
-                let w = match value {
+                recorded.push(match value {
                     Some(bytes) => i64::from_be_bytes(bytes[..].try_into().map_err(|_| {
                         Error::Internal(format!("corrupt window watermark state ({bytes:?})"))
                     })?),
                     None => Timestamp::MIN,
-                };
-                lowest = Some(lowest.map_or(w, |l| l.min(w)));
+                });
             }
-            self.watermark = lowest.unwrap_or(Timestamp::MIN);
+            self.watermark = recorded.iter().copied().min().unwrap_or(Timestamp::MIN);
             self.recorded_watermark = None;
         }
-        self.slots = Some(slots);
         self.watermarks = Some(watermarks);
+        self.state = Some(match self.assigner {
+            WindowAssigner::Session { gap } => WindowState::Sessions(Sessions {
+                gap,
+                table: state.table(SESSION_STATE),
+                timers: KeyedTimers::restore(
+                    state.table(TIMER_STATE),
+                    self.key_groups.clone(),
+                    state.checkpointed(),
+                )
+                .await?,
+            }),
+            assigner => {
+                let config = FixedConfig {
+                    assigner,
+                    funcs: self.calls.iter().map(|c| (c.func, c.arg_kind)).collect(),
+                    lateness: self.lateness,
+                    event_time: self.is_event_time(),
+                    max_parallelism: self.max_parallelism,
+                    budget: state.cache_bytes(),
+                    tracking: state.checkpointed(),
+                };
+                WindowState::Fixed(Box::new(
+                    FixedWindows::restore(
+                        config,
+                        state.table(PANE_STATE),
+                        state.table(PANE_INDEX_STATE),
+                        self.key_groups.clone(),
+                        recorded,
+                        self.counters.cache.clone(),
+                    )
+                    .await?,
+                ))
+            }
+        });
         Ok(())
     }
 
@@ -700,60 +327,20 @@ impl WindowOperator {
         Ok(())
     }
 
-    /// The current results of fixed windows `(key group, key, start)`, merged from their
-    /// panes; windows with no pane left are skipped.
-    async fn read_windows(&self, windows: &[(u16, Bytes, Timestamp)]) -> Result<Vec<Fired>> {
-        let (pane, size, _) = self.assigner.panes();
-        let naggs = self.calls.len();
-        let per_window = (size / pane) as usize;
-        let table = self.slots()?;
-        let mut keys = Vec::with_capacity(windows.len() * per_window);
-        for (kg, key, start) in windows {
-            for p in 0..per_window as i64 {
-                let s = start + p * pane;
-                keys.push(table.key(*kg, key, &pane_namespace(s, s + pane)));
-            }
-        }
-        let values = table.get_many(&keys).await?;
-        let mut fired = Vec::with_capacity(windows.len());
-        let mut pane_accs = Vec::with_capacity(naggs);
-        for ((_, key, start), panes) in windows.iter().zip(values.chunks(per_window)) {
-            let mut accs: Option<Vec<Acc>> = None;
-            for bytes in panes.iter().flatten() {
-                pane_accs.clear();
-                accumulator::decode(bytes, naggs, &mut pane_accs)?;
-                match accs.as_mut() {
-                    None => accs = Some(pane_accs.clone()),
-                    Some(accs) => {
-                        for ((a, p), call) in accs.iter_mut().zip(&pane_accs).zip(&self.calls) {
-                            accumulator::merge(call.func, call.arg_kind, a, p);
-                        }
-                    }
-                }
-            }
-            if let Some(accs) = accs {
-                fired.push(Fired {
-                    key: key.clone(),
-                    start: *start,
-                    end: start + size,
-                    accs,
-                });
-            }
-        }
-        Ok(fired)
-    }
-
+    /// Folds a batch into session state; returns the rows that are late.
     async fn process_sessions(
         &mut self,
         batch: &RecordBatch,
         times: &[Timestamp],
         out: &mut Output,
     ) -> Result<Vec<u32>> {
-        let WindowAssigner::Session { gap } = self.assigner else {
-            return Err(Error::Internal("session path on a fixed window".into()));
-        };
         let naggs = self.calls.len();
         let args = evaluate_args(&self.calls, batch)?;
+        let Some(WindowState::Sessions(sessions)) = &self.state else {
+            return Err(Error::Internal("session path on a fixed window".into()));
+        };
+        let gap = sessions.gap;
+        let table = sessions.table.clone();
         let mut key_ids: HashMap<&[u8], u32> = HashMap::default();
         let mut rows_by_key: Vec<(&[u8], Vec<u32>)> = Vec::new();
         let mut late = Vec::new();
@@ -776,7 +363,6 @@ impl WindowOperator {
             .iter()
             .map(|(k, _)| key_group_of(k, self.max_parallelism))
             .collect();
-        let table = self.slots()?.clone();
         let state_keys: Vec<Bytes> = rows_by_key
             .iter()
             .zip(&groups)
@@ -784,7 +370,7 @@ impl WindowOperator {
             .collect();
         let stored = table.get_many(&state_keys).await?;
         let mut ops = Vec::with_capacity(rows_by_key.len());
-        let mut refire = Vec::new();
+        let mut refire = Fired::default();
         let mut timers = Vec::new();
         for (((key, rows), value), (state_key, &key_group)) in rows_by_key
             .iter()
@@ -809,17 +395,11 @@ impl WindowOperator {
                 };
                 session::insert(&mut sessions, s, &self.calls);
             }
-            let key = Bytes::copy_from_slice(key);
             let mut ends: Vec<Timestamp> = Vec::new();
             for s in sessions.iter_mut().filter(|s| !s.fired) {
                 if self.is_event_time() && s.end - 1 <= self.watermark {
                     s.fired = true;
-                    refire.push(Fired {
-                        key: key.clone(),
-                        start: s.start,
-                        end: s.end,
-                        accs: s.accs.clone(),
-                    });
+                    refire.push(key, s.start, s.end, &s.accs);
                     ends.push(s.end - 1 + self.lateness);
                 } else {
                     ends.push(s.end - 1);
@@ -828,11 +408,7 @@ impl WindowOperator {
             ends.sort_unstable();
             ends.dedup();
             for at in ends {
-                let timer = Timer::Sessions {
-                    key_group,
-                    key: key.clone(),
-                };
-                timers.push((at, timer));
+                timers.push((at, key_group, Bytes::copy_from_slice(key)));
             }
             let mut buf = Vec::new();
             session::encode(&sessions, &mut buf);
@@ -842,8 +418,10 @@ impl WindowOperator {
             });
         }
         table.write(ops).await?;
-        for (at, timer) in timers {
-            self.register(at, timer)?;
+        if let Some(WindowState::Sessions(s)) = &mut self.state {
+            for (at, key_group, key) in timers {
+                s.timers.register(at, key_group, key);
+            }
         }
         if !refire.is_empty() {
             out.batch(self.results(refire)?);
@@ -853,153 +431,100 @@ impl WindowOperator {
 
     /// Fires and cleans up everything due at `now` (a watermark or processing time).
     async fn fire(&mut self, now: Timestamp, out: &mut Output) -> Result<()> {
-        let due = self.timers()?.pop_due(now);
-        if due.is_empty() {
-            return Ok(());
+        let mut fired = Fired::default();
+        match self.state()? {
+            WindowState::Fixed(fixed) => fixed.fire(now, &mut fired).await?,
+            WindowState::Sessions(_) => self.fire_sessions(now, &mut fired).await?,
         }
-        let table = self.slots()?.clone();
-        let naggs = self.calls.len();
-        let (pane, _, slide) = self.assigner.panes();
-        let mut windows = Vec::new();
-        let mut ops = Vec::new();
-        let mut session_keys: Vec<(u16, Bytes)> = Vec::new();
-        for (_, key_group, payload) in due {
-            match Timer::decode(key_group, &payload)? {
-                Timer::Fire {
-                    key_group,
-                    key,
-                    start,
-                    end,
-                } => {
-                    // This is the last window holding the panes of its first slide: drop
-                    // them now, or once allowed lateness has passed.
-                    let keep =
-                        self.lateness > 0 && self.is_event_time() && end - 1 + self.lateness > now;
-                    let mut p = start;
-                    while p < start + slide {
-                        if keep {
-                            let at = end - 1 + self.lateness;
-                            let cleanup = Timer::Cleanup {
-                                key_group,
-                                key: key.clone(),
-                                start: p,
-                                end: p + pane,
-                            };
-                            self.register(at, cleanup)?;
-                        } else {
-                            let pane_key = table.key(key_group, &key, &pane_namespace(p, p + pane));
-                            ops.push(WriteOp::Delete { key: pane_key });
-                        }
-                        p += pane;
-                    }
-                    windows.push((key_group, key, start));
-                }
-                Timer::Cleanup {
-                    key_group,
-                    key,
-                    start,
-                    end,
-                } => {
-                    ops.push(WriteOp::Delete {
-                        key: table.key(key_group, &key, &pane_namespace(start, end)),
-                    });
-                }
-                Timer::Sessions { key_group, key } => session_keys.push((key_group, key)),
-            }
-        }
-        // Several panes of one key register the same window: fire it once.
-        windows.sort();
-        windows.dedup();
-        let mut fired = if windows.is_empty() {
-            Vec::new()
-        } else {
-            self.read_windows(&windows).await?
-        };
-        if !session_keys.is_empty() {
-            session_keys.sort();
-            session_keys.dedup();
-            let keys: Vec<Bytes> = session_keys
-                .iter()
-                .map(|(kg, k)| table.key(*kg, k, &[]))
-                .collect();
-            let values = table.get_many(&keys).await?;
-            let lateness = if self.is_event_time() {
-                self.lateness
-            } else {
-                0
-            };
-            let mut cleanups = Vec::new();
-            for ((value, state_key), (key_group, key)) in
-                values.into_iter().zip(keys).zip(session_keys)
-            {
-                let Some(bytes) = value else { continue };
-                let mut sessions = session::decode(&bytes, naggs)?;
-                let before = sessions.len();
-                let mut changed = false;
-                for s in sessions.iter_mut().filter(|s| !s.fired && s.end - 1 <= now) {
-                    s.fired = true;
-                    changed = true;
-                    fired.push(Fired {
-                        key: key.clone(),
-                        start: s.start,
-                        end: s.end,
-                        accs: s.accs.clone(),
-                    });
-                    if s.end - 1 + lateness > now {
-                        // Kept for allowed lateness: check the key again when it has passed.
-                        cleanups.push((s.end - 1 + lateness, key_group, key.clone()));
-                    }
-                }
-                sessions.retain(|s| !(s.fired && s.end - 1 + lateness <= now));
-                if sessions.is_empty() {
-                    ops.push(WriteOp::Delete { key: state_key });
-                } else if changed || sessions.len() != before {
-                    let mut buf = Vec::new();
-                    session::encode(&sessions, &mut buf);
-                    ops.push(WriteOp::Put {
-                        key: state_key,
-                        value: Bytes::from(buf),
-                    });
-                }
-            }
-            cleanups.sort();
-            cleanups.dedup();
-            for (at, key_group, key) in cleanups {
-                self.register(at, Timer::Sessions { key_group, key })?;
-            }
-        }
-        table.write(ops).await?;
         if !fired.is_empty() {
             out.batch(self.results(fired)?);
         }
         Ok(())
     }
 
+    /// Fires the sessions due at `now` and drops those past their allowed lateness.
+    async fn fire_sessions(&mut self, now: Timestamp, fired: &mut Fired) -> Result<()> {
+        let naggs = self.calls.len();
+        let lateness = if self.is_event_time() {
+            self.lateness
+        } else {
+            0
+        };
+        let Some(WindowState::Sessions(s)) = &mut self.state else {
+            return Ok(());
+        };
+        let mut session_keys: Vec<(u16, Bytes)> = s
+            .timers
+            .pop_due(now)
+            .into_iter()
+            .map(|(_, key_group, key)| (key_group, key))
+            .collect();
+        if session_keys.is_empty() {
+            return Ok(());
+        }
+        session_keys.sort();
+        session_keys.dedup();
+        let table = s.table.clone();
+        let keys: Vec<Bytes> = session_keys
+            .iter()
+            .map(|(kg, k)| table.key(*kg, k, &[]))
+            .collect();
+        let values = table.get_many(&keys).await?;
+        let mut ops = Vec::new();
+        let mut cleanups = Vec::new();
+        for ((value, state_key), (key_group, key)) in values.into_iter().zip(keys).zip(session_keys)
+        {
+            let Some(bytes) = value else { continue };
+            let mut sessions = session::decode(&bytes, naggs)?;
+            let before = sessions.len();
+            let mut changed = false;
+            for s in sessions.iter_mut().filter(|s| !s.fired && s.end - 1 <= now) {
+                s.fired = true;
+                changed = true;
+                fired.push(&key, s.start, s.end, &s.accs);
+                if s.end - 1 + lateness > now {
+                    // Kept for allowed lateness: check the key again when it has passed.
+                    cleanups.push((s.end - 1 + lateness, key_group, key.clone()));
+                }
+            }
+            sessions.retain(|s| !(s.fired && s.end - 1 + lateness <= now));
+            if sessions.is_empty() {
+                ops.push(WriteOp::Delete { key: state_key });
+            } else if changed || sessions.len() != before {
+                let mut buf = Vec::new();
+                session::encode(&sessions, &mut buf);
+                ops.push(WriteOp::Put {
+                    key: state_key,
+                    value: Bytes::from(buf),
+                });
+            }
+        }
+        cleanups.sort();
+        cleanups.dedup();
+        for (at, key_group, key) in cleanups {
+            s.timers.register(at, key_group, key);
+        }
+        table.write(ops).await?;
+        Ok(())
+    }
+
     /// One batch of window results.
-    fn results(&self, fired: Vec<Fired>) -> Result<RecordBatch> {
+    fn results(&self, fired: Fired) -> Result<RecordBatch> {
+        let naggs = self.calls.len();
         let mut columns: Vec<ArrayRef> = decode_keys(
             self.key_encoder.fields(),
-            fired.iter().map(|f| f.key.as_ref()),
+            (0..fired.len()).map(|i| fired.key(i)),
         )?;
-        columns.push(Arc::new(TimestampMillisecondArray::from_iter_values(
-            fired.iter().map(|f| f.start),
-        )));
-        columns.push(Arc::new(TimestampMillisecondArray::from_iter_values(
-            fired.iter().map(|f| f.end),
-        )));
+        columns.push(Arc::new(TimestampMillisecondArray::from(fired.starts)));
+        columns.push(Arc::new(TimestampMillisecondArray::from(fired.ends)));
         for (i, call) in self.calls.iter().enumerate() {
-            columns.push(accumulator::finish(call, fired.iter().map(|f| &f.accs[i]))?);
+            columns.push(accumulator::finish(
+                call,
+                fired.accs.iter().skip(i).step_by(naggs),
+            )?);
         }
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
-}
-
-/// The namespace of the pane `[start, end)`.
-fn pane_namespace(start: Timestamp, end: Timestamp) -> [u8; 16] {
-    let mut ns = [0u8; 16];
-    ns[..8].copy_from_slice(&start.to_be_bytes());
-    ns[8..].copy_from_slice(&end.to_be_bytes());
-    ns
 }
 
 fn not_open() -> Error {
@@ -1026,7 +551,31 @@ impl Operator for WindowOperator {
         let late = if matches!(self.assigner, WindowAssigner::Session { .. }) {
             self.process_sessions(&batch, &times, out).await?
         } else {
-            self.process_fixed(&batch, &times, out).await?
+            let args = evaluate_args(&self.calls, &batch)?;
+            let mut late = Vec::new();
+            let mut refired = Fired::default();
+            let watermark = if self.is_event_time() {
+                self.watermark
+            } else {
+                Timestamp::MIN
+            };
+            let Some(WindowState::Fixed(fixed)) = &mut self.state else {
+                return Err(not_open());
+            };
+            fixed
+                .add_batch(
+                    &self.keys,
+                    &times,
+                    &args,
+                    watermark,
+                    &mut late,
+                    &mut refired,
+                )
+                .await?;
+            if !refired.is_empty() {
+                out.batch(self.results(refired)?);
+            }
+            late
         };
         if !late.is_empty() {
             self.counters
@@ -1041,7 +590,6 @@ impl Operator for WindowOperator {
 
     async fn on_watermark(&mut self, ts: Timestamp, out: &mut Output) -> Result<()> {
         if self.is_event_time() && ts > self.watermark {
-            self.drain(out).await?;
             self.watermark = ts;
             self.fire(ts, out).await?;
         }
@@ -1055,26 +603,29 @@ impl Operator for WindowOperator {
 
     async fn on_processing_time(&mut self, now: Timestamp, out: &mut Output) -> Result<()> {
         if !self.is_event_time() {
-            self.drain(out).await?;
             self.fire(now, out).await?;
         }
         Ok(())
     }
 
     async fn on_barrier(&mut self, barrier: Barrier, out: &mut Output) -> Result<()> {
-        self.drain(out).await?;
+        match self.state()? {
+            WindowState::Fixed(fixed) => fixed.persist().await?,
+            WindowState::Sessions(s) => s.timers.persist().await?,
+        }
         self.record_watermark().await?;
-        self.timers()?.persist().await?;
         out.barrier(barrier);
         Ok(())
     }
 
     async fn close(&mut self, out: &mut Output) -> Result<()> {
         // The end of a bounded input closes every window, whatever the time mode.
-        self.drain(out).await?;
         self.fire(Timestamp::MAX, out).await?;
-        // Fired timers leave the state with the epoch the runtime seals now.
-        self.timers()?.persist().await
+        if let WindowState::Sessions(s) = self.state()? {
+            // Fired timers leave the state with the epoch the runtime seals now.
+            s.timers.persist().await?;
+        }
+        Ok(())
     }
 }
 
@@ -1122,8 +673,21 @@ mod tests {
         time: pb::TimeCharacteristic,
         lateness: u64,
         store: Arc<dyn StateStore>,
+        at: (usize, usize),
+        epoch: u64,
+    ) -> (WindowOperator, OperatorState) {
+        window_cached(kind, time, lateness, store, at, epoch, None).await
+    }
+
+    /// [`window_over`] with a cache of `cache` bytes (default when `None`).
+    async fn window_cached(
+        kind: pb::window_spec::Kind,
+        time: pb::TimeCharacteristic,
+        lateness: u64,
+        store: Arc<dyn StateStore>,
         (subtask, parallelism): (usize, usize),
         epoch: u64,
+        cache: Option<usize>,
     ) -> (WindowOperator, OperatorState) {
         let mut spec = pb::WindowSpec {
             kind: Some(kind),
@@ -1148,7 +712,10 @@ mod tests {
         )
         .unwrap();
         let groups = key_group_range(128, parallelism as u32, subtask as u32);
-        let state = OperatorState::new(store, 1, groups, epoch, true);
+        let mut state = OperatorState::new(store, 1, groups, epoch, true);
+        if let Some(bytes) = cache {
+            state = state.with_cache_bytes(bytes);
+        }
         let ctx = OperatorContext {
             node_id: 1,
             node_name: "window".into(),
@@ -1159,6 +726,15 @@ mod tests {
         };
         op.open(&ctx).await.unwrap();
         (op, state)
+    }
+
+    /// Whether the operator has windows open (panes, or session timers).
+    fn has_open_windows(op: &WindowOperator) -> bool {
+        match &op.state {
+            Some(WindowState::Fixed(f)) => !f.is_empty(),
+            Some(WindowState::Sessions(s)) => !s.timers.is_empty(),
+            None => false,
+        }
     }
 
     /// (key, window_start, n, s) of every result batch in `out`.
@@ -1212,8 +788,9 @@ mod tests {
             size_ms: 10,
             slide_ms: 5,
         });
-        let mut op = window(sliding, pb::TimeCharacteristic::TimeEvent).await;
-        op.lateness = 5;
+        let store = Arc::new(MemoryStateStore::new(false));
+        let event = pb::TimeCharacteristic::TimeEvent;
+        let (mut op, _) = window_over(sliding, event, 5, store, (0, 1), 1).await;
         let mut out = Output::default();
         op.process_batch(batch(&[(1, 1, 3), (1, 10, 7), (2, 100, 12)]), &mut out)
             .await
@@ -1292,6 +869,45 @@ mod tests {
             op.on_watermark(i64::MAX, &mut all).await.unwrap();
             assert_eq!(op.counters.late_records.load(Ordering::Relaxed), 0);
             assert_eq!(results(&all), expected, "size {size} slide {slide}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cache_that_spills_every_batch_gives_the_same_output() {
+        let kinds = [
+            pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: 10 }),
+            pb::window_spec::Kind::Sliding(pb::SlidingWindow {
+                size_ms: 10,
+                slide_ms: 4,
+            }),
+        ];
+        let rows = restore_input();
+        let event = pb::TimeCharacteristic::TimeEvent;
+        for kind in kinds {
+            for lateness in [0, 8] {
+                let mut outputs = Vec::new();
+                for cache in [None, Some(1)] {
+                    let store = Arc::new(MemoryStateStore::new(true));
+                    let (mut op, state) =
+                        window_cached(kind, event, lateness, store, (0, 1), 1, cache).await;
+                    let mut out = Output::default();
+                    for (i, chunk) in rows.chunks(13 * 10).enumerate() {
+                        feed(std::slice::from_mut(&mut op), chunk, &mut out).await;
+                        let barrier = Barrier {
+                            checkpoint_id: i as u64 + 1,
+                            kind: crate::element::BarrierKind::Aligned,
+                        };
+                        op.on_barrier(barrier, &mut out).await.unwrap();
+                        state.seal(i as u64 + 1).await.unwrap();
+                    }
+                    op.close(&mut out).await.unwrap();
+                    let spills = op.counters.cache.spills.load(Ordering::Relaxed);
+                    assert_eq!(spills > 0, cache.is_some(), "{kind:?}: {spills} spills");
+                    outputs.push(results(&out));
+                }
+                assert!(!outputs[0].is_empty());
+                assert_eq!(outputs[0], outputs[1], "{kind:?} lateness {lateness}");
+            }
         }
     }
 
@@ -1395,7 +1011,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn timers_restored_with_the_state_fire_every_window_once_after_a_restart() {
+    async fn windows_restored_with_the_state_fire_every_window_once_after_a_restart() {
         let kinds = [
             pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: 10 }),
             pb::window_spec::Kind::Sliding(pb::SlidingWindow {
@@ -1408,7 +1024,7 @@ mod tests {
         // At a chunk boundary, so that both runs see the same watermarks at the same rows.
         let (first, rest) = rows.split_at(13 * 23);
         let event = pb::TimeCharacteristic::TimeEvent;
-        for kind in kinds {
+        for (kind, cache) in kinds.into_iter().flat_map(|k| [(k, None), (k, Some(64))]) {
             for lateness in [0, 8] {
                 let fresh = || Arc::new(MemoryStateStore::new(true)) as Arc<dyn StateStore>;
                 let mut reference = Output::default();
@@ -1424,7 +1040,7 @@ mod tests {
                     let store = fresh();
                     let mut out = Output::default();
                     let (mut op, state) =
-                        window_over(kind, event, lateness, store.clone(), (0, 1), 1).await;
+                        window_cached(kind, event, lateness, store.clone(), (0, 1), 1, cache).await;
                     feed(std::slice::from_mut(&mut op), first, &mut out).await;
                     let barrier = Barrier {
                         checkpoint_id: 1,
@@ -1433,7 +1049,7 @@ mod tests {
                     op.on_barrier(barrier, &mut out).await.unwrap();
                     state.seal(1).await.unwrap();
                     store.commit(1, &[1]).await.unwrap();
-                    assert!(!op.timers.as_ref().unwrap().is_empty());
+                    assert!(has_open_windows(&op));
                     // Lost: what the operator does after the checkpoint.
                     feed(
                         std::slice::from_mut(&mut op),
@@ -1448,11 +1064,11 @@ mod tests {
                     for subtask in 0..parallelism {
                         let at = (subtask, parallelism);
                         let (op, _) =
-                            window_over(kind, event, lateness, store.clone(), at, 2).await;
+                            window_cached(kind, event, lateness, store.clone(), at, 2, cache).await;
                         ops.push(op);
                     }
                     // Every subtask found open windows of its key groups in the state.
-                    assert!(ops.iter().all(|op| !op.timers.as_ref().unwrap().is_empty()));
+                    assert!(ops.iter().all(has_open_windows));
                     feed(&mut ops, rest, &mut out).await;
                     for op in &mut ops {
                         op.close(&mut out).await.unwrap();
@@ -1460,7 +1076,7 @@ mod tests {
                     assert_eq!(
                         results(&out),
                         expected,
-                        "{kind:?} lateness {lateness} restored at parallelism {parallelism}"
+                        "{kind:?} lateness {lateness} cache {cache:?} restored at parallelism {parallelism}"
                     );
                 }
             }
@@ -1468,10 +1084,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_fresh_state_restores_no_timer_and_keeps_the_watermark_at_min() {
+    async fn a_fresh_state_restores_no_window_and_keeps_the_watermark_at_min() {
         let tumbling = pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: 10 });
         let op = window(tumbling, pb::TimeCharacteristic::TimeEvent).await;
-        assert!(op.timers.as_ref().unwrap().is_empty());
+        assert!(!has_open_windows(&op));
         assert_eq!(op.watermark, Timestamp::MIN);
     }
 }

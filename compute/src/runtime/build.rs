@@ -237,6 +237,11 @@ pub async fn build_tasks(
         None
     };
     let checkpointed = takes_checkpoints(plan);
+    let cache_bytes = plan
+        .graph
+        .state
+        .as_ref()
+        .map_or(0, |s| usize::try_from(s.cache_bytes).unwrap_or(usize::MAX));
     let mut tasks = Vec::new();
     for chain in &plan.chains {
         // `subtask` names the task, its channels and its contexts, not only an index.
@@ -262,22 +267,34 @@ pub async fn build_tasks(
                             chain.parallelism as u32,
                             subtask as u32,
                         );
-                        Some(OperatorState::new(
+                        let state = OperatorState::new(
                             store.clone(),
                             id,
                             groups,
                             options.first_epoch,
                             checkpointed,
-                        ))
+                        );
+                        Some(match cache_bytes {
+                            0 => state,
+                            n => state.with_cache_bytes(n),
+                        })
                     }
                     _ => None,
                 };
                 let restored = options.restore.as_ref().map(|r| r.checkpoint_id);
                 let coordinated = options.coordinated_checkpoints;
-                let op =
-                    build_operator(plan, node, info, &compiler, metrics, restored, coordinated)
-                        .await
-                        .map_err(|e| plan.locate(node, e))?;
+                let op = build_operator(
+                    plan,
+                    node,
+                    info,
+                    &compiler,
+                    metrics,
+                    &task_metrics,
+                    restored,
+                    coordinated,
+                )
+                .await
+                .map_err(|e| plan.locate(node, e))?;
                 operators.push(op);
                 contexts.push(OperatorContext {
                     node_id: id,
@@ -400,12 +417,14 @@ pub async fn build_tasks(
     Ok(tasks)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn build_operator(
     plan: &PhysicalPlan,
     node: &pb::Node,
     info: SubtaskInfo,
     compiler: &ExprCompiler,
     metrics: &Arc<JobMetrics>,
+    task_metrics: &TaskMetrics,
     restored: Option<u64>,
     coordinated: bool,
 ) -> Result<Box<dyn Operator>> {
@@ -421,7 +440,7 @@ async fn build_operator(
             spec,
             &input,
             compiler,
-            metrics.window_counters(),
+            metrics.window_counters(task_metrics.cache.clone()),
         )?),
         Some(pb::node::Kind::Dedup(spec)) => Box::new(DedupOperator::build(spec, &input)?),
         Some(pb::node::Kind::Sink(spec)) => {

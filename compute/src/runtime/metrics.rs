@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use crate::element::Timestamp;
+use crate::keyed::CacheCounters;
 use crate::operator::window::WindowCounters;
 
 /// Counters shared by every task of one job.
@@ -34,9 +35,12 @@ impl JobMetrics {
         cell
     }
 
-    /// Registers a window subtask's counters.
-    pub fn window_counters(&self) -> Arc<WindowCounters> {
-        let c = Arc::new(WindowCounters::default());
+    /// Registers the counters of a window subtask whose cache reports to `cache`.
+    pub fn window_counters(&self, cache: Arc<CacheCounters>) -> Arc<WindowCounters> {
+        let c = Arc::new(WindowCounters {
+            cache,
+            ..WindowCounters::default()
+        });
         self.windows
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -89,6 +93,8 @@ pub struct TaskMetrics {
     pub bytes_out: AtomicU64,
     /// Barriers this task passed on.
     pub barriers: AtomicU64,
+    /// The task's keyed operators' cache of decoded state.
+    pub cache: Arc<CacheCounters>,
 }
 
 /// Sends slower than this count as waiting for room downstream.

@@ -86,7 +86,7 @@ pub(super) fn job(root: &Node) -> Result<JobSpec> {
 }
 
 fn state(node: &Node, path: &str) -> Result<pb::StateConfig> {
-    let fields = Fields::new(node, path, &["backend", "shards"])?;
+    let fields = Fields::new(node, path, &["backend", "shards", "cache"])?;
     let backends = [
         ("memory", pb::StateBackend::Memory),
         ("remote", pb::StateBackend::Remote),
@@ -101,9 +101,23 @@ fn state(node: &Node, path: &str) -> Result<pb::StateConfig> {
     let shards = fields
         .opt("shards", |n, p| u32_in(n, p, 1, 32768))?
         .unwrap_or(0);
+    let cache_bytes = fields
+        .opt("cache", |n, p| {
+            let text = string(n, p)?;
+            match sluice_common::byte_size::parse(&text) {
+                Ok(bytes) if bytes > 0 => Ok(bytes),
+                Ok(_) => Err(PosError::new(n.pos, format!("`{p}` must be more than 0"))),
+                Err(e) => Err(PosError::new(
+                    n.pos,
+                    format!("`{p}`: {e} (e.g. `cache: 256MiB`)"),
+                )),
+            }
+        })?
+        .unwrap_or(0);
     Ok(pb::StateConfig {
         backend: backend as i32,
         shards,
+        cache_bytes,
     })
 }
 

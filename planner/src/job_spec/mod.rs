@@ -18,7 +18,7 @@
 //! name: bids-per-auction            # required
 //! parallelism: 2                    # default 1
 //! max_parallelism: 128              # key groups; default 128 (more for parallelism > 85)
-//! state: { backend: memory }        # memory (default) | remote [, shards: 4]
+//! state: { backend: memory }        # memory (default) | remote [, shards: 4] [, cache: 256MiB]
 //! source:                           # exactly one connector, plus optional batch_size
 //!   nexmark: { stream: bid, events: 1000000, seed: 42, max_out_of_orderness: 2s }
 //!   # file: { path: data/bids, format: csv, on_error: fail, schema: { price: int64 } }

@@ -85,6 +85,7 @@ fn full_example_becomes_the_expected_graph() {
         Some(pb::StateConfig {
             backend: pb::StateBackend::Remote as i32,
             shards: 0,
+            cache_bytes: 0,
         })
     );
 
@@ -232,6 +233,7 @@ fn defaults_fill_in_what_is_left_out() {
         Some(pb::StateConfig {
             backend: pb::StateBackend::Memory as i32,
             shards: 0,
+            cache_bytes: 0,
         })
     );
     assert_eq!(graph.nodes.len(), 2);
@@ -833,4 +835,15 @@ fn a_job_file_over_the_limit_is_refused_before_it_is_parsed() {
             && message.contains("limited to 4 MiB"),
         "{message}"
     );
+}
+
+#[test]
+fn state_cache_takes_a_byte_size() {
+    let job = "name: t\nstate: { backend: memory, cache: 1MiB }\nsource:\n  nexmark: { stream: bid }\nsink:\n  stdout: {}\n";
+    let graph = parse_job("job.yaml", job).unwrap();
+    assert_eq!(graph.state.unwrap().cache_bytes, 1 << 20);
+    let bad = job.replace("1MiB", "lots");
+    let err = parse_job("job.yaml", &bad).unwrap_err().to_string();
+    assert!(err.starts_with("job.yaml:2:"), "{err}");
+    assert!(err.contains("state.cache"), "{err}");
 }

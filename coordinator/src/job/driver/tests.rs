@@ -37,6 +37,7 @@ fn graph(parallelism: u32, checkpoints: bool, remote: bool) -> pb::JobGraph {
         state: remote.then_some(pb::StateConfig {
             backend: pb::StateBackend::Remote as i32,
             shards: 4,
+            cache_bytes: 0,
         }),
         ..Default::default()
     }

@@ -1,0 +1,20 @@
+//! What a keyed operator's cache of decoded state counts, reported with its task's
+//! metrics (hit ratio, reads, spills, bytes held).
+
+use std::sync::atomic::AtomicU64;
+
+/// Counters of a keyed operator's cache of decoded state (one per task), which the
+/// task's metrics report.
+#[derive(Debug, Default)]
+pub struct CacheCounters {
+    /// Records whose group was in the cache.
+    pub hits: AtomicU64,
+    /// Groups created in the cache.
+    pub misses: AtomicU64,
+    /// Stored values read from the backend.
+    pub reads: AtomicU64,
+    /// Groups spilled to the backend to stay within the budget.
+    pub spills: AtomicU64,
+    /// Bytes the cache holds now (summed over subtasks).
+    pub bytes: AtomicU64,
+}
