@@ -88,6 +88,10 @@ enum Input {
     /// The generated CSV, with window state in the state service (`state: { backend:
     /// remote }`): the embedded node `sluice run` starts, reached over gRPC.
     CsvRemoteState,
+    /// The generated CSV with a 1 KiB cache of decoded window state and checkpoints every
+    /// 100 ms, on `backend`: windows spill to the backend every batch and are read back
+    /// when they fire.
+    CsvTinyCache(&'static str),
 }
 
 /// The example `name`, with its source replaced per `input` and its sink writing JSON
@@ -105,7 +109,7 @@ fn adapt_example(name: &str, input: Input, csv_dir: &Path, out: &Path) -> String
         );
     }
     let source = match input {
-        Input::Csv | Input::CsvOneReader | Input::CsvRemoteState => {
+        Input::Csv | Input::CsvOneReader | Input::CsvRemoteState | Input::CsvTinyCache(_) => {
             format!("file: {{ path: {}, format: csv }}", yaml_path(csv_dir))
         }
         Input::Nexmark => NEXMARK_SOURCE.to_owned(),
@@ -127,6 +131,11 @@ fn adapt_example(name: &str, input: Input, csv_dir: &Path, out: &Path) -> String
             adapted.push_str("parallelism: 1\n");
         } else if trimmed == "parallelism: 2" && input == Input::CsvRemoteState {
             adapted.push_str("parallelism: 2\nstate: { backend: remote, shards: 3 }\n");
+        } else if let (true, Input::CsvTinyCache(backend)) = (trimmed == "parallelism: 2", input) {
+            adapted.push_str(&format!(
+                "parallelism: 2\nstate: {{ backend: {backend}, cache: 1KiB }}\n\
+                 checkpoint: {{ interval: 100ms }}\n"
+            ));
         } else if trimmed.starts_with("file:") && trimmed.contains("path: out/") {
             sinks += 1;
             adapted.push_str(&format!("{indent}{sink}\n"));
@@ -430,6 +439,21 @@ fn q11_user_sessions_csv_one_reader_of_two_files() {
 #[test]
 fn q5_hot_items_csv_remote_state() {
     check_example("q5-hot-items", Input::CsvRemoteState, q5_expected);
+}
+
+#[test]
+fn q5_hot_items_csv_tiny_cache_memory() {
+    check_example("q5-hot-items", Input::CsvTinyCache("memory"), q5_expected);
+}
+
+#[test]
+fn q5_hot_items_csv_tiny_cache_remote_state() {
+    check_example("q5-hot-items", Input::CsvTinyCache("remote"), q5_expected);
+}
+
+#[test]
+fn q7_highest_bid_csv_tiny_cache_remote_state() {
+    check_example("q7-highest-bid", Input::CsvTinyCache("remote"), q7_expected);
 }
 
 #[test]
