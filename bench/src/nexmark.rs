@@ -63,6 +63,14 @@ pub struct Args {
     /// process only) is NaN: the workers print theirs in their `metrics` lines.
     #[arg(long, default_value_t = 0)]
     workers: u32,
+    /// Take a checkpoint this often (ms; 0: none), so that window state reaches the
+    /// backend (without checkpoints it stays in the operators' caches).
+    #[arg(long, default_value_t = 0)]
+    checkpoint_ms: u64,
+    /// Bytes of decoded window state each subtask keeps before spilling (default: the
+    /// job's default, 256 MiB).
+    #[arg(long, value_parser = sluice_common::byte_size::parse)]
+    cache: Option<u64>,
 }
 
 /// The state backend of a benchmark run.
@@ -105,6 +113,8 @@ pub fn job_text(
     parallelism: u32,
     input: Option<&str>,
     state: StateChoice,
+    checkpoint_ms: u64,
+    cache: Option<u64>,
 ) -> String {
     let source = match input {
         None => format!(
@@ -118,8 +128,13 @@ pub fn job_text(
         StateChoice::Memory => "memory",
         StateChoice::Remote => "remote",
     };
+    let cache = cache.map(|b| format!(", cache: {b}B")).unwrap_or_default();
+    let checkpoint = match checkpoint_ms {
+        0 => String::new(),
+        ms => format!("checkpoint: {{ interval: {ms}ms }}\n"),
+    };
     format!(
-        "name: bench-{q:?}\nparallelism: {parallelism}\nstate: {{ backend: {state} }}\nsource:\n{source}watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n{p}sink:\n  blackhole: {{}}\n",
+        "name: bench-{q:?}\nparallelism: {parallelism}\nstate: {{ backend: {state}{cache} }}\n{checkpoint}source:\n{source}watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n{p}sink:\n  blackhole: {{}}\n",
         q = query,
         p = pipeline(query)
     )
@@ -136,6 +151,8 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         args.parallelism,
         args.input.as_deref(),
         args.state,
+        args.checkpoint_ms,
+        args.cache,
     );
     let graph = job_spec::parse_job("<bench>", &text).map_err(|e| Error::usage(e.to_string()))?;
     let s = host.run_job(graph, args.workers)?;
@@ -181,7 +198,7 @@ mod tests {
     fn every_query_is_a_valid_job() {
         for q in Query::value_variants() {
             for input in [None, Some("/tmp/bids")] {
-                let text = job_text(*q, 10, 2, input, StateChoice::Remote);
+                let text = job_text(*q, 10, 2, input, StateChoice::Remote, 0, None);
                 job_spec::parse_job("<bench>", &text)
                     .unwrap_or_else(|e| panic!("{q:?}: {e}\n{text}"));
             }
