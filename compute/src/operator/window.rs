@@ -209,10 +209,14 @@ impl WindowOperator {
         matches!(self.time, TimeSource::Event(_))
     }
 
-    /// Each row's time in milliseconds.
-    fn times(&self, batch: &RecordBatch) -> Result<Vec<Timestamp>> {
+    /// Each row's time in milliseconds (event time: the column, without a copy when it
+    /// already is milliseconds).
+    fn times(&self, batch: &RecordBatch) -> Result<arrow::array::Int64Array> {
         match self.time {
-            TimeSource::Processing => Ok(vec![now_ms(); batch.num_rows()]),
+            TimeSource::Processing => Ok(arrow::array::Int64Array::from_value(
+                now_ms(),
+                batch.num_rows(),
+            )),
             TimeSource::Event(idx) => {
                 let col = batch.column(idx);
                 let ms = match col.data_type() {
@@ -220,14 +224,13 @@ impl WindowOperator {
                     _ => cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
                 };
                 let ms = cast(&ms, &DataType::Int64)?;
-                let ms = ms.as_primitive::<Int64Type>();
                 if ms.null_count() > 0 {
                     return Err(Error::BadRecord {
                         location: "window input".into(),
                         message: "a record has no event time (null time column)".into(),
                     });
                 }
-                Ok(ms.values().to_vec())
+                Ok(ms.as_primitive::<Int64Type>().clone())
             }
         }
     }
@@ -547,9 +550,10 @@ impl Operator for WindowOperator {
 
     async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
         let times = self.times(&batch)?;
+        let times = times.values();
         self.key_encoder.encode(&batch, &mut self.keys)?;
         let late = if matches!(self.assigner, WindowAssigner::Session { .. }) {
-            self.process_sessions(&batch, &times, out).await?
+            self.process_sessions(&batch, times, out).await?
         } else {
             let args = evaluate_args(&self.calls, &batch)?;
             let mut late = Vec::new();
@@ -563,14 +567,7 @@ impl Operator for WindowOperator {
                 return Err(not_open());
             };
             fixed
-                .add_batch(
-                    &self.keys,
-                    &times,
-                    &args,
-                    watermark,
-                    &mut late,
-                    &mut refired,
-                )
+                .add_batch(&self.keys, times, &args, watermark, &mut late, &mut refired)
                 .await?;
             if !refired.is_empty() {
                 out.batch(self.results(refired)?);
