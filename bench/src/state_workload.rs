@@ -18,6 +18,7 @@ use anyhow::{Context, anyhow, bail};
 use bytes::Bytes;
 use sluice_common::pb::state as pb;
 use sluice_common::pb::state::state_service_client::StateServiceClient;
+use sluice_common::rng::Rng;
 use sluice_common::state::encode_key;
 use sluice_compute::state_client::ShardLayout;
 use tokio::task::JoinSet;
@@ -109,7 +110,7 @@ pub struct Workload {
     pub value_bytes: usize,
     /// The last version written of each key (values derive from key and version).
     versions: Vec<u16>,
-    rng: XorShift,
+    rng: Rng,
 }
 
 impl Workload {
@@ -121,7 +122,7 @@ impl Workload {
             layout,
             value_bytes: value_bytes as usize,
             versions: vec![0; keys as usize],
-            rng: XorShift::new(seed),
+            rng: Rng::new(seed),
         }
     }
 
@@ -167,41 +168,14 @@ impl Workload {
 }
 
 fn value_of(i: u64, version: u16, len: usize) -> Bytes {
-    let mut rng =
-        XorShift::new(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (u64::from(version) << 48) ^ 0x5151);
+    // Key `i`'s stream, one per version.
+    let mut rng = Rng::for_event(u64::from(version) ^ 0x5151, i);
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {
-        out.extend_from_slice(&rng.next().to_le_bytes());
+        out.extend_from_slice(&rng.next_u64().to_le_bytes());
     }
     out.truncate(len);
     Bytes::from(out)
-}
-
-/// xorshift64*: a tiny seeded generator (key choices and value bytes).
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        // splitmix64 of the seed, never zero.
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        Self(z.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 /// A state-service gRPC client.

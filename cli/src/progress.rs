@@ -18,10 +18,6 @@ pub fn event_time(ms: i64) -> String {
     if ms == i64::MAX {
         return "end".into();
     }
-    chrono_like(ms)
-}
-
-fn chrono_like(ms: i64) -> String {
     match chrono::DateTime::from_timestamp_millis(ms) {
         Some(t) => t.format("%Y-%m-%d %H:%M:%S").to_string(),
         None => format!("{ms} ms"),

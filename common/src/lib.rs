@@ -7,6 +7,9 @@
 //! - [`byte_size`]: byte sizes as people write them on command lines (`512MiB`, `1.5GB`).
 //! - [`output`]: command output on stdout that ends quietly when the reader closes it.
 //! - [`key_group`]: the stable key hash and the key-group ranges of DESIGN §4.
+//! - [`process`]: this or another process's resident memory, threads and CPU time, from
+//!   `/proc` (worker reports, the state service's memory line, benchmarks).
+//! - [`rng`]: the seeded random-number generator (Nexmark's data, benchmarks, tests).
 //! - [`state`]: keyed state: the tables operators hold, the subtask backend and job store
 //!   traits with their epochs, the in-memory store, and the conformance suites.
 //!
@@ -16,6 +19,8 @@
 pub mod byte_size;
 pub mod key_group;
 pub mod output;
+pub mod process;
+pub mod rng;
 pub mod state;
 
 /// Protobuf messages of the job model, generated from `proto/job_graph.proto`.

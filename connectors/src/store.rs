@@ -1,87 +1,56 @@
-//! Resolving a user-written path or URL to an object store and a location in it.
+//! Resolving a user-written path or URL to an object store and a location in it, and
+//! the listing rule for "directories".
 //!
-//! This module owns the mapping from `s3://bucket/prefix`, `file:///abs` and plain paths
-//! to an [`ObjectStore`], and the listing rule for "directories" (every object below the
-//! prefix, sorted, hidden files skipped). It must not know about file formats: the file
-//! source and sink decide what the bytes mean.
-//!
-//! Credentials come from the job's [`pb::ObjectStoreConfig`] or the environment
-//! (`AWS_ACCESS_KEY_ID` ...); they are never logged or put in error messages.
+//! What a URL means is `sluice-storage`'s (local paths, `file://`, `s3://`, `gs://`,
+//! `azblob://`); this module adds the job's own store settings ([`pb::ObjectStoreConfig`])
+//! and the listing rule (every object below the prefix, sorted, hidden files skipped).
+//! It must not know about file formats: the file source and sink decide what the bytes
+//! mean. Credentials are never logged or put in error messages.
 
-use std::path::{Component, PathBuf};
 use std::sync::Arc;
 
 use futures::TryStreamExt;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use sluice_common::pb;
+use sluice_storage::{Store, StoreOptions};
 
 use sluice_compute::error::{Error, Result};
 
 /// Resolves `path` to a store, the location inside it, and a display form for messages.
 ///
-/// `s3://bucket/prefix` uses S3 (endpoint, region and credentials from `cfg` or the
-/// environment); `file:///abs` and plain paths use the local file system, relative paths
-/// being taken from the current directory.
+/// Remote stores take endpoint, region and credentials from `cfg`, else from the URL's
+/// query and the environment; local paths are absolute (relative ones are taken from the
+/// current directory).
 pub fn resolve(
     path: &str,
     cfg: Option<&pb::ObjectStoreConfig>,
 ) -> Result<(Arc<dyn ObjectStore>, Path, String)> {
-    if let Some(local) = local_path(path)? {
-        let location = Path::from_absolute_path(&local).map_err(|e| {
-            Error::Plan(format!("cannot use local path '{}': {e}", local.display()))
-        })?;
-        let display = format!("/{location}");
-        return Ok((Arc::new(LocalFileSystem::new()), location, display));
-    }
-    let url = url::Url::parse(path)
-        .map_err(|e| Error::Plan(format!("cannot parse '{path}' as a URL: {e}")))?;
-    match url.scheme() {
-        "s3" | "s3a" => {
-            let bucket = url
-                .host_str()
-                .filter(|b| !b.is_empty())
-                .ok_or_else(|| Error::Plan(format!("'{path}' names no bucket (s3://bucket/...)")))?
-                .to_string();
-            let location = Path::from_url_path(url.path())
-                .map_err(|e| Error::Plan(format!("invalid object key in '{path}': {e}")))?;
-            let store = s3_store(&bucket, cfg)?;
-            let display = format!("s3://{bucket}/{location}");
-            Ok((store, location, display))
-        }
-        other => Err(Error::Plan(format!(
-            "unsupported scheme '{other}' in path '{path}': use a local path, file:// or s3://"
-        ))),
+    let store = Store::open(path, &options(cfg)).map_err(|e| Error::Plan(e.to_string()))?;
+    Ok((
+        Arc::clone(store.store()),
+        store.root().clone(),
+        store.display().to_string(),
+    ))
+}
+
+/// The job's store settings as `sluice-storage` takes them (empty fields: not set).
+fn options(cfg: Option<&pb::ObjectStoreConfig>) -> StoreOptions {
+    let set = |v: &str| Some(v.to_string()).filter(|v| !v.is_empty());
+    let cfg = cfg.cloned().unwrap_or_default();
+    // `allow_http` needs no setting: an `http://` endpoint is used as written.
+    StoreOptions {
+        endpoint: set(&cfg.endpoint),
+        region: set(&cfg.region),
+        access_key_id: set(&cfg.access_key_id),
+        secret_access_key: set(&cfg.secret_access_key),
+        ..StoreOptions::default()
     }
 }
 
 /// The absolute local path `path` names, or `None` when it is a URL of another scheme.
-pub fn local_path(path: &str) -> Result<Option<PathBuf>> {
-    let raw = if let Some(rest) = path.strip_prefix("file://") {
-        if !rest.starts_with('/') {
-            return Err(Error::Plan(format!(
-                "'{path}' is not an absolute file URL (use file:///absolute/path)"
-            )));
-        }
-        let url = url::Url::parse(path)
-            .map_err(|e| Error::Plan(format!("cannot parse '{path}' as a URL: {e}")))?;
-        url.to_file_path()
-            .map_err(|()| Error::Plan(format!("'{path}' is not a local file URL")))?
-    } else if has_scheme(path) {
-        return Ok(None);
-    } else {
-        PathBuf::from(path)
-    };
-    let absolute = if raw.is_absolute() {
-        raw
-    } else {
-        std::env::current_dir()
-            .map_err(|e| Error::io(".", e))?
-            .join(raw)
-    };
-    Ok(Some(normalize(&absolute)))
+pub fn local_path(path: &str) -> Result<Option<std::path::PathBuf>> {
+    sluice_storage::local_path(path).map_err(|e| Error::Plan(e.to_string()))
 }
 
 /// The display form of `location`, a child of the `root` that [`resolve`] displayed as
@@ -90,7 +59,8 @@ pub fn display_location(root_display: &str, root: &Path, location: &Path) -> Str
     let scheme_root = root_display
         .strip_suffix(root.as_ref())
         .unwrap_or(root_display);
-    format!("{scheme_root}{location}")
+    let scheme_root = scheme_root.strip_suffix('/').unwrap_or(scheme_root);
+    format!("{scheme_root}/{location}")
 }
 
 /// Every object at or below `prefix`, sorted by location, skipping hidden files.
@@ -122,70 +92,6 @@ fn is_hidden(prefix: &Path, location: &Path) -> bool {
         }),
         None => false,
     }
-}
-
-fn has_scheme(path: &str) -> bool {
-    match path.find("://") {
-        Some(i) => {
-            let scheme = &path[..i];
-            !scheme.is_empty()
-                && scheme
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-        }
-        None => false,
-    }
-}
-
-/// Removes `.` and resolves `..` lexically (the path may not exist yet).
-fn normalize(path: &std::path::Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for component in path.components() {
-        match component {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out
-}
-
-fn s3_store(bucket: &str, cfg: Option<&pb::ObjectStoreConfig>) -> Result<Arc<dyn ObjectStore>> {
-    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-    let cfg = cfg.cloned().unwrap_or_default();
-    if !cfg.endpoint.is_empty() {
-        builder = builder.with_endpoint(&cfg.endpoint);
-    }
-    if !cfg.region.is_empty() {
-        builder = builder.with_region(&cfg.region);
-    } else if builder
-        .get_config_value(&AmazonS3ConfigKey::Region)
-        .is_none()
-    {
-        let region = builder
-            .get_config_value(&AmazonS3ConfigKey::DefaultRegion)
-            .unwrap_or_else(|| "us-east-1".to_string());
-        builder = builder.with_region(region);
-    }
-    let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
-    let plain_http = endpoint
-        .as_deref()
-        .is_some_and(|e| e.starts_with("http://"));
-    if cfg.allow_http || plain_http {
-        builder = builder.with_allow_http(true);
-    }
-    if !cfg.access_key_id.is_empty() {
-        builder = builder.with_access_key_id(&cfg.access_key_id);
-    }
-    if !cfg.secret_access_key.is_empty() {
-        builder = builder.with_secret_access_key(&cfg.secret_access_key);
-    }
-    let store = builder
-        .build()
-        .map_err(|e| Error::Plan(format!("cannot configure S3 for bucket '{bucket}': {e}")))?;
-    Ok(Arc::new(store))
 }
 
 #[cfg(test)]
@@ -225,9 +131,9 @@ mod tests {
 
     #[test]
     fn unknown_schemes_are_plan_errors_naming_the_path() {
-        let err = resolve("gs://bucket/x", None).unwrap_err();
+        let err = resolve("hdfs://namenode/x", None).unwrap_err();
         assert!(
-            matches!(err, Error::Plan(ref m) if m.contains("gs://bucket/x")),
+            matches!(err, Error::Plan(ref m) if m.contains("hdfs://namenode/x")),
             "{err}"
         );
     }

@@ -29,6 +29,7 @@ use serde::Deserialize;
 use serde_json::json;
 use sluice_planner::job_spec;
 use tokio::net::TcpListener;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::service::{ApiError, Coordinator, SubmitOptions};
 
@@ -294,13 +295,13 @@ pub fn router(c: Arc<Coordinator>) -> Router {
         .with_state(c)
 }
 
-/// Serves the API on `listener` until the process ends.
-pub fn serve(c: Arc<Coordinator>, listener: TcpListener) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+/// Serves the API on `listener` until the returned handle is dropped.
+pub fn serve(c: Arc<Coordinator>, listener: TcpListener) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router(c)).await {
             tracing::error!("the coordinator's REST server stopped: {e}");
         }
-    })
+    }))
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use sluice_common::pb;
 use sluice_common::pb::cluster::coordinator_server::CoordinatorServer;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::store::{self, MetadataStore};
@@ -95,7 +95,7 @@ struct JobEntry {
     state_id: Option<String>,
     commands: mpsc::UnboundedSender<Command>,
     status: watch::Receiver<JobStatus>,
-    done: Option<JoinHandle<JobState>>,
+    done: Option<AbortOnDropHandle<JobState>>,
 }
 
 /// What `submit` needs besides the graph.
@@ -133,21 +133,22 @@ impl Coordinator {
     }
 
     /// Serves the workers' gRPC API on `listener` and watches their heartbeats, until
-    /// the process ends.
-    pub fn serve_workers(self: &Arc<Self>, listener: TcpListener) -> JoinHandle<()> {
+    /// the returned handle is dropped.
+    pub fn serve_workers(self: &Arc<Self>, listener: TcpListener) -> AbortOnDropHandle<()> {
         let registry = self.registry.clone();
         let reaper = registry.clone();
         let period = self.options.heartbeat_interval;
-        tokio::spawn(async move {
+        let reaping = AbortOnDropHandle::new(tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             loop {
                 tick.tick().await;
                 reaper.reap();
             }
-        });
+        }));
         let service =
             ControlService::new(registry, self.options.heartbeat_interval.as_millis() as u64);
-        tokio::spawn(async move {
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            let _reaping = reaping;
             let incoming = tonic::transport::server::TcpIncoming::from(listener);
             let served = tonic::transport::Server::builder()
                 .add_service(CoordinatorServer::new(service))
@@ -156,7 +157,7 @@ impl Coordinator {
             if let Err(e) = served {
                 tracing::error!("the coordinator's gRPC server stopped: {e}");
             }
-        })
+        }))
     }
 
     /// The attached workers.

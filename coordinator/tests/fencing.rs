@@ -9,7 +9,6 @@
 //! below its own prefix.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use sluice_coordinator::checkpoint::{
     Action, CheckpointConfig, CheckpointProtocol, CreateOutcome, JobInfo, MemoryMetadataStore,
     MetadataStore, ObjectMetadataStore, TaskAck, TaskId, latest_valid,
 };
+use sluice_test_support::s3::s3_env;
 use tokio::sync::Barrier;
 
 const ROUNDS: u64 = 60;
@@ -97,86 +97,24 @@ async fn one_winner_per_round_on_a_local_directory() {
     race(a, b).await;
 }
 
-/// This run's S3 URL and key prefix, `None` (after a loud message) when
-/// `SLUICE_SKIP_S3=1`.
-fn s3_url(test: &str) -> Option<(String, String)> {
-    let endpoint = std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        if std::env::var("SLUICE_SKIP_S3").as_deref() == Ok("1") {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!!!!! SKIPPED S3 test `{test}`: SLUICE_SKIP_S3=1 and no \
-                 SLUICE_TEST_S3_ENDPOINT. S3 fencing is NOT tested. !!!!!!!!\n"
-            );
-            return None;
-        }
-        panic!(
-            "SLUICE_TEST_S3_ENDPOINT is not set: start the test services first with\n    \
-             eval \"$(scripts/test-services.sh start)\"\nor set SLUICE_SKIP_S3=1 to skip \
-             the S3 tests"
-        );
-    }
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| {
-            panic!(
-                "{name} is not set although SLUICE_TEST_S3_ENDPOINT is: export everything \
-                 `scripts/test-services.sh start` prints"
-            )
-        })
-    };
-    let bucket = var("SLUICE_TEST_S3_BUCKET");
-    var("AWS_ACCESS_KEY_ID");
-    var("AWS_SECRET_ACCESS_KEY");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let prefix = format!(
-        "sluice-coordinator-it/{test}-{}-{nanos}",
-        std::process::id()
-    );
-    Some((
-        format!("s3://{bucket}/{prefix}?endpoint={endpoint}"),
-        prefix,
-    ))
-}
-
-/// Removes everything a passing S3 test wrote below `prefix`.
-async fn remove_prefix(prefix: &str) {
-    use futures::TryStreamExt;
-    use object_store::ObjectStore;
-    let store = object_store::aws::AmazonS3Builder::from_env()
-        .with_endpoint(std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap())
-        .with_allow_http(true)
-        .with_bucket_name(std::env::var("SLUICE_TEST_S3_BUCKET").unwrap())
-        .build()
-        .unwrap();
-    let root = object_store::path::Path::from(prefix);
-    let objects: Vec<_> = store.list(Some(&root)).try_collect().await.unwrap();
-    for o in objects {
-        object_store::ObjectStoreExt::delete(&store, &o.location)
-            .await
-            .unwrap();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_winner_per_round_on_s3() {
-    let Some((url, prefix)) = s3_url("fencing") else {
+    let Some(s3) = s3_env("fencing", "S3 fencing") else {
         return;
     };
+    let url = s3.url_with_endpoint();
     let a = Arc::new(ObjectMetadataStore::from_url(&url).unwrap());
     let b = Arc::new(ObjectMetadataStore::from_url(&url).unwrap());
     race(a, b).await;
-    remove_prefix(&prefix).await;
+    s3.remove_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn s3_honours_create_if_absent() {
-    let Some((url, prefix)) = s3_url("create-if-absent") else {
+    let Some(s3) = s3_env("create-if-absent", "S3 fencing") else {
         return;
     };
-    let store = ObjectMetadataStore::from_url(&url).unwrap();
+    let store = ObjectMetadataStore::from_url(&s3.url_with_endpoint()).unwrap();
     let path = checkpoint_path("probe", 1).unwrap();
     let first = metadata("coord-a", 1);
     assert_eq!(
@@ -200,7 +138,7 @@ async fn s3_honours_create_if_absent() {
         first,
         "not overwritten"
     );
-    remove_prefix(&prefix).await;
+    s3.remove_all().await;
 }
 
 fn job(coordinator: &str) -> JobInfo {

@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Number, Value};
 
 pub mod procs;
-pub mod s3_env;
 pub mod service;
 
 /// One output record: column name to JSON value.
@@ -331,79 +330,37 @@ pub fn row<const N: usize>(fields: [(&str, Value); N]) -> Row {
 }
 
 /// Epoch milliseconds of `YYYY-MM-DDTHH:MM:SS[.fff]` (also with a space for `T`, an
-/// optional trailing `Z`, and 1 to 9 fraction digits), read as UTC.
+/// optional trailing `Z`, and 1 to 9 fraction digits), read as UTC; `None` for anything
+/// else, including dates that do not exist.
 pub fn parse_timestamp_ms(s: &str) -> Option<i64> {
     let s = s.strip_suffix('Z').unwrap_or(s);
     let b = s.as_bytes();
-    if b.len() < 19 || !(b[10] == b'T' || b[10] == b' ') {
+    // The shape first: other strings of a row are never read as dates.
+    let shaped = b.len() >= 19
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && (b[10] == b'T' || b[10] == b' ')
+        && b[13] == b':'
+        && b[16] == b':';
+    if !shaped || (b.len() > 19 && (b[19] != b'.' || b.len() == 20 || b.len() > 29)) {
         return None;
     }
-    let digits = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = &s[r];
-        if part.bytes().all(|c| c.is_ascii_digit()) {
-            part.parse().ok()
-        } else {
-            None
-        }
+    let format = if b[10] == b'T' {
+        "%Y-%m-%dT%H:%M:%S%.f"
+    } else {
+        "%Y-%m-%d %H:%M:%S%.f"
     };
-    if b[4] != b'-' || b[7] != b'-' || b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
-    let (hour, minute, second) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
-        return None;
-    }
-    if second > 60 {
-        return None;
-    }
-    let millis = match &s[19..] {
-        "" => 0,
-        frac => {
-            let frac = frac.strip_prefix('.')?;
-            if frac.is_empty() || frac.len() > 9 || !frac.bytes().all(|c| c.is_ascii_digit()) {
-                return None;
-            }
-            let padded = format!("{frac:0<3}");
-            padded[..3].parse::<i64>().ok()?
-        }
-    };
-    let days = days_from_civil(year, month, day);
-    Some(((days * 24 + hour) * 60 + minute) * 60_000 + second * 1000 + millis)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let t = chrono::NaiveDateTime::parse_from_str(s, format).ok()?;
+    Some(t.and_utc().timestamp_millis())
 }
 
 /// `ms` as `YYYY-MM-DDTHH:MM:SS.fff` (UTC), for messages and hand-written inputs.
 pub fn format_timestamp_ms(ms: i64) -> String {
-    let days = ms.div_euclid(86_400_000);
-    let rem = ms.rem_euclid(86_400_000);
-    // Inverse of days_from_civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}",
-        rem / 3_600_000,
-        rem / 60_000 % 60,
-        rem / 1000 % 60,
-        rem % 1000
-    )
+    match chrono::DateTime::from_timestamp_millis(ms) {
+        Some(t) => t.format("%Y-%m-%dT%H:%M:%S%.3f").to_string(),
+        None => format!("{ms} ms since the epoch"),
+    }
 }
 
 /// A row with every timestamp-looking string replaced by its epoch milliseconds.

@@ -130,11 +130,3 @@ impl Drop for ServiceProcess {
         self.kill();
     }
 }
-
-/// The resident set size of process `pid` in bytes, from `/proc`.
-pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}

@@ -11,7 +11,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use sluice_common::pb;
@@ -19,16 +18,19 @@ use sluice_compute::connector::{SinkWriter, SourceBatch, SourceReader, SubtaskIn
 use sluice_connectors::file::sink::extension;
 use sluice_connectors::file::{FileReader, FileWriter};
 use sluice_connectors::nexmark;
-use sluice_integration_tests::s3_env::{S3Env, s3_env};
 use sluice_integration_tests::{
     Row, assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, tempdir, write_job, yaml_path,
     yaml_str,
 };
+use sluice_test_support::s3::{S3Env, s3_env};
 
 // ---------------------------------------------------------------------------------------
 // `sluice run`
 
-const BIDS: &str = "nexmark: { stream: bid, events: 300000, seed: 5, max_out_of_orderness: 2s }";
+// Throttled so that the job lasts about half a second whatever the machine's speed:
+// barriers every 20 ms must fall inside the input, not after it has ended.
+const BIDS: &str = "nexmark: { stream: bid, events: 300000, seed: 5, max_out_of_orderness: 2s, \
+                    max_events_per_second: 600000 }";
 
 fn job(out: &Path, checkpoint: &str) -> String {
     format!(
@@ -115,22 +117,18 @@ struct S3 {
 
 /// The S3 settings, `None` (after a loud message) when `SLUICE_SKIP_S3=1`.
 fn s3(test: &str) -> Option<S3> {
+    let env = s3_env(test, "The exactly-once sink on S3")?;
+    let store = env.bucket_store();
     let S3Env {
         endpoint,
         bucket,
         prefix,
-    } = s3_env(test, "The exactly-once sink on S3")?;
-    let store = AmazonS3Builder::from_env()
-        .with_endpoint(&endpoint)
-        .with_allow_http(true)
-        .with_bucket_name(&bucket)
-        .build()
-        .unwrap_or_else(|e| panic!("configuring S3 at {endpoint}: {e}"));
+    } = env;
     Some(S3 {
         endpoint,
         bucket,
         prefix,
-        store: Arc::new(store),
+        store,
     })
 }
 

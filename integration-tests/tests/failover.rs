@@ -14,10 +14,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
-use sluice_integration_tests::s3_env::s3_env;
+use sluice_test_support::rng::rng_from_env;
+use sluice_test_support::s3::s3_env;
 
 use sluice_integration_tests::procs::children_of;
 use sluice_integration_tests::{
@@ -45,18 +45,6 @@ fn job_to(sink: &str, rate: u64) -> String {
          aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
          sink:\n  file: {sink}\n"
     )
-}
-
-/// A small deterministic generator (xorshift), so a failing seed can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 #[test]
@@ -95,12 +83,7 @@ fn killed_workers_leave_exactly_once_output_on_s3() {
         yaml_str(&s3.endpoint)
     );
     run_with_kills(dir.path(), &job_to(&sink, 12_000), 2);
-    let store = AmazonS3Builder::from_env()
-        .with_endpoint(&s3.endpoint)
-        .with_allow_http(true)
-        .with_bucket_name(&s3.bucket)
-        .build()
-        .expect("S3 client");
+    let store = s3.bucket_store();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -234,12 +217,8 @@ fn reference(dir: &Path) -> Vec<Row> {
 /// seeded random moments, and checks that the run succeeded after restarting.
 fn run_with_kills(dir: &Path, yaml: &str, kills: usize) {
     let path = write_job(dir, "failover.yaml", yaml);
-    let seed = std::env::var("SLUICE_FAILOVER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_f00d_u64);
-    eprintln!("seed {seed:#x} (SLUICE_FAILOVER_SEED replays it)");
-    let mut rng = Rng(seed);
+    // Kill times and victims are seeded, so a failing run can be replayed.
+    let mut rng = rng_from_env("SLUICE_FAILOVER_SEED", 0x5eed_f00d);
     let mut child = Command::new(sluice_bin())
         .args(["run", path.to_str().unwrap(), "--workers", "2"])
         .current_dir(dir)

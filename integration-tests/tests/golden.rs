@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
-use sluice_integration_tests::s3_env::s3_env;
 use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::{
     Bid, Row, Shared, assert_same_rows, read_bids_csv, read_jsonl_dir, row, run_sluice, tempdir,
     write_job, yaml_path,
 };
+use sluice_test_support::s3::s3_env;
 
 const EVENTS: usize = 200_000;
 const SEED: u64 = 7;

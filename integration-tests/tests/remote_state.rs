@@ -20,9 +20,9 @@ use sluice_common::state::{KeyedStateBackend, WriteOp};
 use sluice_compute::state_client::{
     RemoteState, RemoteStateBackend, RemoteStateConfig, RemoteStore,
 };
-use sluice_integration_tests::s3_env::s3_env;
 use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::tempdir;
+use sluice_test_support::s3::s3_env;
 
 const MAX_PARALLELISM: u32 = 128;
 

@@ -14,14 +14,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
-use sluice_integration_tests::s3_env::{S3Env, s3_env};
 use sluice_integration_tests::{
     Bid, Outcome, Row, assert_same_rows, parse_jsonl, read_bids_csv, read_jsonl_dir, run_sluice,
     run_sluice_env, tempdir, write_job, yaml_path, yaml_str,
 };
+use sluice_test_support::s3::{S3Env, s3_env};
 
 /// The test server and this test's place in it.
 struct S3 {
@@ -38,17 +37,13 @@ struct S3 {
 /// # Panics
 /// When the test services are not configured and skipping was not asked for.
 fn s3(test: &str) -> Option<S3> {
+    let env = s3_env(test, "S3 support")?;
+    let store = env.bucket_store();
     let S3Env {
         endpoint,
         bucket,
         prefix,
-    } = s3_env(test, "S3 support")?;
-    let store = AmazonS3Builder::from_env()
-        .with_endpoint(&endpoint)
-        .with_allow_http(true)
-        .with_bucket_name(&bucket)
-        .build()
-        .unwrap_or_else(|e| panic!("configuring S3 at {endpoint}: {e}"));
+    } = env;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -57,7 +52,7 @@ fn s3(test: &str) -> Option<S3> {
         endpoint,
         bucket,
         prefix,
-        store: Arc::new(store),
+        store,
         rt,
     })
 }

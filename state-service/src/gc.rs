@@ -5,16 +5,23 @@
 //! than all of those (it may be in flight). Deleted: manifests of checkpoints older than
 //! the oldest retained one, and every other delta, SST and snapshot file. Deleting is
 //! best effort: what fails now is collected at a later commit.
+//!
+//! It works on the shard's `ShardObjects` and `Durability`, never on the shard itself.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
+use crate::durability::{Durability, ShardObjects};
 use crate::error::Result;
+use crate::lock::lock;
 use crate::manifest::{Manifest, delta_path, manifest_path, parse_numbered};
-use crate::shard::{Durability, Shard, lock};
 
-/// Collects the objects of `shard` that the checkpoints `keep` do not need.
-pub(crate) async fn collect(shard: &Arc<Shard>, d: &mut Durability, keep: &[u64]) -> Result<()> {
+/// Collects the objects of `shard` that the checkpoints `keep` do not need; `d` is the
+/// shard's durable state, its lock held by the caller.
+pub(crate) async fn collect(
+    shard: &impl ShardObjects,
+    d: &mut Durability,
+    keep: &[u64],
+) -> Result<()> {
     let Some(&oldest) = keep.iter().min() else {
         return Ok(());
     };
@@ -23,7 +30,7 @@ pub(crate) async fn collect(shard: &Arc<Shard>, d: &mut Durability, keep: &[u64]
     for &c in &keep {
         if let std::collections::btree_map::Entry::Vacant(slot) = d.manifests.entry(c) {
             let location = shard.object(&manifest_path(c));
-            match shard.durable.get(&location).await {
+            match shard.durable().get(&location).await {
                 Ok(bytes) => {
                     slot.insert(Manifest::decode(&bytes, location.as_ref())?);
                 }
@@ -56,9 +63,9 @@ pub(crate) async fn collect(shard: &Arc<Shard>, d: &mut Durability, keep: &[u64]
         .max()
         .unwrap_or(0);
 
-    let root = shard.root.clone();
+    let root = shard.root().clone();
     let mut deleted = 0usize;
-    for location in shard.durable.list(&root).await? {
+    for location in shard.durable().list(&root).await? {
         let Some(rel) = location.prefix_match(&root).map(|parts| {
             parts
                 .map(|p| p.as_ref().to_string())
@@ -79,7 +86,7 @@ pub(crate) async fn collect(shard: &Arc<Shard>, d: &mut Durability, keep: &[u64]
             false
         };
         if delete {
-            shard.durable.delete(&location).await?;
+            shard.durable().delete(&location).await?;
             deleted += 1;
             if rel.starts_with("manifests/")
                 && let Some(c) = parse_numbered(name, "manifest")
@@ -87,11 +94,11 @@ pub(crate) async fn collect(shard: &Arc<Shard>, d: &mut Durability, keep: &[u64]
                 d.manifests.remove(&c);
             }
             if rel.starts_with("sst/") {
-                lock(&shard.uploaded_sst).retain(|_, (object, _)| *object != rel);
+                lock(shard.uploaded_sst()).retain(|_, (object, _)| *object != rel);
             }
         }
     }
     d.manifests.retain(|c, _| keep.contains(c) || *c >= oldest);
-    tracing::debug!("collected {deleted} objects of {}", shard.id);
+    tracing::debug!("collected {deleted} objects of {}", shard.id());
     Ok(())
 }

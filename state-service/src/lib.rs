@@ -11,9 +11,19 @@
 //! - [`snapshot`]: background, incremental upload of RocksDB checkpoints.
 //! - [`restore`]: opening a shard empty or from the object store; [`gc`]: deleting
 //!   objects no retained checkpoint needs.
+//! - [`durability`]: what of a shard is in the object store, and the traits through
+//!   which [`snapshot`] and [`gc`] see a shard without importing [`shard`];
+//!   [`local_dir`]: removing a shard's local directories; [`lock`]: poison-tolerant
+//!   locking.
 //! - [`rocks`]: RocksDB options shared by all shards (one block cache, one write buffer
 //!   manager, the merge operator, the TTL compaction filter of [`ttl_filter`]).
-//! - [`store`]: the object store from its URL; [`config`], [`error`].
+//! - [`store`]: the object store from its URL (`sluice-storage`) and the shard's objects
+//!   in it; [`config`], [`error`].
+//!
+//! # Module order
+//! Imports go one way: [`server`] -> [`restore`] -> [`shard`] -> [`snapshot`], [`gc`] ->
+//! [`durability`], [`manifest`], [`store`] and the leaves. [`snapshot`] and [`gc`] work
+//! on the traits of [`durability`] and [`snapshot`], which [`shard`] implements.
 //!
 //! # Durability in one paragraph
 //! A write is applied to RocksDB (without WAL) and appended to the shard's spool file.
@@ -28,8 +38,11 @@
 pub mod cache;
 pub mod config;
 pub mod delta;
+pub mod durability;
 pub mod error;
 pub mod gc;
+pub mod local_dir;
+pub mod lock;
 pub mod manifest;
 pub mod restore;
 pub mod rocks;
@@ -46,6 +59,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use sluice_common::pb::state::state_service_server::StateServiceServer;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
@@ -60,7 +74,10 @@ pub struct RunningStateService {
     local_addr: SocketAddr,
     node: Arc<Node>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The server; on drop it is told to stop and finishes closing the shards itself.
     task: Option<tokio::task::JoinHandle<Result<()>>>,
+    /// The periodic memory report, when enabled.
+    _memory_log: Option<AbortOnDropHandle<()>>,
 }
 
 impl RunningStateService {
@@ -148,9 +165,9 @@ pub async fn start(config: StateServiceConfig) -> Result<RunningStateService> {
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    if tracing::enabled!(target: MEMORY_LOG, tracing::Level::DEBUG) {
+    let memory_log = tracing::enabled!(target: MEMORY_LOG, tracing::Level::DEBUG).then(|| {
         let weak = Arc::downgrade(&node);
-        tokio::spawn(async move {
+        AbortOnDropHandle::new(tokio::spawn(async move {
             let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
             loop {
                 tick.tick().await;
@@ -160,8 +177,8 @@ pub async fn start(config: StateServiceConfig) -> Result<RunningStateService> {
                     tracing::debug!(target: MEMORY_LOG, "{report}");
                 }
             }
-        });
-    }
+        }))
+    });
     let serving = Arc::clone(&node);
     let task = tokio::spawn(async move {
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -181,6 +198,7 @@ pub async fn start(config: StateServiceConfig) -> Result<RunningStateService> {
         node,
         stop: Some(stop),
         task: Some(task),
+        _memory_log: memory_log,
     })
 }
 

@@ -16,10 +16,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cache::StateCache;
 use crate::delta::{self, Op, Record};
+use crate::durability::Durability;
 use crate::error::{Error, Result};
+use crate::lock::lock;
 use crate::manifest::{DeltaRef, Manifest, delta_path, manifest_path, parse_numbered};
 use crate::rocks::Rocks;
-use crate::shard::{Durability, Shard, ShardParts, lock};
+use crate::shard::{Shard, ShardParts};
 use crate::shard_id::ShardKey;
 use crate::store::{Durable, child};
 use crate::ttl_filter::TtlStates;
@@ -98,7 +100,7 @@ pub async fn open(
         .join(format!("{}-{}", id.start, id.end));
     let dir2 = dir.clone();
     tokio::task::spawn_blocking(move || -> Result<()> {
-        Shard::remove_local(&dir2);
+        crate::local_dir::remove(&dir2);
         std::fs::create_dir_all(dir2.join("db")).map_err(|e| Error::io(&dir2, e))
     })
     .await??;

@@ -23,8 +23,9 @@ use tonic::{Request, Response, Status};
 use crate::config::StateServiceConfig;
 use crate::delta::Op;
 use crate::error::{Error, Result};
+use crate::lock::lock;
 use crate::restore::{self, NodeParts};
-use crate::shard::{Shard, lock};
+use crate::shard::Shard;
 use crate::shard_id::ShardKey;
 use crate::ttl_filter::TtlStates;
 
@@ -152,7 +153,7 @@ impl Node {
             }
             let dir = shard.dir.clone();
             drop(shard);
-            let _ = tokio::task::spawn_blocking(move || Shard::remove_local(&dir)).await;
+            let _ = tokio::task::spawn_blocking(move || crate::local_dir::remove(&dir)).await;
         }
     }
 
@@ -295,16 +296,10 @@ impl Node {
             readers += r;
         }
         let mib = |b: u64| b >> 20;
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map_or_else(String::new, |v| v.trim().to_string())
-        };
+        let or_unknown = |v: Option<u64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
         format!(
             "memory: budget {} MiB; block cache {} MiB (pinned {} MiB); memtables {} MiB; \
-             table readers {} MiB; foyer memory {} MiB; {} shards; rss {}; threads {}",
+             table readers {} MiB; foyer memory {} MiB; {} shards; rss {} MiB; threads {}",
             mib(self.config.memory_bytes),
             mib(self.parts.rocks.cache_usage() as u64),
             mib(self.parts.rocks.cache_pinned_usage() as u64),
@@ -312,8 +307,8 @@ impl Node {
             mib(readers),
             mib(self.parts.cache.memory_usage() as u64),
             shards.len(),
-            field("VmRSS:"),
-            field("Threads:"),
+            or_unknown(sluice_common::process::self_rss_bytes().map(mib)),
+            or_unknown(sluice_common::process::self_threads()),
         )
     }
 

@@ -21,22 +21,30 @@
 //!
 //! Every method here that touches RocksDB blocks: the server calls them through
 //! `spawn_blocking`.
+//!
+//! Snapshots and garbage collection see the shard only through the traits it implements
+//! at the end of this file (`ShardObjects`, `Snapshotted`), so they import nothing
+//! from here.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use object_store::path::Path as ObjectPath;
 use rocksdb::{DB, IteratorMode, ReadOptions, WriteBatch};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::cache::StateCache;
 use crate::delta::{CutSpool, Op, Record, Spool};
+use crate::durability::{Durability, ShardObjects, UploadedSsts};
 use crate::error::{Error, Result};
-use crate::manifest::{DeltaRef, Manifest, SnapshotRef, delta_path, manifest_path};
+use crate::lock::lock;
+use crate::manifest::{DeltaRef, Manifest, delta_path, manifest_path};
 use crate::rocks::write_options;
 use crate::shard_id::ShardKey;
+use crate::snapshot::Snapshotted;
 use crate::store::Durable;
 use crate::ttl_filter::TtlStates;
 use crate::undo::{self, CF_DEFAULT, CF_META, CF_UNDO};
@@ -52,12 +60,6 @@ pub const SNAPSHOT_EVERY_DELTAS: usize = 10;
 /// Snapshot once this many delta bytes were uploaded since the last one.
 pub const SNAPSHOT_EVERY_BYTES: u64 = 64 << 20;
 
-/// Locks a std mutex, recovering from poisoning (a panicked holder left consistent data:
-/// every critical section here only does I/O through RocksDB or files).
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// State behind the shard's write lock.
 pub(crate) struct Live {
     pub(crate) spool: Spool,
@@ -70,25 +72,6 @@ pub(crate) struct Live {
 struct CacheGen {
     generation: u64,
     writes: u64,
-}
-
-/// What of the shard is in the object store; behind an async lock held across uploads.
-#[derive(Default)]
-pub(crate) struct Durability {
-    /// Cut deltas waiting for upload, oldest first.
-    pub(crate) pending: VecDeque<(u64, CutSpool)>,
-    /// Uploaded deltas after the latest complete snapshot.
-    pub(crate) chain: Vec<DeltaRef>,
-    /// The latest completely uploaded snapshot.
-    pub(crate) snapshot: Option<SnapshotRef>,
-    /// Objects of the snapshot being uploaded now (relative paths).
-    pub(crate) snapshot_in_progress: Option<HashSet<String>>,
-    /// Handle of the last uploaded delta.
-    pub(crate) last_handle: String,
-    /// Bytes uploaded as deltas by this instance.
-    pub(crate) durable_bytes: u64,
-    /// Manifests written or read, by checkpoint.
-    pub(crate) manifests: BTreeMap<u64, Manifest>,
 }
 
 /// An open shard.
@@ -108,12 +91,12 @@ pub struct Shard {
     cache_gen: Mutex<CacheGen>,
     pub(crate) durability: tokio::sync::Mutex<Durability>,
     /// SST files of this database already uploaded: local name -> (object, size).
-    pub(crate) uploaded_sst: Mutex<HashMap<String, (String, u64)>>,
+    pub(crate) uploaded_sst: Mutex<UploadedSsts>,
     pub(crate) committed: AtomicU64,
     pub(crate) last_durable_epoch: AtomicU64,
     pub(crate) restore_bytes: AtomicU64,
     /// The background snapshot upload, aborted when the shard goes.
-    pub(crate) snapshot_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pub(crate) snapshot_task: Mutex<Option<AbortOnDropHandle<()>>>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -121,14 +104,6 @@ impl std::fmt::Debug for Shard {
         f.debug_struct("Shard")
             .field("id", &self.id)
             .finish_non_exhaustive()
-    }
-}
-
-impl Drop for Shard {
-    fn drop(&mut self) {
-        if let Some(task) = lock(&self.snapshot_task).take() {
-            task.abort();
-        }
     }
 }
 
@@ -143,7 +118,7 @@ pub(crate) struct ShardParts {
     pub(crate) durable: Durable,
     pub(crate) next_delta_seq: u64,
     pub(crate) durability: Durability,
-    pub(crate) uploaded_sst: HashMap<String, (String, u64)>,
+    pub(crate) uploaded_sst: UploadedSsts,
     pub(crate) restore_bytes: u64,
 }
 
@@ -214,11 +189,6 @@ impl Shard {
     /// The committed checkpoint.
     pub fn committed(&self) -> u64 {
         self.committed.load(Ordering::SeqCst)
-    }
-
-    /// The shard's object path `rel` (relative to the shard root).
-    pub(crate) fn object(&self, rel: &str) -> ObjectPath {
-        crate::store::child(&self.root, rel)
     }
 
     /// Checks a write's epoch against the committed checkpoint.
@@ -562,7 +532,7 @@ impl Shard {
         if want_snapshot {
             // In the background: this flush does not wait for the snapshot, and later
             // ones only for the short cut that ends it (`snapshot.rs`).
-            crate::snapshot::start(self);
+            *lock(&self.snapshot_task) = Some(crate::snapshot::start(self));
         }
         Ok(())
     }
@@ -666,7 +636,7 @@ impl Shard {
         let marked = started.elapsed();
         let mut keep: Vec<u64> = retained.to_vec();
         keep.push(c);
-        if let Err(e) = crate::gc::collect(self, &mut d, &keep).await {
+        if let Err(e) = crate::gc::collect(self.as_ref(), &mut d, &keep).await {
             tracing::warn!(
                 "garbage collection of {} failed (retried at the next commit): {e}",
                 self.id
@@ -728,13 +698,40 @@ impl Shard {
         self.db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
         Ok(())
     }
+}
 
-    /// Removes the shard's local files (after it was dropped).
-    pub fn remove_local(dir: &Path) {
-        if let Err(e) = std::fs::remove_dir_all(dir)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!("removing {}: {e}", dir.display());
-        }
+impl ShardObjects for Shard {
+    fn id(&self) -> &ShardKey {
+        &self.id
+    }
+
+    fn durable(&self) -> &Durable {
+        &self.durable
+    }
+
+    fn root(&self) -> &ObjectPath {
+        &self.root
+    }
+
+    fn uploaded_sst(&self) -> &Mutex<UploadedSsts> {
+        &self.uploaded_sst
+    }
+}
+
+impl Snapshotted for Shard {
+    fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    fn durability(&self) -> &tokio::sync::Mutex<Durability> {
+        &self.durability
+    }
+
+    fn flush_memtables(&self) -> Result<()> {
+        Shard::flush_memtables(self)
+    }
+
+    fn cut_with_checkpoint(&self) -> Result<Option<(u64, Option<CutSpool>, PathBuf)>> {
+        Shard::cut_with_checkpoint(self)
     }
 }

@@ -1,27 +1,22 @@
 //! The durable tier: an [`ObjectStore`] and the root prefix built from the configured URL,
 //! and the object names of a shard below it.
 //!
-//! `file:///abs/dir` is a [`LocalFileSystem`] rooted at that directory (created if
-//! missing); `s3://bucket/prefix` is S3 with credentials, region and endpoint from the
-//! usual AWS environment variables (`AWS_ENDPOINT_URL` or `AWS_ENDPOINT` for an
-//! S3-compatible server, path-style requests, plain HTTP allowed when the endpoint is
-//! `http://`). The URL may also carry them: `s3://bucket/prefix?endpoint=http://host:8333
-//! &region=us-east-1` (query parameters win over the environment). S3 requests time out
-//! and are retried as [`ObjectStoreClientConfig`] says, so an unreachable store fails a
-//! flush or commit with `Unavailable` within seconds. Credentials are never logged or put
-//! in errors. This module knows nothing about what the objects hold.
+//! What the URL means is `sluice-storage`'s: a local directory (`file:///abs/dir` or a
+//! plain path, created if missing), `s3://bucket/prefix` (endpoint, region and
+//! credentials from the URL's `?endpoint=...&region=...` or the usual AWS environment
+//! variables), `gs://` or `azblob://`. Remote requests time out and are retried as
+//! [`ObjectStoreClientConfig`] says, so an unreachable store fails a flush or commit
+//! with `Unavailable` within seconds. Credentials are never logged or put in errors.
+//! This module knows nothing about what the objects hold.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{
-    BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
-    WriteMultipart,
-};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+pub use sluice_storage::child;
+use sluice_storage::{ClientOptions, Store, StoreOptions};
 
 use crate::config::ObjectStoreClientConfig;
 use crate::error::{Error, Result};
@@ -50,66 +45,25 @@ impl Durable {
         Self::from_url_with(url, &ObjectStoreClientConfig::default())
     }
 
-    /// Builds the store `url` names; an S3 client times out and retries as `client`
+    /// Builds the store `url` names; a remote store times out and retries as `client`
     /// says.
     pub fn from_url_with(url: &str, client: &ObjectStoreClientConfig) -> Result<Self> {
-        if let Some(rest) = url.strip_prefix("file://") {
-            if !rest.starts_with('/') {
-                return Err(Error::Config(format!(
-                    "object store URL '{url}' is not an absolute file URL (use file:///abs/dir)"
-                )));
-            }
-            let parsed = url::Url::parse(url)
-                .map_err(|e| Error::Config(format!("cannot parse '{url}': {e}")))?;
-            let dir = parsed
-                .to_file_path()
-                .map_err(|()| Error::Config(format!("'{url}' is not a local file URL")))?;
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-            let fs = LocalFileSystem::new_with_prefix(&dir)
-                .map_err(|e| Error::Config(format!("cannot use '{}': {e}", dir.display())))?;
-            return Ok(Self {
-                store: Arc::new(fs),
-                root: Path::default(),
-                display: format!("file://{}", dir.display()),
-            });
-        }
-        let parsed = url::Url::parse(url)
-            .map_err(|e| Error::Config(format!("cannot parse '{url}': {e}")))?;
-        match parsed.scheme() {
-            "s3" | "s3a" => {
-                let bucket = parsed
-                    .host_str()
-                    .filter(|b| !b.is_empty())
-                    .ok_or_else(|| Error::Config(format!("'{url}' names no bucket")))?
-                    .to_string();
-                let root = Path::from_url_path(parsed.path())
-                    .map_err(|e| Error::Config(format!("invalid prefix in '{url}': {e}")))?;
-                let mut endpoint = None;
-                let mut region = None;
-                for (k, v) in parsed.query_pairs() {
-                    match k.as_ref() {
-                        "endpoint" => endpoint = Some(v.into_owned()),
-                        "region" => region = Some(v.into_owned()),
-                        other => {
-                            return Err(Error::Config(format!(
-                                "unknown parameter '{other}' in object store URL (known: \
-                                 endpoint, region)"
-                            )));
-                        }
-                    }
-                }
-                let store = s3_store(&bucket, endpoint, region, client)?;
-                Ok(Self {
-                    store,
-                    display: format!("s3://{bucket}/{root}"),
-                    root,
-                })
-            }
-            other => Err(Error::Config(format!(
-                "unsupported object store scheme '{other}' in '{url}': use file:///abs/dir or \
-                 s3://bucket/prefix"
-            ))),
-        }
+        let options = StoreOptions {
+            create_local_root: true,
+            client: ClientOptions {
+                connect_timeout: client.connect_timeout,
+                request_timeout: client.request_timeout,
+                max_retries: client.max_retries,
+                retry_timeout: client.retry_timeout,
+            },
+            ..StoreOptions::default()
+        };
+        let store = Store::open(url, &options).map_err(|e| Error::Config(e.to_string()))?;
+        Ok(Self {
+            store: Arc::clone(store.store()),
+            root: store.root().clone(),
+            display: store.display().to_string(),
+        })
     }
 
     /// The store.
@@ -270,70 +224,6 @@ impl Durable {
     }
 }
 
-/// The object `rel` (slash-separated) below `root`.
-pub fn child(root: &Path, rel: &str) -> Path {
-    rel.split('/').fold(root.clone(), |p, part| p.join(part))
-}
-
-fn s3_store(
-    bucket: &str,
-    endpoint: Option<String>,
-    region: Option<String>,
-    client: &ObjectStoreClientConfig,
-) -> Result<Arc<dyn ObjectStore>> {
-    let mut builder = AmazonS3Builder::from_env()
-        .with_bucket_name(bucket)
-        .with_virtual_hosted_style_request(false)
-        .with_retry(RetryConfig {
-            backoff: BackoffConfig::default(),
-            max_retries: client.max_retries,
-            retry_timeout: client.retry_timeout,
-        });
-    let endpoint = endpoint.or_else(|| {
-        std::env::var("AWS_ENDPOINT_URL")
-            .or_else(|_| std::env::var("AWS_ENDPOINT"))
-            .ok()
-            .filter(|e| !e.is_empty())
-    });
-    if let Some(endpoint) = &endpoint {
-        builder = builder.with_endpoint(endpoint);
-    }
-    if let Some(region) = region {
-        builder = builder.with_region(region);
-    }
-    if builder
-        .get_config_value(&AmazonS3ConfigKey::Region)
-        .is_none()
-    {
-        let region = builder
-            .get_config_value(&AmazonS3ConfigKey::DefaultRegion)
-            .unwrap_or_else(|| "us-east-1".to_string());
-        builder = builder.with_region(region);
-    }
-    let plain_http = builder
-        .get_config_value(&AmazonS3ConfigKey::Endpoint)
-        .is_some_and(|e| e.starts_with("http://"));
-    if plain_http {
-        builder = builder.with_allow_http(true);
-    }
-    // Through the config keys, not `with_client_options`: that would drop client options
-    // `from_env` read (proxy, certificates ...).
-    let millis = |d: std::time::Duration| format!("{}ms", d.as_millis());
-    builder = builder
-        .with_config(
-            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
-            millis(client.connect_timeout),
-        )
-        .with_config(
-            AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
-            millis(client.request_timeout),
-        );
-    let store = builder
-        .build()
-        .map_err(|e| Error::Config(format!("cannot configure S3 for bucket '{bucket}': {e}")))?;
-    Ok(Arc::new(store))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,8 +241,8 @@ mod tests {
             Err(Error::Config(_))
         ));
         assert!(matches!(
-            Durable::from_url("gs://bucket/x"),
-            Err(Error::Config(m)) if m.contains("gs://bucket/x")
+            Durable::from_url("hdfs://namenode/x"),
+            Err(Error::Config(m)) if m.contains("hdfs://namenode/x")
         ));
     }
 }

@@ -10,11 +10,7 @@ mod scenarios;
 
 /// `s3://bucket/prefix?endpoint=...` for `test`; `None` when skipping.
 fn s3_url(test: &str) -> Option<String> {
-    let (endpoint, bucket) = common::s3_target(test, "S3 support")?;
-    Some(format!(
-        "s3://{bucket}/{}?endpoint={endpoint}",
-        common::unique_prefix(test)
-    ))
+    sluice_test_support::s3::s3_env(test, "S3 support").map(|s3| s3.url_with_endpoint())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

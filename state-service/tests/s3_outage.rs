@@ -26,7 +26,8 @@ use sluice_common::pb::state::{
 use sluice_state_service::ObjectStoreClientConfig;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::JoinSet;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::Code;
 
 /// Longest any single step of the test may take.
@@ -62,7 +63,8 @@ struct Proxy {
     forwarded: Arc<AtomicU64>,
     /// Connections accepted and held unanswered so far.
     blackholed: Arc<AtomicU64>,
-    task: JoinHandle<()>,
+    /// The accept loop; it owns the connections it forwards or holds.
+    _task: AbortOnDropHandle<()>,
 }
 
 impl Proxy {
@@ -72,20 +74,20 @@ impl Proxy {
         let (mode, rx) = watch::channel(Mode::On);
         let forwarded = Arc::new(AtomicU64::new(0));
         let blackholed = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(accept_loop(
+        let task = AbortOnDropHandle::new(tokio::spawn(accept_loop(
             listener,
             addr,
             upstream,
             rx,
             Arc::clone(&forwarded),
             Arc::clone(&blackholed),
-        ));
+        )));
         Self {
             addr,
             mode,
             forwarded,
             blackholed,
-            task,
+            _task: task,
         }
     }
 
@@ -104,12 +106,6 @@ impl Proxy {
     }
 }
 
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 async fn accept_loop(
     listener: TcpListener,
     addr: SocketAddr,
@@ -119,6 +115,7 @@ async fn accept_loop(
     blackholed: Arc<AtomicU64>,
 ) {
     let mut listener = Some(listener);
+    let mut conns = JoinSet::new();
     loop {
         let mode = *rx.borrow_and_update();
         match (mode, listener.as_ref()) {
@@ -147,14 +144,15 @@ async fn accept_loop(
                 tokio::select! {
                     accepted = l.accept() => {
                         let Ok((inbound, _)) = accepted else { continue };
+                        while conns.try_join_next().is_some() {}
                         let rx = rx.clone();
                         // The mode now, not when the accept started.
                         if *rx.borrow() == Mode::On {
                             forwarded.fetch_add(1, Ordering::Relaxed);
-                            tokio::spawn(forward(inbound, upstream, rx));
+                            conns.spawn(forward(inbound, upstream, rx));
                         } else {
                             blackholed.fetch_add(1, Ordering::Relaxed);
-                            tokio::spawn(hold(inbound, rx));
+                            conns.spawn(hold(inbound, rx));
                         }
                     }
                     changed = rx.changed() => {
@@ -279,10 +277,11 @@ async fn commit_fails(c: &mut Client, s: &ShardId, cp: u64, test: &str) {
 
 /// The scenario of the brief, with the proxy switched off as `off`.
 async fn outage_and_recovery(test: &str, off: Mode) {
-    let Some((endpoint, bucket)) = common::s3_target(test, "S3 outages") else {
+    let Some(s3) = sluice_test_support::s3::s3_env(test, "S3 outages") else {
         return;
     };
-    let parsed = url::Url::parse(&endpoint).expect("SLUICE_TEST_S3_ENDPOINT is a URL");
+    let (endpoint, bucket, prefix) = (&s3.endpoint, &s3.bucket, &s3.prefix);
+    let parsed = url::Url::parse(endpoint).expect("SLUICE_TEST_S3_ENDPOINT is a URL");
     let host = parsed.host_str().expect("endpoint host");
     let port = parsed.port_or_known_default().expect("endpoint port");
     let upstream = tokio::net::lookup_host((host, port))
@@ -291,7 +290,6 @@ async fn outage_and_recovery(test: &str, off: Mode) {
         .next()
         .expect("an address for the S3 endpoint");
     let proxy = Proxy::start(upstream).await;
-    let prefix = common::unique_prefix(test);
     let via_proxy = format!("s3://{bucket}/{prefix}?endpoint=http://{}", proxy.addr);
     let direct = format!("s3://{bucket}/{prefix}?endpoint={endpoint}");
 

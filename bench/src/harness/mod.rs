@@ -2,8 +2,8 @@
 //!
 //! - [`process`]: child processes of this binary (state-service nodes, workers attached
 //!   to a coordinator), their logs, and killing them when their owner is dropped.
-//! - [`resources`]: a process's resident memory and CPU time from `/proc`, and a thread
-//!   that samples the memory.
+//! - [`resources`]: a thread that samples a process's resident memory per phase
+//!   (reading it is `sluice_common::process`'s).
 //! - [`timing`]: nearest-rank percentiles, and waiting for a condition within a bound.
 //! - [`table`]: result lines: tables (a header, then one row per run) and lines of
 //!   `key=value` words, printed and read back.

@@ -1,38 +1,11 @@
-//! A process's resident memory and CPU time, read from `/proc` (Linux; `None` where
-//! the platform does not say).
+//! Sampling a process's resident memory while a benchmark runs. Reading it (and CPU
+//! time) is `sluice_common::process`'s.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Resident memory (`VmRSS`) of process `pid`, in bytes.
-pub fn rss_bytes(pid: u32) -> Option<u64> {
-    status_kib(&format!("/proc/{pid}/status"), "VmRSS:").map(|kib| kib * 1024)
-}
-
-/// Peak resident memory (`VmHWM`) of this process, in bytes.
-pub fn peak_rss_bytes() -> Option<u64> {
-    status_kib("/proc/self/status", "VmHWM:").map(|kib| kib * 1024)
-}
-
-/// User + system CPU time of process `pid` so far, in seconds.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start at field 3 (state).
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    // Clock ticks: 100 per second on Linux.
-    Some((utime + stime) as f64 / 100.0)
-}
-
-/// The value in kB of the `field` line of a `/proc/*/status` file.
-fn status_kib(path: &str, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(path).ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
+use sluice_common::process::rss_bytes;
 
 /// Samples a process's resident memory on its own thread until stopped or until the
 /// process is gone, keeping the largest value seen per phase.
@@ -91,16 +64,6 @@ impl Drop for RssSampler {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn this_process_has_memory_and_cpu_time() {
-        let me = std::process::id();
-        let rss = rss_bytes(me).expect("VmRSS on Linux");
-        assert!(rss > 0);
-        assert!(peak_rss_bytes().expect("VmHWM on Linux") >= rss / 2);
-        assert!(cpu_seconds(me).expect("stat on Linux") >= 0.0);
-        assert_eq!(rss_bytes(u32::MAX), None);
-    }
 
     #[test]
     fn the_sampler_sees_this_process() {

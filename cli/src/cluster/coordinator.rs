@@ -93,8 +93,9 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
         let (http, http_addr) = service::bind(&args.http, "the REST API")
             .await
             .map_err(|e| Failure::usage(e.to_string()))?;
-        coordinator.serve_workers(grpc);
-        rest::serve(coordinator.clone(), http);
+        // Both servers run until these handles go at the end of this function.
+        let _workers = coordinator.serve_workers(grpc);
+        let _rest = rest::serve(coordinator.clone(), http);
         eprintln!("coordinator listening: http={http_addr} grpc={grpc_addr}");
         match coordinator.resume_jobs().await {
             Ok(ids) if !ids.is_empty() => eprintln!("resumed jobs: {}", ids.join(", ")),

@@ -29,6 +29,7 @@ use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
 use sluice_coordinator::job::master::{MasterConfig, WorkerLauncher};
 use sluice_coordinator::job::{JobState, RestartPolicy};
 use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitOptions};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::Failure;
 use crate::cluster::local_state::{LocalState, StateArgs};
@@ -271,9 +272,9 @@ async fn run_job(
         master,
     });
     let server = coordinator.serve_workers(listener);
-    // The worker in this process, attached like any other.
+    // The worker in this process, attached like any other; aborted when dropped.
     let worker = launcher.is_none().then(|| {
-        tokio::spawn(session::serve(SessionOptions {
+        AbortOnDropHandle::new(tokio::spawn(session::serve(SessionOptions {
             coordinator: url.clone(),
             host: "127.0.0.1".into(),
             slots: 1,
@@ -284,7 +285,7 @@ async fn run_job(
                 memory: local.memory(),
                 final_metrics: options.metrics_interval_ms > 0,
             },
-        }))
+        })))
     });
     let submitted = coordinator
         .submit(
@@ -299,10 +300,7 @@ async fn run_job(
     let id = match submitted {
         Ok(id) => id,
         Err(e) => {
-            server.abort();
-            if let Some(w) = worker {
-                w.abort();
-            }
+            drop((server, worker));
             return Err(Failure::usage(e.to_string()));
         }
     };
@@ -322,11 +320,7 @@ async fn run_job(
     };
     let status = coordinator.wait(&id).await;
     progress.finish();
-    server.abort();
-    if let Some(w) = worker {
-        w.abort();
-    }
-    drop(launcher);
+    drop((server, worker, launcher));
     let status = status.map_err(|e| fail(e.to_string()))?;
     match status.state {
         JobState::Finished => Ok(Summary {

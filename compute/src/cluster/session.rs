@@ -20,6 +20,7 @@ use sluice_common::pb::cluster::coordinator_client::CoordinatorClient;
 use sluice_common::pb::cluster::{coordinator_message as cm, worker_message as wm};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
+use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::Endpoint;
 
 use crate::cluster::task_metrics;
@@ -79,13 +80,8 @@ pub async fn serve(options: SessionOptions) -> Result<()> {
 struct Attempt {
     triggers: mpsc::UnboundedSender<(u64, bool, bool)>,
     completed: watch::Sender<u64>,
-    handle: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Attempt {
-    fn drop(&mut self) {
-        self.handle.abort();
-    }
+    /// The attempt's task, aborted when the attempt is dropped.
+    _handle: AbortOnDropHandle<()>,
 }
 
 /// One attached session; returns when the stream ends.
@@ -306,7 +302,7 @@ fn start_attempt(
     Attempt {
         triggers: triggers_tx,
         completed: completed_tx,
-        handle,
+        _handle: AbortOnDropHandle::new(handle),
     }
 }
 

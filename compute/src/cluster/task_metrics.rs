@@ -131,17 +131,9 @@ pub fn format_line(worker: u32, m: &pbc::TaskMetrics, rss_bytes: u64) -> String 
     line
 }
 
-/// Resident set size of this process (Linux; 0 elsewhere).
+/// Resident set size of this process, as reports carry it (Linux; 0 elsewhere).
 pub fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    sluice_common::process::self_rss_bytes().unwrap_or(0)
 }
 
 /// Publishes the sampler's figures as OpenTelemetry observable gauges (attribute

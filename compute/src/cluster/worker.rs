@@ -18,6 +18,7 @@ use std::time::Duration;
 use sluice_common::pb::cluster as pbc;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::cluster::task_metrics::{self, Sampler};
 use crate::connector::Connectors;
@@ -157,7 +158,7 @@ pub async fn run_attempt(
 /// takes part (it waits for the final checkpoint); a trigger for one that is gone
 /// altogether is declined for it, so the checkpoint is aborted at once rather than
 /// timing out.
-fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDrop {
+fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDropHandle<()> {
     let AttemptLink {
         mut triggers,
         completed,
@@ -212,7 +213,7 @@ fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDrop {
             }
         }
     });
-    AbortOnDrop(handle)
+    AbortOnDropHandle::new(handle)
 }
 
 /// The tasks as `Deployed` names them: (chain's first node, subtask, is a source).
@@ -221,15 +222,6 @@ fn announce(tasks: &[Task]) -> Vec<(u32, u32, bool)> {
         .iter()
         .map(|t| (t.id.0, t.id.1, t.is_source()))
         .collect()
-}
-
-/// A spawned task aborted when this is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 fn lock(s: &Arc<Mutex<Sampler>>) -> std::sync::MutexGuard<'_, Sampler> {
@@ -318,7 +310,7 @@ async fn run(
     let running = net.start(streams)?;
     let printer = (!interval.is_zero()).then(|| {
         let sampler = sampler.clone();
-        tokio::spawn(async move {
+        AbortOnDropHandle::new(tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.tick().await;
             loop {
@@ -329,7 +321,7 @@ async fn run(
                     eprintln!("{}", task_metrics::format_line(me, m, rss));
                 }
             }
-        })
+        }))
     });
     let result = run_tasks(tasks).await;
     let result = match result {

@@ -311,6 +311,8 @@ pub async fn send_loop(
 mod tests {
     use std::sync::Arc as StdArc;
 
+    use tokio_util::task::AbortOnDropHandle;
+
     use arrow::array::Int64Array;
     use arrow::datatypes::{DataType, Field, Schema};
     use arrow::record_batch::RecordBatch;
@@ -382,7 +384,7 @@ mod tests {
             .unwrap();
         assert_eq!(overtaken.len(), 2, "both queued buffers were overtaken");
         let (tx, mut rx) = mpsc::channel(16);
-        let _sender = tokio::spawn(send_loop(part.clone(), tx, None));
+        let _sender = AbortOnDropHandle::new(tokio::spawn(send_loop(part.clone(), tx, None)));
         // No credit: only the priority frame goes out.
         let Some(Frame::Priority { sequence, .. }) = rx.recv().await else {
             panic!("expected the barrier first")

@@ -40,7 +40,7 @@ use bytes::Bytes;
 use hashbrown::HashTable;
 use sluice_common::key_group::key_hash;
 use sluice_common::state::{StateResult, StateTable, WriteOp};
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::element::Timestamp;
 use crate::error::{Error, Result};
@@ -158,18 +158,11 @@ struct Read {
     task: ReadTask,
 }
 
-/// A read in flight, or answered at once (a backend whose reads need no overlap).
+/// A read in flight (aborted when dropped), or answered at once (a backend whose reads
+/// need no overlap).
 enum ReadTask {
-    Spawned(JoinHandle<StateResult<Vec<Option<Bytes>>>>),
+    Spawned(AbortOnDropHandle<StateResult<Vec<Option<Bytes>>>>),
     Done(Vec<Option<Bytes>>),
-}
-
-impl Drop for Read {
-    fn drop(&mut self) {
-        if let ReadTask::Spawned(h) = &self.task {
-            h.abort();
-        }
-    }
 }
 
 /// Window results: per row a key, a window and its accumulators.
@@ -515,7 +508,9 @@ impl FixedWindows {
             ReadTask::Done(self.rows.get_many(&keys).await?)
         } else {
             let rows = self.rows.clone();
-            ReadTask::Spawned(tokio::spawn(async move { rows.get_many(&keys).await }))
+            ReadTask::Spawned(AbortOnDropHandle::new(tokio::spawn(async move {
+                rows.get_many(&keys).await
+            })))
         };
         self.reads.push_back(Read {
             pane: start,
@@ -554,7 +549,7 @@ impl FixedWindows {
         };
         let values = match std::mem::replace(&mut read.task, ReadTask::Done(Vec::new())) {
             ReadTask::Done(v) => v,
-            ReadTask::Spawned(h) => (&mut { h })
+            ReadTask::Spawned(h) => h
                 .await
                 .map_err(|e| Error::Internal(format!("a state read task failed: {e}")))??,
         };

@@ -13,8 +13,8 @@ use sluice_common::pb;
 
 use super::config::NexmarkConfig;
 use super::layout::*;
-use super::rng::Rng;
 use super::schema::schema;
+use sluice_common::rng::Rng;
 
 const FIRST_NAMES: &[&str] = &[
     "Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter", "Walter",

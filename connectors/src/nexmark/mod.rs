@@ -9,7 +9,7 @@
 //!
 //! Events are numbered 0, 1, 2 ... over all streams; every block of 50 holds 1 person,
 //! 3 auctions and 46 bids at fixed positions ([`layout`]). An event's content is a pure
-//! function of (seed, event number) ([`rng`], [`generator`]): ids start at 1000; bids go
+//! function of (seed, event number) ([`sluice_common::rng`], [`generator`]): ids start at 1000; bids go
 //! to a hot auction half of the time and come from a hot bidder three times in four,
 //! otherwise from a recent auction or person; prices are log-uniform between 1.00 and
 //! 1,000,000.00 (in cents). Event time is 2015-07-15T00:00:00Z plus
@@ -26,7 +26,6 @@ pub mod config;
 pub mod generator;
 pub mod layout;
 pub mod reader;
-pub mod rng;
 pub mod schema;
 
 use arrow::record_batch::RecordBatch;

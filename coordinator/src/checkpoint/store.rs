@@ -17,9 +17,9 @@
 //! writer but the first. Two coordinators that both believe they lead therefore can never
 //! both commit checkpoint N: the loser learns it was fenced and steps down.
 //!
-//! On S3 `create_if_absent` is a PUT with `If-None-Match: *` (object_store's
-//! `PutMode::Create` with `S3ConditionalPut::ETagMatch`), which SeaweedFS and AWS S3
-//! honour (`412 Precondition Failed` for the loser); on a local directory it is
+//! The write is `sluice_storage::create_if_absent`: on S3 and Azure Blob a PUT with
+//! `If-None-Match: *` (through OpenDAL), which SeaweedFS, AWS S3 and Azurite honour
+//! (`412 Precondition Failed` or `409 Conflict` for the loser); on a local directory
 //! object_store's write-to-temporary-then-`link(2)`, which fails when the name exists.
 //!
 //! A write whose answer is lost (timeout, connection reset, a retried request that finds
@@ -44,22 +44,13 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut};
-use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt};
+pub use sluice_storage::CreateOutcome;
+use sluice_storage::{Store, StoreOptions};
 
 use super::metadata::{CheckpointMetadata, decode};
 use crate::error::{Error, Result};
-
-/// The answer of [`MetadataStore::create_if_absent`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CreateOutcome {
-    /// This call created the object.
-    Created,
-    /// The object existed (written by someone else); nothing was changed.
-    AlreadyExists,
-}
 
 /// A store of `_metadata` objects, addressed by `/`-separated paths relative to the
 /// store's root (see the layout functions below).
@@ -254,82 +245,19 @@ impl ObjectMetadataStore {
         }
     }
 
-    /// Builds the store a URL names.
-    ///
-    /// `file:///abs/dir` is a local directory (created if missing); `s3://bucket/prefix`
-    /// is S3 with credentials, region and endpoint from the usual AWS environment
-    /// variables (`AWS_ENDPOINT_URL` / `AWS_ENDPOINT` for an S3-compatible server, plain
-    /// HTTP allowed when the endpoint is `http://`); the URL may carry
-    /// `?endpoint=...&region=...`. Conditional puts use `If-None-Match: *`.
+    /// Builds the store a URL names (see `sluice-storage`): a local directory
+    /// (`file:///abs/dir` or a plain path, created if missing), `s3://bucket/prefix`
+    /// (credentials, region and endpoint from the usual AWS environment variables or
+    /// `?endpoint=...&region=...`) or `azblob://container/prefix`.
     pub fn from_url(url: &str) -> Result<Self> {
-        let parsed = url::Url::parse(url)
-            .map_err(|e| Error::Config(format!("cannot parse '{url}': {e}")))?;
-        match parsed.scheme() {
-            "file" => {
-                let dir = parsed
-                    .to_file_path()
-                    .map_err(|()| Error::Config(format!("'{url}' is not an absolute file URL")))?;
-                std::fs::create_dir_all(&dir).map_err(|e| {
-                    Error::Config(format!("cannot create '{}': {e}", dir.display()))
-                })?;
-                let fs = LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| Error::Config(format!("cannot use '{}': {e}", dir.display())))?;
-                let mut s = Self::new(Arc::new(fs), Path::default());
-                s.display = format!("file://{}", dir.display());
-                Ok(s)
-            }
-            "s3" | "s3a" => {
-                let bucket = parsed
-                    .host_str()
-                    .filter(|b| !b.is_empty())
-                    .ok_or_else(|| Error::Config(format!("'{url}' names no bucket")))?;
-                let root = Path::from_url_path(parsed.path())
-                    .map_err(|e| Error::Config(format!("invalid prefix in '{url}': {e}")))?;
-                let mut builder = AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_virtual_hosted_style_request(false)
-                    .with_conditional_put(S3ConditionalPut::ETagMatch);
-                let env_endpoint = std::env::var("AWS_ENDPOINT_URL")
-                    .or_else(|_| std::env::var("AWS_ENDPOINT"))
-                    .ok()
-                    .filter(|e| !e.is_empty());
-                if let Some(e) = env_endpoint {
-                    builder = builder.with_endpoint(e);
-                }
-                for (k, v) in parsed.query_pairs() {
-                    builder = match k.as_ref() {
-                        "endpoint" => builder.with_endpoint(v.as_ref()),
-                        "region" => builder.with_region(v.as_ref()),
-                        other => {
-                            return Err(Error::Config(format!(
-                                "unknown parameter '{other}' in '{url}' (known: endpoint, region)"
-                            )));
-                        }
-                    };
-                }
-                if builder
-                    .get_config_value(&AmazonS3ConfigKey::Region)
-                    .is_none()
-                {
-                    builder = builder.with_region("us-east-1");
-                }
-                if builder
-                    .get_config_value(&AmazonS3ConfigKey::Endpoint)
-                    .is_some_and(|e| e.starts_with("http://"))
-                {
-                    builder = builder.with_allow_http(true);
-                }
-                let s3 = builder.build().map_err(|e| {
-                    Error::Config(format!("cannot configure S3 for bucket '{bucket}': {e}"))
-                })?;
-                let mut s = Self::new(Arc::new(s3), root.clone());
-                s.display = format!("s3://{bucket}/{root}");
-                Ok(s)
-            }
-            other => Err(Error::Config(format!(
-                "'{url}': unsupported scheme '{other}' (use file:///abs/dir or s3://bucket/prefix)"
-            ))),
-        }
+        let options = StoreOptions {
+            create_local_root: true,
+            ..StoreOptions::default()
+        };
+        let store = Store::open(url, &options).map_err(|e| Error::Config(e.to_string()))?;
+        let mut s = Self::new(Arc::clone(store.store()), store.root().clone());
+        s.display = store.display().to_string();
+        Ok(s)
     }
 
     /// Where the store is, for messages (no credentials).
@@ -338,9 +266,7 @@ impl ObjectMetadataStore {
     }
 
     fn location(&self, rel: &str) -> Path {
-        rel.split('/')
-            .filter(|p| !p.is_empty())
-            .fold(self.root.clone(), |p, part| p.join(part))
+        sluice_storage::child(&self.root, rel)
     }
 
     /// After an ambiguous or refused create: whose object is at `path`?
@@ -359,23 +285,20 @@ impl ObjectMetadataStore {
 impl MetadataStore for ObjectMetadataStore {
     async fn create_if_absent(&self, path: &str, bytes: Bytes) -> Result<CreateOutcome> {
         let location = self.location(path);
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..PutOptions::default()
-        };
-        let put = self
-            .store
-            .put_opts(&location, PutPayload::from_bytes(bytes.clone()), opts)
-            .await;
+        let put =
+            sluice_storage::create_if_absent(self.store.as_ref(), &location, bytes.clone()).await;
         match put {
-            Ok(_) => Ok(CreateOutcome::Created),
+            Ok(CreateOutcome::Created) => Ok(CreateOutcome::Created),
             // Someone's object is there; it is ours only if our own earlier attempt (a
             // retry inside the client) landed.
-            Err(object_store::Error::AlreadyExists { .. }) => Ok(self
+            Ok(CreateOutcome::AlreadyExists) => Ok(self
                 .resolve(path, &bytes)
                 .await?
                 .unwrap_or(CreateOutcome::AlreadyExists)),
-            Err(e @ object_store::Error::NotImplemented { .. }) => Err(Error::store(
+            Err(
+                e @ (object_store::Error::NotImplemented { .. }
+                | object_store::Error::NotSupported { .. }),
+            ) => Err(Error::store(
                 format!("creating {location}: the store has no conditional put"),
                 e,
             )),
@@ -601,7 +524,7 @@ mod tests {
 
     #[test]
     fn bad_urls_are_config_errors() {
-        for url in ["gs://b/x", "file://relative", "s3:///nobucket", "not a url"] {
+        for url in ["hdfs://nn/x", "file://relative", "s3:///nobucket", ""] {
             assert!(
                 matches!(ObjectMetadataStore::from_url(url), Err(Error::Config(_))),
                 "{url}"

@@ -2,13 +2,14 @@
 //! `common/proto/cluster.proto`).
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use sluice_common::pb::cluster as pbc;
 use sluice_common::pb::cluster::coordinator_server::Coordinator;
 use sluice_common::pb::cluster::{coordinator_message as cm, worker_message as wm};
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::registry::Registry;
@@ -20,6 +21,9 @@ pub const PROTOCOL_VERSION: u32 = 2;
 pub struct ControlService {
     registry: Arc<Registry>,
     heartbeat_interval_ms: u64,
+    /// One reader per attached worker's stream; aborted when the service (the server
+    /// that owns it) goes.
+    readers: Mutex<JoinSet<()>>,
 }
 
 impl ControlService {
@@ -28,6 +32,7 @@ impl ControlService {
         Self {
             registry,
             heartbeat_interval_ms,
+            readers: Mutex::new(JoinSet::new()),
         }
     }
 }
@@ -67,7 +72,10 @@ impl Coordinator for ControlService {
             })),
         }));
         let registry = self.registry.clone();
-        tokio::spawn(async move {
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget the readers of streams that ended.
+        while readers.try_join_next().is_some() {}
+        readers.spawn(async move {
             let reason = loop {
                 match inbound.next().await {
                     None => break "its control stream closed".to_string(),

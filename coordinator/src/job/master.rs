@@ -16,7 +16,7 @@ use std::time::Duration;
 use sluice_common::pb;
 use sluice_common::pb::cluster as pbc;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::actor::{JobActor, Ports, now_ms};
 use super::command::Command;
@@ -67,8 +67,8 @@ pub struct JobHandle {
     pub commands: mpsc::UnboundedSender<Command>,
     /// The job's status, as its driver last published it.
     pub status: watch::Receiver<JobStatus>,
-    /// The actor's task: its terminal state.
-    pub done: JoinHandle<JobState>,
+    /// The actor's task: its terminal state. Dropping it aborts the actor.
+    pub done: AbortOnDropHandle<JobState>,
 }
 
 /// Starts job masters.
@@ -112,7 +112,7 @@ impl JobMaster {
             launcher,
             state_id: config.state_id.clone().unwrap_or_else(|| id.clone()),
         };
-        let done = tokio::spawn(async move {
+        let done = AbortOnDropHandle::new(tokio::spawn(async move {
             // Checkpoint ids continue after the newest one in the store.
             let existing = store::checkpoint_ids(ports.store.as_ref(), &id)
                 .await
@@ -128,7 +128,7 @@ impl JobMaster {
             JobActor::new(id, driver, ports, commands, events, status_tx)
                 .run()
                 .await
-        });
+        }));
         JobHandle {
             commands: commands_tx,
             status,

@@ -731,17 +731,14 @@ fn garbage_never_panics() {
     for (end, _) in FULL_EXAMPLE.char_indices() {
         check_no_panic(&FULL_EXAMPLE[..end]);
     }
-    let mut seed = 0x5eed_u64;
+    let mut rng = sluice_common::rng::Rng::new(0x5eed);
     let alphabet: Vec<char> = "[]{}:-,?&*!|>'\"#% \n\t\\ax0~@`".chars().collect();
     for round in 0..2_000 {
         let mut text: Vec<char> = FULL_EXAMPLE.chars().collect();
         for _ in 0..1 + round % 4 {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            let at = (seed >> 33) as usize % (text.len() + 1);
-            let c = alphabet[(seed >> 20) as usize % alphabet.len()];
-            match (seed >> 10) % 3 {
+            let at = rng.below(text.len() as u64 + 1) as usize;
+            let c = alphabet[rng.below(alphabet.len() as u64) as usize];
+            match rng.below(3) {
                 0 => text.insert(at, c),
                 1 if at < text.len() => {
                     text.remove(at);

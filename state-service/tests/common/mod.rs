@@ -3,7 +3,6 @@
 
 #![allow(dead_code)]
 
-use std::io::Write as _;
 use std::path::Path;
 
 use bytes::Bytes;
@@ -194,43 +193,4 @@ pub async fn scan_all(c: &mut Client, s: &ShardId, page: u32) -> Vec<(Bytes, Byt
 
 pub fn some(v: &str) -> Option<String> {
     Some(v.to_string())
-}
-
-/// The S3 server's endpoint and the bucket; `None` (after a loud message saying that
-/// `what` is not tested) when `SLUICE_SKIP_S3=1`, a panic when it is not configured.
-pub fn s3_target(test: &str, what: &str) -> Option<(String, String)> {
-    let endpoint = std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        if std::env::var("SLUICE_SKIP_S3").as_deref() == Ok("1") {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!!!!! SKIPPED S3 test `{test}`: SLUICE_SKIP_S3=1 and no \
-                 SLUICE_TEST_S3_ENDPOINT. {what} is NOT tested. !!!!!!!!\n"
-            );
-            return None;
-        }
-        panic!(
-            "SLUICE_TEST_S3_ENDPOINT is not set: start the test services first with\n    \
-             eval \"$(scripts/test-services.sh start)\"\nor set SLUICE_SKIP_S3=1 to skip the \
-             S3 tests"
-        );
-    }
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| {
-            panic!("{name} is not set although SLUICE_TEST_S3_ENDPOINT is: export everything `scripts/test-services.sh start` prints")
-        })
-    };
-    let bucket = var("SLUICE_TEST_S3_BUCKET");
-    var("AWS_ACCESS_KEY_ID");
-    var("AWS_SECRET_ACCESS_KEY");
-    Some((endpoint, bucket))
-}
-
-/// A prefix of its own for `test`.
-pub fn unique_prefix(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!("sluice-state-it/{test}-{}-{nanos}", std::process::id())
 }

@@ -1,7 +1,14 @@
-//! The generator's random numbers: a splitmix64 stream per event.
+//! Seeded random numbers: a splitmix64 stream, the one generator of the workspace.
 //!
-//! Every event draws from its own stream, seeded by the job seed and the event number,
-//! so an event's content never depends on which other events were generated before it.
+//! It defines the Nexmark generator's data (`connectors/src/nexmark/`): every event
+//! draws from its own stream, [`Rng::for_event`], seeded by the job seed and the event
+//! number, so an event's content never depends on which other events were generated
+//! before it. Changing anything here changes every generated event, so the arithmetic
+//! must stay bit for bit as it is. Benchmarks and tests draw from [`Rng::new`] (tests
+//! through `sluice-test-support`, which also reads a seed from the environment so a
+//! failing run can be replayed).
+//!
+//! Not for anything secret: it is fast and reproducible, not unpredictable.
 
 /// Golden-ratio increment of splitmix64.
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -11,6 +18,12 @@ const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 pub struct Rng(u64);
 
 impl Rng {
+    /// The stream of `seed` (the stream of its event 0).
+    #[inline]
+    pub fn new(seed: u64) -> Self {
+        Self::for_event(seed, 0)
+    }
+
     /// The stream of event `event` under `seed`.
     #[inline]
     pub fn for_event(seed: u64, event: u64) -> Self {
@@ -26,7 +39,7 @@ impl Rng {
         mix(self.0)
     }
 
-    /// A number in `0..n` (`n > 0`), by multiply-shift (no division).
+    /// A number in `0..n` (`0` when `n == 0`), by multiply-shift (no division).
     #[inline]
     pub fn below(&mut self, n: u64) -> u64 {
         ((self.next_u64() as u128 * n as u128) >> 64) as u64
