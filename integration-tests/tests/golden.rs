@@ -504,6 +504,45 @@ fn q5_hot_items_csv_remote_state_on_s3() {
     );
 }
 
+/// Two runs of the same job against one long-lived state-service node: the second
+/// starts from empty state under a fresh job id and gives the same output, instead of
+/// carrying on with the first run's windows and watermark (which made every record of
+/// the second run late). Checkpoints and a tiny cache put the state in the node.
+#[test]
+fn a_second_run_against_the_same_state_service_starts_afresh() {
+    let dir = tempdir();
+    let data = dir.path().join("node");
+    let objects = dir.path().join("objects");
+    std::fs::create_dir_all(&objects).expect("objects dir");
+    let store = format!("file://{}", objects.display());
+    let node = ServiceProcess::start(
+        &[
+            "state-service",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().expect("UTF-8 path"),
+            "--object-store",
+            &store,
+            "--memory",
+            "128MiB",
+            "--disk-cache",
+            "64MiB",
+        ],
+        dir.path(),
+        &[],
+    );
+    let url = node.url();
+    for _ in 0..2 {
+        check_example_with(
+            "q5-hot-items",
+            Input::CsvTinyCache("remote"),
+            q5_expected,
+            &["--state-service", &url],
+        );
+    }
+}
+
 /// Remote state with the job spread over two worker processes: both reach the embedded
 /// state service the driver starts.
 #[test]

@@ -167,22 +167,6 @@ fn fail(message: impl Into<String>) -> Failure {
     Failure::from(anyhow::anyhow!("{}", message.into()))
 }
 
-/// The state-service job id of a job name: letters, digits, `-` and `_` kept, so a run
-/// with `--state-dir` finds the state of an earlier run of the same job.
-fn job_id(name: &str) -> String {
-    let id: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if id.is_empty() { "job".into() } else { id }
-}
-
 /// Runs `graph` to its end under a coordinator in this process.
 pub async fn run(
     graph: pb::JobGraph,
@@ -291,7 +275,10 @@ async fn run_job(
         .submit(
             graph.clone(),
             SubmitOptions {
-                job_id: Some(job_id(&graph.name)),
+                // A fresh id (the name and a unique suffix), as the cluster gives a
+                // submitted job: a run starts from empty state (or its savepoint), never
+                // from what an earlier run of the same name left in a state service.
+                job_id: None,
                 from_savepoint: options.from_savepoint.clone(),
                 ..SubmitOptions::default()
             },

@@ -25,9 +25,9 @@ pub struct StateArgs {
     #[arg(long, env = "SLUICE_STATE_SERVICE")]
     pub state_service: Option<String>,
     /// Directory of the embedded state service (its object store and RocksDB) and of
-    /// the run's checkpoint metadata; kept after the run, so a later run of the same job
-    /// name carries on with its state. Default: a temporary directory removed at the
-    /// end.
+    /// the run's checkpoint metadata, kept after the run (a later run starts afresh under
+    /// a new job id; `--from-savepoint` resumes one). Default: a temporary directory
+    /// removed at the end.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
     /// Memory budget of the embedded state service.
