@@ -52,9 +52,6 @@ use crate::window::assigner::WindowAssigner;
 
 /// Rows read per scan call.
 const SCAN_PAGE: usize = 4096;
-/// Bookkeeping bytes of a group beyond its key and accumulators (table slot, hash,
-/// offsets, flags, key group).
-const GROUP_OVERHEAD: usize = 32;
 
 /// The group's accumulators changed since the backend last saw them.
 const DIRTY: u8 = 1;
@@ -135,9 +132,17 @@ impl Pane {
         g
     }
 
-    /// Approximate bytes held.
-    fn bytes(&self, naggs: usize) -> usize {
-        self.key_data.len() + self.len() * (GROUP_OVERHEAD + naggs * ACC_BYTES)
+    /// Bytes the pane's buffers hold, by capacity (what the allocator gave, not what is
+    /// in use: growth by doubling can hold twice the groups' bytes).
+    fn bytes(&self) -> usize {
+        // A hash table slot is its u32 and one control byte.
+        self.table.capacity() * (size_of::<u32>() + 1)
+            + self.hashes.capacity() * size_of::<u64>()
+            + self.key_data.capacity()
+            + self.key_ends.capacity() * size_of::<u32>()
+            + self.key_groups.capacity() * size_of::<u16>()
+            + self.accs.capacity() * size_of::<Acc>()
+            + self.flags.capacity()
     }
 
     /// Drops every group (keeps what the backend holds).
@@ -364,7 +369,7 @@ impl FixedWindows {
         for (start, rows) in by_pane {
             let max_parallelism = u64::from(self.max_parallelism);
             let pane = self.panes.entry(start).or_default();
-            let before = pane.bytes(naggs);
+            let before = pane.bytes();
             let mut groups = Vec::with_capacity(rows.len());
             let mut pending = Vec::new();
             let (mut hits, mut misses) = (0u64, 0u64);
@@ -399,7 +404,7 @@ impl FixedWindows {
             for &g in &groups {
                 pane.flags[g as usize] |= DIRTY;
             }
-            self.bytes = self.bytes + pane.bytes(naggs) - before;
+            self.bytes = self.bytes + pane.bytes() - before;
             self.counters.hits.fetch_add(hits, Ordering::Relaxed);
             self.counters.misses.fetch_add(misses, Ordering::Relaxed);
             if !pending.is_empty() {
@@ -598,7 +603,7 @@ impl FixedWindows {
                 .reads
                 .fetch_add(rows.len() as u64, Ordering::Relaxed);
             let pane = self.panes.entry(start).or_default();
-            let before = pane.bytes(naggs);
+            let before = pane.bytes();
             let mut stored = Vec::with_capacity(naggs);
             for row in rows {
                 let key = &row.namespace;
@@ -613,7 +618,7 @@ impl FixedWindows {
                 pane.accs[g * naggs..(g + 1) * naggs].copy_from_slice(&stored);
             }
             pane.unread.remove(&kg);
-            self.bytes = self.bytes + pane.bytes(naggs) - before;
+            self.bytes = self.bytes + pane.bytes() - before;
         }
         self.publish_bytes();
         Ok(())
@@ -680,13 +685,12 @@ impl FixedWindows {
             .collect();
         if !done.is_empty() {
             self.collect_reads(true).await?;
-            let naggs = self.naggs();
             let mut ops = Vec::new();
             for start in done {
                 let Some(pane) = self.panes.remove(&start) else {
                     continue;
                 };
-                self.bytes -= pane.bytes(naggs).min(self.bytes);
+                self.bytes -= pane.bytes().min(self.bytes);
                 let pk = pane_key(start);
                 for &kg in pane.stored.union(&pane.unread) {
                     ops.push(self.rows.delete_key(kg, &pk));
@@ -812,7 +816,6 @@ impl FixedWindows {
     /// needs them (a later record, or the window firing).
     async fn spill(&mut self) -> Result<()> {
         self.collect_reads(true).await?;
-        let naggs = self.naggs();
         let starts: Vec<Timestamp> = self.panes.keys().copied().collect();
         for start in starts {
             if self.bytes <= self.budget / 2 {
@@ -822,7 +825,7 @@ impl FixedWindows {
             let Some(pane) = self.panes.get_mut(&start) else {
                 continue;
             };
-            let before = pane.bytes(naggs);
+            let before = pane.bytes();
             let groups = pane.len() as u64;
             let kgs: BTreeSet<u16> = pane.key_groups.iter().copied().collect();
             pane.unread.extend(kgs);
