@@ -94,6 +94,7 @@ async fn attach(options: &SessionOptions) -> Result<()> {
             ))
         })?
         .connect_timeout(Duration::from_secs(3))
+        .tcp_nodelay(true)
         .connect()
         .await
         .map_err(|e| {
