@@ -59,6 +59,10 @@ const DIRTY: u8 = 1;
 /// arrived since it was created.
 const PENDING: u8 = 2;
 
+/// The backend holds a row of the group (written at a barrier or a spill, or read back
+/// from it): dropping the pane deletes that row by its key.
+const WRITTEN: u8 = 4;
+
 /// A pane's sortable key in the `panes` and `pane_index` tables.
 fn pane_key(start: Timestamp) -> [u8; 8] {
     ((start as u64) ^ (1 << 63)).to_be_bytes()
@@ -575,6 +579,7 @@ impl FixedWindows {
             let g = g as usize;
             pane.flags[g] &= !PENDING;
             let Some(bytes) = value else { continue };
+            pane.flags[g] |= WRITTEN;
             stored.clear();
             accumulator::decode(&bytes, naggs, &mut stored)?;
             for ((acc, s), (func, kind)) in pane.accs[g * naggs..(g + 1) * naggs]
@@ -612,7 +617,7 @@ impl FixedWindows {
                     // The cache merged this value when the group was created.
                     continue;
                 }
-                let g = pane.insert(hash, key, kg, naggs, 0) as usize;
+                let g = pane.insert(hash, key, kg, naggs, WRITTEN) as usize;
                 stored.clear();
                 accumulator::decode(&row.value, naggs, &mut stored)?;
                 pane.accs[g * naggs..(g + 1) * naggs].copy_from_slice(&stored);
@@ -692,8 +697,22 @@ impl FixedWindows {
                 };
                 self.bytes -= pane.bytes().min(self.bytes);
                 let pk = pane_key(start);
-                for &kg in pane.stored.union(&pane.unread) {
+                // Rows the cache knows were written go by their keys: a range delete
+                // makes the state service scan the range (past every earlier tombstone)
+                // for its undo log, which slowed long runs down more and more. Only key
+                // groups never read back need a range.
+                for g in 0..pane.len() {
+                    let kg = pane.key_groups[g];
+                    if pane.flags[g] & WRITTEN != 0 && !pane.unread.contains(&kg) {
+                        ops.push(WriteOp::Delete {
+                            key: self.rows.key(kg, &pk, pane.key(g)),
+                        });
+                    }
+                }
+                for &kg in &pane.unread {
                     ops.push(self.rows.delete_key(kg, &pk));
+                }
+                for &kg in pane.stored.union(&pane.unread) {
                     ops.push(WriteOp::Delete {
                         key: self.index.key(kg, &pk, &[]),
                     });
@@ -773,7 +792,7 @@ impl FixedWindows {
                 if pane.flags[g] & DIRTY == 0 {
                     continue;
                 }
-                pane.flags[g] &= !DIRTY;
+                pane.flags[g] = (pane.flags[g] & !DIRTY) | WRITTEN;
                 let kg = pane.key_groups[g];
                 buf.clear();
                 accumulator::encode(&pane.accs[g * naggs..(g + 1) * naggs], &mut buf);
