@@ -63,6 +63,9 @@ const PENDING: u8 = 2;
 /// from it): dropping the pane deletes that row by its key.
 const WRITTEN: u8 = 4;
 
+/// Above this many written rows of one key group, a dropped pane deletes them by range.
+const POINT_DELETES_PER_KEY_GROUP: usize = 64;
+
 /// A pane's sortable key in the `panes` and `pane_index` tables.
 fn pane_key(start: Timestamp) -> [u8; 8] {
     ((start as u64) ^ (1 << 63)).to_be_bytes()
@@ -697,19 +700,31 @@ impl FixedWindows {
                 };
                 self.bytes -= pane.bytes().min(self.bytes);
                 let pk = pane_key(start);
-                // Rows the cache knows were written go by their keys: a range delete
-                // makes the state service scan the range (past every earlier tombstone)
-                // for its undo log, which slowed long runs down more and more. Only key
-                // groups never read back need a range.
+                // A key group's few written rows go by their keys: each range delete
+                // costs the state service an iterator and empties its read cache, which
+                // with many small panes (q5) slowed long runs down more and more. Key
+                // groups with many rows, or never read back, go by range: a point delete
+                // costs the service a read for its undo log.
+                let mut written: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
                 for g in 0..pane.len() {
                     let kg = pane.key_groups[g];
                     if pane.flags[g] & WRITTEN != 0 && !pane.unread.contains(&kg) {
+                        written.entry(kg).or_default().push(g);
+                    }
+                }
+                let mut ranged = pane.unread.clone();
+                for (kg, groups) in written {
+                    if groups.len() > POINT_DELETES_PER_KEY_GROUP {
+                        ranged.insert(kg);
+                        continue;
+                    }
+                    for g in groups {
                         ops.push(WriteOp::Delete {
                             key: self.rows.key(kg, &pk, pane.key(g)),
                         });
                     }
                 }
-                for &kg in &pane.unread {
+                for &kg in &ranged {
                     ops.push(self.rows.delete_key(kg, &pk));
                 }
                 for &kg in pane.stored.union(&pane.unread) {
