@@ -130,3 +130,38 @@ impl Drop for ServiceProcess {
         self.kill();
     }
 }
+
+/// Starts a `sluice state-service` node on an ephemeral port, with RocksDB under
+/// `dir/data`, objects at `store`, 128 MiB of memory and a 64 MiB disk cache.
+pub fn start_state_node(
+    dir: &Path,
+    data: &str,
+    store: &str,
+    env: &[(&str, &str)],
+) -> ServiceProcess {
+    let data_dir = dir.join(data);
+    ServiceProcess::start(
+        &[
+            "state-service",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir.to_str().expect("UTF-8 path"),
+            "--object-store",
+            store,
+            "--memory",
+            "128MiB",
+            "--disk-cache",
+            "64MiB",
+        ],
+        dir,
+        env,
+    )
+}
+
+/// A `file://` object store in `dir/objects` (created).
+pub fn file_store(dir: &Path) -> String {
+    let objects = dir.join("objects");
+    std::fs::create_dir_all(&objects).expect("objects dir");
+    format!("file://{}", objects.display())
+}

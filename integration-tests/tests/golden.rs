@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
-use sluice_integration_tests::service::ServiceProcess;
+use sluice_integration_tests::service::{file_store, start_state_node};
 use sluice_integration_tests::{
     Bid, Row, Shared, assert_same_rows, read_bids_csv, read_jsonl_dir, row, run_sluice, tempdir,
     write_job, yaml_path,
@@ -474,22 +474,10 @@ fn q5_hot_items_csv_remote_state_on_s3() {
     };
     let (endpoint, store) = (s3.endpoint.clone(), s3.url());
     let dir = tempdir();
-    let data = dir.path().join("node");
-    let node = ServiceProcess::start(
-        &[
-            "state-service",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().expect("UTF-8 path"),
-            "--object-store",
-            &store,
-            "--memory",
-            "128MiB",
-            "--disk-cache",
-            "64MiB",
-        ],
+    let node = start_state_node(
         dir.path(),
+        "node",
+        &store,
         &[
             ("AWS_ENDPOINT_URL", endpoint.as_str()),
             ("AWS_ALLOW_HTTP", "true"),
@@ -511,27 +499,7 @@ fn q5_hot_items_csv_remote_state_on_s3() {
 #[test]
 fn a_second_run_against_the_same_state_service_starts_afresh() {
     let dir = tempdir();
-    let data = dir.path().join("node");
-    let objects = dir.path().join("objects");
-    std::fs::create_dir_all(&objects).expect("objects dir");
-    let store = format!("file://{}", objects.display());
-    let node = ServiceProcess::start(
-        &[
-            "state-service",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().expect("UTF-8 path"),
-            "--object-store",
-            &store,
-            "--memory",
-            "128MiB",
-            "--disk-cache",
-            "64MiB",
-        ],
-        dir.path(),
-        &[],
-    );
+    let node = start_state_node(dir.path(), "node", &file_store(dir.path()), &[]);
     let url = node.url();
     for _ in 0..2 {
         check_example_with(

@@ -11,7 +11,6 @@
 //!   local directory and against the S3 server the test services start (SeaweedFS).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -20,7 +19,7 @@ use sluice_common::state::{KeyedStateBackend, WriteOp};
 use sluice_compute::state_client::{
     RemoteState, RemoteStateBackend, RemoteStateConfig, RemoteStore,
 };
-use sluice_integration_tests::service::ServiceProcess;
+use sluice_integration_tests::service::{ServiceProcess, file_store, start_state_node};
 use sluice_integration_tests::tempdir;
 use sluice_test_support::s3::s3_env;
 
@@ -32,34 +31,6 @@ fn rt() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("tokio runtime")
-}
-
-/// Starts a state-service node on an ephemeral port storing objects at `store`.
-fn start_node(dir: &Path, data: &str, store: &str, env: &[(&str, &str)]) -> ServiceProcess {
-    let data_dir = dir.join(data);
-    ServiceProcess::start(
-        &[
-            "state-service",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data_dir.to_str().expect("UTF-8 path"),
-            "--object-store",
-            store,
-            "--memory",
-            "128MiB",
-            "--disk-cache",
-            "64MiB",
-        ],
-        dir,
-        env,
-    )
-}
-
-fn file_store(dir: &Path) -> String {
-    let objects = dir.join("objects");
-    std::fs::create_dir_all(&objects).expect("objects dir");
-    format!("file://{}", objects.display())
 }
 
 async fn connect(
@@ -85,7 +56,7 @@ fn whole_key_space(remote: &Arc<RemoteState>, first_epoch: u64) -> Arc<RemoteSta
 
 fn conformance_over_grpc(mode: &str, tune: fn(&mut RemoteStateConfig)) {
     let dir = tempdir();
-    let node = start_node(dir.path(), "node", &file_store(dir.path()), &[]);
+    let node = start_state_node(dir.path(), "node", &file_store(dir.path()), &[]);
     let rt = rt();
     rt.block_on(async {
         for case in conformance::CASES {
@@ -105,7 +76,7 @@ fn conformance_suite_passes_over_grpc_with_buffer_and_cache() {
 #[test]
 fn epoch_cases_pass_over_grpc() {
     let dir = tempdir();
-    let node = start_node(dir.path(), "node", &file_store(dir.path()), &[]);
+    let node = start_state_node(dir.path(), "node", &file_store(dir.path()), &[]);
     let rt = rt();
     rt.block_on(async {
         for case in conformance::EPOCH_CASES {
@@ -147,7 +118,7 @@ async fn read_all(backend: &RemoteStateBackend) -> Vec<Option<Bytes>> {
 fn kill_during_writes_loses_nothing_acknowledged(store: &str, env: &[(&str, &str)]) {
     let dir = tempdir();
     let rt = rt();
-    let mut node = start_node(dir.path(), "node-a", store, env);
+    let mut node = start_state_node(dir.path(), "node-a", store, env);
     let job = "kill-test";
     rt.block_on(async {
         let remote = connect(&node, job, |c| c.write_buffer_bytes = 16 << 10).await;
@@ -210,7 +181,7 @@ fn kill_during_writes_loses_nothing_acknowledged(store: &str, env: &[(&str, &str
     });
 
     // A fresh node, fresh disk: the latest committed checkpoint is 1.
-    let node_b = start_node(dir.path(), "node-b", store, env);
+    let node_b = start_state_node(dir.path(), "node-b", store, env);
     rt.block_on(async {
         let remote = connect(&node_b, job, |_| {}).await;
         assert_eq!(
@@ -238,7 +209,7 @@ fn kill_during_writes_loses_nothing_acknowledged(store: &str, env: &[(&str, &str
 
     // Epoch 2 was acknowledged durable: a coordinator that saw every flush may commit
     // it after the node died, and another fresh node restores it.
-    let node_c = start_node(dir.path(), "node-c", store, env);
+    let node_c = start_state_node(dir.path(), "node-c", store, env);
     rt.block_on(async {
         let remote = connect(&node_c, job, |c| c.restore_checkpoint = 2).await;
         assert_eq!(remote.open_all().await.expect("open at checkpoint 2"), 2);
