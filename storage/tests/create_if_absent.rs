@@ -24,6 +24,18 @@ fn payload(who: &str, round: usize) -> Bytes {
 }
 
 /// Two clients of the same URL race `ROUNDS` times; each round has one winner.
+/// The bytes of the object at `location`.
+async fn read(store: &Store, location: &object_store::path::Path) -> Bytes {
+    store
+        .store()
+        .get(location)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+}
+
 async fn race(url: &str) {
     let a = Arc::new(Store::open(url, &StoreOptions::default()).unwrap());
     let b = Arc::new(Store::open(url, &StoreOptions::default()).unwrap());
@@ -53,41 +65,20 @@ async fn race(url: &str) {
         };
         let location = a.child(&format!("race/{round:04}/_metadata"));
         for store in [&a, &b] {
-            let got = store
-                .store()
-                .get(&location)
-                .await
-                .unwrap()
-                .bytes()
-                .await
-                .unwrap();
+            let got = read(store, &location).await;
             assert_eq!(got, payload(winner, round), "round {round} on {url}");
         }
     }
     // A later writer of an existing name never overwrites it.
     let location = a.child("race/0000/_metadata");
-    let before = a
-        .store()
-        .get(&location)
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let before = read(&a, &location).await;
     assert_eq!(
         create_if_absent(a.store().as_ref(), &location, Bytes::from_static(b"late"))
             .await
             .unwrap(),
         CreateOutcome::AlreadyExists
     );
-    let after = a
-        .store()
-        .get(&location)
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
+    let after = read(&a, &location).await;
     assert_eq!(before, after);
     // Exactly the objects written: no temporary files left behind.
     let listed: Vec<_> = a.store().list(Some(a.root())).try_collect().await.unwrap();
