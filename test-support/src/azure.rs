@@ -6,9 +6,8 @@
 //! development account. Without them an Azure test fails, saying how to start the
 //! services, unless `SLUICE_SKIP_AZURE=1` asks to skip it loudly.
 
-use std::io::Write;
-
 use crate::s3::unique_prefix;
+use crate::service_env::{Service, service_env};
 
 /// Where one test's blobs go.
 #[derive(Debug, Clone)]
@@ -38,36 +37,21 @@ impl AzureEnv {
 /// # Panics
 /// When the test services are not configured and skipping was not asked for.
 pub fn azure_env(test: &str, what: &str) -> Option<AzureEnv> {
-    let endpoint = std::env::var("SLUICE_TEST_AZURE_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        if std::env::var("SLUICE_SKIP_AZURE").as_deref() == Ok("1") {
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!!!!! SKIPPED Azure test `{test}`: SLUICE_SKIP_AZURE=1 and no \
-                 SLUICE_TEST_AZURE_ENDPOINT. {what} is NOT tested. !!!!!!!!\n"
-            );
-            return None;
-        }
-        panic!(
-            "SLUICE_TEST_AZURE_ENDPOINT is not set: start the test services first with\n    \
-             eval \"$(scripts/test-services.sh start)\"\n(it needs node for Azurite), or set \
-             SLUICE_SKIP_AZURE=1 to skip the Azure tests"
-        );
-    }
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| {
-            panic!(
-                "{name} is not set although SLUICE_TEST_AZURE_ENDPOINT is: export everything \
-                 `scripts/test-services.sh start` prints"
-            )
-        })
+    let service = Service {
+        label: "Azure",
+        endpoint_var: "SLUICE_TEST_AZURE_ENDPOINT",
+        skip_var: "SLUICE_SKIP_AZURE",
+        start_hint: "(it needs node for Azurite)",
+        required: &[
+            "SLUICE_TEST_AZURE_CONTAINER",
+            "AZURE_STORAGE_ACCOUNT_NAME",
+            "AZURE_STORAGE_ACCOUNT_KEY",
+        ],
     };
-    let container = var("SLUICE_TEST_AZURE_CONTAINER");
-    var("AZURE_STORAGE_ACCOUNT_NAME");
-    var("AZURE_STORAGE_ACCOUNT_KEY");
+    let (endpoint, mut values) = service_env(&service, test, what)?;
     Some(AzureEnv {
         endpoint,
-        container,
+        container: values.swap_remove(0),
         prefix: unique_prefix(test),
     })
 }

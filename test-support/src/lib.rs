@@ -17,3 +17,4 @@
 pub mod azure;
 pub mod rng;
 pub mod s3;
+mod service_env;

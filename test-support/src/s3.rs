@@ -4,12 +4,12 @@
 //! `SLUICE_TEST_S3_BUCKET` and the `AWS_*` credentials. Without them an S3 test fails,
 //! saying how to start the services, unless `SLUICE_SKIP_S3=1` asks to skip it loudly.
 
-use std::io::Write;
-
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use sluice_storage::{Store, StoreOptions};
+
+use crate::service_env::{Service, service_env};
 
 /// Where one test's objects go.
 #[derive(Debug, Clone)]
@@ -89,37 +89,21 @@ impl S3Env {
 /// # Panics
 /// When the test services are not configured and skipping was not asked for.
 pub fn s3_env(test: &str, what: &str) -> Option<S3Env> {
-    let endpoint = std::env::var("SLUICE_TEST_S3_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        if std::env::var("SLUICE_SKIP_S3").as_deref() == Ok("1") {
-            // Straight to stderr: the test harness captures `eprintln!` of passing tests.
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n!!!!!!!! SKIPPED S3 test `{test}`: SLUICE_SKIP_S3=1 and no \
-                 SLUICE_TEST_S3_ENDPOINT. {what} is NOT tested. !!!!!!!!\n"
-            );
-            return None;
-        }
-        panic!(
-            "SLUICE_TEST_S3_ENDPOINT is not set: start the test services first with\n    \
-             eval \"$(scripts/test-services.sh start)\"\n(scripts/test does this), or set \
-             SLUICE_SKIP_S3=1 to skip the S3 tests"
-        );
-    }
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| {
-            panic!(
-                "{name} is not set although SLUICE_TEST_S3_ENDPOINT is: export everything \
-                 `scripts/test-services.sh start` prints"
-            )
-        })
+    let service = Service {
+        label: "S3",
+        endpoint_var: "SLUICE_TEST_S3_ENDPOINT",
+        skip_var: "SLUICE_SKIP_S3",
+        start_hint: "(scripts/test does this)",
+        required: &[
+            "SLUICE_TEST_S3_BUCKET",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+        ],
     };
-    let bucket = var("SLUICE_TEST_S3_BUCKET");
-    var("AWS_ACCESS_KEY_ID");
-    var("AWS_SECRET_ACCESS_KEY");
+    let (endpoint, mut values) = service_env(&service, test, what)?;
     Some(S3Env {
         endpoint,
-        bucket,
+        bucket: values.swap_remove(0),
         prefix: unique_prefix(test),
     })
 }
