@@ -57,16 +57,20 @@ impl std::fmt::Debug for KeyedTimers {
     }
 }
 
-/// A timestamp as bytes that sort like the numbers.
-fn time_key(at: Timestamp) -> [u8; 8] {
+/// A timestamp as bytes that sort like the numbers (timer rows, window panes).
+pub(crate) fn time_key(at: Timestamp) -> [u8; 8] {
     ((at as u64) ^ (1 << 63)).to_be_bytes()
 }
 
+/// The timestamp of a [`time_key`]; `None` unless `key` has its 8 bytes.
+pub(crate) fn time_from_key(key: &[u8]) -> Option<Timestamp> {
+    let bytes: [u8; 8] = key.try_into().ok()?;
+    Some((u64::from_be_bytes(bytes) ^ (1 << 63)) as i64)
+}
+
 fn time_of(key: &[u8]) -> Result<Timestamp> {
-    let bytes: [u8; 8] = key
-        .try_into()
-        .map_err(|_| Error::Internal(format!("a timer row has a {}-byte time", key.len())))?;
-    Ok((u64::from_be_bytes(bytes) ^ (1 << 63)) as i64)
+    time_from_key(key)
+        .ok_or_else(|| Error::Internal(format!("a timer row has a {}-byte time", key.len())))
 }
 
 impl KeyedTimers {

@@ -46,6 +46,7 @@ use crate::element::Timestamp;
 use crate::error::{Error, Result};
 use crate::expr::aggregate::{AggFunc, ArgKind};
 use crate::keyed::CacheCounters;
+use crate::keyed::timers::{time_from_key, time_key as pane_key};
 use crate::keys::EncodedKeys;
 use crate::window::accumulator::{self, ACC_BYTES, Acc, ArgValues};
 use crate::window::assigner::WindowAssigner;
@@ -66,16 +67,8 @@ const WRITTEN: u8 = 4;
 /// Above this many written rows of one key group, a dropped pane deletes them by range.
 const POINT_DELETES_PER_KEY_GROUP: usize = 64;
 
-/// A pane's sortable key in the `panes` and `pane_index` tables.
-fn pane_key(start: Timestamp) -> [u8; 8] {
-    ((start as u64) ^ (1 << 63)).to_be_bytes()
-}
-
 fn pane_of(key: &[u8]) -> Result<Timestamp> {
-    let b: [u8; 8] = key
-        .try_into()
-        .map_err(|_| Error::Internal(format!("a pane key of {} bytes", key.len())))?;
-    Ok((u64::from_be_bytes(b) ^ (1 << 63)) as i64)
+    time_from_key(key).ok_or_else(|| Error::Internal(format!("a pane key of {} bytes", key.len())))
 }
 
 /// The groups of one pane.
