@@ -23,6 +23,23 @@ az_account=devstoreaccount1
 # Azurite's published development key (not a secret).
 az_key="Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
+# Waits up to 30 s until the check `$1` passes, then runs `$2` and says `$3`; otherwise
+# shows the end of the log `$5` of the service `$4` and fails.
+await_service() {
+  local up=$1 init=$2 ready=$3 name=$4 log=$5
+  for _ in $(seq 1 60); do
+    if "$up"; then
+      "$init"
+      echo "$ready" >&2
+      return
+    fi
+    sleep 0.5
+  done
+  echo "$name did not start; log:" >&2
+  tail -20 "$log" >&2
+  exit 1
+}
+
 print_env() {
   if az_up; then
     echo "export SLUICE_TEST_AZURE_ENDPOINT=http://127.0.0.1:${az_port}/${az_account}"
@@ -54,17 +71,8 @@ start_s3() {
   nohup "$weed_bin" mini -dir="$dir/seaweedfs" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
     -admin.ui=false -webdav=false -s3.port.iceberg=0 >"$dir/seaweedfs.log" 2>&1 &
   echo $! >"$dir/seaweedfs.pid"
-  for _ in $(seq 1 60); do
-    if s3_up; then
-      create_bucket
-      echo "S3 (SeaweedFS) ready on 127.0.0.1:${s3_port}, bucket ${bucket}" >&2
-      return
-    fi
-    sleep 0.5
-  done
-  echo "SeaweedFS did not start; log:" >&2
-  tail -20 "$dir/seaweedfs.log" >&2
-  exit 1
+  await_service s3_up create_bucket "S3 (SeaweedFS) ready on 127.0.0.1:${s3_port}, bucket ${bucket}" \
+    SeaweedFS "$dir/seaweedfs.log"
 }
 
 create_bucket() {
@@ -97,17 +105,9 @@ start_azurite() {
   nohup "$dir/azurite/node_modules/.bin/azurite-blob" --blobHost 127.0.0.1 --blobPort "$az_port" \
     --location "$dir/azurite/data" --skipApiVersionCheck --silent >"$dir/azurite.log" 2>&1 &
   echo $! >"$dir/azurite.pid"
-  for _ in $(seq 1 60); do
-    if az_up; then
-      create_container
-      echo "Azure Blob (Azurite) ready on 127.0.0.1:${az_port}, container ${bucket}" >&2
-      return
-    fi
-    sleep 0.5
-  done
-  echo "Azurite did not start; log:" >&2
-  tail -20 "$dir/azurite.log" >&2
-  exit 1
+  await_service az_up create_container \
+    "Azure Blob (Azurite) ready on 127.0.0.1:${az_port}, container ${bucket}" \
+    Azurite "$dir/azurite.log"
 }
 
 # Creates the container with a Shared Key request (an existing one is fine).
