@@ -4,8 +4,9 @@
 //!
 //! # Parts
 //! - [`server`]: the gRPC service, request limits and the map of open shards.
-//! - [`shard`]: one key-group range of one job in one RocksDB instance; writes with their
-//!   undo records ([`undo`]), reads through the cache ([`cache`]), flush and commit.
+//! - [`shard`]: one key-group range of one job in one RocksDB instance; writes held in
+//!   memory per uncommitted epoch ([`pending`]) until their checkpoint commits, reads
+//!   through them and the cache ([`cache`]), flush and commit.
 //! - [`delta`]: the checksummed record format of uploaded deltas and the local spool.
 //! - [`manifest`]: what a restore of a committed checkpoint needs.
 //! - [`snapshot`]: background, incremental upload of RocksDB checkpoints.
@@ -26,12 +27,12 @@
 //! on the traits of [`durability`] and [`snapshot`], which [`shard`] implements.
 //!
 //! # Durability in one paragraph
-//! A write is applied to RocksDB (without WAL) and appended to the shard's spool file.
+//! A write is appended to the shard's spool file and held in its epoch's layer in memory.
 //! `Flush` cuts the spool into delta `n` and uploads it; only then does it answer, so an
 //! answered flush is durable. `Commit(C)` writes manifest C (the last complete snapshot
-//! plus every delta since) and forgets undo records of epochs `<= C`. A node that dies
-//! loses nothing that was acknowledged: another one restores the shard from manifest C.
-//! Uncommitted epochs are undone from the undo log, in O(uncommitted writes).
+//! plus every delta since) and applies the layers of epochs `<= C` to RocksDB (without
+//! WAL). A node that dies loses nothing that was acknowledged: another one restores the
+//! shard from manifest C. Uncommitted epochs are dropped with their layers.
 //!
 //! This crate must not know about operators, the compute side or the coordinator.
 
@@ -44,6 +45,7 @@ pub mod gc;
 pub mod local_dir;
 pub mod lock;
 pub mod manifest;
+pub mod pending;
 pub mod restore;
 pub mod rocks;
 pub mod server;
@@ -52,7 +54,6 @@ pub mod shard_id;
 pub mod snapshot;
 pub mod store;
 pub mod ttl_filter;
-pub mod undo;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -2,9 +2,10 @@
 //! otherwise restored from a manifest.
 //!
 //! Restore of checkpoint C: download the manifest's snapshot files into a fresh local
-//! directory (streamed to the files), open RocksDB on them, replay the manifest's deltas in order through the
-//! live write path (so their undo records exist, and the rollback markers in them roll
-//! back as they did live), then undo every epoch `> C` and record C as committed. The
+//! directory (streamed to the files), open RocksDB on them (with the uncommitted epochs
+//! the snapshot stored), replay the manifest's deltas in order through the live write
+//! path (the rollback markers in them roll back as they did live), then drop every epoch
+//! `> C` and commit C, which applies the epochs up to it. The
 //! new spool starts with a rollback-to-C marker, so a later manifest that lists the
 //! same deltas followed by new ones replays to the same state. Local files of an earlier
 //! life of the shard are never reused: the object store is the only source.
@@ -248,7 +249,7 @@ pub async fn open(
     }
     let s = Arc::clone(&shard);
     tokio::task::spawn_blocking(move || -> Result<()> {
-        s.undo_after(target)?;
+        s.drop_after(target);
         s.mark_committed(target)?;
         s.last_durable_epoch.store(target, Ordering::SeqCst);
         lock(&s.live).spool.append(&Record::Rollback(target))
@@ -287,7 +288,7 @@ fn replay(shard: &Shard, records: &mut delta::FileReader) -> Result<()> {
                     shard.apply(&mut live, run_epoch, &run, false)?;
                     run.clear();
                 }
-                shard.undo_after(c)?;
+                shard.drop_after(c);
             }
         }
     }

@@ -1,7 +1,8 @@
 //! RocksDB options shared by every shard of a node: one LRU block cache, one write buffer
 //! manager charged to it, the concatenating merge operator and the TTL compaction filter.
 //!
-//! It owns how a shard's database is opened (column families `default`, `undo`, `meta`);
+//! It owns how a shard's database is opened (column families `default`, `pending`, `meta`, and
+//! `undo`, which older versions wrote);
 //! it knows nothing of epochs or the object store. The write-ahead log is off for every
 //! write: durability is the object store, and a shard is never reopened from its local
 //! files after a crash (it is restored from the object store instead).
@@ -16,7 +17,7 @@ use rocksdb::{
 use crate::config::MemorySplit;
 use crate::error::Result;
 use crate::ttl_filter::{TtlStates, now_ms};
-use crate::undo::{CF_DEFAULT, CF_META, CF_UNDO};
+use crate::pending::{CF_DEFAULT, CF_LEGACY_UNDO, CF_META, CF_PENDING};
 
 /// The node-wide RocksDB resources.
 pub struct Rocks {
@@ -98,7 +99,8 @@ impl Rocks {
 
         let cfs = vec![
             ColumnFamilyDescriptor::new(CF_DEFAULT, state),
-            ColumnFamilyDescriptor::new(CF_UNDO, small.clone()),
+            ColumnFamilyDescriptor::new(CF_PENDING, small.clone()),
+            ColumnFamilyDescriptor::new(CF_LEGACY_UNDO, small.clone()),
             ColumnFamilyDescriptor::new(CF_META, small),
         ];
         Ok(DB::open_cf_descriptors(&db_opts, dir, cfs)?)

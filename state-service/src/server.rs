@@ -285,26 +285,30 @@ impl Node {
     }
 
     /// One line on where the node's memory goes: RocksDB's block cache (memtables
-    /// charged to it included), memtables and table readers of every shard, foyer's
-    /// memory tier, and the process's resident set and threads (Linux).
+    /// charged to it included), memtables and table readers of every shard, their
+    /// uncommitted writes, foyer's memory tier, and the process's resident set and
+    /// threads (Linux).
     pub fn memory_report(&self) -> String {
         let shards: Vec<Arc<Shard>> = lock(&self.shards).values().cloned().collect();
-        let (mut memtables, mut readers) = (0u64, 0u64);
+        let (mut memtables, mut readers, mut pending) = (0u64, 0u64, 0u64);
         for s in &shards {
             let (m, r) = s.rocksdb_memory();
             memtables += m;
             readers += r;
+            pending += s.pending_bytes() as u64;
         }
         let mib = |b: u64| b >> 20;
         let or_unknown = |v: Option<u64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
         format!(
             "memory: budget {} MiB; block cache {} MiB (pinned {} MiB); memtables {} MiB; \
-             table readers {} MiB; foyer memory {} MiB; {} shards; rss {} MiB; threads {}",
+             table readers {} MiB; uncommitted writes {} MiB; foyer memory {} MiB; {} shards; \
+             rss {} MiB; threads {}",
             mib(self.config.memory_bytes),
             mib(self.parts.rocks.cache_usage() as u64),
             mib(self.parts.rocks.cache_pinned_usage() as u64),
             mib(memtables),
             mib(readers),
+            mib(pending),
             mib(self.parts.cache.memory_usage() as u64),
             shards.len(),
             or_unknown(sluice_common::process::self_rss_bytes().map(mib)),

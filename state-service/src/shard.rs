@@ -1,21 +1,25 @@
-//! One shard: a key-group range of one job in its own RocksDB instance, with its undo
-//! log, its delta spool and what of it is durable in the object store.
+//! One shard: a key-group range of one job in its own RocksDB instance, with its
+//! uncommitted epochs, its delta spool and what of it is durable in the object store.
 //!
 //! # Live state
-//! A write (one `Write` RPC) takes the shard's write lock, reads the previous values of
-//! the keys it touches, appends its records to the spool file, and applies one RocksDB
-//! write batch holding the ops and their undo records (`undo.rs`). Readers never take
-//! that lock: they go through the cache (`cache.rs`) and RocksDB. Cache consistency: a
-//! reader that missed inserts what it read only if no write happened on the shard in the
-//! meantime (a per-shard write counter); writes remove the keys they touch from the
-//! cache (write-invalidate: only reads fill it); range deletes and rollbacks switch the
-//! shard to a fresh cache generation.
+//! RocksDB's `default` column family holds committed state only. A write (one `Write`
+//! RPC) takes the shard's write lock, appends its records to the spool file and adds
+//! them to its epoch's layer of uncommitted writes in memory (`pending.rs`): no read,
+//! no RocksDB write. Committing checkpoint C applies the layers of epochs `<= C` to
+//! RocksDB as one blind write batch; a rollback drops layers. Readers never take the
+//! write lock: a key is looked up in the layers, then in the cache (`cache.rs`), then in
+//! RocksDB. The cache holds committed values only, so only a commit invalidates it (the
+//! keys it applies that the cache may hold; a commit with range deletes switches the
+//! shard to a fresh cache generation). Reads and commits exclude each other through the
+//! commit gate, so no read combines a layer with the state that layer was already
+//! applied to, and no read fills the cache with a value a commit just replaced.
 //!
 //! # Durability
 //! `flush` cuts the spool into a numbered delta and uploads every cut delta in order (a
 //! failed upload stays queued and is retried by the next flush); `commit` writes the
-//! manifest (latest complete snapshot + deltas since), drops the undo records it makes
-//! unnecessary and collects garbage (`gc.rs`). Snapshots (`snapshot.rs`) run in the
+//! manifest (latest complete snapshot + deltas since), applies the committed layers and
+//! collects garbage (`gc.rs`). A snapshot stores the layers in the `pending` column
+//! family beside the state, so it holds the uncommitted epochs too. Snapshots (`snapshot.rs`) run in the
 //! background: a flush that finds one due only starts it. Restore from the object
 //! store is in `restore.rs`.
 //!
@@ -26,7 +30,7 @@
 //! at the end of this file (`ShardObjects`, `Snapshotted`), so they import nothing
 //! from here.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,7 +51,7 @@ use crate::shard_id::ShardKey;
 use crate::snapshot::Snapshotted;
 use crate::store::Durable;
 use crate::ttl_filter::TtlStates;
-use crate::undo::{self, CF_DEFAULT, CF_META, CF_UNDO};
+use crate::pending::{self, CF_DEFAULT, CF_LEGACY_UNDO, CF_META, CF_PENDING, Lookup, Pending};
 
 /// A scan page: entries, and the key to resume from when more follow.
 pub type ScanPage = (Vec<(Bytes, Bytes)>, Option<Bytes>);
@@ -60,18 +64,26 @@ pub const SNAPSHOT_EVERY_DELTAS: usize = 10;
 /// Snapshot once this many delta bytes were uploaded since the last one.
 pub const SNAPSHOT_EVERY_BYTES: u64 = 64 << 20;
 
+/// Keys the cache may hold are remembered (as hashes) up to this many; beyond, the shard
+/// moves to a fresh cache generation and starts over.
+const CACHED_KEYS_MAX: usize = 1 << 20;
+
 /// State behind the shard's write lock.
 pub(crate) struct Live {
     pub(crate) spool: Spool,
-    pub(crate) undo_seq: u64,
     pub(crate) next_delta_seq: u64,
 }
 
-/// The shard's cache generation and write counter.
-#[derive(Clone, Copy)]
+/// What the shard put in the cache: its generation, and the hashes of the keys it
+/// inserted in that generation, so a commit removes only keys the cache may hold (a
+/// removal of a key foyer does not hold still costs its disk tier a tombstone).
 struct CacheGen {
     generation: u64,
-    writes: u64,
+    cached: HashSet<u64>,
+}
+
+fn key_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(key)
 }
 
 /// An open shard.
@@ -88,6 +100,10 @@ pub struct Shard {
     /// The shard's root in the object store.
     pub(crate) root: ObjectPath,
     pub(crate) live: Mutex<Live>,
+    /// Writes of uncommitted epochs (lock order: `live`, then the gate, then this).
+    pending: Mutex<Pending>,
+    /// Held shared by reads, exclusively by a commit applying layers.
+    gate: tokio::sync::RwLock<()>,
     cache_gen: Mutex<CacheGen>,
     pub(crate) durability: tokio::sync::Mutex<Durability>,
     /// SST files of this database already uploaded: local name -> (object, size).
@@ -132,12 +148,13 @@ impl Shard {
             root,
             live: Mutex::new(Live {
                 spool,
-                undo_seq: 0,
                 next_delta_seq: parts.next_delta_seq,
             }),
+            pending: Mutex::new(Pending::default()),
+            gate: tokio::sync::RwLock::new(()),
             cache_gen: Mutex::new(CacheGen {
                 generation,
-                writes: 0,
+                cached: HashSet::new(),
             }),
             durability: tokio::sync::Mutex::new(parts.durability),
             uploaded_sst: Mutex::new(parts.uploaded_sst),
@@ -156,8 +173,8 @@ impl Shard {
         let committed = shard.read_committed()?;
         shard.committed.store(committed, Ordering::SeqCst);
         shard.last_durable_epoch.store(committed, Ordering::SeqCst);
-        let next_undo = shard.last_undo_seq()?.map_or(0, |s| s + 1);
-        lock(&shard.live).undo_seq = next_undo;
+        shard.check_no_undo_log()?;
+        shard.load_pending(committed)?;
         Ok(shard)
     }
 
@@ -175,15 +192,52 @@ impl Shard {
         )
     }
 
-    fn last_undo_seq(&self) -> Result<Option<u64>> {
-        let mut it = self.db.iterator_cf(self.cf(CF_UNDO)?, IteratorMode::End);
-        match it.next() {
-            Some(item) => {
-                let (k, _) = item?;
-                Ok(undo::decode_key(&k).map(|(_, s)| s))
-            }
-            None => Ok(None),
+    /// Refuses a database whose live state holds uncommitted writes, as an older
+    /// version's snapshots did (it kept their undo records beside them).
+    fn check_no_undo_log(&self) -> Result<()> {
+        if let Some(item) = self.db.iterator_cf(self.cf(CF_LEGACY_UNDO)?, IteratorMode::Start).next() {
+            item?;
+            return Err(Error::FailedPrecondition(format!(
+                "{}: its snapshot keeps uncommitted writes with an undo log, as state services \
+                 before the pending-layer format wrote them; restore it with that version, or \
+                 start the job afresh",
+                self.id
+            )));
         }
+        Ok(())
+    }
+
+    /// Reads back the uncommitted layers a snapshot stored (epochs `> committed`).
+    fn load_pending(&self, committed: u64) -> Result<()> {
+        let mut pending = lock(&self.pending);
+        for item in self.db.iterator_cf(self.cf(CF_PENDING)?, IteratorMode::Start) {
+            let (k, v) = item?;
+            let malformed =
+                || Error::Internal(format!("malformed pending record {k:02x?} in {}", self.id));
+            let epoch = pending::epoch_of(&k).ok_or_else(malformed)?;
+            let op = pending::decode_op(&v).ok_or_else(malformed)?;
+            if epoch > committed {
+                pending.apply(epoch, op);
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the `pending` column family's content with the layers held now, so that
+    /// a RocksDB checkpoint taken next holds them (blocking; under the write lock).
+    fn store_pending(&self, _live: &Live) -> Result<()> {
+        let cf = self.cf(CF_PENDING)?;
+        let mut batch = WriteBatch::default();
+        // Keys are exactly 16 bytes, so this range holds all of them.
+        batch.delete_range_cf(cf, &[0u8; 16][..], &[0xFFu8; 17][..]);
+        let pending = lock(&self.pending);
+        for (epoch, layer) in pending.layers() {
+            for (seq, op) in layer.to_ops().enumerate() {
+                batch.put_cf(cf, pending::key(epoch, seq as u64), pending::encode_op(&op));
+            }
+        }
+        self.db.write_opt(batch, &write_options())?;
+        Ok(())
     }
 
     /// The committed checkpoint.
@@ -220,97 +274,8 @@ impl Shard {
         self.apply(&mut live, epoch, &ops, true)
     }
 
-    /// Applies ops: previous values to the undo log, records to the spool when
-    /// `spool`, one RocksDB batch, then the cache.
+    /// Applies ops of `epoch`: to the spool when `spool`, then to the epoch's layer.
     pub(crate) fn apply(&self, live: &mut Live, epoch: u64, ops: &[Op], spool: bool) -> Result<()> {
-        let state = self.cf(CF_DEFAULT)?;
-        let undo_cf = self.cf(CF_UNDO)?;
-        // Values as of "before this op", updated as the batch goes.
-        let mut overlay: HashMap<Bytes, Option<Bytes>> = HashMap::new();
-        let mut point: Vec<&Bytes> = Vec::new();
-        for op in ops {
-            if let Op::Put(k, _) | Op::Delete(k) | Op::Merge(k, _) = op
-                && !overlay.contains_key(k)
-            {
-                overlay.insert(k.clone(), None);
-                point.push(k);
-            }
-        }
-        let got = self
-            .db
-            .batched_multi_get_cf(state, point.iter().map(|k| k.as_ref()), false);
-        for (k, v) in point.iter().zip(got) {
-            overlay.insert((*k).clone(), v?.map(|v| Bytes::copy_from_slice(&v)));
-        }
-
-        let mut batch = WriteBatch::default();
-        let mut range_deleted = false;
-        let mut undo_seq = live.undo_seq;
-        let mut push_undo = |batch: &mut WriteBatch, key: &[u8], prev: Option<&Bytes>| {
-            batch.put_cf(
-                undo_cf,
-                undo::key(epoch, undo_seq),
-                undo::value(key, prev.map(|p| p.as_ref())),
-            );
-            undo_seq += 1;
-        };
-        for op in ops {
-            match op {
-                Op::Put(k, v) => {
-                    push_undo(&mut batch, k, overlay.get(k).and_then(Option::as_ref));
-                    batch.put_cf(state, k, v);
-                    overlay.insert(k.clone(), Some(v.clone()));
-                }
-                Op::Delete(k) => {
-                    push_undo(&mut batch, k, overlay.get(k).and_then(Option::as_ref));
-                    batch.delete_cf(state, k);
-                    overlay.insert(k.clone(), None);
-                }
-                Op::Merge(k, v) => {
-                    let prev = overlay.get(k).cloned().flatten();
-                    push_undo(&mut batch, k, prev.as_ref());
-                    batch.merge_cf(state, k, v);
-                    let mut next = prev.map(|p| p.to_vec()).unwrap_or_default();
-                    next.extend_from_slice(v);
-                    overlay.insert(k.clone(), Some(Bytes::from(next)));
-                }
-                Op::DeleteRange(s, e) => {
-                    range_deleted = true;
-                    let (start, end) = self.id.clip_range(s, e)?;
-                    let mut present: BTreeMap<Bytes, Bytes> = BTreeMap::new();
-                    let mut ro = ReadOptions::default();
-                    ro.fill_cache(false);
-                    if let Some(end) = &end {
-                        ro.set_iterate_upper_bound(end.clone());
-                    }
-                    let it = self.db.iterator_cf_opt(
-                        state,
-                        ro,
-                        IteratorMode::From(start.as_slice(), rocksdb::Direction::Forward),
-                    );
-                    for item in it {
-                        let (k, v) = item?;
-                        present.insert(Bytes::from(k.into_vec()), Bytes::from(v.into_vec()));
-                    }
-                    let in_range =
-                        |k: &[u8]| k >= start.as_slice() && end.as_deref().is_none_or(|e| k < e);
-                    // Earlier ops of this batch win over what RocksDB holds.
-                    for (k, v) in &overlay {
-                        if in_range(k.as_ref()) {
-                            match v {
-                                Some(v) => present.insert(k.clone(), v.clone()),
-                                None => present.remove(k),
-                            };
-                        }
-                    }
-                    for (k, v) in present {
-                        push_undo(&mut batch, &k, Some(&v));
-                        batch.delete_cf(state, &k);
-                        overlay.insert(k, None);
-                    }
-                }
-            }
-        }
         if spool {
             for op in ops {
                 live.spool.append(&Record::Write {
@@ -319,51 +284,74 @@ impl Shard {
                 })?;
             }
         }
-        self.db.write_opt(batch, &write_options())?;
-        live.undo_seq = undo_seq;
-
-        let mut g = lock(&self.cache_gen);
-        g.writes += 1;
-        if range_deleted {
-            g.generation = self.cache.new_generation();
-        } else {
-            // Write-invalidate: the next read fills the cache. Inserting here would fill
-            // foyer (and its disk tier) with every value written, and pin the requests'
-            // receive buffers the values are slices of.
-            for k in overlay.into_keys() {
-                self.cache.remove(g.generation, k);
-            }
+        let mut pending = lock(&self.pending);
+        for op in ops {
+            let op = match op {
+                Op::DeleteRange(s, e) => {
+                    let (start, end) = self.id.clip_range(s, e)?;
+                    Op::DeleteRange(Bytes::from(start), end.map(Bytes::from).unwrap_or_default())
+                }
+                op => op.clone(),
+            };
+            pending.apply(epoch, op);
         }
         Ok(())
     }
 
-    /// The values of `keys` (validated), through the cache.
+    /// The values of `keys` (validated): uncommitted layers, then the cache, then RocksDB.
     pub async fn multi_get(self: &Arc<Self>, keys: Vec<Bytes>) -> Result<Vec<Option<Bytes>>> {
         for k in &keys {
             self.id.check_key(k)?;
         }
-        let seen = *lock(&self.cache_gen);
+        let _no_commit = self.gate.read().await;
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
-        let mut missed: Vec<usize> = Vec::new();
-        for (i, k) in keys.iter().enumerate() {
-            match self.cache.get(seen.generation, k).await {
-                Some(v) => out[i] = v,
-                None => missed.push(i),
+        // Keys the layers leave to committed state, with what pending merges append.
+        let mut committed: Vec<(usize, Vec<u8>)> = Vec::new();
+        {
+            let pending = lock(&self.pending);
+            for (i, k) in keys.iter().enumerate() {
+                match pending.lookup(k) {
+                    Lookup::Value(v) => out[i] = v,
+                    Lookup::Committed(tail) => committed.push((i, tail)),
+                }
             }
         }
-        if missed.is_empty() {
+        if committed.is_empty() {
             return Ok(out);
         }
-        let miss_keys: Vec<Bytes> = missed.iter().map(|&i| keys[i].clone()).collect();
-        let shard = Arc::clone(self);
-        let values = tokio::task::spawn_blocking(move || shard.read_db(&miss_keys)).await??;
-        let g = lock(&self.cache_gen);
-        let unchanged = g.generation == seen.generation && g.writes == seen.writes;
-        for (&i, v) in missed.iter().zip(values) {
-            if unchanged {
-                self.cache.insert(seen.generation, &keys[i], v.clone());
+        let generation = lock(&self.cache_gen).generation;
+        let mut missed: Vec<usize> = Vec::new();
+        for (n, (i, _)) in committed.iter().enumerate() {
+            match self.cache.get(generation, &keys[*i]).await {
+                Some(v) => out[*i] = v,
+                None => missed.push(n),
             }
-            out[i] = v;
+        }
+        if !missed.is_empty() {
+            let miss_keys: Vec<Bytes> = missed.iter().map(|&n| keys[committed[n].0].clone()).collect();
+            let shard = Arc::clone(self);
+            let values = tokio::task::spawn_blocking(move || shard.read_db(&miss_keys)).await??;
+            let mut g = lock(&self.cache_gen);
+            // Under the gate no commit ran since the generation was read: what RocksDB
+            // gave is still the committed value.
+            if g.generation == generation && g.cached.len() + missed.len() > CACHED_KEYS_MAX {
+                g.generation = self.cache.new_generation();
+                g.cached.clear();
+            }
+            let generation = g.generation;
+            for (&n, v) in missed.iter().zip(values) {
+                let key = &keys[committed[n].0];
+                g.cached.insert(key_hash(key));
+                self.cache.insert(generation, key, v.clone());
+                out[committed[n].0] = v;
+            }
+        }
+        for (i, tail) in committed {
+            if !tail.is_empty() {
+                let mut v = out[i].take().map(|b| b.to_vec()).unwrap_or_default();
+                v.extend_from_slice(&tail);
+                out[i] = Some(Bytes::from(v));
+            }
         }
         Ok(out)
     }
@@ -378,7 +366,8 @@ impl Shard {
     }
 
     /// Up to `limit` entries of `[start, end)` and at most about `max_bytes`; the key to
-    /// resume from when more follow (blocking).
+    /// resume from when more follow (blocking). Committed state and the uncommitted
+    /// layers are merged in key order.
     pub fn scan(
         &self,
         start: &[u8],
@@ -387,29 +376,66 @@ impl Shard {
         max_bytes: usize,
     ) -> Result<ScanPage> {
         let (start, end) = self.id.clip_range(start, end)?;
+        let _no_commit = self.gate.blocking_read();
+        let pending = lock(&self.pending);
+        // The layers' first keys of the range: every one below `boundary` is known, so
+        // the page stops there at the latest.
+        let mut overlay = pending.keys_in(&start, end.as_deref(), limit.saturating_add(1));
+        let boundary = (overlay.len() > limit).then(|| overlay.pop()).flatten();
+        let mut overlay = overlay.into_iter().peekable();
         let mut ro = ReadOptions::default();
         if let Some(end) = end {
             ro.set_iterate_upper_bound(end);
         }
-        let it = self.db.iterator_cf_opt(
+        let mut it = self.db.iterator_cf_opt(
             self.cf(CF_DEFAULT)?,
             ro,
             IteratorMode::From(start.as_slice(), rocksdb::Direction::Forward),
         );
+        let mut committed = it.next().transpose()?;
         let mut out = Vec::new();
         let mut bytes = 0usize;
-        for item in it {
-            let (k, v) = item?;
-            if out.len() >= limit || (bytes > 0 && bytes + k.len() + v.len() > max_bytes) {
-                return Ok((out, Some(Bytes::from(k.into_vec()))));
+        loop {
+            // The next key of either side, and its committed value.
+            let (key, base) = match (&committed, overlay.peek()) {
+                (None, None) => break,
+                (Some((k, _)), Some(p)) if p.as_ref() < k.as_ref() => (overlay.next(), None),
+                (Some(_), p) => {
+                    let (k, v) = committed.take().expect("matched Some");
+                    if p.is_some_and(|p| p.as_ref() == k.as_ref()) {
+                        overlay.next();
+                    }
+                    committed = it.next().transpose()?;
+                    (Some(Bytes::from(k.into_vec())), Some(v))
+                }
+                (None, Some(_)) => (overlay.next(), None),
+            };
+            let key = key.expect("one side had a key");
+            if boundary.as_ref().is_some_and(|b| key >= *b) {
+                return Ok((out, boundary));
             }
-            bytes += k.len() + v.len();
-            out.push((Bytes::from(k.into_vec()), Bytes::from(v.into_vec())));
+            let value = match pending.lookup(&key) {
+                Lookup::Value(v) => v,
+                Lookup::Committed(tail) if tail.is_empty() => {
+                    base.map(|b| Bytes::from(b.into_vec()))
+                }
+                Lookup::Committed(tail) => {
+                    let mut v = base.map(|b| b.into_vec()).unwrap_or_default();
+                    v.extend_from_slice(&tail);
+                    Some(Bytes::from(v))
+                }
+            };
+            let Some(value) = value else { continue };
+            if out.len() >= limit || (bytes > 0 && bytes + key.len() + value.len() > max_bytes) {
+                return Ok((out, Some(key)));
+            }
+            bytes += key.len() + value.len();
+            out.push((key, value));
         }
-        Ok((out, None))
+        Ok((out, boundary))
     }
 
-    /// Undoes every write of an epoch `> checkpoint` (blocking); returns how many.
+    /// Drops every write of an epoch `> checkpoint` (blocking); returns how many.
     pub fn rollback(&self, checkpoint: u64) -> Result<u64> {
         let c = self.committed();
         if checkpoint < c {
@@ -419,57 +445,70 @@ impl Shard {
             )));
         }
         let mut live = lock(&self.live);
-        let undone = self.undo_after(checkpoint)?;
+        let dropped = self.drop_after(checkpoint);
         live.spool.append(&Record::Rollback(checkpoint))?;
-        Ok(undone)
+        Ok(dropped)
     }
 
-    /// Applies the undo records of epochs `> checkpoint`, newest first, and drops them.
-    pub(crate) fn undo_after(&self, checkpoint: u64) -> Result<u64> {
-        let state = self.cf(CF_DEFAULT)?;
-        let undo_cf = self.cf(CF_UNDO)?;
-        let Some(first) = checkpoint.checked_add(1) else {
-            return Ok(0);
-        };
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_lower_bound(undo::epoch_start(first).to_vec());
-        ro.fill_cache(false);
-        let mut batch = WriteBatch::default();
-        let mut undone = 0u64;
-        for item in self.db.iterator_cf_opt(undo_cf, ro, IteratorMode::End) {
-            let (k, v) = item?;
-            let (key, prev) = undo::decode_value(&v).ok_or_else(|| {
-                Error::Internal(format!("malformed undo record {k:02x?} in {}", self.id))
-            })?;
-            match prev {
-                Some(p) => batch.put_cf(state, key, p),
-                None => batch.delete_cf(state, key),
-            }
-            batch.delete_cf(undo_cf, &k);
-            undone += 1;
-        }
-        self.db.write_opt(batch, &write_options())?;
-        let mut g = lock(&self.cache_gen);
-        g.writes += 1;
-        g.generation = self.cache.new_generation();
-        Ok(undone)
+    /// Drops the layers of epochs `> checkpoint`; returns the writes they had received.
+    /// Committed state, and so the cache, is untouched.
+    pub(crate) fn drop_after(&self, checkpoint: u64) -> u64 {
+        lock(&self.pending).drop_after(checkpoint)
     }
 
-    /// Records `checkpoint` as committed and drops the undo records it makes unnecessary
-    /// (blocking).
+    /// Records `checkpoint` as committed and applies the layers of epochs up to it to
+    /// RocksDB (blocking).
     pub(crate) fn mark_committed(&self, checkpoint: u64) -> Result<()> {
         let _live = lock(&self.live);
+        let _no_reads = self.gate.blocking_write();
+        let state = self.cf(CF_DEFAULT)?;
+        let layers = lock(&self.pending).take_through(checkpoint);
         let mut batch = WriteBatch::default();
         batch.put_cf(self.cf(CF_META)?, META_COMMITTED, checkpoint.to_be_bytes());
-        if let Some(end) = checkpoint.checked_add(1) {
-            batch.delete_range_cf(
-                self.cf(CF_UNDO)?,
-                undo::epoch_start(0),
-                undo::epoch_start(end),
-            );
+        let mut ranged = false;
+        for (_, layer) in &layers {
+            for (start, end) in layer.ranges() {
+                ranged = true;
+                match end {
+                    Some(end) => batch.delete_range_cf(state, start, end),
+                    // The last shard's end is open: delete what is there key by key,
+                    // after writing what came before, so the iterator sees it.
+                    None => {
+                        let before = std::mem::take(&mut batch);
+                        self.db.write_opt(before, &write_options())?;
+                        for item in self.db.iterator_cf(
+                            state,
+                            IteratorMode::From(start, rocksdb::Direction::Forward),
+                        ) {
+                            batch.delete_cf(state, item?.0);
+                        }
+                    }
+                }
+            }
+            for (key, entry) in layer.entries() {
+                match entry {
+                    pending::Entry::Put(v) => batch.put_cf(state, key, v),
+                    pending::Entry::Delete => batch.delete_cf(state, key),
+                    pending::Entry::Merge(m) => batch.merge_cf(state, key, m),
+                }
+            }
         }
         self.db.write_opt(batch, &write_options())?;
         self.committed.fetch_max(checkpoint, Ordering::SeqCst);
+
+        let mut g = lock(&self.cache_gen);
+        if ranged {
+            g.generation = self.cache.new_generation();
+            g.cached.clear();
+        } else if !g.cached.is_empty() {
+            for (_, layer) in layers {
+                for (key, _) in layer.entries() {
+                    if g.cached.remove(&key_hash(key)) {
+                        self.cache.remove(g.generation, key.clone());
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -492,7 +531,10 @@ impl Shard {
         let checkpoint = match snapshot_to {
             Some(path_of) => {
                 let path = path_of(seq);
-                match crate::snapshot::create_checkpoint(&self.db, &path) {
+                let taken = self
+                    .store_pending(&live)
+                    .and_then(|()| crate::snapshot::create_checkpoint(&self.db, &path));
+                match taken {
                     Ok(()) => Some(path),
                     Err(e) => {
                         tracing::warn!("checkpoint of {} at delta {seq} failed: {e}", self.id);
@@ -552,6 +594,7 @@ impl Shard {
                     return Ok(None);
                 };
                 let path = path_of(seq);
+                self.store_pending(&live)?;
                 crate::snapshot::create_checkpoint(&self.db, &path)?;
                 return Ok(Some((seq, None, path)));
             }
@@ -565,7 +608,7 @@ impl Shard {
     /// Flushes every column family's memtables to SST files (blocking, without the write
     /// lock: writes go on meanwhile).
     pub(crate) fn flush_memtables(&self) -> Result<()> {
-        for name in [CF_DEFAULT, CF_UNDO, CF_META] {
+        for name in [CF_DEFAULT, CF_PENDING, CF_META] {
             self.db.flush_cf(self.cf(name)?)?;
         }
         Ok(())
@@ -592,8 +635,8 @@ impl Shard {
         Ok(())
     }
 
-    /// Commits checkpoint `c`: flushes what it needs, writes its manifest, drops undo
-    /// records `<= c` and collects objects no retained checkpoint needs.
+    /// Commits checkpoint `c`: flushes what it needs, writes its manifest, applies the
+    /// layers `<= c` and collects objects no retained checkpoint needs.
     pub async fn commit(self: &Arc<Self>, c: u64, retained: &[u64]) -> Result<String> {
         let started = std::time::Instant::now();
         let mut d = self.durability.lock().await;
@@ -667,7 +710,14 @@ impl Shard {
                 .flatten()
                 .unwrap_or(0)
         };
-        prop("rocksdb.estimate-live-data-size") + prop("rocksdb.cur-size-all-mem-tables")
+        prop("rocksdb.estimate-live-data-size")
+            + prop("rocksdb.cur-size-all-mem-tables")
+            + self.pending_bytes() as u64
+    }
+
+    /// Bytes of uncommitted writes held in memory.
+    pub fn pending_bytes(&self) -> usize {
+        lock(&self.pending).bytes()
     }
 
     /// `(memtables, table readers)` bytes of all column families: RocksDB's
@@ -676,7 +726,7 @@ impl Shard {
     pub fn rocksdb_memory(&self) -> (u64, u64) {
         let mut memtables = 0;
         let mut readers = 0;
-        for name in [CF_DEFAULT, CF_UNDO, CF_META] {
+        for name in [CF_DEFAULT, CF_PENDING, CF_META] {
             let Ok(cf) = self.cf(name) else { continue };
             let prop = |p: &str| {
                 self.db

@@ -159,6 +159,9 @@ async fn ttl_compaction_drops_expired_values_and_lists() {
         .collect();
     write(&mut c, &s, 1, write_ops).await;
     assert_eq!(scan_all(&mut c, &s, 0).await.len(), 5);
+    // Compaction filters committed state: uncommitted writes are not in RocksDB yet.
+    flush(&mut c, &s, 1).await;
+    commit(&mut c, &s, 1, vec![1]).await;
     node.node().compact(&s).await.unwrap();
     let left: Vec<_> = scan_all(&mut c, &s, 0)
         .await

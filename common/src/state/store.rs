@@ -33,6 +33,17 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
     /// `first_epoch` (the checkpoint after the one restored).
     fn subtask(&self, key_groups: Range<u32>, first_epoch: u64) -> Arc<dyn KeyedStateBackend>;
 
+    /// [`StateStore::subtask`] for an operator that keeps what it reads and writes in a
+    /// cache of its own: the backend need not cache values for it (a second copy would
+    /// only cost memory and time). By default the same backend.
+    fn subtask_for_cached_operator(
+        &self,
+        key_groups: Range<u32>,
+        first_epoch: u64,
+    ) -> Arc<dyn KeyedStateBackend> {
+        self.subtask(key_groups, first_epoch)
+    }
+
     /// Brings the job's state back to completed checkpoint `checkpoint` (0: empty),
     /// dropping every later write, and refuses writers of attempts older than `fence`
     /// from then on (0: leaves the fence). Returns the bytes read back from durable

@@ -85,6 +85,16 @@ impl OperatorState {
         StateTable::new(backend.clone(), self.operator_id, name)
     }
 
+    /// Opens the backend for an operator that keeps what it reads and writes in its own
+    /// cache, so the backend need not cache values too; call before the first
+    /// [`OperatorState::table`] (afterwards the backend is open and this does nothing).
+    pub fn open_for_cached_operator(&self) {
+        self.backend.get_or_init(|| {
+            self.store
+                .subtask_for_cached_operator(self.key_groups.clone(), self.first_epoch)
+        });
+    }
+
     /// The key groups this subtask owns.
     pub fn key_groups(&self) -> Range<u32> {
         self.key_groups.clone()

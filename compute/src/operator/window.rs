@@ -249,6 +249,10 @@ impl WindowOperator {
     /// operator's, so records late then are late now).
     async fn open_state(&mut self, ctx: &OperatorContext) -> Result<()> {
         let state = ctx.keyed_state()?;
+        if !matches!(self.assigner, WindowAssigner::Session { .. }) {
+            // Fixed windows hold their panes decoded (`window/fixed.rs`).
+            state.open_for_cached_operator();
+        }
         let watermarks = state.table(WATERMARK_STATE);
         self.key_groups = state.key_groups();
         let mut recorded = Vec::new();

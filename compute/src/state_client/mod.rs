@@ -173,12 +173,30 @@ impl RemoteState {
         key_groups: Range<u32>,
         first_epoch: u64,
     ) -> RemoteStateBackend {
+        self.backend_with_cache(key_groups, first_epoch, self.config.read_cache_bytes)
+    }
+
+    /// The same without a read cache, for an operator that caches its own state.
+    pub fn backend_without_cache(
+        self: &Arc<Self>,
+        key_groups: Range<u32>,
+        first_epoch: u64,
+    ) -> RemoteStateBackend {
+        self.backend_with_cache(key_groups, first_epoch, 0)
+    }
+
+    fn backend_with_cache(
+        self: &Arc<Self>,
+        key_groups: Range<u32>,
+        first_epoch: u64,
+        read_cache_bytes: usize,
+    ) -> RemoteStateBackend {
         let owned = self.layout.shards_for_key_groups(key_groups);
         RemoteStateBackend {
             remote: Arc::clone(self),
             buffer: Mutex::new(Buffers::default()),
             ship_lock: tokio::sync::Mutex::new(()),
-            cache: ReadCache::new(self.config.read_cache_bytes),
+            cache: ReadCache::new(read_cache_bytes),
             epoch: AtomicU64::new(first_epoch.max(1)),
             owned_shards: owned,
             written: Mutex::new(BTreeSet::new()),
@@ -443,6 +461,14 @@ impl StateStore for RemoteStore {
 
     fn subtask(&self, key_groups: Range<u32>, first_epoch: u64) -> Arc<dyn KeyedStateBackend> {
         Arc::new(self.0.backend(key_groups, first_epoch))
+    }
+
+    fn subtask_for_cached_operator(
+        &self,
+        key_groups: Range<u32>,
+        first_epoch: u64,
+    ) -> Arc<dyn KeyedStateBackend> {
+        Arc::new(self.0.backend_without_cache(key_groups, first_epoch))
     }
 
     async fn restore(&self, checkpoint: u64, fence: u64) -> StateResult<u64> {

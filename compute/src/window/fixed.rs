@@ -64,9 +64,6 @@ const PENDING: u8 = 2;
 /// from it): dropping the pane deletes that row by its key.
 const WRITTEN: u8 = 4;
 
-/// Above this many written rows of one key group, a dropped pane deletes them by range.
-const POINT_DELETES_PER_KEY_GROUP: usize = 64;
-
 fn pane_of(key: &[u8]) -> Result<Timestamp> {
     time_from_key(key).ok_or_else(|| Error::Internal(format!("a pane key of {} bytes", key.len())))
 }
@@ -693,31 +690,19 @@ impl FixedWindows {
                 };
                 self.bytes -= pane.bytes().min(self.bytes);
                 let pk = pane_key(start);
-                // A key group's few written rows go by their keys: each range delete
-                // costs the state service an iterator and empties its read cache, which
-                // with many small panes (q5) slowed long runs down more and more. Key
-                // groups with many rows, or never read back, go by range: a point delete
-                // costs the service a read for its undo log.
-                let mut written: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+                // Rows the backend got from this cache go by their keys: a point delete
+                // costs the state service a map entry, and the delete of a row written
+                // since the last commit cancels out there. Key groups whose rows the
+                // cache does not know (restored or spilled) go by range.
                 for g in 0..pane.len() {
                     let kg = pane.key_groups[g];
                     if pane.flags[g] & WRITTEN != 0 && !pane.unread.contains(&kg) {
-                        written.entry(kg).or_default().push(g);
-                    }
-                }
-                let mut ranged = pane.unread.clone();
-                for (kg, groups) in written {
-                    if groups.len() > POINT_DELETES_PER_KEY_GROUP {
-                        ranged.insert(kg);
-                        continue;
-                    }
-                    for g in groups {
                         ops.push(WriteOp::Delete {
                             key: self.rows.key(kg, &pk, pane.key(g)),
                         });
                     }
                 }
-                for &kg in &ranged {
+                for &kg in &pane.unread {
                     ops.push(self.rows.delete_key(kg, &pk));
                 }
                 for &kg in pane.stored.union(&pane.unread) {

@@ -152,28 +152,33 @@ pub async fn snapshots_and_gc(url: &str) {
     let (node1, mut c) = start(config(d1.path(), url)).await;
     open(&mut c, &s, 0).await;
     let epochs = 30u64;
+    // As in a running job, epoch e is written and flushed before e - 1 commits, so
+    // snapshots are taken while epochs are uncommitted and must keep them. Key group 7
+    // holds "tmp", written every epoch and range-deleted in every third.
     for e in 1..=epochs {
-        let kg = (e % 8) as u16;
+        let kg = (e % 7) as u16;
         let k = format!("k{e}");
-        write(
-            &mut c,
-            &s,
-            e,
-            vec![
-                put(kg, &k, &format!("v{e}")),
-                put(0, "hot", &e.to_string()),
-                merge(1, "list", "+"),
-            ],
-        )
-        .await;
+        let mut ops = vec![
+            put(kg, &k, &format!("v{e}")),
+            put(0, "hot", &e.to_string()),
+            merge(1, "list", "+"),
+            put(7, "tmp", &e.to_string()),
+        ];
+        if e % 3 == 0 {
+            ops.push(del_groups(7, 8));
+        }
+        write(&mut c, &s, e, ops).await;
         flush(&mut c, &s, e).await;
-        let retained = if e > 1 { vec![e - 1, e] } else { vec![e] };
-        commit(&mut c, &s, e, retained).await;
+        if e > 1 {
+            let retained = if e > 2 { vec![e - 2, e - 1] } else { vec![e - 1] };
+            commit(&mut c, &s, e - 1, retained).await;
+        }
         if e % 5 == 0 {
             // Let a background snapshot upload finish.
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
+    commit(&mut c, &s, epochs, vec![epochs - 1, epochs]).await;
     let objs = objects(url, job, 0, 8).await;
     let manifests: Vec<_> = objs
         .iter()
@@ -191,14 +196,20 @@ pub async fn snapshots_and_gc(url: &str) {
         let (node, mut c) = start(config(d.path(), url)).await;
         assert_eq!(open(&mut c, &s, cp).await.0, cp);
         let all = scan_all(&mut c, &s, 7).await;
-        assert_eq!(all.len() as u64, cp + 2, "keys k1..k{cp}, hot and list");
+        let tmp = cp % 3 != 0;
+        assert_eq!(
+            all.len() as u64,
+            cp + 2 + u64::from(tmp),
+            "keys k1..k{cp}, hot, list and (unless deleted) tmp"
+        );
         let got = get(
             &mut c,
             &s,
             &[
                 (0, "hot"),
                 (1, "list"),
-                ((cp % 8) as u16, &format!("k{cp}")),
+                ((cp % 7) as u16, &format!("k{cp}")),
+                (7, "tmp"),
             ],
         )
         .await;
@@ -207,7 +218,8 @@ pub async fn snapshots_and_gc(url: &str) {
             vec![
                 some(&cp.to_string()),
                 some(&"+".repeat(cp as usize)),
-                some(&format!("v{cp}"))
+                some(&format!("v{cp}")),
+                if tmp { some(&cp.to_string()) } else { None },
             ]
         );
         node.shutdown().await.unwrap();
