@@ -55,29 +55,38 @@ pub enum Record {
 
 impl Record {
     fn encode(&self, out: &mut Vec<u8>) {
-        let (tag, epoch, a, b): (u8, u64, &[u8], &[u8]) = match self {
-            Record::Write { epoch, op } => match op {
-                Op::Put(k, v) => (0, *epoch, k, v),
-                Op::Delete(k) => (1, *epoch, k, &[]),
-                Op::Merge(k, v) => (2, *epoch, k, v),
-                Op::DeleteRange(s, e) => (3, *epoch, s, e),
-            },
-            Record::Rollback(c) => (4, *c, &[], &[]),
-        };
-        let payload_len = 1 + 8 + 4 + a.len() + 4 + b.len();
-        let start = out.len();
-        out.reserve(FRAME_HEADER + payload_len);
-        out.extend_from_slice(&(payload_len as u32).to_be_bytes());
-        out.extend_from_slice(&[0; 8]);
-        out.push(tag);
-        out.extend_from_slice(&epoch.to_be_bytes());
-        out.extend_from_slice(&(a.len() as u32).to_be_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(&(b.len() as u32).to_be_bytes());
-        out.extend_from_slice(b);
-        let sum = xxh3_64(&out[start + FRAME_HEADER..]);
-        out[start + 4..start + FRAME_HEADER].copy_from_slice(&sum.to_be_bytes());
+        match self {
+            Record::Write { epoch, op } => encode_write(*epoch, op, out),
+            Record::Rollback(c) => encode_frame(4, *c, &[], &[], out),
+        }
     }
+}
+
+/// Encodes the record of `op` written in `epoch`.
+fn encode_write(epoch: u64, op: &Op, out: &mut Vec<u8>) {
+    let (tag, a, b): (u8, &[u8], &[u8]) = match op {
+        Op::Put(k, v) => (0, k, v),
+        Op::Delete(k) => (1, k, &[]),
+        Op::Merge(k, v) => (2, k, v),
+        Op::DeleteRange(s, e) => (3, s, e),
+    };
+    encode_frame(tag, epoch, a, b, out);
+}
+
+fn encode_frame(tag: u8, epoch: u64, a: &[u8], b: &[u8], out: &mut Vec<u8>) {
+    let payload_len = 1 + 8 + 4 + a.len() + 4 + b.len();
+    let start = out.len();
+    out.reserve(FRAME_HEADER + payload_len);
+    out.extend_from_slice(&(payload_len as u32).to_be_bytes());
+    out.extend_from_slice(&[0; 8]);
+    out.push(tag);
+    out.extend_from_slice(&epoch.to_be_bytes());
+    out.extend_from_slice(&(a.len() as u32).to_be_bytes());
+    out.extend_from_slice(a);
+    out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+    out.extend_from_slice(b);
+    let sum = xxh3_64(&out[start + FRAME_HEADER..]);
+    out[start + 4..start + FRAME_HEADER].copy_from_slice(&sum.to_be_bytes());
 }
 
 /// Decodes a whole delta; `object` names it in errors.
@@ -276,14 +285,27 @@ impl Spool {
     pub fn append(&mut self, record: &Record) -> Result<()> {
         self.buf.clear();
         record.encode(&mut self.buf);
+        if let Record::Write { epoch, .. } = record {
+            self.max_epoch = self.max_epoch.max(*epoch);
+        }
+        self.write_buf()
+    }
+
+    /// Appends the record of `op` written in `epoch` (as `append` of a
+    /// [`Record::Write`], without building one).
+    pub fn append_write(&mut self, epoch: u64, op: &Op) -> Result<()> {
+        self.buf.clear();
+        encode_write(epoch, op, &mut self.buf);
+        self.max_epoch = self.max_epoch.max(epoch);
+        self.write_buf()
+    }
+
+    fn write_buf(&mut self) -> Result<()> {
         self.file
             .write_all(&self.buf)
             .map_err(|e| Error::io(&self.path, e))?;
         self.records += 1;
         self.bytes += self.buf.len() as u64;
-        if let Record::Write { epoch, .. } = record {
-            self.max_epoch = self.max_epoch.max(*epoch);
-        }
         Ok(())
     }
 

@@ -261,12 +261,14 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Applies `op` to `epoch`'s layer. The key's bytes are copied when they are a slice of
-    /// a larger buffer (a request's), so a held entry never pins that buffer.
+    /// Applies `op` to `epoch`'s layer. Keys and values are kept as they come, slices of
+    /// their request's receive buffer: a layer holds one epoch, every request of which
+    /// carries only that epoch's writes, so the buffers go when the layer goes (at the
+    /// next commit or rollback), and copying every key and value would cost more.
     pub fn apply(&mut self, epoch: u64, op: Op) {
         let layer = self.layers.entry(epoch).or_default();
         let before = layer.bytes;
-        layer.apply(own(op));
+        layer.apply(op);
         self.bytes = self.bytes + layer.bytes - before;
     }
 
@@ -342,17 +344,6 @@ impl Pending {
     /// Bytes held (keys, values and a fixed overhead per entry).
     pub fn bytes(&self) -> usize {
         self.bytes
-    }
-}
-
-/// `op` with keys and values that own their bytes.
-fn own(op: Op) -> Op {
-    let o = |b: Bytes| Bytes::copy_from_slice(&b);
-    match op {
-        Op::Put(k, v) => Op::Put(o(k), o(v)),
-        Op::Delete(k) => Op::Delete(o(k)),
-        Op::Merge(k, v) => Op::Merge(o(k), o(v)),
-        Op::DeleteRange(s, e) => Op::DeleteRange(o(s), o(e)),
     }
 }
 

@@ -273,27 +273,24 @@ fn replay(shard: &Shard, records: &mut delta::FileReader) -> Result<()> {
         match r {
             Record::Write { epoch, op } => {
                 if epoch != run_epoch && !run.is_empty() {
-                    shard.apply(&mut live, run_epoch, &run, false)?;
-                    run.clear();
+                    shard.apply(&mut live, run_epoch, std::mem::take(&mut run), false)?;
                 }
                 run_epoch = epoch;
                 run.push(op);
                 if run.len() >= 10_000 {
-                    shard.apply(&mut live, run_epoch, &run, false)?;
-                    run.clear();
+                    shard.apply(&mut live, run_epoch, std::mem::take(&mut run), false)?;
                 }
             }
             Record::Rollback(c) => {
                 if !run.is_empty() {
-                    shard.apply(&mut live, run_epoch, &run, false)?;
-                    run.clear();
+                    shard.apply(&mut live, run_epoch, std::mem::take(&mut run), false)?;
                 }
                 shard.drop_after(c);
             }
         }
     }
     if !run.is_empty() {
-        shard.apply(&mut live, run_epoch, &run, false)?;
+        shard.apply(&mut live, run_epoch, std::mem::take(&mut run), false)?;
     }
     Ok(())
 }

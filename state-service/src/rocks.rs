@@ -16,8 +16,8 @@ use rocksdb::{
 
 use crate::config::MemorySplit;
 use crate::error::Result;
-use crate::ttl_filter::{TtlStates, now_ms};
 use crate::pending::{CF_DEFAULT, CF_LEGACY_UNDO, CF_META, CF_PENDING};
+use crate::ttl_filter::{TtlStates, now_ms};
 
 /// The node-wide RocksDB resources.
 pub struct Rocks {

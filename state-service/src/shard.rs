@@ -46,12 +46,12 @@ use crate::durability::{Durability, ShardObjects, UploadedSsts};
 use crate::error::{Error, Result};
 use crate::lock::lock;
 use crate::manifest::{DeltaRef, Manifest, delta_path, manifest_path};
+use crate::pending::{self, CF_DEFAULT, CF_LEGACY_UNDO, CF_META, CF_PENDING, Lookup, Pending};
 use crate::rocks::write_options;
 use crate::shard_id::ShardKey;
 use crate::snapshot::Snapshotted;
 use crate::store::Durable;
 use crate::ttl_filter::TtlStates;
-use crate::pending::{self, CF_DEFAULT, CF_LEGACY_UNDO, CF_META, CF_PENDING, Lookup, Pending};
 
 /// A scan page: entries, and the key to resume from when more follow.
 pub type ScanPage = (Vec<(Bytes, Bytes)>, Option<Bytes>);
@@ -195,7 +195,11 @@ impl Shard {
     /// Refuses a database whose live state holds uncommitted writes, as an older
     /// version's snapshots did (it kept their undo records beside them).
     fn check_no_undo_log(&self) -> Result<()> {
-        if let Some(item) = self.db.iterator_cf(self.cf(CF_LEGACY_UNDO)?, IteratorMode::Start).next() {
+        if let Some(item) = self
+            .db
+            .iterator_cf(self.cf(CF_LEGACY_UNDO)?, IteratorMode::Start)
+            .next()
+        {
             item?;
             return Err(Error::FailedPrecondition(format!(
                 "{}: its snapshot keeps uncommitted writes with an undo log, as state services \
@@ -210,7 +214,10 @@ impl Shard {
     /// Reads back the uncommitted layers a snapshot stored (epochs `> committed`).
     fn load_pending(&self, committed: u64) -> Result<()> {
         let mut pending = lock(&self.pending);
-        for item in self.db.iterator_cf(self.cf(CF_PENDING)?, IteratorMode::Start) {
+        for item in self
+            .db
+            .iterator_cf(self.cf(CF_PENDING)?, IteratorMode::Start)
+        {
             let (k, v) = item?;
             let malformed =
                 || Error::Internal(format!("malformed pending record {k:02x?} in {}", self.id));
@@ -271,27 +278,30 @@ impl Shard {
         let mut live = lock(&self.live);
         // Checked again under the lock: a commit may have happened meanwhile.
         self.check_epoch(epoch)?;
-        self.apply(&mut live, epoch, &ops, true)
+        self.apply(&mut live, epoch, ops, true)
     }
 
     /// Applies ops of `epoch`: to the spool when `spool`, then to the epoch's layer.
-    pub(crate) fn apply(&self, live: &mut Live, epoch: u64, ops: &[Op], spool: bool) -> Result<()> {
+    pub(crate) fn apply(
+        &self,
+        live: &mut Live,
+        epoch: u64,
+        ops: Vec<Op>,
+        spool: bool,
+    ) -> Result<()> {
         if spool {
-            for op in ops {
-                live.spool.append(&Record::Write {
-                    epoch,
-                    op: op.clone(),
-                })?;
+            for op in &ops {
+                live.spool.append_write(epoch, op)?;
             }
         }
         let mut pending = lock(&self.pending);
         for op in ops {
             let op = match op {
                 Op::DeleteRange(s, e) => {
-                    let (start, end) = self.id.clip_range(s, e)?;
+                    let (start, end) = self.id.clip_range(&s, &e)?;
                     Op::DeleteRange(Bytes::from(start), end.map(Bytes::from).unwrap_or_default())
                 }
-                op => op.clone(),
+                op => op,
             };
             pending.apply(epoch, op);
         }
@@ -328,7 +338,10 @@ impl Shard {
             }
         }
         if !missed.is_empty() {
-            let miss_keys: Vec<Bytes> = missed.iter().map(|&n| keys[committed[n].0].clone()).collect();
+            let miss_keys: Vec<Bytes> = missed
+                .iter()
+                .map(|&n| keys[committed[n].0].clone())
+                .collect();
             let shard = Arc::clone(self);
             let values = tokio::task::spawn_blocking(move || shard.read_db(&miss_keys)).await??;
             let mut g = lock(&self.cache_gen);

@@ -85,6 +85,20 @@ pub trait KeyedStateBackend: Send + Sync + 'static {
     /// to `epoch + 1`.
     async fn seal_epoch(&self, epoch: u64) -> StateResult<()>;
 
+    /// Ends epoch `epoch` like [`seal_epoch`](Self::seal_epoch) but returns as soon as
+    /// later writes belong to `epoch + 1`, without waiting for durability, which
+    /// [`await_durable`](Self::await_durable) then waits for: the task goes on processing
+    /// while the epoch ships. By default it seals (durable when it returns).
+    async fn cut_epoch(&self, epoch: u64) -> StateResult<()> {
+        self.seal_epoch(epoch).await
+    }
+
+    /// Completes when epoch `epoch`, ended by [`cut_epoch`](Self::cut_epoch), is durable
+    /// (by default at once: the default `cut_epoch` already waited).
+    async fn await_durable(&self, _epoch: u64) -> StateResult<()> {
+        Ok(())
+    }
+
     /// The epoch writes now belong to.
     fn open_epoch(&self) -> u64;
 

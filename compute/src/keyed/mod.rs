@@ -22,5 +22,5 @@ pub mod timers;
 
 pub use cache_counters::CacheCounters;
 pub use memory_stores::{InProcessState, MemoryStores};
-pub use state::OperatorState;
+pub use state::{Durable, OperatorState};
 pub use timers::KeyedTimers;

@@ -16,6 +16,9 @@ use sluice_common::state::{KeyedStateBackend, StateStore, StateTable};
 
 use crate::error::Result;
 
+/// Completes when an epoch's writes are durable.
+pub type Durable = futures::future::BoxFuture<'static, Result<()>>;
+
 /// Bytes of decoded state an operator subtask keeps unless the job says (`state: {
 /// cache: ... }`).
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
@@ -116,6 +119,20 @@ impl OperatorState {
             b.seal_epoch(epoch).await?;
         }
         Ok(())
+    }
+
+    /// Barrier `epoch` passed the operator: later writes belong to `epoch + 1` at once;
+    /// the returned future completes when epoch `epoch` is durable (`None`: no backend,
+    /// nothing to wait for).
+    pub(crate) async fn cut(&self, epoch: u64) -> Result<Option<Durable>> {
+        let Some(b) = self.opened() else {
+            return Ok(None);
+        };
+        b.cut_epoch(epoch).await?;
+        let b = Arc::clone(b);
+        Ok(Some(Box::pin(async move {
+            b.await_durable(epoch).await.map_err(Into::into)
+        })))
     }
 
     /// The input ended: what the operator wrote last becomes durable with the open

@@ -6,14 +6,16 @@
 //!
 //! # State epochs
 //! The chain drives the keyed state of its operators: when a barrier has passed operator
-//! `i` (its `on_barrier` returned), the chain seals operator `i`'s epoch before the
-//! barrier reaches operator `i + 1`; at the end of the input it seals what the operators
-//! wrote on closing; a completed checkpoint reaches every operator's state after the
-//! operator itself. Operators never do either.
+//! `i` (its `on_barrier` returned), the chain cuts operator `i`'s epoch before the
+//! barrier reaches operator `i + 1` (later writes belong to the next epoch) and keeps
+//! the future of its durability for the task, which acknowledges the checkpoint once
+//! every such future completed, processing on meanwhile; at the end of the input it
+//! seals what the operators wrote on closing; a completed checkpoint reaches every
+//! operator's state after the operator itself. Operators never do either.
 
 use crate::element::{Barrier, StreamElement};
 use crate::error::Result;
-use crate::keyed::OperatorState;
+use crate::keyed::{Durable, OperatorState};
 use crate::operator::{Operator, OperatorContext, Output};
 use crate::runtime::router::OutputEdge;
 
@@ -61,19 +63,29 @@ pub struct Chain {
     operators: Vec<Box<dyn Operator>>,
     /// Each operator's keyed state, when it keeps any.
     states: Vec<Option<OperatorState>>,
+    /// Durability of the epochs cut at barriers, by checkpoint, until the task takes it.
+    durable: Vec<(u64, Durable)>,
 }
 
 impl Chain {
     /// A chain of `operators`, called in order; none keeps keyed state.
     pub fn new(operators: Vec<Box<dyn Operator>>) -> Self {
         let states = operators.iter().map(|_| None).collect();
-        Self { operators, states }
+        Self {
+            operators,
+            states,
+            durable: Vec::new(),
+        }
     }
 
     /// A chain of `operators` with the state each one's context gives it.
     pub fn with_contexts(operators: Vec<Box<dyn Operator>>, contexts: &[OperatorContext]) -> Self {
         let states = contexts.iter().map(|c| c.state.clone()).collect();
-        Self { operators, states }
+        Self {
+            operators,
+            states,
+            durable: Vec::new(),
+        }
     }
 
     /// Whether any operator needs processing-time ticks.
@@ -116,6 +128,16 @@ impl Chain {
             }
         }
         Ok(())
+    }
+
+    /// The futures of checkpoint `checkpoint_id`'s state becoming durable (one per
+    /// operator with state that the barrier passed).
+    pub fn take_durable(&mut self, checkpoint_id: u64) -> Vec<Durable> {
+        let (taken, kept) = std::mem::take(&mut self.durable)
+            .into_iter()
+            .partition(|(id, _)| *id == checkpoint_id);
+        self.durable = kept;
+        taken.into_iter().map(|(_, d)| d).collect()
     }
 
     /// Tells every operator, then its state, that checkpoint `checkpoint_id` is
@@ -168,8 +190,10 @@ impl Chain {
                     StreamElement::Watermark(ts) => op.on_watermark(ts, &mut out).await?,
                     StreamElement::Barrier(b) => {
                         op.on_barrier(b, &mut out).await?;
-                        if let Some(state) = &self.states[i] {
-                            state.seal(b.checkpoint_id).await?;
+                        if let Some(state) = &self.states[i]
+                            && let Some(durable) = state.cut(b.checkpoint_id).await?
+                        {
+                            self.durable.push((b.checkpoint_id, durable));
                         }
                     }
                     other @ (StreamElement::Idle | StreamElement::EndOfPartition) => {

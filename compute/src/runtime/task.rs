@@ -9,8 +9,11 @@
 //! Checkpoint barriers come from the coordinator only ([`CheckpointLink`], in every run:
 //! `sluice run` embeds one): a source task records its reader's positions, injects the
 //! barrier and acknowledges; every other task acknowledges once the barrier has passed
-//! through its chain (the chain sealed its operators' state epochs, its sink
-//! pre-committed); a completed checkpoint is passed to the chain so sinks commit and
+//! through its chain (the chain cut its operators' state epochs, its sink
+//! pre-committed) and the state of those epochs is durable, which it does not wait for:
+//! a spawned acknowledgement waits while the task goes on with the next epoch (as
+//! Flink's asynchronous snapshot phase), and all are sent before the task says it
+//! finished its input; a completed checkpoint is passed to the chain so sinks commit and
 //! state lets go of what only a rollback needed. A task without a link (a deployment
 //! run by hand, without a coordinator) takes no checkpoints. The task times where it
 //! spends its time into its [`TaskMetrics`].
@@ -21,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::connector::SourceReader;
 use crate::element::{Barrier, BarrierKind, StreamElement, Timestamp};
@@ -180,6 +184,8 @@ impl Task {
         let mut last_tick = Instant::now();
         // The alignment of the barrier the gate just passed on, for its acknowledgement.
         let mut alignment = None;
+        // Acknowledgements waiting for their checkpoint's state to become durable.
+        let mut acking: Vec<AbortOnDropHandle<()>> = Vec::new();
         loop {
             if *cancel.borrow() {
                 return Err(Error::Cancelled);
@@ -248,14 +254,32 @@ impl Task {
                     self.metrics
                         .work_ns
                         .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
-                    if let (Some(id), Some(link)) = (barrier, &self.link) {
-                        let _ = link.events.send(CheckpointEvent::Ack {
-                            checkpoint_id: id,
-                            task: link.task,
-                            positions: Vec::new(),
-                            sync_micros: took.as_micros() as u64,
-                            alignment_micros: alignment.take().map_or(0, |d| d.as_micros() as u64),
-                        });
+                    if let Some(id) = barrier {
+                        let durable = self.chain.take_durable(id);
+                        match &self.link {
+                            Some(link) => {
+                                let ack = CheckpointEvent::Ack {
+                                    checkpoint_id: id,
+                                    task: link.task,
+                                    positions: Vec::new(),
+                                    sync_micros: took.as_micros() as u64,
+                                    alignment_micros: alignment
+                                        .take()
+                                        .map_or(0, |d| d.as_micros() as u64),
+                                };
+                                if durable.is_empty() {
+                                    let _ = link.events.send(ack);
+                                } else {
+                                    acking.retain(|h| !h.is_finished());
+                                    acking.push(ack_when_durable(link, ack, durable));
+                                }
+                            }
+                            None => {
+                                for d in durable {
+                                    d.await?;
+                                }
+                            }
+                        }
                     }
                 }
                 None => break,
@@ -265,6 +289,12 @@ impl Task {
             && let Some(state) = gate.take_channel_state().pop()
         {
             self.channel_state = Some(state);
+        }
+        // Every checkpoint this task passed is acknowledged (or declined) before it says
+        // it finished.
+        for h in acking {
+            h.await
+                .map_err(|e| Error::Internal(format!("acknowledging a checkpoint: {e}")))?;
         }
         self.chain.close(&mut self.output).await?;
         self.output
@@ -515,4 +545,32 @@ fn publish(src: &SourceInput, element: &StreamElement) {
     if let StreamElement::Watermark(ts) = element {
         src.watermark_cell.store(*ts, Ordering::Relaxed);
     }
+}
+
+/// Sends `ack` once every future in `durable` completed (the state its checkpoint
+/// covers is durable), or declines the checkpoint when one failed.
+fn ack_when_durable(
+    link: &CheckpointLink,
+    ack: CheckpointEvent,
+    durable: Vec<crate::keyed::Durable>,
+) -> AbortOnDropHandle<()> {
+    let events = link.events.clone();
+    let task = link.task;
+    AbortOnDropHandle::new(tokio::spawn(async move {
+        let CheckpointEvent::Ack { checkpoint_id, .. } = &ack else {
+            return;
+        };
+        let checkpoint_id = *checkpoint_id;
+        let event = match futures::future::try_join_all(durable).await {
+            Ok(_) => ack,
+            Err(e) => CheckpointEvent::Decline {
+                checkpoint_id,
+                task,
+                reason: format!(
+                    "the state of checkpoint {checkpoint_id} did not become durable: {e}"
+                ),
+            },
+        };
+        let _ = events.send(event);
+    }))
 }

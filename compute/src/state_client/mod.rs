@@ -36,7 +36,7 @@ mod epoch_buffer;
 mod read_cache;
 mod shards;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -506,31 +506,49 @@ impl StateStore for RemoteStore {
 /// The epoch buffer and the writes being shipped.
 #[derive(Default)]
 struct Buffers {
+    /// Writes of the open epoch.
     active: EpochBuffer,
-    shipping: Option<Arc<epoch_buffer::Entries>>,
+    /// Writes cut from `active` and not yet acknowledged by the service, oldest first,
+    /// with their epochs: readable until they are.
+    queued: VecDeque<(u64, Arc<epoch_buffer::Entries>)>,
 }
 
 impl Buffers {
     fn lookup(&self, key: &[u8]) -> Lookup {
-        match self.active.lookup(key) {
-            Lookup::Unknown => {}
-            Lookup::Append(tail) => {
-                // An append over a value still being shipped builds on that value.
-                return match self.shipping.as_ref().and_then(|s| s.get(key)) {
-                    Some(Pending::Put(v)) => Lookup::Known(Some(epoch_buffer::concat(v, &tail))),
-                    Some(Pending::Delete) => Lookup::Known(Some(tail)),
-                    Some(Pending::Merge(m)) => Lookup::Append(epoch_buffer::concat(m, &tail)),
-                    None => Lookup::Append(tail),
-                };
+        // Bytes appended by the layers seen so far (newer ones), oldest first.
+        let mut tail: Option<Bytes> = None;
+        let queued = self
+            .queued
+            .iter()
+            .rev()
+            .map(|(_, entries)| match entries.get(key) {
+                Some(Pending::Put(v)) => Lookup::Known(Some(v.clone())),
+                Some(Pending::Delete) => Lookup::Known(None),
+                Some(Pending::Merge(m)) => Lookup::Append(m.clone()),
+                None => Lookup::Unknown,
+            });
+        for layer in std::iter::once(self.active.lookup(key)).chain(queued) {
+            match layer {
+                Lookup::Unknown => {}
+                Lookup::Known(v) => {
+                    return Lookup::Known(match tail {
+                        None => v,
+                        // An append over a value still being shipped builds on it.
+                        Some(t) => Some(match v {
+                            Some(v) => epoch_buffer::concat(&v, &t),
+                            None => t,
+                        }),
+                    });
+                }
+                Lookup::Append(m) => {
+                    tail = Some(match tail {
+                        None => m,
+                        Some(t) => epoch_buffer::concat(&m, &t),
+                    });
+                }
             }
-            known => return known,
         }
-        match self.shipping.as_ref().and_then(|s| s.get(key)) {
-            Some(Pending::Put(v)) => Lookup::Known(Some(v.clone())),
-            Some(Pending::Delete) => Lookup::Known(None),
-            Some(Pending::Merge(m)) => Lookup::Append(m.clone()),
-            None => Lookup::Unknown,
-        }
+        tail.map_or(Lookup::Unknown, Lookup::Append)
     }
 }
 
@@ -564,12 +582,32 @@ impl RemoteStateBackend {
     /// Barrier `epoch` passed: ships the buffer and makes every write of this subtask
     /// durable; later writes belong to `epoch + 1`. Returns the shards' durable handles.
     pub async fn flush_epoch(&self, epoch: u64) -> StateResult<Vec<String>> {
-        self.ship().await?;
+        self.cut(epoch);
+        self.make_durable(epoch).await
+    }
+
+    /// Ends epoch `epoch` in this process: what was written so far is queued as its
+    /// writes, later writes belong to `epoch + 1`.
+    fn cut(&self, epoch: u64) {
+        let mut buffers = self.lock_buffer();
+        if !buffers.active.is_empty() {
+            let entries = Arc::new(buffers.active.take());
+            buffers.queued.push_back((self.epoch(), entries));
+        }
+        self.epoch.fetch_max(epoch + 1, Ordering::AcqRel);
+    }
+
+    /// Ships everything queued and flushes the shards written: epoch `epoch` (cut
+    /// before) is durable when this returns.
+    async fn make_durable(&self, epoch: u64) -> StateResult<Vec<String>> {
+        self.usable()?;
+        let guard = self.ship_lock.lock().await;
+        let drained = self.drain_queue(&guard).await;
+        self.check(drained)?;
         let mut shards: BTreeSet<usize> = self.owned_shards.clone().collect();
         shards.extend(std::mem::take(&mut *self.lock_written()));
         let handles = try_join_all(shards.into_iter().map(|s| self.remote.flush(s, epoch))).await;
         let handles = self.check(handles)?;
-        self.epoch.fetch_max(epoch + 1, Ordering::AcqRel);
         self.remote.flushed.fetch_max(epoch, Ordering::AcqRel);
         Ok(handles)
     }
@@ -599,19 +637,40 @@ impl RemoteStateBackend {
         r
     }
 
-    /// Sends the epoch buffer to the service and, once acknowledged, to the cache.
+    /// Sends the epoch buffer, and whatever was queued before it, to the service.
     async fn ship(&self) -> StateResult<()> {
         self.usable()?;
-        let _one_at_a_time = self.ship_lock.lock().await;
-        let entries = {
-            let mut buffers = self.lock_buffer();
-            if buffers.active.is_empty() {
-                return Ok(());
-            }
+        let guard = self.ship_lock.lock().await;
+        self.queue_active();
+        self.drain_queue(&guard).await
+    }
+
+    /// Queues the open epoch's writes so far for shipping.
+    fn queue_active(&self) {
+        let mut buffers = self.lock_buffer();
+        if !buffers.active.is_empty() {
             let entries = Arc::new(buffers.active.take());
-            buffers.shipping = Some(Arc::clone(&entries));
-            entries
-        };
+            buffers.queued.push_back((self.epoch(), entries));
+        }
+    }
+
+    /// Ships the queued buffers oldest first, each one dropped from the queue (and put in
+    /// the cache) once the service acknowledged it. Needs the ship lock, so that buffers
+    /// reach the service, and the cache, in the order they were written.
+    async fn drain_queue(&self, _ship_lock: &tokio::sync::MutexGuard<'_, ()>) -> StateResult<()> {
+        loop {
+            let Some((epoch, entries)) = self.lock_buffer().queued.front().cloned() else {
+                return Ok(());
+            };
+            let shipped = self.ship_entries(epoch, &entries).await;
+            self.check(shipped)?;
+            self.lock_buffer().queued.pop_front();
+        }
+    }
+
+    /// Sends one buffer's writes of `epoch`, one `Write` per shard and chunk, and once
+    /// acknowledged applies them to the cache.
+    async fn ship_entries(&self, epoch: u64, entries: &epoch_buffer::Entries) -> StateResult<()> {
         let layout = self.remote.layout();
         let mut per_shard: BTreeMap<usize, Vec<pb::WriteOp>> = BTreeMap::new();
         for (key, pending) in entries.iter() {
@@ -621,7 +680,6 @@ impl RemoteStateBackend {
                 .push(epoch_buffer::to_wire(key.clone(), pending.clone()));
         }
         self.lock_written().extend(per_shard.keys().copied());
-        let epoch = self.epoch();
         let chunk = self.remote.config.max_keys_per_rpc.max(1);
         let mut calls = Vec::new();
         for (shard, ops) in per_shard {
@@ -631,8 +689,7 @@ impl RemoteStateBackend {
                 calls.push(self.remote.write(shard, epoch, part));
             }
         }
-        let sent = try_join_all(calls).await;
-        self.check(sent)?;
+        try_join_all(calls).await?;
         for (key, pending) in entries.iter() {
             match pending {
                 Pending::Put(v) => self.cache.set(key.clone(), Some(v.clone())),
@@ -640,12 +697,14 @@ impl RemoteStateBackend {
                 Pending::Merge(_) => self.cache.remove(key),
             }
         }
-        self.lock_buffer().shipping = None;
         Ok(())
     }
 
     async fn delete_range(&self, start: &[u8], end: &[u8]) -> StateResult<()> {
-        self.ship().await?;
+        self.usable()?;
+        let guard = self.ship_lock.lock().await;
+        self.queue_active();
+        self.drain_queue(&guard).await?;
         let epoch = self.epoch();
         let parts = self.remote.layout().split_range(start, end);
         self.lock_written().extend(parts.iter().map(|p| p.0));
@@ -742,6 +801,16 @@ impl KeyedStateBackend for RemoteStateBackend {
 
     async fn seal_epoch(&self, epoch: u64) -> StateResult<()> {
         self.flush_epoch(epoch).await.map(|_| ())
+    }
+
+    async fn cut_epoch(&self, epoch: u64) -> StateResult<()> {
+        self.usable()?;
+        self.cut(epoch);
+        Ok(())
+    }
+
+    async fn await_durable(&self, epoch: u64) -> StateResult<()> {
+        self.make_durable(epoch).await.map(|_| ())
     }
 
     fn open_epoch(&self) -> u64 {

@@ -170,7 +170,11 @@ pub async fn snapshots_and_gc(url: &str) {
         write(&mut c, &s, e, ops).await;
         flush(&mut c, &s, e).await;
         if e > 1 {
-            let retained = if e > 2 { vec![e - 2, e - 1] } else { vec![e - 1] };
+            let retained = if e > 2 {
+                vec![e - 2, e - 1]
+            } else {
+                vec![e - 1]
+            };
             commit(&mut c, &s, e - 1, retained).await;
         }
         if e % 5 == 0 {
