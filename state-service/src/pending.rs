@@ -66,8 +66,9 @@ impl Entry {
 pub enum Lookup {
     /// The layers decide the value (`None`: absent).
     Value(Option<Bytes>),
-    /// The value is the committed one with these bytes appended (empty: unchanged).
-    Committed(Vec<u8>),
+    /// The value is the committed one, with these bytes appended when pending merges
+    /// say so (`Some` even when empty: an empty merge onto an absent key creates it).
+    Committed(Option<Vec<u8>>),
 }
 
 /// A range end: `None` is unbounded.
@@ -295,11 +296,14 @@ impl Pending {
                 None => {}
             }
         }
+        if tail.is_empty() {
+            return Lookup::Committed(None);
+        }
         let mut appended = Vec::new();
         for t in tail.iter().rev() {
             appended.extend_from_slice(t);
         }
-        Lookup::Committed(appended)
+        Lookup::Committed(Some(appended))
     }
 
     /// The first `n` keys of `[start, end)` (`None`: unbounded) any layer has an entry
@@ -415,8 +419,10 @@ mod tests {
         p.apply(3, Op::Merge(b("a"), b("y")));
         p.apply(3, Op::Merge(b("c"), b("z")));
         assert_eq!(value(&p, "a"), some("1xy"));
-        assert_eq!(value(&p, "c"), Lookup::Committed(b"z".to_vec()));
-        assert_eq!(value(&p, "d"), Lookup::Committed(Vec::new()));
+        assert_eq!(value(&p, "c"), Lookup::Committed(Some(b"z".to_vec())));
+        assert_eq!(value(&p, "d"), Lookup::Committed(None));
+        p.apply(3, Op::Merge(b("e"), Bytes::new()));
+        assert_eq!(value(&p, "e"), Lookup::Committed(Some(Vec::new())));
         p.apply(3, Op::Delete(b("a")));
         assert_eq!(value(&p, "a"), Lookup::Value(None));
     }
@@ -434,7 +440,7 @@ mod tests {
         assert_eq!(value(&p, "k3"), some("after"));
         // A merge onto a deleted range starts from nothing.
         assert_eq!(value(&p, "k4"), some("m"));
-        assert_eq!(value(&p, "z"), Lookup::Committed(Vec::new()));
+        assert_eq!(value(&p, "z"), Lookup::Committed(None));
         // Unbounded ends.
         p.apply(3, Op::DeleteRange(b("m"), Bytes::new()));
         assert_eq!(value(&p, "zzz"), Lookup::Value(None));

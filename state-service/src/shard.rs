@@ -316,7 +316,7 @@ impl Shard {
         let _no_commit = self.gate.read().await;
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
         // Keys the layers leave to committed state, with what pending merges append.
-        let mut committed: Vec<(usize, Vec<u8>)> = Vec::new();
+        let mut committed: Vec<(usize, Option<Vec<u8>>)> = Vec::new();
         {
             let pending = lock(&self.pending);
             for (i, k) in keys.iter().enumerate() {
@@ -360,7 +360,7 @@ impl Shard {
             }
         }
         for (i, tail) in committed {
-            if !tail.is_empty() {
+            if let Some(tail) = tail {
                 let mut v = out[i].take().map(|b| b.to_vec()).unwrap_or_default();
                 v.extend_from_slice(&tail);
                 out[i] = Some(Bytes::from(v));
@@ -429,10 +429,8 @@ impl Shard {
             }
             let value = match pending.lookup(&key) {
                 Lookup::Value(v) => v,
-                Lookup::Committed(tail) if tail.is_empty() => {
-                    base.map(|b| Bytes::from(b.into_vec()))
-                }
-                Lookup::Committed(tail) => {
+                Lookup::Committed(None) => base.map(|b| Bytes::from(b.into_vec())),
+                Lookup::Committed(Some(tail)) => {
                     let mut v = base.map(|b| b.into_vec()).unwrap_or_default();
                     v.extend_from_slice(&tail);
                     Some(Bytes::from(v))
