@@ -21,7 +21,7 @@
 //! snapshot has its uncommitted epochs back. This module knows nothing of RocksDB; the
 //! shard applies what it says.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
 
 use bytes::Bytes;
@@ -105,10 +105,24 @@ pub struct Layer {
 impl Layer {
     /// Whether one of this layer's deleted ranges covers `key`.
     fn covers(&self, key: &[u8]) -> bool {
-        self.ranges
-            .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)))
-            .next_back()
-            .is_some_and(|(_, end)| below(key, end))
+        covered(&self.ranges, key)
+    }
+
+    /// Adds the keys this layer puts or deletes to `replaced`, and its ranges to
+    /// `ranges`: what an older layer need not apply once this one is.
+    fn note_replacements(
+        &self,
+        replaced: &mut HashSet<Bytes, foldhash::fast::RandomState>,
+        ranges: &mut Vec<BTreeMap<Bytes, End>>,
+    ) {
+        for (k, e) in self.entries() {
+            if !matches!(e, Entry::Merge(_)) {
+                replaced.insert(k.clone());
+            }
+        }
+        if !self.ranges.is_empty() {
+            ranges.push(self.ranges.clone());
+        }
     }
 
     fn get(&self, key: &[u8]) -> Option<&Entry> {
@@ -240,6 +254,14 @@ impl Layer {
     }
 }
 
+/// Whether one of the disjoint `ranges` (by start) covers `key`.
+fn covered(ranges: &BTreeMap<Bytes, End>, key: &[u8]) -> bool {
+    ranges
+        .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)))
+        .next_back()
+        .is_some_and(|(_, end)| below(key, end))
+}
+
 fn max_end(a: End, b: End) -> End {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.max(b)),
@@ -319,14 +341,43 @@ impl Pending {
         keys.into_iter().take(n).collect()
     }
 
-    /// Removes and returns the layers of epochs `<= checkpoint`, oldest first.
-    pub fn take_through(&mut self, checkpoint: u64) -> Vec<(u64, Layer)> {
-        let later = match checkpoint.checked_add(1) {
+    /// Removes and returns the layers of epochs `<= through`, oldest first, each without
+    /// the entries that a later layer of an epoch `<= committed` replaces (a put or
+    /// delete of the same key, or a range covering it): that layer will be applied too
+    /// (it is committed, so no rollback drops it), and what it replaces would only cost
+    /// RocksDB a write undone by the next one. Later layers stay.
+    pub fn take_through(&mut self, through: u64, committed: u64) -> Vec<(u64, Layer)> {
+        let later = match through.checked_add(1) {
             Some(next) => self.layers.split_off(&next),
             None => BTreeMap::new(),
         };
-        let taken = std::mem::replace(&mut self.layers, later);
+        let mut taken = std::mem::replace(&mut self.layers, later);
         self.bytes -= taken.values().map(|l| l.bytes).sum::<usize>();
+        // Keys a newer committed layer puts or deletes, and the ranges newer ones delete.
+        let mut replaced: HashSet<Bytes, foldhash::fast::RandomState> = HashSet::default();
+        let mut ranges: Vec<BTreeMap<Bytes, End>> = Vec::new();
+        for (_, layer) in self.layers.range(..=committed).rev() {
+            layer.note_replacements(&mut replaced, &mut ranges);
+        }
+        for (_, layer) in taken.iter_mut().rev() {
+            if !replaced.is_empty() || !ranges.is_empty() {
+                let stale =
+                    |k: &Bytes| replaced.contains(k) || ranges.iter().any(|r| covered(r, k));
+                let mut freed = 0;
+                for group in layer.entries.values_mut() {
+                    group.retain(|k, e| {
+                        let keep = !stale(k);
+                        if !keep {
+                            freed += k.len() + e.len() + ENTRY_OVERHEAD;
+                        }
+                        keep
+                    });
+                }
+                layer.entries.retain(|_, group| !group.is_empty());
+                layer.bytes -= freed;
+            }
+            layer.note_replacements(&mut replaced, &mut ranges);
+        }
         taken.into_iter().collect()
     }
 
@@ -468,12 +519,35 @@ mod tests {
             p.apply(e, Op::Put(b("k"), b(&e.to_string())));
         }
         p.apply(4, Op::Put(b("j"), b("4")));
-        let taken = p.take_through(2);
+        let taken = p.take_through(2, 2);
         assert_eq!(taken.iter().map(|(e, _)| *e).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(p.drop_after(3), 2);
         assert_eq!(value(&p, "k"), some("3"));
-        assert_eq!(p.take_through(3).len(), 1);
+        assert_eq!(p.take_through(3, 3).len(), 1);
         assert_eq!(p.bytes(), 0);
+    }
+
+    #[test]
+    fn what_a_newer_committed_layer_replaces_is_not_applied() {
+        let mut p = Pending::default();
+        p.apply(1, Op::Put(b("gone"), b("1")));
+        p.apply(1, Op::Put(b("kept"), b("1")));
+        p.apply(1, Op::Put(b("merged"), b("1")));
+        p.apply(1, Op::Put(b("r1"), b("1")));
+        p.apply(1, Op::Put(b("uncommitted"), b("1")));
+        p.apply(2, Op::Delete(b("gone")));
+        p.apply(2, Op::Merge(b("merged"), b("x")));
+        p.apply(2, Op::DeleteRange(b("r"), b("s")));
+        p.apply(3, Op::Put(b("uncommitted"), b("3")));
+        // Epoch 1 applied now, 2 committed (applied later), 3 not committed.
+        let taken = p.take_through(1, 2);
+        let keys: BTreeSet<&Bytes> = taken[0].1.entries().map(|(k, _)| k).collect();
+        assert_eq!(
+            keys,
+            BTreeSet::from([&b("kept"), &b("merged"), &b("uncommitted")])
+        );
+        assert_eq!(value(&p, "gone"), Lookup::Value(None));
+        assert_eq!(value(&p, "uncommitted"), some("3"));
     }
 
     #[test]

@@ -174,7 +174,7 @@ impl Shard {
         shard.committed.store(committed, Ordering::SeqCst);
         shard.last_durable_epoch.store(committed, Ordering::SeqCst);
         shard.check_no_undo_log()?;
-        shard.load_pending(committed)?;
+        shard.load_pending()?;
         Ok(shard)
     }
 
@@ -211,8 +211,8 @@ impl Shard {
         Ok(())
     }
 
-    /// Reads back the uncommitted layers a snapshot stored (epochs `> committed`).
-    fn load_pending(&self, committed: u64) -> Result<()> {
+    /// Reads back the layers a snapshot stored.
+    fn load_pending(&self) -> Result<()> {
         let mut pending = lock(&self.pending);
         for item in self
             .db
@@ -223,9 +223,8 @@ impl Shard {
                 || Error::Internal(format!("malformed pending record {k:02x?} in {}", self.id));
             let epoch = pending::epoch_of(&k).ok_or_else(malformed)?;
             let op = pending::decode_op(&v).ok_or_else(malformed)?;
-            if epoch > committed {
-                pending.apply(epoch, op);
-            }
+            // Layers of committed epochs too: the newest are applied at the next commit.
+            pending.apply(epoch, op);
         }
         Ok(())
     }
@@ -467,13 +466,17 @@ impl Shard {
         lock(&self.pending).drop_after(checkpoint)
     }
 
-    /// Records `checkpoint` as committed and applies the layers of epochs up to it to
-    /// RocksDB (blocking).
+    /// Records `checkpoint` as committed and applies the layers of the checkpoint
+    /// committed before it to RocksDB (blocking). The newest committed epochs stay in
+    /// memory until the next commit, so that what they replace (a row written in one
+    /// epoch and deleted in the next, as windows do) never reaches RocksDB; reads and
+    /// snapshots see them like uncommitted layers, and no rollback can drop them.
     pub(crate) fn mark_committed(&self, checkpoint: u64) -> Result<()> {
         let _live = lock(&self.live);
         let _no_reads = self.gate.blocking_write();
         let state = self.cf(CF_DEFAULT)?;
-        let layers = lock(&self.pending).take_through(checkpoint);
+        let applied_through = self.committed().min(checkpoint);
+        let layers = lock(&self.pending).take_through(applied_through, checkpoint);
         let mut batch = WriteBatch::default();
         batch.put_cf(self.cf(CF_META)?, META_COMMITTED, checkpoint.to_be_bytes());
         let mut ranged = false;

@@ -159,9 +159,12 @@ async fn ttl_compaction_drops_expired_values_and_lists() {
         .collect();
     write(&mut c, &s, 1, write_ops).await;
     assert_eq!(scan_all(&mut c, &s, 0).await.len(), 5);
-    // Compaction filters committed state: uncommitted writes are not in RocksDB yet.
+    // Compaction filters what RocksDB holds: epoch 1 reaches it at the commit after
+    // the one that committed it.
     flush(&mut c, &s, 1).await;
     commit(&mut c, &s, 1, vec![1]).await;
+    flush(&mut c, &s, 2).await;
+    commit(&mut c, &s, 2, vec![1, 2]).await;
     node.node().compact(&s).await.unwrap();
     let left: Vec<_> = scan_all(&mut c, &s, 0)
         .await
