@@ -5,7 +5,9 @@
 //! on the wire. The buffer is shipped to the state service at the barrier (or earlier,
 //! when it outgrows its budget; the writes still belong to the open epoch and stay
 //! uncommitted until the checkpoint completes). Reads consult it first, so a subtask
-//! always reads its own writes.
+//! always reads its own writes. A range delete is buffered too: it drops the entries it
+//! covers, and every entry left in its range was written after it, so a ship sends the
+//! ranges before the entries.
 //!
 //! It knows nothing of the network: it turns writes into entries and entries into
 //! [`WriteOp`]s.
@@ -44,10 +46,47 @@ pub enum Lookup {
 /// order (a ship sends each key once, in any order).
 pub type Entries = HashMap<Bytes, Pending, foldhash::fast::RandomState>;
 
+/// What a buffer holds: the latest mutation per key, and the ranges deleted before
+/// any of the entries inside them were written.
+#[derive(Debug, Default)]
+pub struct Writes {
+    /// Pending mutations by state key.
+    pub entries: Entries,
+    /// Deleted `[start, end)` ranges (an empty end: unbounded), in the order deleted.
+    pub ranges: Vec<(Bytes, Bytes)>,
+}
+
+impl Writes {
+    /// What these writes decide about `key`.
+    pub fn lookup(&self, key: &[u8]) -> Lookup {
+        match self.entries.get(key) {
+            Some(Pending::Put(v)) => Lookup::Known(Some(v.clone())),
+            Some(Pending::Delete) => Lookup::Known(None),
+            Some(Pending::Merge(m)) => Lookup::Append(m.clone()),
+            None if self.covers(key) => Lookup::Known(None),
+            None => Lookup::Unknown,
+        }
+    }
+
+    /// Whether a deleted range holds `key`.
+    fn covers(&self, key: &[u8]) -> bool {
+        self.ranges.iter().any(|(s, e)| in_range(key, s, e))
+    }
+
+    /// Whether nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.ranges.is_empty()
+    }
+}
+
+fn in_range(key: &[u8], start: &[u8], end: &[u8]) -> bool {
+    key >= start && (end.is_empty() || key < end)
+}
+
 /// Pending mutations by state key.
 #[derive(Debug, Default)]
 pub struct EpochBuffer {
-    entries: Entries,
+    writes: Writes,
     bytes: usize,
 }
 
@@ -64,10 +103,12 @@ impl EpochBuffer {
 
     /// Records an append, folding it into what is already pending for the key.
     pub fn merge(&mut self, key: Bytes, operand: Bytes) {
-        let next = match self.entries.get(&key) {
+        let next = match self.writes.entries.get(&key) {
             Some(Pending::Put(v)) => Pending::Put(concat(v, &operand)),
             Some(Pending::Delete) => Pending::Put(operand),
             Some(Pending::Merge(m)) => Pending::Merge(concat(m, &operand)),
+            // The range is shipped first: the service's value is gone by then.
+            None if self.writes.covers(&key) => Pending::Put(operand),
             None => Pending::Merge(operand),
         };
         self.set(key, next);
@@ -75,20 +116,30 @@ impl EpochBuffer {
 
     fn set(&mut self, key: Bytes, pending: Pending) {
         let add = key.len() + pending_len(&pending);
-        if let Some(old) = self.entries.insert(key.clone(), pending) {
+        if let Some(old) = self.writes.entries.insert(key.clone(), pending) {
             self.bytes -= key.len() + pending_len(&old);
         }
         self.bytes += add;
     }
 
+    /// Records the delete of every key in `[start, end)` (an empty end: unbounded):
+    /// the entries it covers are dropped, as the service would drop their values.
+    pub fn delete_range(&mut self, start: Bytes, end: Bytes) {
+        let mut freed = 0;
+        self.writes.entries.retain(|k, p| {
+            let gone = in_range(k, &start, &end);
+            if gone {
+                freed += k.len() + pending_len(p);
+            }
+            !gone
+        });
+        self.bytes = self.bytes - freed + start.len() + end.len() + 16;
+        self.writes.ranges.push((start, end));
+    }
+
     /// What the buffer knows of `key`.
     pub fn lookup(&self, key: &[u8]) -> Lookup {
-        match self.entries.get(key) {
-            Some(Pending::Put(v)) => Lookup::Known(Some(v.clone())),
-            Some(Pending::Delete) => Lookup::Known(None),
-            Some(Pending::Merge(m)) => Lookup::Append(m.clone()),
-            None => Lookup::Unknown,
-        }
+        self.writes.lookup(key)
     }
 
     /// Approximate bytes held.
@@ -98,13 +149,13 @@ impl EpochBuffer {
 
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.writes.is_empty()
     }
 
-    /// Empties the buffer, returning its entries.
-    pub fn take(&mut self) -> Entries {
+    /// Empties the buffer, returning its writes.
+    pub fn take(&mut self) -> Writes {
         self.bytes = 0;
-        std::mem::take(&mut self.entries)
+        std::mem::take(&mut self.writes)
     }
 }
 
@@ -163,8 +214,31 @@ mod tests {
         let bytes = buf.bytes();
         assert!(bytes > 0);
         let taken = buf.take();
-        assert_eq!(taken.len(), 1);
+        assert_eq!(taken.entries.len(), 1);
         assert_eq!(buf.bytes(), 0);
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_range_delete_drops_what_it_covers_and_later_writes_stand() {
+        let mut buf = EpochBuffer::default();
+        buf.put(b("a1"), b("x"));
+        buf.put(b("b1"), b("x"));
+        buf.delete_range(b("a"), b("b"));
+        assert_eq!(buf.lookup(b"a1"), Lookup::Known(None));
+        assert_eq!(buf.lookup(b"a2"), Lookup::Known(None));
+        assert_eq!(buf.lookup(b"b1"), Lookup::Known(Some(b("x"))));
+        // Written after the range: stands, and an append over a deleted value is the value.
+        buf.put(b("a1"), b("y"));
+        buf.merge(b("a2"), b("z"));
+        assert_eq!(buf.lookup(b"a1"), Lookup::Known(Some(b("y"))));
+        assert_eq!(buf.lookup(b"a2"), Lookup::Known(Some(b("z"))));
+        buf.delete_range(b("c"), Bytes::new());
+        assert_eq!(buf.lookup(b"zzz"), Lookup::Known(None));
+        assert_eq!(buf.lookup(b"b2"), Lookup::Unknown);
+        let taken = buf.take();
+        assert_eq!(taken.ranges.len(), 2);
+        assert_eq!(taken.entries.len(), 3);
         assert!(buf.is_empty());
     }
 }

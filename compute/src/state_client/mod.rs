@@ -510,7 +510,7 @@ struct Buffers {
     active: EpochBuffer,
     /// Writes cut from `active` and not yet acknowledged by the service, oldest first,
     /// with their epochs: readable until they are.
-    queued: VecDeque<(u64, Arc<epoch_buffer::Entries>)>,
+    queued: VecDeque<(u64, Arc<epoch_buffer::Writes>)>,
 }
 
 impl Buffers {
@@ -521,12 +521,7 @@ impl Buffers {
             .queued
             .iter()
             .rev()
-            .map(|(_, entries)| match entries.get(key) {
-                Some(Pending::Put(v)) => Lookup::Known(Some(v.clone())),
-                Some(Pending::Delete) => Lookup::Known(None),
-                Some(Pending::Merge(m)) => Lookup::Append(m.clone()),
-                None => Lookup::Unknown,
-            });
+            .map(|(_, writes)| writes.lookup(key));
         for layer in std::iter::once(self.active.lookup(key)).chain(queued) {
             match layer {
                 Lookup::Unknown => {}
@@ -662,16 +657,38 @@ impl RemoteStateBackend {
             let Some((epoch, entries)) = self.lock_buffer().queued.front().cloned() else {
                 return Ok(());
             };
-            let shipped = self.ship_entries(epoch, &entries).await;
+            let shipped = self.ship_writes(epoch, &entries).await;
             self.check(shipped)?;
             self.lock_buffer().queued.pop_front();
         }
     }
 
-    /// Sends one buffer's writes of `epoch`, one `Write` per shard and chunk, and once
+    /// Sends one buffer's writes of `epoch`: its deleted ranges first (one `Write` per
+    /// shard, all acknowledged before any entry goes, since entries in a range were
+    /// written after it), then its entries, one `Write` per shard and chunk; once
     /// acknowledged applies them to the cache.
-    async fn ship_entries(&self, epoch: u64, entries: &epoch_buffer::Entries) -> StateResult<()> {
+    async fn ship_writes(&self, epoch: u64, writes: &epoch_buffer::Writes) -> StateResult<()> {
         let layout = self.remote.layout();
+        if !writes.ranges.is_empty() {
+            let mut per_shard: BTreeMap<usize, Vec<pb::WriteOp>> = BTreeMap::new();
+            for (start, end) in &writes.ranges {
+                for (shard, lo, hi) in layout.split_range(start, end) {
+                    per_shard.entry(shard).or_default().push(pb::WriteOp {
+                        kind: pb::write_op::Kind::DeleteRange as i32,
+                        key: lo,
+                        value: Bytes::new(),
+                        end: hi,
+                    });
+                }
+            }
+            self.lock_written().extend(per_shard.keys().copied());
+            let calls = per_shard
+                .into_iter()
+                .map(|(shard, ops)| self.remote.write(shard, epoch, ops));
+            try_join_all(calls).await?;
+            self.cache.clear();
+        }
+        let entries = &writes.entries;
         let mut per_shard: BTreeMap<usize, Vec<pb::WriteOp>> = BTreeMap::new();
         for (key, pending) in entries.iter() {
             per_shard
@@ -698,28 +715,6 @@ impl RemoteStateBackend {
             }
         }
         Ok(())
-    }
-
-    async fn delete_range(&self, start: &[u8], end: &[u8]) -> StateResult<()> {
-        self.usable()?;
-        let guard = self.ship_lock.lock().await;
-        self.queue_active();
-        self.drain_queue(&guard).await?;
-        let epoch = self.epoch();
-        let parts = self.remote.layout().split_range(start, end);
-        self.lock_written().extend(parts.iter().map(|p| p.0));
-        let calls = parts.into_iter().map(|(shard, lo, hi)| {
-            let op = pb::WriteOp {
-                kind: pb::write_op::Kind::DeleteRange as i32,
-                key: lo,
-                value: Bytes::new(),
-                end: hi,
-            };
-            self.remote.write(shard, epoch, vec![op])
-        });
-        let sent = try_join_all(calls).await;
-        self.cache.clear();
-        self.check(sent).map(|_| ())
     }
 }
 
@@ -785,11 +780,7 @@ impl KeyedStateBackend for RemoteStateBackend {
                 WriteOp::Put { key, value } => buffers.active.put(key, value),
                 WriteOp::Delete { key } => buffers.active.delete(key),
                 WriteOp::Merge { key, operand } => buffers.active.merge(key, operand),
-                WriteOp::DeleteRange { start, end } => {
-                    drop(buffers);
-                    self.delete_range(&start, &end).await?;
-                    continue;
-                }
+                WriteOp::DeleteRange { start, end } => buffers.active.delete_range(start, end),
             }
             buffered = buffers.active.bytes();
         }

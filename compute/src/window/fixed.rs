@@ -60,10 +60,6 @@ const DIRTY: u8 = 1;
 /// arrived since it was created.
 const PENDING: u8 = 2;
 
-/// The backend holds a row of the group (written at a barrier or a spill, or read back
-/// from it): dropping the pane deletes that row by its key.
-const WRITTEN: u8 = 4;
-
 fn pane_of(key: &[u8]) -> Result<Timestamp> {
     time_from_key(key).ok_or_else(|| Error::Internal(format!("a pane key of {} bytes", key.len())))
 }
@@ -572,7 +568,6 @@ impl FixedWindows {
             let g = g as usize;
             pane.flags[g] &= !PENDING;
             let Some(bytes) = value else { continue };
-            pane.flags[g] |= WRITTEN;
             stored.clear();
             accumulator::decode(&bytes, naggs, &mut stored)?;
             for ((acc, s), (func, kind)) in pane.accs[g * naggs..(g + 1) * naggs]
@@ -610,7 +605,7 @@ impl FixedWindows {
                     // The cache merged this value when the group was created.
                     continue;
                 }
-                let g = pane.insert(hash, key, kg, naggs, WRITTEN) as usize;
+                let g = pane.insert(hash, key, kg, naggs, 0) as usize;
                 stored.clear();
                 accumulator::decode(&row.value, naggs, &mut stored)?;
                 pane.accs[g * naggs..(g + 1) * naggs].copy_from_slice(&stored);
@@ -690,22 +685,12 @@ impl FixedWindows {
                 };
                 self.bytes -= pane.bytes().min(self.bytes);
                 let pk = pane_key(start);
-                // Rows the backend got from this cache go by their keys: a point delete
-                // costs the state service a map entry, and the delete of a row written
-                // since the last commit cancels out there. Key groups whose rows the
-                // cache does not know (restored or spilled) go by range.
-                for g in 0..pane.len() {
-                    let kg = pane.key_groups[g];
-                    if pane.flags[g] & WRITTEN != 0 && !pane.unread.contains(&kg) {
-                        ops.push(WriteOp::Delete {
-                            key: self.rows.key(kg, &pk, pane.key(g)),
-                        });
-                    }
-                }
-                for &kg in &pane.unread {
-                    ops.push(self.rows.delete_key(kg, &pk));
-                }
+                // A pane of a key group is one byte range: one range delete per key
+                // group, however many keys it held. The state service nets it against
+                // the rows its newest committed epoch wrote, so a pane written in one
+                // epoch and dropped in the next never reaches its RocksDB.
                 for &kg in pane.stored.union(&pane.unread) {
+                    ops.push(self.rows.delete_key(kg, &pk));
                     ops.push(WriteOp::Delete {
                         key: self.index.key(kg, &pk, &[]),
                     });
@@ -785,7 +770,7 @@ impl FixedWindows {
                 if pane.flags[g] & DIRTY == 0 {
                     continue;
                 }
-                pane.flags[g] = (pane.flags[g] & !DIRTY) | WRITTEN;
+                pane.flags[g] &= !DIRTY;
                 let kg = pane.key_groups[g];
                 buf.clear();
                 accumulator::encode(&pane.accs[g * naggs..(g + 1) * naggs], &mut buf);
