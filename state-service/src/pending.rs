@@ -125,6 +125,27 @@ impl Layer {
         }
     }
 
+    /// Removes the entries of `groups` whose keys are `gone`, keeping the byte count.
+    fn remove_entries(&mut self, groups: Vec<u16>, gone: impl Fn(&[u8]) -> bool) {
+        let mut freed = 0;
+        for g in groups {
+            let Some(group) = self.entries.get_mut(&g) else {
+                continue;
+            };
+            group.retain(|k, e| {
+                let gone = gone(k);
+                if gone {
+                    freed += k.len() + e.len() + ENTRY_OVERHEAD;
+                }
+                !gone
+            });
+            if group.is_empty() {
+                self.entries.remove(&g);
+            }
+        }
+        self.bytes -= freed;
+    }
+
     fn get(&self, key: &[u8]) -> Option<&Entry> {
         self.entries.get(&group_of(key))?.get(key)
     }
@@ -175,24 +196,7 @@ impl Layer {
             .groups_of_range(&start, end.as_deref())
             .map(|(g, _)| *g)
             .collect();
-        let in_range = |k: &[u8]| k >= start.as_ref() && below(k, &end);
-        let mut freed = 0;
-        for g in groups {
-            let Some(group) = self.entries.get_mut(&g) else {
-                continue;
-            };
-            group.retain(|k, e| {
-                let gone = in_range(k);
-                if gone {
-                    freed += k.len() + e.len() + ENTRY_OVERHEAD;
-                }
-                !gone
-            });
-            if group.is_empty() {
-                self.entries.remove(&g);
-            }
-        }
-        self.bytes -= freed;
+        self.remove_entries(groups, |k| k >= start.as_ref() && below(k, &end));
         // Merge with the ranges it overlaps or touches, so they stay disjoint.
         if let Some((s, e)) = self
             .ranges
@@ -361,20 +365,10 @@ impl Pending {
         }
         for (_, layer) in taken.iter_mut().rev() {
             if !replaced.is_empty() || !ranges.is_empty() {
-                let stale =
-                    |k: &Bytes| replaced.contains(k) || ranges.iter().any(|r| covered(r, k));
-                let mut freed = 0;
-                for group in layer.entries.values_mut() {
-                    group.retain(|k, e| {
-                        let keep = !stale(k);
-                        if !keep {
-                            freed += k.len() + e.len() + ENTRY_OVERHEAD;
-                        }
-                        keep
-                    });
-                }
-                layer.entries.retain(|_, group| !group.is_empty());
-                layer.bytes -= freed;
+                let groups = layer.entries.keys().copied().collect();
+                layer.remove_entries(groups, |k| {
+                    replaced.contains(k) || ranges.iter().any(|r| covered(r, k))
+                });
             }
             layer.note_replacements(&mut replaced, &mut ranges);
         }

@@ -174,6 +174,16 @@ pub fn to_wire(key: Bytes, pending: Pending) -> pb::WriteOp {
     }
 }
 
+/// The wire form of the delete of `[start, end)` (an empty end: unbounded).
+pub fn range_to_wire(start: Bytes, end: Bytes) -> pb::WriteOp {
+    pb::WriteOp {
+        kind: pb::write_op::Kind::DeleteRange as i32,
+        key: start,
+        value: Bytes::new(),
+        end,
+    }
+}
+
 /// `base` followed by `tail`.
 pub fn concat(base: &[u8], tail: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(base.len() + tail.len());

@@ -585,10 +585,7 @@ impl RemoteStateBackend {
     /// writes, later writes belong to `epoch + 1`.
     fn cut(&self, epoch: u64) {
         let mut buffers = self.lock_buffer();
-        if !buffers.active.is_empty() {
-            let entries = Arc::new(buffers.active.take());
-            buffers.queued.push_back((self.epoch(), entries));
-        }
+        self.queue(&mut buffers);
         self.epoch.fetch_max(epoch + 1, Ordering::AcqRel);
     }
 
@@ -642,10 +639,14 @@ impl RemoteStateBackend {
 
     /// Queues the open epoch's writes so far for shipping.
     fn queue_active(&self) {
-        let mut buffers = self.lock_buffer();
+        self.queue(&mut self.lock_buffer());
+    }
+
+    /// Moves the open epoch's writes so far to the shipping queue, as the current epoch's.
+    fn queue(&self, buffers: &mut Buffers) {
         if !buffers.active.is_empty() {
-            let entries = Arc::new(buffers.active.take());
-            buffers.queued.push_back((self.epoch(), entries));
+            let writes = Arc::new(buffers.active.take());
+            buffers.queued.push_back((self.epoch(), writes));
         }
     }
 
@@ -673,12 +674,10 @@ impl RemoteStateBackend {
             let mut per_shard: BTreeMap<usize, Vec<pb::WriteOp>> = BTreeMap::new();
             for (start, end) in &writes.ranges {
                 for (shard, lo, hi) in layout.split_range(start, end) {
-                    per_shard.entry(shard).or_default().push(pb::WriteOp {
-                        kind: pb::write_op::Kind::DeleteRange as i32,
-                        key: lo,
-                        value: Bytes::new(),
-                        end: hi,
-                    });
+                    per_shard
+                        .entry(shard)
+                        .or_default()
+                        .push(epoch_buffer::range_to_wire(lo, hi));
                 }
             }
             self.lock_written().extend(per_shard.keys().copied());
