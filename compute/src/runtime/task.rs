@@ -38,6 +38,12 @@ use crate::time::watermark::WatermarkGenerator;
 /// How often processing-time operators and source idleness are checked.
 const TICK: Duration = Duration::from_millis(100);
 
+/// The longest a task runs before it gives its thread back to the scheduler. A source
+/// whose reader is always ready (or a gate that always has input) never waits, and a
+/// task that never waits starves everything else on its runtime thread: the
+/// coordinator's timers in `sluice run`, the worker's control stream, barriers.
+const SLICE: Duration = Duration::from_millis(2);
+
 /// A source subtask's reader with its watermark generator.
 pub struct SourceInput {
     /// The connector's reader.
@@ -186,9 +192,14 @@ impl Task {
         let mut alignment = None;
         // Acknowledgements waiting for their checkpoint's state to become durable.
         let mut acking: Vec<AbortOnDropHandle<()>> = Vec::new();
+        let mut slice = Instant::now();
         loop {
             if *cancel.borrow() {
                 return Err(Error::Cancelled);
+            }
+            if slice.elapsed() >= SLICE {
+                tokio::task::yield_now().await;
+                slice = Instant::now();
             }
             if ticks && last_tick.elapsed() >= TICK {
                 last_tick = Instant::now();

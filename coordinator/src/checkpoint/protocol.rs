@@ -480,6 +480,7 @@ impl CheckpointProtocol {
                 acks: BTreeMap::new(),
             },
         );
+        tracing::debug!(id, ?kind, "checkpoint triggered");
         actions.push(Action::Trigger {
             id,
             kind,
@@ -560,6 +561,11 @@ impl CheckpointProtocol {
             return;
         }
         let p = self.pending.remove(&id).expect("checked above");
+        tracing::debug!(
+            id,
+            after_ms = now.saturating_sub(p.triggered_at),
+            "every task acknowledged: writing the metadata"
+        );
         let metadata = Box::new(self.metadata(id, now, p));
         let path = checkpoint_path(&self.job.job_id, id).expect("job id validated in new");
         self.committing.insert(id, metadata.clone());
@@ -619,6 +625,11 @@ impl CheckpointProtocol {
         };
         match outcome {
             Ok(CreateOutcome::Created) => {
+                tracing::debug!(
+                    id,
+                    after_ms = now.saturating_sub(metadata.triggered_at_ms),
+                    "checkpoint complete"
+                );
                 self.last_end_at = Some(now);
                 let kept = metadata.savepoint.is_some();
                 self.completed.push(Completed { id, kept });
