@@ -35,9 +35,18 @@ pub type Row = Map<String, Value>;
 /// How long one `sluice` invocation may take before it is killed.
 pub const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// This crate's directory: as `cargo test` says when it runs the test (a test binary
+/// built from another copy of the tree, with the same sources, is fresh to cargo and
+/// would otherwise look in that copy), else as it was when compiled.
+pub fn crate_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// The workspace root (the parent of this crate).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    crate_dir()
         .parent()
         .expect("integration-tests has a parent directory")
         .to_path_buf()

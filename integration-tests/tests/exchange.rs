@@ -15,8 +15,8 @@ use sluice_integration_tests::{
 
 /// `examples/NAME.yaml` with a smaller source and its sink writing to `out`.
 fn example(name: &str, out: &Path) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples")
+    let path = sluice_integration_tests::workspace_root()
+        .join("examples")
         .join(format!("{name}.yaml"));
     let text = std::fs::read_to_string(&path).expect("example");
     let mut adapted = String::new();

@@ -97,8 +97,8 @@ enum Input {
 /// The example `name`, with its source replaced per `input` and its sink writing JSON
 /// lines to `out`.
 fn adapt_example(name: &str, input: Input, csv_dir: &Path, out: &Path) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples")
+    let path = sluice_integration_tests::workspace_root()
+        .join("examples")
         .join(format!("{name}.yaml"));
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading example {}: {e}", path.display()));

@@ -16,7 +16,7 @@
 //! The late counts are also asserted as numbers worked out by hand from the file.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value;
 use sluice_integration_tests::{
@@ -35,7 +35,7 @@ struct Record {
 }
 
 fn input_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/late_data.csv")
+    sluice_integration_tests::crate_dir().join("golden/late_data.csv")
 }
 
 /// The input file's text without the given (1-based) lines.

@@ -438,11 +438,18 @@ impl WindowOperator {
 
     /// Fires and cleans up everything due at `now` (a watermark or processing time).
     async fn fire(&mut self, now: Timestamp, out: &mut Output) -> Result<()> {
-        let mut fired = Fired::default();
-        match self.state()? {
-            WindowState::Fixed(fixed) => fixed.fire(now, &mut fired).await?,
-            WindowState::Sessions(_) => self.fire_sessions(now, &mut fired).await?,
+        if let Some(WindowState::Fixed(fixed)) = &mut self.state {
+            // One batch per window, built as it fires: the decoded rows of one window
+            // at a time, not of everything a watermark closes.
+            let (calls, keys, schema) = (&self.calls, &self.key_encoder, &self.schema);
+            let mut emit = |fired: Fired| -> Result<()> {
+                out.batch(results(calls, keys, schema, fired)?);
+                Ok(())
+            };
+            return fixed.fire(now, &mut emit).await;
         }
+        let mut fired = Fired::default();
+        self.fire_sessions(now, &mut fired).await?;
         if !fired.is_empty() {
             out.batch(self.results(fired)?);
         }
@@ -517,21 +524,29 @@ impl WindowOperator {
 
     /// One batch of window results.
     fn results(&self, fired: Fired) -> Result<RecordBatch> {
-        let naggs = self.calls.len();
-        let mut columns: Vec<ArrayRef> = decode_keys(
-            self.key_encoder.fields(),
-            (0..fired.len()).map(|i| fired.key(i)),
-        )?;
-        columns.push(Arc::new(TimestampMillisecondArray::from(fired.starts)));
-        columns.push(Arc::new(TimestampMillisecondArray::from(fired.ends)));
-        for (i, call) in self.calls.iter().enumerate() {
-            columns.push(accumulator::finish(
-                call,
-                fired.accs.iter().skip(i).step_by(naggs),
-            )?);
-        }
-        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+        results(&self.calls, &self.key_encoder, &self.schema, fired)
     }
+}
+
+/// One batch of window results: the key columns, the window's bounds, the aggregates.
+fn results(
+    calls: &[AggregateCall],
+    keys: &KeyEncoder,
+    schema: &SchemaRef,
+    fired: Fired,
+) -> Result<RecordBatch> {
+    let naggs = calls.len();
+    let mut columns: Vec<ArrayRef> =
+        decode_keys(keys.fields(), (0..fired.len()).map(|i| fired.key(i)))?;
+    columns.push(Arc::new(TimestampMillisecondArray::from(fired.starts)));
+    columns.push(Arc::new(TimestampMillisecondArray::from(fired.ends)));
+    for (i, call) in calls.iter().enumerate() {
+        columns.push(accumulator::finish(
+            call,
+            fired.accs.iter().skip(i).step_by(naggs),
+        )?);
+    }
+    Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 
 fn not_open() -> Error {
@@ -819,6 +834,54 @@ mod tests {
         let mut out = Output::default();
         op.on_watermark(i64::MAX, &mut out).await.unwrap();
         assert_eq!(results(&out), vec![(2, 10, 1, 100)]);
+    }
+
+    #[tokio::test]
+    async fn a_watermark_closing_many_windows_emits_one_batch_per_window_in_order() {
+        let sliding = pb::window_spec::Kind::Sliding(pb::SlidingWindow {
+            size_ms: 10,
+            slide_ms: 5,
+        });
+        let store = Arc::new(MemoryStateStore::new(false));
+        let event = pb::TimeCharacteristic::TimeEvent;
+        let (mut op, _) = window_over(sliding, event, 0, store, (0, 1), 1).await;
+        let mut out = Output::default();
+        // (key, value, time): windows [-5, 5) [0, 10) [5, 15) [10, 20) [20, 30) [25, 35).
+        op.process_batch(
+            batch(&[(1, 1, 1), (2, 2, 6), (1, 3, 12), (3, 4, 27)]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        op.on_watermark(i64::MAX, &mut out).await.unwrap();
+        let mut starts = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                let col = cast(b.column(1), &DataType::Int64).unwrap();
+                let mut s: Vec<i64> = col.as_primitive::<Int64Type>().values().to_vec();
+                s.dedup();
+                assert_eq!(s.len(), 1, "one window per batch: {s:?}");
+                starts.push(s[0]);
+            }
+        }
+        assert_eq!(starts, vec![-5, 0, 5, 10, 20, 25]);
+        assert_eq!(
+            results(&out),
+            vec![
+                (1, -5, 1, 1),
+                (1, 0, 1, 1),
+                (1, 5, 1, 3),
+                (1, 10, 1, 3),
+                (2, 0, 1, 2),
+                (2, 5, 1, 2),
+                (3, 20, 1, 4),
+                (3, 25, 1, 4),
+            ]
+        );
+        assert!(
+            !has_open_windows(&op),
+            "every pane went with its last window"
+        );
     }
 
     #[tokio::test]

@@ -16,7 +16,10 @@
 //! # The cache and the backend
 //! The groups are the state: the backend (memory or the state service) sees them only
 //! when a checkpoint asks (dirty groups, once per epoch, in [`FixedWindows::persist`])
-//! or when the cache is over its budget (whole panes are spilled, oldest first). Rows
+//! or when the cache is over its budget (whole panes are spilled, oldest first), in
+//! chunks of groups so that the backend's write buffer keeps to its own budget. Windows
+//! fire one at a time, each pane dropped once its last window fired, so a watermark that
+//! closes many windows at once holds one window's panes and rows in memory. Rows
 //! are laid out pane first (`(key group, pane, key)`), so a pane of a key group is one
 //! byte range: read back at once when it fires, deleted with one range delete when it
 //! goes. A small `pane_index` table lists, per key group, the panes with rows in the
@@ -53,6 +56,9 @@ use crate::window::assigner::WindowAssigner;
 
 /// Rows read per scan call.
 const SCAN_PAGE: usize = 4096;
+
+/// Groups written per backend write when persisting or spilling a pane.
+const WRITE_CHUNK: usize = 8192;
 
 /// The group's accumulators changed since the backend last saw them.
 const DIRTY: u8 = 1;
@@ -628,8 +634,15 @@ impl FixedWindows {
     }
 
     /// Fires every window whose end the watermark (or processing time) `to` reached,
-    /// and drops the panes no window needs any more.
-    pub async fn fire(&mut self, to: Timestamp, out: &mut Fired) -> Result<()> {
+    /// one window at a time in order of their ends, handing each window's rows to
+    /// `emit`; drops the panes no window needs any more as soon as the last window
+    /// holding them fired, so firing many windows at once (the end of a bounded input, a
+    /// watermark held back by a slow input) holds one window's panes in memory, not all.
+    pub async fn fire(
+        &mut self,
+        to: Timestamp,
+        emit: &mut (dyn FnMut(Fired) -> Result<()> + Send),
+    ) -> Result<()> {
         if to <= self.fired_to && self.event_time {
             return Ok(());
         }
@@ -654,7 +667,8 @@ impl FixedWindows {
         }
         for (end, w) in windows {
             self.load_window(w).await?;
-            self.emit_window(w, end, out);
+            let mut out = Fired::default();
+            self.emit_window(w, end, &mut out);
             if !self.event_time {
                 let mut p = w;
                 while p < w + self.size {
@@ -664,41 +678,53 @@ impl FixedWindows {
                     p += self.pane;
                 }
             }
+            if !out.is_empty() {
+                emit(out)?;
+            }
+            // Windows fire in order of their ends: a pane whose last window ends by
+            // this one's end has had all its windows fired.
+            self.drop_done(|last| last <= end, to).await?;
         }
         self.fired_to = self.fired_to.max(to);
-        // Panes whose last window fired and whose lateness passed.
+        self.drop_done(|last| last - 1 <= to, to).await
+    }
+
+    /// Drops the panes whose last window's end passes `fired` and whose allowed
+    /// lateness passed at `to`: one range delete per key group of their rows.
+    async fn drop_done(&mut self, fired: impl Fn(Timestamp) -> bool, to: Timestamp) -> Result<()> {
         let done: Vec<Timestamp> = self
             .panes
             .keys()
             .copied()
             .filter(|&s| {
                 let last = self.last_end(s);
-                last - 1 <= to && (!self.event_time || last - 1 + self.lateness <= to)
+                fired(last) && (!self.event_time || last - 1 + self.lateness <= to)
             })
             .collect();
-        if !done.is_empty() {
-            self.collect_reads(true).await?;
-            let mut ops = Vec::new();
-            for start in done {
-                let Some(pane) = self.panes.remove(&start) else {
-                    continue;
-                };
-                self.bytes -= pane.bytes().min(self.bytes);
-                let pk = pane_key(start);
-                // A pane of a key group is one byte range: one range delete per key
-                // group, however many keys it held. The state service nets it against
-                // the rows its newest committed epoch wrote, so a pane written in one
-                // epoch and dropped in the next never reaches its RocksDB.
-                for &kg in pane.stored.union(&pane.unread) {
-                    ops.push(self.rows.delete_key(kg, &pk));
-                    ops.push(WriteOp::Delete {
-                        key: self.index.key(kg, &pk, &[]),
-                    });
-                }
-            }
-            self.rows.write(ops).await?;
-            self.publish_bytes();
+        if done.is_empty() {
+            return Ok(());
         }
+        self.collect_reads(true).await?;
+        let mut ops = Vec::new();
+        for start in done {
+            let Some(pane) = self.panes.remove(&start) else {
+                continue;
+            };
+            self.bytes -= pane.bytes().min(self.bytes);
+            let pk = pane_key(start);
+            // A pane of a key group is one byte range: one range delete per key
+            // group, however many keys it held. The state service nets it against
+            // the rows its newest committed epoch wrote, so a pane written in one
+            // epoch and dropped in the next never reaches its RocksDB.
+            for &kg in pane.stored.union(&pane.unread) {
+                ops.push(self.rows.delete_key(kg, &pk));
+                ops.push(WriteOp::Delete {
+                    key: self.index.key(kg, &pk, &[]),
+                });
+            }
+        }
+        self.rows.write(ops).await?;
+        self.publish_bytes();
         Ok(())
     }
 
@@ -755,44 +781,54 @@ impl FixedWindows {
         }
     }
 
-    /// Writes the groups of `panes` that changed since the backend saw them; returns the
-    /// operations (rows and index entries).
-    fn dirty_ops(&mut self, starts: &[Timestamp]) -> Vec<WriteOp> {
+    /// The write operations of pane `start`'s groups in `groups` that changed since the
+    /// backend saw them (their rows, and the pane's index entries of key groups new to
+    /// the backend), marking them clean.
+    fn dirty_ops(&mut self, start: Timestamp, groups: Range<usize>) -> Vec<WriteOp> {
         let naggs = self.naggs();
         let mut ops = Vec::new();
+        let Some(pane) = self.panes.get_mut(&start) else {
+            return ops;
+        };
         let mut buf = Vec::with_capacity(naggs * ACC_BYTES);
-        for start in starts {
-            let Some(pane) = self.panes.get_mut(start) else {
+        let pk = pane_key(start);
+        for g in groups {
+            if pane.flags[g] & DIRTY == 0 {
                 continue;
-            };
-            let pk = pane_key(*start);
-            for g in 0..pane.len() {
-                if pane.flags[g] & DIRTY == 0 {
-                    continue;
-                }
-                pane.flags[g] &= !DIRTY;
-                let kg = pane.key_groups[g];
-                buf.clear();
-                accumulator::encode(&pane.accs[g * naggs..(g + 1) * naggs], &mut buf);
-                let key_start = if g == 0 {
-                    0
-                } else {
-                    pane.key_ends[g - 1] as usize
-                };
-                let key = &pane.key_data[key_start..pane.key_ends[g] as usize];
+            }
+            pane.flags[g] &= !DIRTY;
+            let kg = pane.key_groups[g];
+            buf.clear();
+            accumulator::encode(&pane.accs[g * naggs..(g + 1) * naggs], &mut buf);
+            ops.push(WriteOp::Put {
+                key: self.rows.key(kg, &pk, pane.key(g)),
+                value: Bytes::copy_from_slice(&buf),
+            });
+            if pane.stored.insert(kg) {
                 ops.push(WriteOp::Put {
-                    key: self.rows.key(kg, &pk, key),
-                    value: Bytes::copy_from_slice(&buf),
+                    key: self.index.key(kg, &pk, &[]),
+                    value: Bytes::new(),
                 });
-                if pane.stored.insert(kg) {
-                    ops.push(WriteOp::Put {
-                        key: self.index.key(kg, &pk, &[]),
-                        value: Bytes::new(),
-                    });
-                }
             }
         }
         ops
+    }
+
+    /// Writes the changed groups of pane `start` to the backend, [`WRITE_CHUNK`] groups
+    /// per write: the backend's write buffer (and what it ships) stays within its own
+    /// budget however many keys the pane holds.
+    async fn write_dirty(&mut self, start: Timestamp) -> Result<()> {
+        let len = self.panes.get(&start).map_or(0, Pane::len);
+        let mut from = 0;
+        while from < len {
+            let to = (from + WRITE_CHUNK).min(len);
+            let ops = self.dirty_ops(start, from..to);
+            if !ops.is_empty() {
+                self.rows.write(ops).await?;
+            }
+            from = to;
+        }
+        Ok(())
     }
 
     /// A barrier reached the operator: the groups that changed since the last one go to
@@ -803,8 +839,9 @@ impl FixedWindows {
         }
         self.collect_reads(true).await?;
         let starts: Vec<Timestamp> = self.panes.keys().copied().collect();
-        let ops = self.dirty_ops(&starts);
-        self.rows.write(ops).await?;
+        for start in starts {
+            self.write_dirty(start).await?;
+        }
         Ok(())
     }
 
@@ -818,7 +855,7 @@ impl FixedWindows {
             if self.bytes <= self.budget / 2 {
                 break;
             }
-            let ops = self.dirty_ops(&[start]);
+            self.write_dirty(start).await?;
             let Some(pane) = self.panes.get_mut(&start) else {
                 continue;
             };
@@ -829,7 +866,6 @@ impl FixedWindows {
             pane.clear_groups();
             self.bytes -= before.min(self.bytes);
             self.counters.spills.fetch_add(groups, Ordering::Relaxed);
-            self.rows.write(ops).await?;
         }
         self.publish_bytes();
         Ok(())
