@@ -32,8 +32,10 @@ use super::store::StateStore;
 /// Rough bookkeeping cost of one entry beyond its bytes (tree node share, two `Bytes`).
 const ENTRY_OVERHEAD: usize = 64;
 
-/// What the keys of one key group were before an epoch changed them.
-type UndoLog = HashMap<Bytes, Option<Bytes>>;
+/// What the keys of one key group were before an epoch changed them. Hashed with
+/// foldhash, not SipHash: every write of a checkpointing job looks its key up here, and
+/// the keys are the store's own, not an attacker's.
+type UndoLog = HashMap<Bytes, Option<Bytes>, foldhash::fast::RandomState>;
 
 /// The state of one key group.
 #[derive(Default)]
@@ -51,11 +53,11 @@ impl Group {
     fn remember(&mut self, epoch: Option<u64>, key: &Bytes) {
         let Some(epoch) = epoch else { return };
         if self.undo.last().is_none_or(|(e, _)| *e != epoch) {
-            self.undo.push((epoch, UndoLog::new()));
+            self.undo.push((epoch, UndoLog::default()));
         }
         let log = &mut self.undo.last_mut().expect("pushed above").1;
-        if !log.contains_key(key) {
-            log.insert(key.clone(), self.map.get(key).cloned());
+        if let std::collections::hash_map::Entry::Vacant(e) = log.entry(key.clone()) {
+            e.insert(self.map.get(key).cloned());
         }
     }
 
@@ -84,7 +86,7 @@ impl Group {
             if let Some(epoch) = epoch {
                 // Reinsert-free remember: the old value is the one just removed.
                 if self.undo.last().is_none_or(|(e, _)| *e != epoch) {
-                    self.undo.push((epoch, UndoLog::new()));
+                    self.undo.push((epoch, UndoLog::default()));
                 }
                 let log = &mut self.undo.last_mut().expect("pushed above").1;
                 log.entry(k).or_insert(Some(v));
