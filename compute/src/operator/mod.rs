@@ -141,4 +141,17 @@ pub trait Operator: Send {
     async fn close(&mut self, _out: &mut Output) -> Result<()> {
         Ok(())
     }
+
+    /// Whether the output of the call just made is not complete: the operator emits a
+    /// large result (a watermark closing many windows) in parts, so that the chain passes
+    /// each part on before the next is built. The chain then calls
+    /// [`Operator::resume`] until this is false, before anything else.
+    fn has_more(&self) -> bool {
+        false
+    }
+
+    /// Emits the next part of the output [`Operator::has_more`] announced.
+    async fn resume(&mut self, _out: &mut Output) -> Result<()> {
+        Ok(())
+    }
 }

@@ -123,7 +123,20 @@ pub struct WindowOperator {
     watermarks: Option<StateTable>,
     state: Option<WindowState>,
     keys: EncodedKeys,
+    /// Windows due at this time are still to fire, in parts (see [`Operator::has_more`]);
+    /// with the watermark to forward once they have.
+    firing: Option<Firing>,
 }
+
+/// A firing of fixed windows that goes on in parts.
+#[derive(Clone, Copy)]
+struct Firing {
+    to: Timestamp,
+    then_watermark: bool,
+}
+
+/// Rows of window results one part of a firing holds before the chain passes it on.
+const PART_ROWS: usize = 64 * 1024;
 
 impl WindowOperator {
     /// Builds the operator over `input`; errors name the offending column or call. Its
@@ -192,6 +205,7 @@ impl WindowOperator {
             counters,
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
             watermark: Timestamp::MIN,
+            firing: None,
             key_groups: 0..0,
             recorded_watermark: None,
             watermarks: None,
@@ -437,21 +451,35 @@ impl WindowOperator {
     }
 
     /// Fires and cleans up everything due at `now` (a watermark or processing time).
-    async fn fire(&mut self, now: Timestamp, out: &mut Output) -> Result<()> {
+    /// Fires what is due at `now`; fixed windows fire in parts of about [`PART_ROWS`]
+    /// rows, the rest left to [`Operator::resume`] (`then_watermark`: forward the
+    /// watermark `now` once everything fired).
+    async fn fire(&mut self, now: Timestamp, then_watermark: bool, out: &mut Output) -> Result<()> {
         if let Some(WindowState::Fixed(fixed)) = &mut self.state {
-            // One batch per window, built as it fires: the decoded rows of one window
-            // at a time, not of everything a watermark closes.
+            // Batches built as the windows fire: the decoded rows of one part at a
+            // time, not of everything a watermark closes.
             let (calls, keys, schema) = (&self.calls, &self.key_encoder, &self.schema);
             let mut emit = |fired: Fired| -> Result<()> {
                 out.batch(results(calls, keys, schema, fired)?);
                 Ok(())
             };
-            return fixed.fire(now, &mut emit).await;
+            let done = fixed.fire(now, PART_ROWS, &mut emit).await?;
+            self.firing = (!done).then_some(Firing {
+                to: now,
+                then_watermark,
+            });
+            if done && then_watermark {
+                out.watermark(now);
+            }
+            return Ok(());
         }
         let mut fired = Fired::default();
         self.fire_sessions(now, &mut fired).await?;
         if !fired.is_empty() {
             out.batch(self.results(fired)?);
+        }
+        if then_watermark {
+            out.watermark(now);
         }
         Ok(())
     }
@@ -607,10 +635,21 @@ impl Operator for WindowOperator {
     async fn on_watermark(&mut self, ts: Timestamp, out: &mut Output) -> Result<()> {
         if self.is_event_time() && ts > self.watermark {
             self.watermark = ts;
-            self.fire(ts, out).await?;
+            return self.fire(ts, true, out).await;
         }
         out.watermark(ts);
         Ok(())
+    }
+
+    fn has_more(&self) -> bool {
+        self.firing.is_some()
+    }
+
+    async fn resume(&mut self, out: &mut Output) -> Result<()> {
+        match self.firing.take() {
+            Some(f) => self.fire(f.to, f.then_watermark, out).await,
+            None => Ok(()),
+        }
     }
 
     fn wants_processing_time(&self) -> bool {
@@ -619,7 +658,7 @@ impl Operator for WindowOperator {
 
     async fn on_processing_time(&mut self, now: Timestamp, out: &mut Output) -> Result<()> {
         if !self.is_event_time() {
-            self.fire(now, out).await?;
+            self.fire(now, false, out).await?;
         }
         Ok(())
     }
@@ -636,7 +675,7 @@ impl Operator for WindowOperator {
 
     async fn close(&mut self, out: &mut Output) -> Result<()> {
         // The end of a bounded input closes every window, whatever the time mode.
-        self.fire(Timestamp::MAX, out).await?;
+        self.fire(Timestamp::MAX, false, out).await?;
         if let WindowState::Sessions(s) = self.state()? {
             // Fired timers leave the state with the epoch the runtime seals now.
             s.timers.persist().await?;
@@ -882,6 +921,51 @@ mod tests {
             !has_open_windows(&op),
             "every pane went with its last window"
         );
+    }
+
+    #[tokio::test]
+    async fn a_large_firing_comes_in_parts_with_the_watermark_after_the_last() {
+        let tumbling = pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms: 10 });
+        let mut op = window(tumbling, pb::TimeCharacteristic::TimeEvent).await;
+        let keys = 40_000i64;
+        let rows: Vec<(i64, i64, i64)> = (0..3 * keys)
+            .map(|i| (i % keys, 1, (i / keys) * 10))
+            .collect();
+        let mut out = Output::default();
+        op.process_batch(batch(&rows), &mut out).await.unwrap();
+        op.on_watermark(100, &mut out).await.unwrap();
+        let watermarks = |out: &Output| {
+            out.main
+                .iter()
+                .filter(|e| matches!(e, StreamElement::Watermark(_)))
+                .count()
+        };
+        // Two windows of 40 000 rows pass the part's 65 536: the third waits.
+        assert!(op.has_more());
+        assert_eq!(results(&out).len(), 2 * keys as usize);
+        assert_eq!(watermarks(&out), 0, "the watermark follows the last part");
+        assert!(
+            out.main.iter().all(|e| match e {
+                StreamElement::Batch(b) => b.num_rows() <= crate::window::fixed::EMIT_ROWS,
+                _ => true,
+            }),
+            "results come in batches of at most EMIT_ROWS"
+        );
+        let mut rest = Output::default();
+        op.resume(&mut rest).await.unwrap();
+        assert!(!op.has_more());
+        let third = results(&rest);
+        assert_eq!(third.len(), keys as usize);
+        assert!(
+            third
+                .iter()
+                .all(|&(_, start, n, s)| start == 20 && n == 1 && s == 1)
+        );
+        assert!(matches!(
+            rest.main.last(),
+            Some(StreamElement::Watermark(100))
+        ));
+        assert!(!has_open_windows(&op));
     }
 
     #[tokio::test]

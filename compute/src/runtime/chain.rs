@@ -112,6 +112,7 @@ impl Chain {
             let mut out = Output::default();
             self.operators[i].on_processing_time(now, &mut out).await?;
             self.forward(i, out, output).await?;
+            self.drain_more(i, output).await?;
         }
         Ok(())
     }
@@ -158,10 +159,22 @@ impl Chain {
         for i in 0..self.operators.len() {
             let mut out = Output::default();
             self.operators[i].close(&mut out).await?;
+            self.forward(i, out, output).await?;
+            self.drain_more(i, output).await?;
             if let Some(state) = &self.states[i] {
                 state.seal_open_epoch().await?;
             }
-            self.forward(i, out, output).await?;
+        }
+        Ok(())
+    }
+
+    /// Passes on the parts operator `i` still has of its last call's output, each one
+    /// through the rest of the chain before the next is built.
+    async fn drain_more(&mut self, i: usize, output: &mut TaskOutput) -> Result<()> {
+        while self.operators[i].has_more() {
+            let mut out = Output::default();
+            self.operators[i].resume(&mut out).await?;
+            Box::pin(self.forward(i, out, output)).await?;
         }
         Ok(())
     }
@@ -182,9 +195,9 @@ impl Chain {
             if elements.is_empty() {
                 return Ok(());
             }
-            let op = &mut self.operators[i];
             let mut out = Output::default();
             for element in elements {
+                let op = &mut self.operators[i];
                 match element {
                     StreamElement::Batch(b) => op.process_batch(b, &mut out).await?,
                     StreamElement::Watermark(ts) => op.on_watermark(ts, &mut out).await?,
@@ -199,6 +212,12 @@ impl Chain {
                     other @ (StreamElement::Idle | StreamElement::EndOfPartition) => {
                         out.main.push(other)
                     }
+                }
+                if self.operators[i].has_more() {
+                    // What came before goes on first, then the parts, then the rest.
+                    let part = std::mem::take(&mut out);
+                    Box::pin(self.forward(i, part, output)).await?;
+                    Box::pin(self.drain_more(i, output)).await?;
                 }
             }
             route_side(i, out.side, output).await?;

@@ -60,6 +60,9 @@ const SCAN_PAGE: usize = 4096;
 /// Groups written per backend write when persisting or spilling a pane.
 const WRITE_CHUNK: usize = 8192;
 
+/// Rows per batch of window results.
+pub const EMIT_ROWS: usize = 8192;
+
 /// The group's accumulators changed since the backend last saw them.
 const DIRTY: u8 = 1;
 /// A read of the group's stored value is outstanding: its accumulators hold only what
@@ -633,18 +636,22 @@ impl FixedWindows {
         Ok(())
     }
 
-    /// Fires every window whose end the watermark (or processing time) `to` reached,
-    /// one window at a time in order of their ends, handing each window's rows to
-    /// `emit`; drops the panes no window needs any more as soon as the last window
-    /// holding them fired, so firing many windows at once (the end of a bounded input, a
-    /// watermark held back by a slow input) holds one window's panes in memory, not all.
+    /// Fires the windows whose end the watermark (or processing time) `to` reached, one
+    /// window at a time in order of their ends, handing their rows to `emit` in parts of
+    /// at most [`EMIT_ROWS`]; drops the panes no window needs any more as soon as the
+    /// last window holding them fired, so firing many windows at once (the end of a
+    /// bounded input, a watermark held back by a slow input) holds one window's panes in
+    /// memory, not all. Stops after the window that brought the rows emitted to
+    /// `max_rows` or more: returns false when due windows are left (call again with the
+    /// same `to`), true when every one fired.
     pub async fn fire(
         &mut self,
         to: Timestamp,
+        max_rows: usize,
         emit: &mut (dyn FnMut(Fired) -> Result<()> + Send),
-    ) -> Result<()> {
+    ) -> Result<bool> {
         if to <= self.fired_to && self.event_time {
-            return Ok(());
+            return Ok(true);
         }
         let from = self.fired_to;
         // Event time: the windows of the live panes that end in (from, to] (records for
@@ -665,10 +672,17 @@ impl FixedWindows {
                 }
             }
         }
+        let mut rows = 0;
         for (end, w) in windows {
+            if rows >= max_rows {
+                if self.event_time {
+                    // Every window ending before this one fired.
+                    self.fired_to = self.fired_to.max(end - 2);
+                }
+                return Ok(false);
+            }
             self.load_window(w).await?;
-            let mut out = Fired::default();
-            self.emit_window(w, end, &mut out);
+            rows += self.emit_window(w, end, emit)?;
             if !self.event_time {
                 let mut p = w;
                 while p < w + self.size {
@@ -678,15 +692,13 @@ impl FixedWindows {
                     p += self.pane;
                 }
             }
-            if !out.is_empty() {
-                emit(out)?;
-            }
             // Windows fire in order of their ends: a pane whose last window ends by
             // this one's end has had all its windows fired.
             self.drop_done(|last| last <= end, to).await?;
         }
         self.fired_to = self.fired_to.max(to);
-        self.drop_done(|last| last - 1 <= to, to).await
+        self.drop_done(|last| last - 1 <= to, to).await?;
+        Ok(true)
     }
 
     /// Drops the panes whose last window's end passes `fired` and whose allowed
@@ -728,23 +740,9 @@ impl FixedWindows {
         Ok(())
     }
 
-    /// Appends window `[w, end)` of every group of its panes to `out`.
-    fn emit_window(&self, w: Timestamp, end: Timestamp, out: &mut Fired) {
+    /// The groups of several panes (a sliding window's), merged per key.
+    fn merge_panes(&self, panes: &[&Pane]) -> Pane {
         let naggs = self.naggs();
-        let panes: Vec<&Pane> = (0..self.size / self.pane)
-            .filter_map(|i| self.panes.get(&(w + i * self.pane)))
-            .collect();
-        let skip = |kg: u16| end - 1 <= self.fired_through(kg);
-        if let [pane] = panes.as_slice() {
-            for g in 0..pane.len() {
-                if skip(pane.key_groups[g]) {
-                    continue;
-                }
-                out.push(pane.key(g), w, end, &pane.accs[g * naggs..(g + 1) * naggs]);
-            }
-            return;
-        }
-        // Several panes: merge them per key.
         let mut merged = Pane::default();
         for pane in panes {
             for g in 0..pane.len() {
@@ -768,17 +766,46 @@ impl FixedWindows {
                 }
             }
         }
-        for g in 0..merged.len() {
-            if skip(merged.key_groups[g]) {
+        merged
+    }
+
+    /// Hands window `[w, end)` of every group of its panes to `emit`, [`EMIT_ROWS`] rows
+    /// at a time; returns the rows emitted.
+    fn emit_window(
+        &self,
+        w: Timestamp,
+        end: Timestamp,
+        emit: &mut (dyn FnMut(Fired) -> Result<()> + Send),
+    ) -> Result<usize> {
+        let naggs = self.naggs();
+        let panes: Vec<&Pane> = (0..self.size / self.pane)
+            .filter_map(|i| self.panes.get(&(w + i * self.pane)))
+            .collect();
+        let skip = |kg: u16| end - 1 <= self.fired_through(kg);
+        let merged;
+        let pane: &Pane = match panes.as_slice() {
+            [pane] => pane,
+            _ => {
+                merged = self.merge_panes(&panes);
+                &merged
+            }
+        };
+        let mut out = Fired::default();
+        let mut rows = 0;
+        for g in 0..pane.len() {
+            if skip(pane.key_groups[g]) {
                 continue;
             }
-            out.push(
-                merged.key(g),
-                w,
-                end,
-                &merged.accs[g * naggs..(g + 1) * naggs],
-            );
+            out.push(pane.key(g), w, end, &pane.accs[g * naggs..(g + 1) * naggs]);
+            rows += 1;
+            if out.len() >= EMIT_ROWS {
+                emit(std::mem::take(&mut out))?;
+            }
         }
+        if !out.is_empty() {
+            emit(out)?;
+        }
+        Ok(rows)
     }
 
     /// The write operations of pane `start`'s groups in `groups` that changed since the
