@@ -52,18 +52,44 @@ impl Group {
     /// Remembers `key`'s value before its first change in `epoch`.
     fn remember(&mut self, epoch: Option<u64>, key: &Bytes) {
         let Some(epoch) = epoch else { return };
-        if self.undo.last().is_none_or(|(e, _)| *e != epoch) {
-            self.undo.push((epoch, UndoLog::default()));
+        if self
+            .undo
+            .last()
+            .is_some_and(|(e, log)| *e == epoch && log.contains_key(key))
+        {
+            return;
         }
-        let log = &mut self.undo.last_mut().expect("pushed above").1;
-        if let std::collections::hash_map::Entry::Vacant(e) = log.entry(key.clone()) {
-            e.insert(self.map.get(key).cloned());
+        let before = self.map.get(key).cloned();
+        self.undo_log(epoch).insert(key.clone(), before);
+    }
+
+    /// One lookup of the ordered map (keys share long prefixes, so each lookup is a run
+    /// of comparisons): the replaced value is what the undo log remembers.
+    fn put(&mut self, epoch: Option<u64>, key: Bytes, value: Bytes) {
+        let undo_key = epoch.map(|_| key.clone());
+        self.bytes += value.len();
+        let before = match self.map.entry(key) {
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                self.bytes -= o.get().len();
+                Some(std::mem::replace(o.get_mut(), value))
+            }
+            std::collections::btree_map::Entry::Vacant(v) => {
+                self.bytes += v.key().len();
+                v.insert(value);
+                None
+            }
+        };
+        if let (Some(epoch), Some(key)) = (epoch, undo_key) {
+            self.undo_log(epoch).entry(key).or_insert(before);
         }
     }
 
-    fn put(&mut self, epoch: Option<u64>, key: Bytes, value: Bytes) {
-        self.remember(epoch, &key);
-        self.set(key, value);
+    /// The undo log of `epoch`, the newest (opened if `epoch` has none yet).
+    fn undo_log(&mut self, epoch: u64) -> &mut UndoLog {
+        if self.undo.last().is_none_or(|(e, _)| *e != epoch) {
+            self.undo.push((epoch, UndoLog::default()));
+        }
+        &mut self.undo.last_mut().expect("pushed above").1
     }
 
     fn set(&mut self, key: Bytes, value: Bytes) {
@@ -85,11 +111,7 @@ impl Group {
             self.bytes -= k.len() + v.len();
             if let Some(epoch) = epoch {
                 // Reinsert-free remember: the old value is the one just removed.
-                if self.undo.last().is_none_or(|(e, _)| *e != epoch) {
-                    self.undo.push((epoch, UndoLog::default()));
-                }
-                let log = &mut self.undo.last_mut().expect("pushed above").1;
-                log.entry(k).or_insert(Some(v));
+                self.undo_log(epoch).entry(k).or_insert(Some(v));
             }
         }
     }

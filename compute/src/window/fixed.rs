@@ -681,8 +681,14 @@ impl FixedWindows {
                 }
                 return Ok(false);
             }
-            self.load_window(w).await?;
-            rows += self.emit_window(w, end, emit)?;
+            if self.size == self.pane {
+                // One pane: its spilled rows stream out key group by key group instead
+                // of coming back into the cache (the pane goes right after).
+                rows += self.emit_pane_streaming(w, end, emit).await?;
+            } else {
+                self.load_window(w).await?;
+                rows += self.emit_window(w, end, emit)?;
+            }
             if !self.event_time {
                 let mut p = w;
                 while p < w + self.size {
@@ -738,6 +744,57 @@ impl FixedWindows {
         self.rows.write(ops).await?;
         self.publish_bytes();
         Ok(())
+    }
+
+    /// Hands window `[w, end)`, which is pane `w` alone, to `emit`: its cached groups,
+    /// then per key group the backend may hold rows of, the stored rows with no cached
+    /// group (a cached group merged its stored value when it was created), read one key
+    /// group at a time and never put in the cache. Returns the rows emitted.
+    async fn emit_pane_streaming(
+        &mut self,
+        w: Timestamp,
+        end: Timestamp,
+        emit: &mut (dyn FnMut(Fired) -> Result<()> + Send),
+    ) -> Result<usize> {
+        self.collect_reads(true).await?;
+        let mut rows = self.emit_window(w, end, emit)?;
+        let unread: Vec<u16> = match self.panes.get(&w) {
+            Some(p) => p.unread.iter().copied().collect(),
+            None => return Ok(rows),
+        };
+        let naggs = self.naggs();
+        let pk = pane_key(w);
+        let mut out = Fired::default();
+        let mut accs = Vec::with_capacity(naggs);
+        for kg in unread {
+            if end - 1 <= self.fired_through(kg) {
+                continue;
+            }
+            let stored = self.rows.scan_key(kg, &pk, SCAN_PAGE).await?;
+            self.counters
+                .reads
+                .fetch_add(stored.len() as u64, Ordering::Relaxed);
+            let Some(pane) = self.panes.get(&w) else {
+                break;
+            };
+            for row in stored {
+                let key = &row.namespace;
+                if pane.find(key_hash(key), key).is_some() {
+                    continue;
+                }
+                accs.clear();
+                accumulator::decode(&row.value, naggs, &mut accs)?;
+                out.push(key, w, end, &accs);
+                rows += 1;
+                if out.len() >= EMIT_ROWS {
+                    emit(std::mem::take(&mut out))?;
+                }
+            }
+        }
+        if !out.is_empty() {
+            emit(out)?;
+        }
+        Ok(rows)
     }
 
     /// The groups of several panes (a sliding window's), merged per key.

@@ -63,14 +63,16 @@ impl Coordinator for ControlService {
             )));
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let id = self.registry.attach(&reg, tx.clone());
+        let heartbeat_interval_ms = self.heartbeat_interval_ms;
+        let id = self
+            .registry
+            .attach(&reg, tx, |id| pbc::CoordinatorMessage {
+                msg: Some(cm::Msg::Registered(pbc::Registered {
+                    worker_id: id.to_string(),
+                    heartbeat_interval_ms,
+                })),
+            });
         tracing::info!(worker = %id, pid = reg.pid, host = %reg.host, slots = reg.slots, "worker attached");
-        let _ = tx.send(Ok(pbc::CoordinatorMessage {
-            msg: Some(cm::Msg::Registered(pbc::Registered {
-                worker_id: id.clone(),
-                heartbeat_interval_ms: self.heartbeat_interval_ms,
-            })),
-        }));
         let registry = self.registry.clone();
         let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
         // Forget the readers of streams that ended.

@@ -128,11 +128,20 @@ impl Registry {
     }
 
     /// Adds a worker that registered; returns its id.
-    pub fn attach(&self, reg: &pbc::Register, tx: WorkerTx) -> String {
+    ///
+    /// `greeting(id)` is the first message the worker gets: it is queued before the
+    /// worker becomes visible, so no job's message can overtake it.
+    pub fn attach(
+        &self,
+        reg: &pbc::Register,
+        tx: WorkerTx,
+        greeting: impl FnOnce(&str) -> pbc::CoordinatorMessage,
+    ) -> String {
         let mut inner = self.lock();
         inner.next_seq += 1;
         let seq = inner.next_seq;
         let id = format!("w{seq}-{}", reg.pid);
+        let _ = tx.send(Ok(greeting(&id)));
         inner.workers.insert(
             id.clone(),
             Worker {
@@ -327,8 +336,28 @@ mod tests {
                 name: String::new(),
             },
             tx,
+            |id| pbc::CoordinatorMessage {
+                msg: Some(pbc::coordinator_message::Msg::Registered(pbc::Registered {
+                    worker_id: id.to_string(),
+                    heartbeat_interval_ms: 500,
+                })),
+            },
         );
         (id, rx)
+    }
+
+    #[test]
+    fn the_greeting_is_queued_before_the_worker_can_be_taken() {
+        let r = Registry::new(Duration::from_secs(5));
+        let (id, mut rx) = register(&r, 1);
+        let first = rx
+            .try_recv()
+            .expect("greeting queued")
+            .expect("not an error");
+        assert!(
+            matches!(first.msg, Some(pbc::coordinator_message::Msg::Registered(ref m)) if m.worker_id == id),
+            "{first:?}"
+        );
     }
 
     #[test]
