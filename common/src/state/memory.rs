@@ -67,18 +67,7 @@ impl Group {
     /// of comparisons): the replaced value is what the undo log remembers.
     fn put(&mut self, epoch: Option<u64>, key: Bytes, value: Bytes) {
         let undo_key = epoch.map(|_| key.clone());
-        self.bytes += value.len();
-        let before = match self.map.entry(key) {
-            std::collections::btree_map::Entry::Occupied(mut o) => {
-                self.bytes -= o.get().len();
-                Some(std::mem::replace(o.get_mut(), value))
-            }
-            std::collections::btree_map::Entry::Vacant(v) => {
-                self.bytes += v.key().len();
-                v.insert(value);
-                None
-            }
-        };
+        let before = self.set(key, value);
         if let (Some(epoch), Some(key)) = (epoch, undo_key) {
             self.undo_log(epoch).entry(key).or_insert(before);
         }
@@ -92,16 +81,18 @@ impl Group {
         &mut self.undo.last_mut().expect("pushed above").1
     }
 
-    fn set(&mut self, key: Bytes, value: Bytes) {
+    /// Sets `key` to `value` with one lookup; returns the value it replaced.
+    fn set(&mut self, key: Bytes, value: Bytes) -> Option<Bytes> {
         self.bytes += value.len();
-        match self.map.get_mut(&key) {
-            Some(old) => {
-                self.bytes -= old.len();
-                *old = value;
+        match self.map.entry(key) {
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                self.bytes -= o.get().len();
+                Some(std::mem::replace(o.get_mut(), value))
             }
-            None => {
-                self.bytes += key.len();
-                self.map.insert(key, value);
+            std::collections::btree_map::Entry::Vacant(v) => {
+                self.bytes += v.key().len();
+                v.insert(value);
+                None
             }
         }
     }
@@ -157,7 +148,9 @@ impl Group {
             let (_, log) = self.undo.pop().expect("checked above");
             for (key, before) in log {
                 match before {
-                    Some(v) => self.set(key, v),
+                    Some(v) => {
+                        self.set(key, v);
+                    }
                     None => {
                         if let Some((k, v)) = self.map.remove_entry(&key) {
                             self.bytes -= k.len() + v.len();

@@ -214,6 +214,41 @@ impl Fired {
     }
 }
 
+/// Window results on their way out: rows gathered into a [`Fired`] handed to `emit`
+/// every [`EMIT_ROWS`] rows.
+struct Parts<'a> {
+    out: Fired,
+    rows: usize,
+    emit: &'a mut (dyn FnMut(Fired) -> Result<()> + Send),
+}
+
+impl<'a> Parts<'a> {
+    fn new(emit: &'a mut (dyn FnMut(Fired) -> Result<()> + Send)) -> Self {
+        Self {
+            out: Fired::default(),
+            rows: 0,
+            emit,
+        }
+    }
+
+    fn push(&mut self, key: &[u8], start: Timestamp, end: Timestamp, accs: &[Acc]) -> Result<()> {
+        self.out.push(key, start, end, accs);
+        self.rows += 1;
+        if self.out.len() >= EMIT_ROWS {
+            (self.emit)(std::mem::take(&mut self.out))?;
+        }
+        Ok(())
+    }
+
+    /// Emits what is left; the rows pushed in all.
+    fn finish(self) -> Result<usize> {
+        if !self.out.is_empty() {
+            (self.emit)(self.out)?;
+        }
+        Ok(self.rows)
+    }
+}
+
 /// Tumbling or sliding windows of one operator subtask.
 pub struct FixedWindows {
     assigner: WindowAssigner,
@@ -681,14 +716,16 @@ impl FixedWindows {
                 }
                 return Ok(false);
             }
+            let mut parts = Parts::new(emit);
             if self.size == self.pane {
                 // One pane: its spilled rows stream out key group by key group instead
                 // of coming back into the cache (the pane goes right after).
-                rows += self.emit_pane_streaming(w, end, emit).await?;
+                self.emit_pane_streaming(w, end, &mut parts).await?;
             } else {
                 self.load_window(w).await?;
-                rows += self.emit_window(w, end, emit)?;
+                self.emit_window(w, end, &mut parts)?;
             }
+            rows += parts.finish()?;
             if !self.event_time {
                 let mut p = w;
                 while p < w + self.size {
@@ -746,25 +783,24 @@ impl FixedWindows {
         Ok(())
     }
 
-    /// Hands window `[w, end)`, which is pane `w` alone, to `emit`: its cached groups,
+    /// Hands window `[w, end)`, which is pane `w` alone, to `parts`: its cached groups,
     /// then per key group the backend may hold rows of, the stored rows with no cached
     /// group (a cached group merged its stored value when it was created), read one key
-    /// group at a time and never put in the cache. Returns the rows emitted.
+    /// group at a time and never put in the cache.
     async fn emit_pane_streaming(
         &mut self,
         w: Timestamp,
         end: Timestamp,
-        emit: &mut (dyn FnMut(Fired) -> Result<()> + Send),
-    ) -> Result<usize> {
+        parts: &mut Parts<'_>,
+    ) -> Result<()> {
         self.collect_reads(true).await?;
-        let mut rows = self.emit_window(w, end, emit)?;
+        self.emit_window(w, end, parts)?;
         let unread: Vec<u16> = match self.panes.get(&w) {
             Some(p) => p.unread.iter().copied().collect(),
-            None => return Ok(rows),
+            None => return Ok(()),
         };
         let naggs = self.naggs();
         let pk = pane_key(w);
-        let mut out = Fired::default();
         let mut accs = Vec::with_capacity(naggs);
         for kg in unread {
             if end - 1 <= self.fired_through(kg) {
@@ -784,17 +820,10 @@ impl FixedWindows {
                 }
                 accs.clear();
                 accumulator::decode(&row.value, naggs, &mut accs)?;
-                out.push(key, w, end, &accs);
-                rows += 1;
-                if out.len() >= EMIT_ROWS {
-                    emit(std::mem::take(&mut out))?;
-                }
+                parts.push(key, w, end, &accs)?;
             }
         }
-        if !out.is_empty() {
-            emit(out)?;
-        }
-        Ok(rows)
+        Ok(())
     }
 
     /// The groups of several panes (a sliding window's), merged per key.
@@ -826,19 +855,12 @@ impl FixedWindows {
         merged
     }
 
-    /// Hands window `[w, end)` of every group of its panes to `emit`, [`EMIT_ROWS`] rows
-    /// at a time; returns the rows emitted.
-    fn emit_window(
-        &self,
-        w: Timestamp,
-        end: Timestamp,
-        emit: &mut (dyn FnMut(Fired) -> Result<()> + Send),
-    ) -> Result<usize> {
+    /// Hands window `[w, end)` of every group of its panes to `parts`.
+    fn emit_window(&self, w: Timestamp, end: Timestamp, parts: &mut Parts<'_>) -> Result<()> {
         let naggs = self.naggs();
         let panes: Vec<&Pane> = (0..self.size / self.pane)
             .filter_map(|i| self.panes.get(&(w + i * self.pane)))
             .collect();
-        let skip = |kg: u16| end - 1 <= self.fired_through(kg);
         let merged;
         let pane: &Pane = match panes.as_slice() {
             [pane] => pane,
@@ -847,22 +869,13 @@ impl FixedWindows {
                 &merged
             }
         };
-        let mut out = Fired::default();
-        let mut rows = 0;
         for g in 0..pane.len() {
-            if skip(pane.key_groups[g]) {
+            if end - 1 <= self.fired_through(pane.key_groups[g]) {
                 continue;
             }
-            out.push(pane.key(g), w, end, &pane.accs[g * naggs..(g + 1) * naggs]);
-            rows += 1;
-            if out.len() >= EMIT_ROWS {
-                emit(std::mem::take(&mut out))?;
-            }
+            parts.push(pane.key(g), w, end, &pane.accs[g * naggs..(g + 1) * naggs])?;
         }
-        if !out.is_empty() {
-            emit(out)?;
-        }
-        Ok(rows)
+        Ok(())
     }
 
     /// The write operations of pane `start`'s groups in `groups` that changed since the
