@@ -17,6 +17,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use sluice_common::state::WriteOp;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::error::{Error, Result};
@@ -37,6 +38,28 @@ pub enum Op {
     Merge(Bytes, Bytes),
     /// Removes `[start, end)`; an empty end is the end of the shard.
     DeleteRange(Bytes, Bytes),
+}
+
+impl From<Op> for WriteOp {
+    fn from(op: Op) -> Self {
+        match op {
+            Op::Put(key, value) => WriteOp::Put { key, value },
+            Op::Delete(key) => WriteOp::Delete { key },
+            Op::Merge(key, operand) => WriteOp::Merge { key, operand },
+            Op::DeleteRange(start, end) => WriteOp::DeleteRange { start, end },
+        }
+    }
+}
+
+impl From<WriteOp> for Op {
+    fn from(op: WriteOp) -> Self {
+        match op {
+            WriteOp::Put { key, value } => Op::Put(key, value),
+            WriteOp::Delete { key } => Op::Delete(key),
+            WriteOp::Merge { key, operand } => Op::Merge(key, operand),
+            WriteOp::DeleteRange { start, end } => Op::DeleteRange(start, end),
+        }
+    }
 }
 
 /// One record of a delta.

@@ -8,23 +8,22 @@
 //! an epoch reaches RocksDB once, a key created and deleted within one epoch never), and
 //! a rollback drops layers, in O(1) per epoch.
 //!
-//! A [`Layer`] is one epoch's net effect: the latest operation per key (hashed, in one
-//! map per key group, so a range delete, which in practice stays within a key group or
-//! a few, only looks at those), and the ranges it deleted (merged, disjoint). An entry inside one of its own ranges was written after
-//! that range was deleted (a range delete removes the entries it covers), so applying a
-//! layer is: ranges first, then entries. Lookups go newest layer first and end at the
-//! first layer that decides the key; what no layer decides is RocksDB's committed value
-//! (plus the operands of pending merges).
+//! A [`Layer`] is one epoch's net effect, a [`NetWrites`] (the same structure the
+//! client buffers an epoch in): the latest operation per key and the ranges deleted, so
+//! applying a layer is ranges first, then entries. Lookups go newest layer first and end
+//! at the first layer that decides the key; what no layer decides is RocksDB's committed
+//! value (plus the operands of pending merges).
 //!
 //! Snapshots store the layers in the `pending` column family (`[epoch u64 BE][seq u64
 //! BE]` -> encoded op, ranges of a layer before its entries), so a shard restored from a
 //! snapshot has its uncommitted epochs back. This module knows nothing of RocksDB; the
 //! shard applies what it says.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::ops::Bound;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
+pub use sluice_common::state::net_writes::{Entry, Lookup};
+use sluice_common::state::net_writes::{NetWrites, lookup_newest_first};
 
 use crate::delta::Op;
 
@@ -38,246 +37,26 @@ pub const CF_META: &str = "meta";
 /// open, and required empty (its records would mean live state holds uncommitted writes).
 pub const CF_LEGACY_UNDO: &str = "undo";
 
-/// Bytes an entry is charged beyond its key and value.
-const ENTRY_OVERHEAD: usize = 48;
-
-/// The latest operation on one key within an epoch.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Entry {
-    /// The key's value is this.
-    Put(Bytes),
-    /// The key is absent.
-    Delete,
-    /// These bytes are appended to the value older layers (or RocksDB) give.
-    Merge(Bytes),
-}
-
-impl Entry {
-    fn len(&self) -> usize {
-        match self {
-            Entry::Put(v) | Entry::Merge(v) => v.len(),
-            Entry::Delete => 0,
-        }
-    }
-}
-
-/// What the layers say of a key.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Lookup {
-    /// The layers decide the value (`None`: absent).
-    Value(Option<Bytes>),
-    /// The value is the committed one, with these bytes appended when pending merges
-    /// say so (`Some` even when empty: an empty merge onto an absent key creates it).
-    Committed(Option<Vec<u8>>),
-}
-
-/// A range end: `None` is unbounded.
-type End = Option<Bytes>;
-
-fn below(key: &[u8], end: &End) -> bool {
-    end.as_deref().is_none_or(|e| key < e)
-}
-
-/// Entries of one key group.
-type Group = HashMap<Bytes, Entry, foldhash::fast::RandomState>;
-
-/// The key group a key's first two bytes name, a shorter key padded with zeros (so a
-/// key's group is never below that of a key sorting before it).
-fn group_of(key: &[u8]) -> u16 {
-    let mut g = [0u8; 2];
-    for (d, s) in g.iter_mut().zip(key) {
-        *d = *s;
-    }
-    u16::from_be_bytes(g)
-}
-
-/// One epoch's net effect.
+/// One epoch's net effect, and how many operations it received (for rollback counts).
 #[derive(Debug, Default)]
 pub struct Layer {
-    entries: BTreeMap<u16, Group>,
-    /// Deleted ranges, disjoint, by start.
-    ranges: BTreeMap<Bytes, End>,
-    /// Operations received, for rollback counts.
+    net: NetWrites,
     ops: u64,
-    bytes: usize,
+}
+
+impl std::ops::Deref for Layer {
+    type Target = NetWrites;
+
+    fn deref(&self) -> &NetWrites {
+        &self.net
+    }
 }
 
 impl Layer {
-    /// Whether one of this layer's deleted ranges covers `key`.
-    fn covers(&self, key: &[u8]) -> bool {
-        covered(&self.ranges, key)
-    }
-
-    /// Adds the keys this layer puts or deletes to `replaced`, and its ranges to
-    /// `ranges`: what an older layer need not apply once this one is.
-    fn note_replacements(
-        &self,
-        replaced: &mut HashSet<Bytes, foldhash::fast::RandomState>,
-        ranges: &mut Vec<BTreeMap<Bytes, End>>,
-    ) {
-        for (k, e) in self.entries() {
-            if !matches!(e, Entry::Merge(_)) {
-                replaced.insert(k.clone());
-            }
-        }
-        if !self.ranges.is_empty() {
-            ranges.push(self.ranges.clone());
-        }
-    }
-
-    /// Removes the entries of `groups` whose keys are `gone`, keeping the byte count.
-    fn remove_entries(&mut self, groups: Vec<u16>, gone: impl Fn(&[u8]) -> bool) {
-        let mut freed = 0;
-        for g in groups {
-            let Some(group) = self.entries.get_mut(&g) else {
-                continue;
-            };
-            group.retain(|k, e| {
-                let gone = gone(k);
-                if gone {
-                    freed += k.len() + e.len() + ENTRY_OVERHEAD;
-                }
-                !gone
-            });
-            if group.is_empty() {
-                self.entries.remove(&g);
-            }
-        }
-        self.bytes -= freed;
-    }
-
-    fn get(&self, key: &[u8]) -> Option<&Entry> {
-        self.entries.get(&group_of(key))?.get(key)
-    }
-
-    fn set(&mut self, key: Bytes, entry: Entry) {
-        let add = key.len() + entry.len() + ENTRY_OVERHEAD;
-        let group = self.entries.entry(group_of(&key)).or_default();
-        if let Some(old) = group.insert(key.clone(), entry) {
-            self.bytes -= key.len() + old.len() + ENTRY_OVERHEAD;
-        }
-        self.bytes += add;
-    }
-
-    /// The groups that may hold keys of `[start, end)`.
-    fn groups_of_range<'a>(
-        &'a self,
-        start: &[u8],
-        end: Option<&[u8]>,
-    ) -> impl Iterator<Item = (&'a u16, &'a Group)> {
-        let last = end.map_or(Bound::Unbounded, |e| Bound::Included(group_of(e)));
-        self.entries.range((Bound::Included(group_of(start)), last))
-    }
-
     fn apply(&mut self, op: Op) {
         self.ops += 1;
-        match op {
-            Op::Put(k, v) => self.set(k, Entry::Put(v)),
-            Op::Delete(k) => self.set(k, Entry::Delete),
-            Op::Merge(k, operand) => {
-                let next = match self.get(&k) {
-                    Some(Entry::Put(v)) => Entry::Put(concat(v, &operand)),
-                    Some(Entry::Delete) => Entry::Put(operand),
-                    Some(Entry::Merge(m)) => Entry::Merge(concat(m, &operand)),
-                    None if self.covers(&k) => Entry::Put(operand),
-                    None => Entry::Merge(operand),
-                };
-                self.set(k, next);
-            }
-            Op::DeleteRange(start, end) => {
-                let end: End = (!end.is_empty()).then_some(end);
-                self.delete_range(start, end);
-            }
-        }
+        self.net.apply(op.into());
     }
-
-    fn delete_range(&mut self, mut start: Bytes, mut end: End) {
-        let groups: Vec<u16> = self
-            .groups_of_range(&start, end.as_deref())
-            .map(|(g, _)| *g)
-            .collect();
-        self.remove_entries(groups, |k| k >= start.as_ref() && below(k, &end));
-        // Merge with the ranges it overlaps or touches, so they stay disjoint.
-        if let Some((s, e)) = self
-            .ranges
-            .range::<[u8], _>((Bound::Unbounded, Bound::Included(start.as_ref())))
-            .next_back()
-            .map(|(s, e)| (s.clone(), e.clone()))
-            && e.as_deref().is_none_or(|e| e >= start.as_ref())
-        {
-            self.remove_range(&s);
-            start = s;
-            end = max_end(end, e);
-        }
-        loop {
-            let next = self
-                .ranges
-                .range::<[u8], _>((Bound::Included(start.as_ref()), Bound::Unbounded))
-                .next()
-                .map(|(s, e)| (s.clone(), e.clone()));
-            match next {
-                Some((s, e)) if end.as_deref().is_none_or(|end| s.as_ref() <= end) => {
-                    self.remove_range(&s);
-                    end = max_end(end, e);
-                }
-                _ => break,
-            }
-        }
-        self.bytes += start.len() + end.as_ref().map_or(0, Bytes::len) + ENTRY_OVERHEAD;
-        self.ranges.insert(start, end);
-    }
-
-    fn remove_range(&mut self, start: &Bytes) {
-        if let Some(end) = self.ranges.remove(start) {
-            self.bytes -= start.len() + end.as_ref().map_or(0, Bytes::len) + ENTRY_OVERHEAD;
-        }
-    }
-
-    /// The deleted ranges, by start.
-    pub fn ranges(&self) -> impl Iterator<Item = (&Bytes, Option<&Bytes>)> {
-        self.ranges.iter().map(|(s, e)| (s, e.as_ref()))
-    }
-
-    /// The latest operation per key, in no particular order.
-    pub fn entries(&self) -> impl Iterator<Item = (&Bytes, &Entry)> {
-        self.entries.values().flatten()
-    }
-
-    /// The layer as operations that rebuild it when applied in order to an empty layer.
-    pub fn to_ops(&self) -> impl Iterator<Item = Op> + '_ {
-        let ranges = self
-            .ranges
-            .iter()
-            .map(|(s, e)| Op::DeleteRange(s.clone(), e.clone().unwrap_or_default()));
-        let entries = self.entries().map(|(k, e)| match e {
-            Entry::Put(v) => Op::Put(k.clone(), v.clone()),
-            Entry::Delete => Op::Delete(k.clone()),
-            Entry::Merge(m) => Op::Merge(k.clone(), m.clone()),
-        });
-        ranges.chain(entries)
-    }
-}
-
-/// Whether one of the disjoint `ranges` (by start) covers `key`.
-fn covered(ranges: &BTreeMap<Bytes, End>, key: &[u8]) -> bool {
-    ranges
-        .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)))
-        .next_back()
-        .is_some_and(|(_, end)| below(key, end))
-}
-
-fn max_end(a: End, b: End) -> End {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        _ => None,
-    }
-}
-
-fn concat(a: &[u8], b: &[u8]) -> Bytes {
-    let mut v = Vec::with_capacity(a.len() + b.len());
-    v.extend_from_slice(a);
-    v.extend_from_slice(b);
-    Bytes::from(v)
 }
 
 /// The uncommitted layers of a shard, by epoch.
@@ -294,53 +73,22 @@ impl Pending {
     /// next commit or rollback), and copying every key and value would cost more.
     pub fn apply(&mut self, epoch: u64, op: Op) {
         let layer = self.layers.entry(epoch).or_default();
-        let before = layer.bytes;
+        let before = layer.bytes();
         layer.apply(op);
-        self.bytes = self.bytes + layer.bytes - before;
+        self.bytes = self.bytes + layer.bytes() - before;
     }
 
-    /// What the layers say of `key`.
+    /// What the layers say of `key` (`Older`: RocksDB's committed value decides).
     pub fn lookup(&self, key: &[u8]) -> Lookup {
-        // Operands of merges met so far, newest first.
-        let mut tail: Vec<&Bytes> = Vec::new();
-        let with_tail = |base: Option<&[u8]>, tail: &[&Bytes]| -> Option<Bytes> {
-            if tail.is_empty() {
-                return base.map(Bytes::copy_from_slice);
-            }
-            let mut v = base.map(<[u8]>::to_vec).unwrap_or_default();
-            for t in tail.iter().rev() {
-                v.extend_from_slice(t);
-            }
-            Some(Bytes::from(v))
-        };
-        for layer in self.layers.values().rev() {
-            match layer.get(key) {
-                Some(Entry::Put(v)) => return Lookup::Value(with_tail(Some(v), &tail)),
-                Some(Entry::Delete) => return Lookup::Value(with_tail(None, &tail)),
-                Some(Entry::Merge(m)) => tail.push(m),
-                None if layer.covers(key) => return Lookup::Value(with_tail(None, &tail)),
-                None => {}
-            }
-        }
-        if tail.is_empty() {
-            return Lookup::Committed(None);
-        }
-        let mut appended = Vec::new();
-        for t in tail.iter().rev() {
-            appended.extend_from_slice(t);
-        }
-        Lookup::Committed(Some(appended))
+        lookup_newest_first(self.layers.values().rev().map(|l| &l.net), key)
     }
 
     /// The first `n` keys of `[start, end)` (`None`: unbounded) any layer has an entry
     /// for, in order.
     pub fn keys_in(&self, start: &[u8], end: Option<&[u8]>, n: usize) -> Vec<Bytes> {
-        let in_range = |k: &[u8]| k >= start && end.is_none_or(|e| k < e);
         let mut keys = BTreeSet::new();
         for layer in self.layers.values() {
-            for (_, group) in layer.groups_of_range(start, end) {
-                keys.extend(group.keys().filter(|k| in_range(k)).cloned());
-            }
+            keys.extend(layer.keys_in(start, end).cloned());
         }
         keys.into_iter().take(n).collect()
     }
@@ -355,24 +103,23 @@ impl Pending {
             Some(next) => self.layers.split_off(&next),
             None => BTreeMap::new(),
         };
-        let mut taken = std::mem::replace(&mut self.layers, later);
-        self.bytes -= taken.values().map(|l| l.bytes).sum::<usize>();
-        // Keys a newer committed layer puts or deletes, and the ranges newer ones delete.
-        let mut replaced: HashSet<Bytes, foldhash::fast::RandomState> = HashSet::default();
-        let mut ranges: Vec<BTreeMap<Bytes, End>> = Vec::new();
-        for (_, layer) in self.layers.range(..=committed).rev() {
-            layer.note_replacements(&mut replaced, &mut ranges);
-        }
-        for (_, layer) in taken.iter_mut().rev() {
-            if !replaced.is_empty() || !ranges.is_empty() {
-                let groups = layer.entries.keys().copied().collect();
-                layer.remove_entries(groups, |k| {
-                    replaced.contains(k) || ranges.iter().any(|r| covered(r, k))
-                });
+        let taken = std::mem::replace(&mut self.layers, later);
+        self.bytes -= taken.values().map(|l| l.bytes()).sum::<usize>();
+        // Newest first: each taken layer loses what a newer committed one decides (the
+        // newer layers' own maps answer that, one lookup per key, nothing copied).
+        let newer: Vec<&Layer> = self.layers.range(..=committed).map(|(_, l)| l).collect();
+        let mut taken: Vec<(u64, Layer)> = taken.into_iter().collect();
+        for i in (0..taken.len()).rev() {
+            let (head, tail) = taken.split_at_mut(i + 1);
+            let later = || tail.iter().map(|(_, l)| l).chain(newer.iter().copied());
+            if later().next().is_some() {
+                head[i]
+                    .1
+                    .net
+                    .remove_entries_where(|k| later().any(|l| l.decides(k)));
             }
-            layer.note_replacements(&mut replaced, &mut ranges);
         }
-        taken.into_iter().collect()
+        taken
     }
 
     /// Drops the layers of epochs `> checkpoint`; returns the operations they had received.
@@ -381,7 +128,7 @@ impl Pending {
             return 0;
         };
         let dropped = self.layers.split_off(&next);
-        self.bytes -= dropped.values().map(|l| l.bytes).sum::<usize>();
+        self.bytes -= dropped.values().map(|l| l.bytes()).sum::<usize>();
         dropped.values().map(|l| l.ops).sum()
     }
 
@@ -464,10 +211,10 @@ mod tests {
         p.apply(3, Op::Merge(b("a"), b("y")));
         p.apply(3, Op::Merge(b("c"), b("z")));
         assert_eq!(value(&p, "a"), some("1xy"));
-        assert_eq!(value(&p, "c"), Lookup::Committed(Some(b"z".to_vec())));
-        assert_eq!(value(&p, "d"), Lookup::Committed(None));
+        assert_eq!(value(&p, "c"), Lookup::Older(Some(b("z"))));
+        assert_eq!(value(&p, "d"), Lookup::Older(None));
         p.apply(3, Op::Merge(b("e"), Bytes::new()));
-        assert_eq!(value(&p, "e"), Lookup::Committed(Some(Vec::new())));
+        assert_eq!(value(&p, "e"), Lookup::Older(Some(Bytes::new())));
         p.apply(3, Op::Delete(b("a")));
         assert_eq!(value(&p, "a"), Lookup::Value(None));
     }
@@ -485,7 +232,7 @@ mod tests {
         assert_eq!(value(&p, "k3"), some("after"));
         // A merge onto a deleted range starts from nothing.
         assert_eq!(value(&p, "k4"), some("m"));
-        assert_eq!(value(&p, "z"), Lookup::Committed(None));
+        assert_eq!(value(&p, "z"), Lookup::Older(None));
         // Unbounded ends.
         p.apply(3, Op::DeleteRange(b("m"), Bytes::new()));
         assert_eq!(value(&p, "zzz"), Lookup::Value(None));
@@ -554,12 +301,15 @@ mod tests {
         l.apply(Op::Delete(b("q")));
         let mut again = Layer::default();
         for op in l.to_ops() {
-            let op = decode_op(&encode_op(&op)).unwrap();
+            let op = decode_op(&encode_op(&op.into())).unwrap();
             again.apply(op);
         }
-        assert_eq!(again.entries, l.entries);
-        assert_eq!(again.bytes, l.bytes);
-        assert_eq!(again.ranges, l.ranges);
+        fn sorted(l: &Layer) -> BTreeMap<&Bytes, &Entry> {
+            l.entries().collect()
+        }
+        assert_eq!(sorted(&again), sorted(&l));
+        assert_eq!(again.bytes(), l.bytes());
+        assert_eq!(again.range_map(), l.range_map());
         assert_eq!(decode_op(&[9, 0, 0, 0, 0]), None);
         assert_eq!(decode_op(&[1, 0, 0, 0, 1, b'k', b'v']), None);
     }

@@ -239,7 +239,11 @@ impl Shard {
         let pending = lock(&self.pending);
         for (epoch, layer) in pending.layers() {
             for (seq, op) in layer.to_ops().enumerate() {
-                batch.put_cf(cf, pending::key(epoch, seq as u64), pending::encode_op(&op));
+                batch.put_cf(
+                    cf,
+                    pending::key(epoch, seq as u64),
+                    pending::encode_op(&op.into()),
+                );
             }
         }
         self.db.write_opt(batch, &write_options())?;
@@ -315,13 +319,13 @@ impl Shard {
         let _no_commit = self.gate.read().await;
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
         // Keys the layers leave to committed state, with what pending merges append.
-        let mut committed: Vec<(usize, Option<Vec<u8>>)> = Vec::new();
+        let mut committed: Vec<(usize, Option<Bytes>)> = Vec::new();
         {
             let pending = lock(&self.pending);
             for (i, k) in keys.iter().enumerate() {
                 match pending.lookup(k) {
                     Lookup::Value(v) => out[i] = v,
-                    Lookup::Committed(tail) => committed.push((i, tail)),
+                    Lookup::Older(tail) => committed.push((i, tail)),
                 }
             }
         }
@@ -428,8 +432,8 @@ impl Shard {
             }
             let value = match pending.lookup(&key) {
                 Lookup::Value(v) => v,
-                Lookup::Committed(None) => base.map(|b| Bytes::from(b.into_vec())),
-                Lookup::Committed(Some(tail)) => {
+                Lookup::Older(None) => base.map(|b| Bytes::from(b.into_vec())),
+                Lookup::Older(Some(tail)) => {
                     let mut v = base.map(|b| b.into_vec()).unwrap_or_default();
                     v.extend_from_slice(&tail);
                     Some(Bytes::from(v))

@@ -16,6 +16,9 @@
 //!   groups it owns, and going back to a completed checkpoint at any parallelism.
 //! - [`MemoryStateStore`] (and its [`MemoryStateBackend`]s), and [`conformance`]: the
 //!   shared test suite, byte-level and epochs.
+//! - [`net_writes`]: the net effect of a run of writes (latest operation per key,
+//!   merged deleted ranges), what the remote client buffers and the state service holds
+//!   per uncommitted epoch.
 //! - [`ttl`]: the expiry header a value may carry, which the state service's compaction
 //!   drops expired values by (no operator writes one yet; SQL joins will).
 //!
@@ -38,6 +41,7 @@ pub mod conformance;
 mod error;
 pub mod key;
 mod memory;
+pub mod net_writes;
 mod store;
 mod table;
 pub mod ttl;

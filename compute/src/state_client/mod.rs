@@ -38,7 +38,7 @@ mod shards;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,12 +47,13 @@ use bytes::Bytes;
 use futures::future::try_join_all;
 use sluice_common::pb::state as pb;
 use sluice_common::pb::state::state_service_client::StateServiceClient;
+use sluice_common::state::net_writes::lookup_newest_first;
 use sluice_common::state::{KeyedStateBackend, StateError, StateResult, StateStore, WriteOp};
 use tokio::sync::OnceCell;
 use tonic::transport::{Channel, Endpoint};
 
 pub use connector::StateServiceConnector;
-pub use epoch_buffer::{EpochBuffer, Lookup, Pending};
+pub use epoch_buffer::{Entry, EpochBuffer, Lookup};
 pub use read_cache::ReadCache;
 pub use shards::{KEY_GROUP_SPACE, ShardLayout};
 
@@ -200,7 +201,7 @@ impl RemoteState {
             epoch: AtomicU64::new(first_epoch.max(1)),
             owned_shards: owned,
             written: Mutex::new(BTreeSet::new()),
-            failed: AtomicBool::new(false),
+            failure: std::sync::OnceLock::new(),
         }
     }
 
@@ -510,40 +511,14 @@ struct Buffers {
     active: EpochBuffer,
     /// Writes cut from `active` and not yet acknowledged by the service, oldest first,
     /// with their epochs: readable until they are.
-    queued: VecDeque<(u64, Arc<epoch_buffer::Writes>)>,
+    queued: VecDeque<(u64, Arc<EpochBuffer>)>,
 }
 
 impl Buffers {
+    /// What the open epoch and the writes being shipped say of `key`, newest first.
     fn lookup(&self, key: &[u8]) -> Lookup {
-        // Bytes appended by the layers seen so far (newer ones), oldest first.
-        let mut tail: Option<Bytes> = None;
-        let queued = self
-            .queued
-            .iter()
-            .rev()
-            .map(|(_, writes)| writes.lookup(key));
-        for layer in std::iter::once(self.active.lookup(key)).chain(queued) {
-            match layer {
-                Lookup::Unknown => {}
-                Lookup::Known(v) => {
-                    return Lookup::Known(match tail {
-                        None => v,
-                        // An append over a value still being shipped builds on it.
-                        Some(t) => Some(match v {
-                            Some(v) => epoch_buffer::concat(&v, &t),
-                            None => t,
-                        }),
-                    });
-                }
-                Lookup::Append(m) => {
-                    tail = Some(match tail {
-                        None => m,
-                        Some(t) => epoch_buffer::concat(&m, &t),
-                    });
-                }
-            }
-        }
-        tail.map_or(Lookup::Unknown, Lookup::Append)
+        let queued = self.queued.iter().rev().map(|(_, writes)| &**writes);
+        lookup_newest_first(std::iter::once(&self.active).chain(queued), key)
     }
 }
 
@@ -556,7 +531,8 @@ pub struct RemoteStateBackend {
     epoch: AtomicU64,
     owned_shards: Range<usize>,
     written: Mutex<BTreeSet<usize>>,
-    failed: AtomicBool,
+    /// Why the first failed write failed: the backend refuses everything after it.
+    failure: std::sync::OnceLock<String>,
 }
 
 impl std::fmt::Debug for RemoteStateBackend {
@@ -613,18 +589,17 @@ impl RemoteStateBackend {
     }
 
     fn usable(&self) -> StateResult<()> {
-        if self.failed.load(Ordering::Acquire) {
-            return Err(StateError::Unavailable(
-                "an earlier write to the state service failed; the job must restart from its last checkpoint"
-                    .into(),
-            ));
+        if let Some(cause) = self.failure.get() {
+            return Err(StateError::Unavailable(format!(
+                "an earlier write to the state service failed ({cause}); the job must restart from its last checkpoint"
+            )));
         }
         Ok(())
     }
 
     fn check<T>(&self, r: StateResult<T>) -> StateResult<T> {
-        if r.is_err() {
-            self.failed.store(true, Ordering::Release);
+        if let Err(e) = &r {
+            let _ = self.failure.set(e.to_string());
         }
         r
     }
@@ -645,7 +620,7 @@ impl RemoteStateBackend {
     /// Moves the open epoch's writes so far to the shipping queue, as the current epoch's.
     fn queue(&self, buffers: &mut Buffers) {
         if !buffers.active.is_empty() {
-            let writes = Arc::new(buffers.active.take());
+            let writes = Arc::new(std::mem::take(&mut buffers.active));
             buffers.queued.push_back((self.epoch(), writes));
         }
     }
@@ -668,12 +643,12 @@ impl RemoteStateBackend {
     /// shard, all acknowledged before any entry goes, since entries in a range were
     /// written after it), then its entries, one `Write` per shard and chunk; once
     /// acknowledged applies them to the cache.
-    async fn ship_writes(&self, epoch: u64, writes: &epoch_buffer::Writes) -> StateResult<()> {
+    async fn ship_writes(&self, epoch: u64, writes: &EpochBuffer) -> StateResult<()> {
         let layout = self.remote.layout();
-        if !writes.ranges.is_empty() {
+        if writes.ranges().next().is_some() {
             let mut per_shard: BTreeMap<usize, Vec<pb::WriteOp>> = BTreeMap::new();
-            for (start, end) in &writes.ranges {
-                for (shard, lo, hi) in layout.split_range(start, end) {
+            for (start, end) in writes.ranges() {
+                for (shard, lo, hi) in layout.split_range(start, end.map_or(&[][..], |e| e)) {
                     per_shard
                         .entry(shard)
                         .or_default()
@@ -687,13 +662,12 @@ impl RemoteStateBackend {
             try_join_all(calls).await?;
             self.cache.clear();
         }
-        let entries = &writes.entries;
         let mut per_shard: BTreeMap<usize, Vec<pb::WriteOp>> = BTreeMap::new();
-        for (key, pending) in entries.iter() {
+        for (key, entry) in writes.entries() {
             per_shard
                 .entry(layout.shard_of(key))
                 .or_default()
-                .push(epoch_buffer::to_wire(key.clone(), pending.clone()));
+                .push(epoch_buffer::to_wire(key.clone(), entry.clone()));
         }
         self.lock_written().extend(per_shard.keys().copied());
         let chunk = self.remote.config.max_keys_per_rpc.max(1);
@@ -706,11 +680,11 @@ impl RemoteStateBackend {
             }
         }
         try_join_all(calls).await?;
-        for (key, pending) in entries.iter() {
-            match pending {
-                Pending::Put(v) => self.cache.set(key.clone(), Some(v.clone())),
-                Pending::Delete => self.cache.set(key.clone(), None),
-                Pending::Merge(_) => self.cache.remove(key),
+        for (key, entry) in writes.entries() {
+            match entry {
+                Entry::Put(v) => self.cache.set(key.clone(), Some(v.clone())),
+                Entry::Delete => self.cache.set(key.clone(), None),
+                Entry::Merge(_) => self.cache.remove(key),
             }
         }
         Ok(())
@@ -728,9 +702,8 @@ impl KeyedStateBackend for RemoteStateBackend {
             let buffers = self.lock_buffer();
             for (i, key) in keys.iter().enumerate() {
                 match buffers.lookup(key) {
-                    Lookup::Known(v) => out[i] = v,
-                    Lookup::Append(tail) => open.push((i, Some(tail))),
-                    Lookup::Unknown => open.push((i, None)),
+                    Lookup::Value(v) => out[i] = v,
+                    Lookup::Older(tail) => open.push((i, tail)),
                 }
             }
         }
@@ -775,12 +748,7 @@ impl KeyedStateBackend for RemoteStateBackend {
         let mut buffered = 0;
         for op in ops {
             let mut buffers = self.lock_buffer();
-            match op {
-                WriteOp::Put { key, value } => buffers.active.put(key, value),
-                WriteOp::Delete { key } => buffers.active.delete(key),
-                WriteOp::Merge { key, operand } => buffers.active.merge(key, operand),
-                WriteOp::DeleteRange { start, end } => buffers.active.delete_range(start, end),
-            }
+            buffers.active.apply(op);
             buffered = buffers.active.bytes();
         }
         if buffered > self.remote.config.write_buffer_bytes {

@@ -914,18 +914,21 @@ impl FixedWindows {
     /// Writes the changed groups of pane `start` to the backend, [`WRITE_CHUNK`] groups
     /// per write: the backend's write buffer (and what it ships) stays within its own
     /// budget however many keys the pane holds.
-    async fn write_dirty(&mut self, start: Timestamp) -> Result<()> {
+    /// Returns the number of writes.
+    async fn write_dirty(&mut self, start: Timestamp) -> Result<usize> {
         let len = self.panes.get(&start).map_or(0, Pane::len);
         let mut from = 0;
+        let mut written = 0;
         while from < len {
             let to = (from + WRITE_CHUNK).min(len);
             let ops = self.dirty_ops(start, from..to);
+            written += ops.len();
             if !ops.is_empty() {
                 self.rows.write(ops).await?;
             }
             from = to;
         }
-        Ok(())
+        Ok(written)
     }
 
     /// A barrier reached the operator: the groups that changed since the last one go to
@@ -936,9 +939,18 @@ impl FixedWindows {
         }
         self.collect_reads(true).await?;
         let starts: Vec<Timestamp> = self.panes.keys().copied().collect();
-        for start in starts {
-            self.write_dirty(start).await?;
+        let mut written = 0;
+        for &start in &starts {
+            written += self.write_dirty(start).await?;
         }
+        tracing::debug!(
+            panes = starts.len(),
+            groups = self.panes.values().map(Pane::len).sum::<usize>(),
+            written,
+            first = starts.first().copied(),
+            fired_to = self.fired_to,
+            "persisted window state"
+        );
         Ok(())
     }
 
