@@ -15,7 +15,8 @@
 //! - [`cluster`]: the workers' gRPC `Attach` service and the registry of attached
 //!   workers, their slots and heartbeats.
 //! - [`service`]: the coordinator itself: submission, job records in the store, resuming
-//!   jobs after a restart, the operations behind [`rest`], the REST API.
+//!   jobs after a restart, the operations behind [`rest`], the REST API, and
+//!   [`prometheus`], its `GET /metrics`.
 //!
 //! Decisions never do I/O; I/O never decides: a job's actor feeds events to its driver
 //! (which owns the job's lifecycle and checkpoint protocol) and carries out what it
@@ -34,6 +35,7 @@ pub mod checkpoint;
 pub mod cluster;
 pub mod error;
 pub mod job;
+pub mod prometheus;
 pub mod rest;
 pub mod service;
 

@@ -266,6 +266,11 @@ async fn workers(State(c): State<Arc<Coordinator>>) -> ApiResult {
     ok(c.workers())
 }
 
+async fn metrics(State(c): State<Arc<Coordinator>>) -> Response {
+    let text = crate::prometheus::render(&c.jobs(), &c.workers());
+    ([("content-type", crate::prometheus::CONTENT_TYPE)], text).into_response()
+}
+
 async fn openapi() -> Response {
     ([("content-type", "application/yaml")], OPENAPI).into_response()
 }
@@ -290,6 +295,7 @@ pub fn router(c: Arc<Coordinator>) -> Router {
         .route("/v1/jobs/{id}/rescale", post(rescale))
         .route("/v1/workers", get(workers))
         .route("/v1/openapi.yaml", get(openapi))
+        .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(c)

@@ -729,6 +729,38 @@ fn http_request_as(
     (code, value)
 }
 
+/// `GET /metrics` of a running job's coordinator: the text format, with the job, its
+/// checkpoints and both workers in it.
+fn assert_prometheus_metrics(cluster: &mut Cluster, id: &str) {
+    let http = cluster.coordinator().http.clone();
+    let (code, body) = http_request(&http, "GET", "/metrics", None);
+    assert_eq!(code, 200, "{body}");
+    let Value::String(text) = body else {
+        panic!("/metrics answered JSON: {body}")
+    };
+    let sample = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name) && l.contains(&format!("job=\"{id}\"")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} sample for {id} in:\n{text}"))
+    };
+    assert!(sample("sluice_job_last_checkpoint{") >= 2.0, "{text}");
+    assert!(sample("sluice_job_last_checkpoint_duration_seconds{") >= 0.0);
+    assert_eq!(sample("sluice_job_parallelism{"), 2.0, "{text}");
+    let running = text.lines().any(|l| {
+        l.starts_with("sluice_job_state{")
+            && l.contains(&format!("job=\"{id}\""))
+            && l.ends_with("state=\"running\"} 1")
+    });
+    assert!(running, "the job is not running in:\n{text}");
+    assert!(text.contains("\nsluice_workers 2\n"), "{text}");
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let value = line.rsplit(' ').next().unwrap_or_default();
+        assert!(value.parse::<f64>().is_ok(), "not a sample: {line}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Tests
 
@@ -744,6 +776,7 @@ fn coordinator_restart_resumes_the_job_from_its_last_checkpoint() {
         ..
     } = start(dir.path(), windowed_job, &["--workers", "2"], 2);
     let before = cluster.wait_checkpoint(&id, 2);
+    assert_prometheus_metrics(&mut cluster, &id);
     eprintln!(
         "killing the coordinator at checkpoint {} (state {})",
         before["last_checkpoint"], before["state"]

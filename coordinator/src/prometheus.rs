@@ -1,0 +1,275 @@
+//! `GET /metrics`: what the coordinator knows of its jobs and workers, in the Prometheus
+//! text exposition format (version 0.0.4), for users who scrape rather than run an
+//! OpenTelemetry collector. Names and units are listed in `docs/metrics.md`.
+//!
+//! It renders the same [`JobStatus`] and [`WorkerView`] the REST API serves, so it adds
+//! no bookkeeping of its own and cannot disagree with `sluice status`. Per-task metrics
+//! (busy and back-pressured time, buffers) live on the workers, not here.
+
+use std::fmt::Write;
+
+use crate::cluster::registry::WorkerView;
+use crate::job::lifecycle::JobState;
+use crate::job::status::JobStatus;
+
+/// The content type of the text format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// One metric family being written: its `# HELP` and `# TYPE` lines, then samples.
+struct Family<'a> {
+    out: &'a mut String,
+    name: &'static str,
+}
+
+impl<'a> Family<'a> {
+    fn new(out: &'a mut String, name: &'static str, kind: &str, help: &str) -> Self {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        Family { out, name }
+    }
+
+    fn sample(&mut self, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.out.push_str(self.name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+/// A label value as the text format wants it: backslash, double quote and line feed
+/// escaped (job names come from users' files).
+fn escape(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// The labels naming a job.
+fn job(j: &JobStatus) -> [(&'static str, &str); 2] {
+    [("job", j.id.as_str()), ("name", j.name.as_str())]
+}
+
+/// The exposition of `jobs` and `workers`.
+pub fn render(jobs: &[JobStatus], workers: &[WorkerView]) -> String {
+    let mut out = String::new();
+
+    let mut f = Family::new(
+        &mut out,
+        "sluice_job_state",
+        "gauge",
+        "1 for the state each job is in, 0 for the others.",
+    );
+    for j in jobs {
+        for s in JobState::ALL {
+            let name = s.to_string();
+            let [a, b] = job(j);
+            f.sample(&[a, b, ("state", name.as_str())], u8::from(j.state == s));
+        }
+    }
+    type Counter = (&'static str, &'static str, fn(&JobStatus) -> u64);
+    let counters: [Counter; 6] = [
+        (
+            "sluice_job_records_in_total",
+            "Records the job's sources read, from the workers' last reports.",
+            |j| j.records_in,
+        ),
+        (
+            "sluice_job_records_out_total",
+            "Records the job's sinks wrote, from the workers' last reports.",
+            |j| j.records_out,
+        ),
+        (
+            "sluice_job_restarts_total",
+            "Restarts after failures.",
+            |j| u64::from(j.restarts),
+        ),
+        (
+            "sluice_job_checkpoints_aborted_total",
+            "Checkpoints aborted.",
+            |j| j.checkpoints_aborted,
+        ),
+        (
+            "sluice_job_late_records_total",
+            "Records the windows dropped as late (reported at the end).",
+            |j| j.late,
+        ),
+        (
+            "sluice_job_skipped_records_total",
+            "Malformed records skipped (reported at the end).",
+            |j| j.skipped,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let mut f = Family::new(&mut out, name, "counter", help);
+        for j in jobs {
+            f.sample(&job(j), value(j));
+        }
+    }
+    let mut f = Family::new(
+        &mut out,
+        "sluice_job_parallelism",
+        "gauge",
+        "Parallelism of the job's nodes (the largest).",
+    );
+    for j in jobs {
+        f.sample(&job(j), j.parallelism);
+    }
+    let mut f = Family::new(
+        &mut out,
+        "sluice_job_last_checkpoint",
+        "gauge",
+        "Id of the newest completed checkpoint.",
+    );
+    for j in jobs {
+        if let Some(c) = j.last_checkpoint {
+            f.sample(&job(j), c);
+        }
+    }
+    let mut f = Family::new(
+        &mut out,
+        "sluice_job_last_checkpoint_duration_seconds",
+        "gauge",
+        "Trigger to commit of the newest completed checkpoint.",
+    );
+    for j in jobs {
+        if let Some(c) = j.checkpoints.last() {
+            f.sample(&job(j), c.duration_ms as f64 / 1000.0);
+        }
+    }
+    let mut f = Family::new(
+        &mut out,
+        "sluice_job_last_checkpoint_alignment_seconds",
+        "gauge",
+        "Longest barrier alignment of a task in the newest completed checkpoint.",
+    );
+    for j in jobs {
+        if let Some(c) = j.checkpoints.last() {
+            f.sample(&job(j), c.max_alignment_micros as f64 / 1e6);
+        }
+    }
+    let mut f = Family::new(
+        &mut out,
+        "sluice_job_watermark_seconds",
+        "gauge",
+        "The smallest source watermark, in seconds since the Unix epoch.",
+    );
+    for j in jobs {
+        if let Some(w) = j.watermark {
+            f.sample(&job(j), w as f64 / 1000.0);
+        }
+    }
+
+    let mut f = Family::new(
+        &mut out,
+        "sluice_workers",
+        "gauge",
+        "Worker processes attached to the coordinator.",
+    );
+    f.sample(&[], workers.len());
+    let mut f = Family::new(
+        &mut out,
+        "sluice_worker_slots",
+        "gauge",
+        "A worker's slots.",
+    );
+    for w in workers {
+        f.sample(
+            &[("worker", w.id.as_str()), ("host", w.host.as_str())],
+            w.slots,
+        );
+    }
+    let mut f = Family::new(
+        &mut out,
+        "sluice_worker_jobs",
+        "gauge",
+        "Jobs using a worker's slots.",
+    );
+    for w in workers {
+        f.sample(
+            &[("worker", w.id.as_str()), ("host", w.host.as_str())],
+            w.jobs.len(),
+        );
+    }
+    let mut f = Family::new(
+        &mut out,
+        "sluice_worker_memory_rss_bytes",
+        "gauge",
+        "A worker's resident memory at its last heartbeat.",
+    );
+    for w in workers {
+        f.sample(
+            &[("worker", w.id.as_str()), ("host", w.host.as_str())],
+            w.rss_bytes,
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_job_and_worker_is_one_sample_per_family_with_escaped_labels() {
+        let mut j = JobStatus::new("j-1", "a \"quoted\"\\name\nwith a newline", 2, 0);
+        j.state = JobState::Running;
+        j.records_in = 42;
+        j.watermark = Some(1_500);
+        let w = WorkerView {
+            id: "w1".into(),
+            pid: 7,
+            host: "127.0.0.1".into(),
+            name: "w".into(),
+            slots: 4,
+            jobs: vec!["j-1".into()],
+            rss_bytes: 1 << 20,
+        };
+        let text = render(&[j], &[w]);
+        let labels = r#"job="j-1",name="a \"quoted\"\\name\nwith a newline""#;
+        assert!(
+            text.contains(&format!("sluice_job_records_in_total{{{labels}}} 42\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "sluice_job_state{{{labels},state=\"running\"}} 1\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "sluice_job_state{{{labels},state=\"failed\"}} 0\n"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("sluice_job_watermark_seconds{{{labels}}} 1.5\n")));
+        assert!(text.contains("sluice_workers 1\n"));
+        assert!(text.contains(
+            "sluice_worker_memory_rss_bytes{worker=\"w1\",host=\"127.0.0.1\"} 1048576\n"
+        ));
+        // No checkpoint yet: no sample, but the family is declared.
+        assert!(text.contains("# TYPE sluice_job_last_checkpoint gauge\n"));
+        assert!(!text.contains("sluice_job_last_checkpoint{"));
+        // Every line is a comment or `name{labels} value` with a number for the value.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+            assert!(line.starts_with("sluice_"), "{line}");
+        }
+    }
+}
