@@ -10,7 +10,7 @@ use std::fmt::Write;
 
 use crate::cluster::registry::WorkerView;
 use crate::job::lifecycle::JobState;
-use crate::job::status::JobStatus;
+use crate::job::status::{JobStatus, TaskStatus};
 
 /// The content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -174,6 +174,84 @@ pub fn render(jobs: &[JobStatus], workers: &[WorkerView]) -> String {
         }
     }
 
+    type TaskFigure = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&TaskStatus) -> f64,
+    );
+    let task_figures: [TaskFigure; 9] = [
+        (
+            "sluice_task_busy_ratio",
+            "gauge",
+            "Share of the last second a task spent handling elements, back pressure excluded.",
+            |t| t.busy_ms_per_s as f64 / 1000.0,
+        ),
+        (
+            "sluice_task_backpressured_ratio",
+            "gauge",
+            "Share of the last second a task waited for room downstream.",
+            |t| t.backpressured_ms_per_s as f64 / 1000.0,
+        ),
+        (
+            "sluice_task_idle_ratio",
+            "gauge",
+            "Share of the last second a task waited for input.",
+            |t| t.idle_ms_per_s as f64 / 1000.0,
+        ),
+        (
+            "sluice_task_records_in_total",
+            "counter",
+            "Records a task received.",
+            |t| t.records_in as f64,
+        ),
+        (
+            "sluice_task_records_out_total",
+            "counter",
+            "Records a task emitted.",
+            |t| t.records_out as f64,
+        ),
+        (
+            "sluice_task_state_cache_hits_total",
+            "counter",
+            "Records whose keyed state was in the operator cache.",
+            |t| t.cache_hits as f64,
+        ),
+        (
+            "sluice_task_state_cache_misses_total",
+            "counter",
+            "Records whose keyed state was not in the operator cache.",
+            |t| t.cache_misses as f64,
+        ),
+        (
+            "sluice_task_state_cache_spills_total",
+            "counter",
+            "Entries spilled from the operator cache to the state backend.",
+            |t| t.cache_spills as f64,
+        ),
+        (
+            "sluice_task_state_cache_bytes",
+            "gauge",
+            "Bytes of decoded state the operator cache holds.",
+            |t| t.cache_bytes as f64,
+        ),
+    ];
+    for (name, kind, help, value) in task_figures {
+        let mut f = Family::new(&mut out, name, kind, help);
+        for j in jobs {
+            for t in &j.tasks {
+                let [a, b] = job(j);
+                let labels = [
+                    a,
+                    b,
+                    ("task", t.task.as_str()),
+                    ("worker", t.worker.as_str()),
+                ];
+                f.sample(&labels, value(t));
+            }
+        }
+    }
+
     let mut f = Family::new(
         &mut out,
         "sluice_workers",
@@ -230,6 +308,19 @@ mod tests {
         j.state = JobState::Running;
         j.records_in = 42;
         j.watermark = Some(1_500);
+        j.tasks.push(TaskStatus {
+            task: "window[1]".into(),
+            worker: "w1".into(),
+            busy_ms_per_s: 250,
+            backpressured_ms_per_s: 700,
+            idle_ms_per_s: 50,
+            records_in: 9,
+            records_out: 3,
+            cache_hits: 0,
+            cache_misses: 0,
+            cache_spills: 0,
+            cache_bytes: 0,
+        });
         let w = WorkerView {
             id: "w1".into(),
             pid: 7,
@@ -258,6 +349,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(&format!("sluice_job_watermark_seconds{{{labels}}} 1.5\n")));
+        assert!(
+            text.contains(&format!(
+                "sluice_task_backpressured_ratio{{{labels},task=\"window[1]\",worker=\"w1\"}} 0.7\n"
+            )),
+            "{text}"
+        );
         assert!(text.contains("sluice_workers 1\n"));
         assert!(text.contains(
             "sluice_worker_memory_rss_bytes{worker=\"w1\",host=\"127.0.0.1\"} 1048576\n"

@@ -733,11 +733,32 @@ fn http_request_as(
 /// checkpoints and both workers in it.
 fn assert_prometheus_metrics(cluster: &mut Cluster, id: &str) {
     let http = cluster.coordinator().http.clone();
-    let (code, body) = http_request(&http, "GET", "/metrics", None);
-    assert_eq!(code, 200, "{body}");
-    let Value::String(text) = body else {
-        panic!("/metrics answered JSON: {body}")
+    let scrape = || {
+        let (code, body) = http_request(&http, "GET", "/metrics", None);
+        assert_eq!(code, 200, "{body}");
+        let Value::String(text) = body else {
+            panic!("/metrics answered JSON: {body}")
+        };
+        text
     };
+    // Tasks appear with the workers' first progress report after the deploy (each
+    // second): a bounded wait for them.
+    let has_tasks = |text: &str| {
+        text.lines().any(|l| {
+            l.starts_with("sluice_task_busy_ratio{")
+                && l.contains(&format!("job=\"{id}\""))
+                && l.contains("task=\"")
+        })
+    };
+    let mut text = scrape();
+    for _ in 0..50 {
+        if has_tasks(&text) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        text = scrape();
+    }
+    assert!(has_tasks(&text), "no task figures for {id} in:\n{text}");
     let sample = |name: &str| {
         text.lines()
             .find(|l| l.starts_with(name) && l.contains(&format!("job=\"{id}\"")))

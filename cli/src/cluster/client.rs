@@ -344,7 +344,8 @@ fn print_human(path: &str, v: &Value) {
         );
     } else if let Some(obj) = v.as_object() {
         for (k, val) in obj {
-            if k == "checkpoints" {
+            // Lists with commands or `--json` of their own.
+            if k == "checkpoints" || k == "tasks" {
                 continue;
             }
             let shown = match val {

@@ -256,14 +256,28 @@ fn start_attempt(
         let progress_out = out.clone();
         let progress = async move {
             // Counts so far, for `sluice status` while the job runs: at once when the
-            // first record was read (how recovery time is measured), then every second.
-            let report = || {
+            // first record was read (how recovery time is measured), then every second;
+            // with each task's rates over the last interval (a sampler of its own, so
+            // the metrics lines keep their interval), once the tasks are deployed.
+            let mut sampler: Option<task_metrics::Sampler> = None;
+            let mut report = || {
+                if sampler.is_none() {
+                    let tasks = metrics
+                        .tasks
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
+                    if !tasks.is_empty() {
+                        sampler = Some(task_metrics::Sampler::new(tasks, Default::default()));
+                    }
+                }
                 let report = pbc::Report {
                     attempt,
                     records_in: metrics.records_in.load(Ordering::Relaxed),
                     records_out: metrics.records_out.load(Ordering::Relaxed),
                     watermark: metrics.watermark(),
                     rss_bytes: task_metrics::rss_bytes(),
+                    tasks: sampler.as_mut().map(|s| s.sample()).unwrap_or_default(),
                     ..Default::default()
                 };
                 let _ = progress_out.send(pbc::WorkerMessage {

@@ -306,6 +306,8 @@ async fn run(
         net.probes(),
     )));
     *sampler_slot = Some(sampler.clone());
+    *metrics.tasks.lock().unwrap_or_else(|e| e.into_inner()) =
+        tasks.iter().map(|t| t.metrics.clone()).collect();
     let _otel = task_metrics::register_otel(sampler.clone());
     let running = net.start(streams)?;
     let printer = (!interval.is_zero()).then(|| {

@@ -22,6 +22,8 @@ pub struct JobMetrics {
     pub source_watermarks: std::sync::Mutex<Vec<Arc<AtomicI64>>>,
     /// Late-record counters of every window subtask.
     pub windows: std::sync::Mutex<Vec<Arc<WindowCounters>>>,
+    /// Every task's counters, once deployed (the progress reports sample them).
+    pub tasks: std::sync::Mutex<Vec<Arc<TaskMetrics>>>,
 }
 
 impl JobMetrics {

@@ -99,6 +99,54 @@ pub struct JobStatus {
     pub user_error: bool,
     /// Milliseconds since the Unix epoch when it was submitted.
     pub submitted_at_ms: u64,
+    /// Each task's figures from the workers' last progress reports, by task.
+    pub tasks: Vec<TaskStatus>,
+}
+
+/// One task's figures, as its worker last reported them (rates over about a second).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TaskStatus {
+    /// `node[subtask]`.
+    pub task: String,
+    /// The worker it runs on.
+    pub worker: String,
+    /// Milliseconds per second handling elements, not counting back pressure.
+    pub busy_ms_per_s: u64,
+    /// Milliseconds per second waiting for room downstream.
+    pub backpressured_ms_per_s: u64,
+    /// Milliseconds per second waiting for input.
+    pub idle_ms_per_s: u64,
+    /// Records it received so far.
+    pub records_in: u64,
+    /// Records it emitted so far.
+    pub records_out: u64,
+    /// Records of its keyed operators that found their state in the operator cache.
+    pub cache_hits: u64,
+    /// Records whose state was not in the operator cache.
+    pub cache_misses: u64,
+    /// Entries spilled from the operator cache to the backend.
+    pub cache_spills: u64,
+    /// Bytes the operator cache holds.
+    pub cache_bytes: u64,
+}
+
+impl TaskStatus {
+    /// The figures `worker` reported for one task.
+    pub fn from_report(worker: &str, t: &sluice_common::pb::cluster::TaskMetrics) -> Self {
+        Self {
+            task: t.task.clone(),
+            worker: worker.to_string(),
+            busy_ms_per_s: t.busy_ms_per_s,
+            backpressured_ms_per_s: t.backpressured_ms_per_s,
+            idle_ms_per_s: t.idle_ms_per_s,
+            records_in: t.records_in,
+            records_out: t.records_out,
+            cache_hits: t.cache_hits,
+            cache_misses: t.cache_misses,
+            cache_spills: t.cache_spills,
+            cache_bytes: t.cache_bytes,
+        }
+    }
 }
 
 impl JobStatus {
@@ -125,6 +173,7 @@ impl JobStatus {
             failure: None,
             user_error: false,
             submitted_at_ms: now,
+            tasks: Vec::new(),
         }
     }
 

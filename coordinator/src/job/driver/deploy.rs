@@ -284,6 +284,7 @@ impl Driver {
         self.status.waiting_for = None;
         self.status.records_in = 0;
         self.status.records_out = 0;
+        self.status.tasks.clear();
         if let Some(p) = self.protocol.as_mut() {
             let aborted = p.set_tasks(now, tasks);
             p.set_periodic(true);

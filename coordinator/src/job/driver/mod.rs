@@ -94,7 +94,7 @@ use super::control::{self, DeploySettings};
 use super::graph;
 use super::lifecycle::{IllegalTransition, JobEvent, JobState};
 use super::restart::{Decision, RestartPolicy};
-use super::status::{CheckpointRecord, JobStatus};
+use super::status::{CheckpointRecord, JobStatus, TaskStatus};
 use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::store::{self, CreateOutcome};
 use crate::checkpoint::{

@@ -106,6 +106,12 @@ impl Driver {
             return;
         };
         if !r.r#final {
+            if !r.tasks.is_empty() {
+                let tasks = &mut self.status.tasks;
+                tasks.retain(|t| t.worker != worker);
+                tasks.extend(r.tasks.iter().map(|t| TaskStatus::from_report(&worker, t)));
+                tasks.sort_by(|a, b| a.task.cmp(&b.task));
+            }
             run.progress
                 .insert(worker, (r.records_in, r.records_out, r.watermark));
             self.status.records_in = run.progress.values().map(|p| p.0).sum();

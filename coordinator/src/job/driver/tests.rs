@@ -513,6 +513,36 @@ fn a_job_deploys_checkpoints_and_finishes() {
     assert_eq!(h.state(), JobState::Running);
     assert_eq!(h.d.status().waiting_for, None);
 
+    // Progress reports carry each task's figures; a worker's newer report replaces its
+    // tasks' older ones and leaves the other worker's.
+    let progress = |task: &str, busy: u64| {
+        wm::Msg::Report(pbc::Report {
+            attempt: 1,
+            tasks: vec![pbc::TaskMetrics {
+                task: task.into(),
+                busy_ms_per_s: busy,
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+    };
+    h.from("b", progress("window[1]", 300));
+    h.from("a", progress("window[0]", 100));
+    h.from("a", progress("window[0]", 200));
+    let tasks: Vec<(String, String, u64)> =
+        h.d.status()
+            .tasks
+            .iter()
+            .map(|t| (t.task.clone(), t.worker.clone(), t.busy_ms_per_s))
+            .collect();
+    assert_eq!(
+        tasks,
+        [
+            ("window[0]".into(), "a".into(), 200),
+            ("window[1]".into(), "b".into(), 300)
+        ]
+    );
+
     // A periodic checkpoint: trigger, acks, metadata, notification, shard commit.
     let id = next_checkpoint(&mut h);
     let acts = h.ack_all(id, &["a", "b"], 2);
