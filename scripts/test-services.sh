@@ -10,6 +10,9 @@
 # Azure Blob: Azurite from npm (`azurite`, needs node), blob service on port 10000 with
 # its well-known development account, container `sluice-test`; skipped with a warning
 # when node is missing (the azblob tests then fail, or skip with SLUICE_SKIP_AZURE=1).
+# promtool: Debian's `prometheus` package, installed with service starts refused (no
+# Prometheus server is left running); the coordinator's /metrics test checks its output
+# with `promtool check metrics`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="$PWD/.test-services"
@@ -40,7 +43,23 @@ await_service() {
   exit 1
 }
 
+# Installs promtool when missing, without letting the package start its server.
+ensure_promtool() {
+  command -v promtool >/dev/null 2>&1 && return
+  echo "installing promtool (apt-get install prometheus, server not started)" >&2
+  local policy=/usr/sbin/policy-rc.d created=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && created=1
+  fi
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; } >&2 || true
+  [ "$created" = 1 ] && rm -f "$policy"
+  command -v promtool >/dev/null 2>&1 || echo "warning: promtool could not be installed" >&2
+}
+
 print_env() {
+  if command -v promtool >/dev/null 2>&1; then
+    echo "export SLUICE_TEST_PROMTOOL=$(command -v promtool)"
+  fi
   if az_up; then
     echo "export SLUICE_TEST_AZURE_ENDPOINT=http://127.0.0.1:${az_port}/${az_account}"
     echo "export SLUICE_TEST_AZURE_CONTAINER=${bucket}"
@@ -154,7 +173,7 @@ stop_s3() {
 }
 
 case "${1:-}" in
-  start) start_s3; start_azurite; print_env ;;
+  start) start_s3; start_azurite; ensure_promtool; print_env ;;
   stop) stop_s3; stop_azurite ;;
   env) print_env ;;
   *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

@@ -780,6 +780,33 @@ fn assert_prometheus_metrics(cluster: &mut Cluster, id: &str) {
         let value = line.rsplit(' ').next().unwrap_or_default();
         assert!(value.parse::<f64>().is_ok(), "not a sample: {line}");
     }
+    // Prometheus's own parser and linter.
+    let promtool = std::env::var("SLUICE_TEST_PROMTOOL").unwrap_or_else(|_| {
+        panic!(
+            "SLUICE_TEST_PROMTOOL is not set: run the tests through scripts/test, which \
+             installs promtool (Debian's prometheus package) and exports it"
+        )
+    });
+    let mut check = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {promtool}: {e}"));
+    check
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(text.as_bytes())
+        .expect("writing to promtool");
+    let out = check.wait_with_output().expect("promtool ran");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 // ---------------------------------------------------------------------------------------
