@@ -64,6 +64,169 @@ fn job(j: &JobStatus) -> [(&'static str, &str); 2] {
     [("job", j.id.as_str()), ("name", j.name.as_str())]
 }
 
+/// A metric of jobs: name, type, help, and its value for a job (`None`: no sample).
+type JobFigure = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&JobStatus) -> Option<f64>,
+);
+
+const JOB_FIGURES: [JobFigure; 11] = [
+    (
+        "sluice_job_records_in_total",
+        "counter",
+        "Records the job's sources read, from the workers' last reports.",
+        |j| Some(j.records_in as f64),
+    ),
+    (
+        "sluice_job_records_out_total",
+        "counter",
+        "Records the job's sinks wrote, from the workers' last reports.",
+        |j| Some(j.records_out as f64),
+    ),
+    (
+        "sluice_job_restarts_total",
+        "counter",
+        "Restarts after failures.",
+        |j| Some(f64::from(j.restarts)),
+    ),
+    (
+        "sluice_job_checkpoints_aborted_total",
+        "counter",
+        "Checkpoints aborted.",
+        |j| Some(j.checkpoints_aborted as f64),
+    ),
+    (
+        "sluice_job_late_records_total",
+        "counter",
+        "Records the windows dropped as late (reported at the end).",
+        |j| Some(j.late as f64),
+    ),
+    (
+        "sluice_job_skipped_records_total",
+        "counter",
+        "Malformed records skipped (reported at the end).",
+        |j| Some(j.skipped as f64),
+    ),
+    (
+        "sluice_job_parallelism",
+        "gauge",
+        "Parallelism of the job's nodes (the largest).",
+        |j| Some(f64::from(j.parallelism)),
+    ),
+    (
+        "sluice_job_last_checkpoint",
+        "gauge",
+        "Id of the newest completed checkpoint.",
+        |j| j.last_checkpoint.map(|c| c as f64),
+    ),
+    (
+        "sluice_job_last_checkpoint_duration_seconds",
+        "gauge",
+        "Trigger to commit of the newest completed checkpoint.",
+        |j| j.checkpoints.last().map(|c| c.duration_ms as f64 / 1000.0),
+    ),
+    (
+        "sluice_job_last_checkpoint_alignment_seconds",
+        "gauge",
+        "Longest barrier alignment of a task in the newest completed checkpoint.",
+        |j| {
+            j.checkpoints
+                .last()
+                .map(|c| c.max_alignment_micros as f64 / 1e6)
+        },
+    ),
+    (
+        "sluice_job_watermark_seconds",
+        "gauge",
+        "The smallest source watermark, in seconds since the Unix epoch.",
+        |j| j.watermark.map(|w| w as f64 / 1000.0),
+    ),
+];
+
+/// A metric of tasks: name, type, help, and its value for a task.
+type TaskFigure = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&TaskStatus) -> f64,
+);
+
+const TASK_FIGURES: [TaskFigure; 9] = [
+    (
+        "sluice_task_busy_ratio",
+        "gauge",
+        "Share of the last second a task spent handling elements, back pressure excluded.",
+        |t| t.busy_ms_per_s as f64 / 1000.0,
+    ),
+    (
+        "sluice_task_backpressured_ratio",
+        "gauge",
+        "Share of the last second a task waited for room downstream.",
+        |t| t.backpressured_ms_per_s as f64 / 1000.0,
+    ),
+    (
+        "sluice_task_idle_ratio",
+        "gauge",
+        "Share of the last second a task waited for input.",
+        |t| t.idle_ms_per_s as f64 / 1000.0,
+    ),
+    (
+        "sluice_task_records_in_total",
+        "counter",
+        "Records a task received.",
+        |t| t.records_in as f64,
+    ),
+    (
+        "sluice_task_records_out_total",
+        "counter",
+        "Records a task emitted.",
+        |t| t.records_out as f64,
+    ),
+    (
+        "sluice_task_state_cache_hits_total",
+        "counter",
+        "Records whose keyed state was in the operator cache.",
+        |t| t.cache_hits as f64,
+    ),
+    (
+        "sluice_task_state_cache_misses_total",
+        "counter",
+        "Records whose keyed state was not in the operator cache.",
+        |t| t.cache_misses as f64,
+    ),
+    (
+        "sluice_task_state_cache_spills_total",
+        "counter",
+        "Entries spilled from the operator cache to the state backend.",
+        |t| t.cache_spills as f64,
+    ),
+    (
+        "sluice_task_state_cache_bytes",
+        "gauge",
+        "Bytes of decoded state the operator cache holds.",
+        |t| t.cache_bytes as f64,
+    ),
+];
+
+/// A gauge of workers: name, help, and its value for a worker.
+type WorkerFigure = (&'static str, &'static str, fn(&WorkerView) -> f64);
+
+const WORKER_FIGURES: [WorkerFigure; 3] = [
+    ("sluice_worker_slots", "A worker's slots.", |w| {
+        f64::from(w.slots)
+    }),
+    ("sluice_worker_jobs", "Jobs using a worker's slots.", |w| {
+        w.jobs.len() as f64
+    }),
+    (
+        "sluice_worker_memory_rss_bytes",
+        "A worker's resident memory at its last heartbeat.",
+        |w| w.rss_bytes as f64,
+    ),
+];
+
 /// The exposition of `jobs` and `workers`.
 pub fn render(jobs: &[JobStatus], workers: &[WorkerView]) -> String {
     let mut out = String::new();
@@ -81,162 +244,15 @@ pub fn render(jobs: &[JobStatus], workers: &[WorkerView]) -> String {
             f.sample(&[a, b, ("state", name.as_str())], u8::from(j.state == s));
         }
     }
-    type Counter = (&'static str, &'static str, fn(&JobStatus) -> u64);
-    let counters: [Counter; 6] = [
-        (
-            "sluice_job_records_in_total",
-            "Records the job's sources read, from the workers' last reports.",
-            |j| j.records_in,
-        ),
-        (
-            "sluice_job_records_out_total",
-            "Records the job's sinks wrote, from the workers' last reports.",
-            |j| j.records_out,
-        ),
-        (
-            "sluice_job_restarts_total",
-            "Restarts after failures.",
-            |j| u64::from(j.restarts),
-        ),
-        (
-            "sluice_job_checkpoints_aborted_total",
-            "Checkpoints aborted.",
-            |j| j.checkpoints_aborted,
-        ),
-        (
-            "sluice_job_late_records_total",
-            "Records the windows dropped as late (reported at the end).",
-            |j| j.late,
-        ),
-        (
-            "sluice_job_skipped_records_total",
-            "Malformed records skipped (reported at the end).",
-            |j| j.skipped,
-        ),
-    ];
-    for (name, help, value) in counters {
-        let mut f = Family::new(&mut out, name, "counter", help);
+    for (name, kind, help, value) in JOB_FIGURES {
+        let mut f = Family::new(&mut out, name, kind, help);
         for j in jobs {
-            f.sample(&job(j), value(j));
+            if let Some(v) = value(j) {
+                f.sample(&job(j), v);
+            }
         }
     }
-    let mut f = Family::new(
-        &mut out,
-        "sluice_job_parallelism",
-        "gauge",
-        "Parallelism of the job's nodes (the largest).",
-    );
-    for j in jobs {
-        f.sample(&job(j), j.parallelism);
-    }
-    let mut f = Family::new(
-        &mut out,
-        "sluice_job_last_checkpoint",
-        "gauge",
-        "Id of the newest completed checkpoint.",
-    );
-    for j in jobs {
-        if let Some(c) = j.last_checkpoint {
-            f.sample(&job(j), c);
-        }
-    }
-    let mut f = Family::new(
-        &mut out,
-        "sluice_job_last_checkpoint_duration_seconds",
-        "gauge",
-        "Trigger to commit of the newest completed checkpoint.",
-    );
-    for j in jobs {
-        if let Some(c) = j.checkpoints.last() {
-            f.sample(&job(j), c.duration_ms as f64 / 1000.0);
-        }
-    }
-    let mut f = Family::new(
-        &mut out,
-        "sluice_job_last_checkpoint_alignment_seconds",
-        "gauge",
-        "Longest barrier alignment of a task in the newest completed checkpoint.",
-    );
-    for j in jobs {
-        if let Some(c) = j.checkpoints.last() {
-            f.sample(&job(j), c.max_alignment_micros as f64 / 1e6);
-        }
-    }
-    let mut f = Family::new(
-        &mut out,
-        "sluice_job_watermark_seconds",
-        "gauge",
-        "The smallest source watermark, in seconds since the Unix epoch.",
-    );
-    for j in jobs {
-        if let Some(w) = j.watermark {
-            f.sample(&job(j), w as f64 / 1000.0);
-        }
-    }
-
-    type TaskFigure = (
-        &'static str,
-        &'static str,
-        &'static str,
-        fn(&TaskStatus) -> f64,
-    );
-    let task_figures: [TaskFigure; 9] = [
-        (
-            "sluice_task_busy_ratio",
-            "gauge",
-            "Share of the last second a task spent handling elements, back pressure excluded.",
-            |t| t.busy_ms_per_s as f64 / 1000.0,
-        ),
-        (
-            "sluice_task_backpressured_ratio",
-            "gauge",
-            "Share of the last second a task waited for room downstream.",
-            |t| t.backpressured_ms_per_s as f64 / 1000.0,
-        ),
-        (
-            "sluice_task_idle_ratio",
-            "gauge",
-            "Share of the last second a task waited for input.",
-            |t| t.idle_ms_per_s as f64 / 1000.0,
-        ),
-        (
-            "sluice_task_records_in_total",
-            "counter",
-            "Records a task received.",
-            |t| t.records_in as f64,
-        ),
-        (
-            "sluice_task_records_out_total",
-            "counter",
-            "Records a task emitted.",
-            |t| t.records_out as f64,
-        ),
-        (
-            "sluice_task_state_cache_hits_total",
-            "counter",
-            "Records whose keyed state was in the operator cache.",
-            |t| t.cache_hits as f64,
-        ),
-        (
-            "sluice_task_state_cache_misses_total",
-            "counter",
-            "Records whose keyed state was not in the operator cache.",
-            |t| t.cache_misses as f64,
-        ),
-        (
-            "sluice_task_state_cache_spills_total",
-            "counter",
-            "Entries spilled from the operator cache to the state backend.",
-            |t| t.cache_spills as f64,
-        ),
-        (
-            "sluice_task_state_cache_bytes",
-            "gauge",
-            "Bytes of decoded state the operator cache holds.",
-            |t| t.cache_bytes as f64,
-        ),
-    ];
-    for (name, kind, help, value) in task_figures {
+    for (name, kind, help, value) in TASK_FIGURES {
         let mut f = Family::new(&mut out, name, kind, help);
         for j in jobs {
             for t in &j.tasks {
@@ -259,41 +275,14 @@ pub fn render(jobs: &[JobStatus], workers: &[WorkerView]) -> String {
         "Worker processes attached to the coordinator.",
     );
     f.sample(&[], workers.len());
-    let mut f = Family::new(
-        &mut out,
-        "sluice_worker_slots",
-        "gauge",
-        "A worker's slots.",
-    );
-    for w in workers {
-        f.sample(
-            &[("worker", w.id.as_str()), ("host", w.host.as_str())],
-            w.slots,
-        );
-    }
-    let mut f = Family::new(
-        &mut out,
-        "sluice_worker_jobs",
-        "gauge",
-        "Jobs using a worker's slots.",
-    );
-    for w in workers {
-        f.sample(
-            &[("worker", w.id.as_str()), ("host", w.host.as_str())],
-            w.jobs.len(),
-        );
-    }
-    let mut f = Family::new(
-        &mut out,
-        "sluice_worker_memory_rss_bytes",
-        "gauge",
-        "A worker's resident memory at its last heartbeat.",
-    );
-    for w in workers {
-        f.sample(
-            &[("worker", w.id.as_str()), ("host", w.host.as_str())],
-            w.rss_bytes,
-        );
+    for (name, help, value) in WORKER_FIGURES {
+        let mut f = Family::new(&mut out, name, "gauge", help);
+        for w in workers {
+            f.sample(
+                &[("worker", w.id.as_str()), ("host", w.host.as_str())],
+                value(w),
+            );
+        }
     }
     out
 }

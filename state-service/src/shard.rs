@@ -52,6 +52,7 @@ use crate::shard_id::ShardKey;
 use crate::snapshot::Snapshotted;
 use crate::store::Durable;
 use crate::ttl_filter::TtlStates;
+use sluice_common::state::net_writes::with_appended;
 
 /// A scan page: entries, and the key to resume from when more follow.
 pub type ScanPage = (Vec<(Bytes, Bytes)>, Option<Bytes>);
@@ -363,11 +364,7 @@ impl Shard {
             }
         }
         for (i, tail) in committed {
-            if let Some(tail) = tail {
-                let mut v = out[i].take().map(|b| b.to_vec()).unwrap_or_default();
-                v.extend_from_slice(&tail);
-                out[i] = Some(Bytes::from(v));
-            }
+            out[i] = with_appended(out[i].take(), tail);
         }
         Ok(out)
     }
@@ -432,12 +429,7 @@ impl Shard {
             }
             let value = match pending.lookup(&key) {
                 Lookup::Value(v) => v,
-                Lookup::Older(None) => base.map(|b| Bytes::from(b.into_vec())),
-                Lookup::Older(Some(tail)) => {
-                    let mut v = base.map(|b| b.into_vec()).unwrap_or_default();
-                    v.extend_from_slice(&tail);
-                    Some(Bytes::from(v))
-                }
+                Lookup::Older(tail) => with_appended(base.map(|b| Bytes::from(b.into_vec())), tail),
             };
             let Some(value) = value else { continue };
             if out.len() >= limit || (bytes > 0 && bytes + key.len() + value.len() > max_bytes) {

@@ -326,6 +326,16 @@ pub fn lookup_newest_first<'a>(
     }
 }
 
+/// A key's value from older state, `base`, with what a [`Lookup::Older`] says newer
+/// merges append (`None`: nothing).
+pub fn with_appended(base: Option<Bytes>, tail: Option<Bytes>) -> Option<Bytes> {
+    match (base, tail) {
+        (base, None) => base,
+        (None, Some(tail)) => Some(tail),
+        (Some(base), Some(tail)) => Some(concat(&base, &tail)),
+    }
+}
+
 /// Whether one of the disjoint `ranges` (by start) covers `key`.
 pub fn covered(ranges: &BTreeMap<Bytes, End>, key: &[u8]) -> bool {
     ranges
@@ -342,7 +352,7 @@ fn max_end(a: End, b: End) -> End {
 }
 
 /// `a` followed by `b`.
-pub fn concat(a: &[u8], b: &[u8]) -> Bytes {
+fn concat(a: &[u8], b: &[u8]) -> Bytes {
     let mut v = Vec::with_capacity(a.len() + b.len());
     v.extend_from_slice(a);
     v.extend_from_slice(b);

@@ -15,7 +15,7 @@
 
 use bytes::Bytes;
 use sluice_common::pb::state as pb;
-pub use sluice_common::state::net_writes::{Entry, Lookup, NetWrites, concat};
+pub use sluice_common::state::net_writes::{Entry, Lookup, NetWrites};
 
 /// The open epoch's writes.
 pub type EpochBuffer = NetWrites;

@@ -47,7 +47,7 @@ use bytes::Bytes;
 use futures::future::try_join_all;
 use sluice_common::pb::state as pb;
 use sluice_common::pb::state::state_service_client::StateServiceClient;
-use sluice_common::state::net_writes::lookup_newest_first;
+use sluice_common::state::net_writes::{lookup_newest_first, with_appended};
 use sluice_common::state::{KeyedStateBackend, StateError, StateResult, StateStore, WriteOp};
 use tokio::sync::OnceCell;
 use tonic::transport::{Channel, Endpoint};
@@ -712,7 +712,7 @@ impl KeyedStateBackend for RemoteStateBackend {
         let mut remote: BTreeMap<usize, Vec<(usize, Option<Bytes>)>> = BTreeMap::new();
         for (i, tail) in open {
             match self.cache.get(&keys[i]) {
-                Some(base) => out[i] = apply_tail(base, tail),
+                Some(base) => out[i] = with_appended(base, tail),
                 None => remote
                     .entry(layout.shard_of(&keys[i]))
                     .or_default()
@@ -737,7 +737,7 @@ impl KeyedStateBackend for RemoteStateBackend {
         for (part, values) in try_join_all(calls).await? {
             for ((i, tail), value) in part.into_iter().zip(values) {
                 self.cache.fill(generation, keys[i].clone(), value.clone());
-                out[i] = apply_tail(value, tail);
+                out[i] = with_appended(value, tail);
             }
         }
         Ok(out)
@@ -799,14 +799,6 @@ impl KeyedStateBackend for RemoteStateBackend {
                 .await?;
         }
         Ok(out)
-    }
-}
-
-fn apply_tail(base: Option<Bytes>, tail: Option<Bytes>) -> Option<Bytes> {
-    match (base, tail) {
-        (base, None) => base,
-        (None, Some(tail)) => Some(tail),
-        (Some(base), Some(tail)) => Some(epoch_buffer::concat(&base, &tail)),
     }
 }
 
