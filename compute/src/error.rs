@@ -72,6 +72,10 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// An external system a connector talks to failed (a Kafka broker, say); the
+    /// message names the system and what was asked of it.
+    #[error("{0}")]
+    External(String),
     /// A bug in Sluice: an invariant did not hold.
     #[error("internal error: {0}")]
     Internal(String),

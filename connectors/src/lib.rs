@@ -8,6 +8,7 @@
 //!
 //! - [`nexmark`]: the deterministic Nexmark generator.
 //! - [`file`]: CSV, JSON lines and Parquet files on local disk or `s3://`.
+//! - [`kafka`]: Kafka topics in (partitions as splits, offsets in checkpoints) and out.
 //! - [`stdout`], [`blackhole`]: sinks for people and benchmarks.
 //! - [`store`]: resolving a path or URL to an object store.
 //!
@@ -30,6 +31,7 @@ use sluice_compute::error::{Error, Result};
 
 pub mod blackhole;
 pub mod file;
+pub mod kafka;
 pub mod nexmark;
 pub mod stdout;
 pub mod store;
@@ -51,6 +53,7 @@ impl Connectors for Builtin {
         let full = match spec.kind.as_ref() {
             Some(pb::source_spec::Kind::Nexmark(n)) => nexmark::schema(n.stream()),
             Some(pb::source_spec::Kind::File(f)) => file::source_schema(f).await?,
+            Some(pb::source_spec::Kind::Kafka(k)) => kafka::source_schema(k)?,
             None => return Err(Error::Plan("the source has no kind".into())),
         };
         match projection(&full, &spec.columns)? {
@@ -88,6 +91,9 @@ impl Connectors for Builtin {
             Some(pb::source_spec::Kind::File(f)) => Ok(Box::new(
                 file::FileReader::open(f, &spec.columns, subtask, batch_size).await?,
             )),
+            Some(pb::source_spec::Kind::Kafka(k)) => Ok(Box::new(
+                kafka::KafkaReader::open(k, &spec.columns, subtask, batch_size).await?,
+            )),
             None => Err(Error::Plan("the source has no kind".into())),
         }
     }
@@ -107,6 +113,9 @@ impl Connectors for Builtin {
             })),
             Some(pb::sink_spec::Kind::File(f)) => Ok(Box::new(
                 file::FileWriter::create(f, schema, subtask).await?,
+            )),
+            Some(pb::sink_spec::Kind::Kafka(k)) => Ok(Box::new(
+                kafka::KafkaWriter::create(k, schema, subtask).await?,
             )),
             None => Err(Error::Plan("the sink has no kind".into())),
         }

@@ -8,6 +8,8 @@
 //!   to start the services, unless `SLUICE_SKIP_S3=1` asks to skip it loudly.
 //! - [`azure`]: the same for the Azure Blob emulator (Azurite): its settings, a prefix
 //!   per test; `SLUICE_SKIP_AZURE=1` skips loudly.
+//! - [`kafka`]: the Kafka broker (tansu): its address, topics of a test's own, and
+//!   records written to a chosen partition; `SLUICE_SKIP_KAFKA=1` skips loudly.
 //! - [`rng`]: the workspace's seeded generator with its seed taken from the environment,
 //!   so a failing randomized test can be replayed.
 //!
@@ -15,6 +17,7 @@
 //! any test checks.
 
 pub mod azure;
+pub mod kafka;
 pub mod rng;
 pub mod s3;
 mod service_env;

@@ -354,7 +354,7 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 has_source = true;
                 let schema = connectors.source_schema(spec).await.map_err(at)?;
                 if let Some(wm) = &spec.watermark {
-                    WatermarkGenerator::new(wm, &schema, 1).map_err(at)?;
+                    WatermarkGenerator::new(wm, &schema, 1, false).map_err(at)?;
                 }
                 inputs.insert(id, schema.clone());
                 schema

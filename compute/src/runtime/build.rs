@@ -383,6 +383,7 @@ pub async fn build_tasks(
                             wm,
                             &reader.schema(),
                             reader.num_splits(),
+                            reader.splits_read_concurrently(),
                         )?),
                         None => None,
                     };

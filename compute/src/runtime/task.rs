@@ -26,7 +26,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::connector::SourceReader;
+use crate::connector::{SourceReader, SourceStep};
 use crate::element::{Barrier, BarrierKind, StreamElement, Timestamp};
 use crate::error::{Error, Result};
 use crate::operator::OperatorContext;
@@ -243,11 +243,14 @@ impl Task {
                     next
                 }
                 TaskInput::Source(_) => {
-                    let more = self.step_source().await?;
-                    self.metrics
-                        .work_ns
-                        .fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                    if more {
+                    let step = self.step_source().await?;
+                    let spent = if step == SourceProgress::Waited {
+                        &self.metrics.idle_ns
+                    } else {
+                        &self.metrics.work_ns
+                    };
+                    spent.fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    if step != SourceProgress::Ended {
                         continue;
                     }
                     None
@@ -479,12 +482,17 @@ impl Task {
     }
 
     /// Reads one batch from the source and pushes it (and any new watermark) through the
-    /// chain; false at the end of the input.
-    async fn step_source(&mut self) -> Result<bool> {
+    /// chain, waiting at most a tick for it.
+    async fn step_source(&mut self) -> Result<SourceProgress> {
         let TaskInput::Source(src) = &mut self.input else {
-            return Ok(false);
+            return Ok(SourceProgress::Ended);
         };
-        let Some(sb) = src.reader.next_batch().await? else {
+        let sb = match src.reader.poll_batch(TICK).await? {
+            SourceStep::Batch(sb) => Some(sb),
+            SourceStep::Pending => return Ok(SourceProgress::Waited),
+            SourceStep::End => None,
+        };
+        let Some(sb) = sb else {
             src.skipped
                 .fetch_add(src.reader.counters().skipped, Ordering::Relaxed);
             if src.watermarks.is_some() {
@@ -494,7 +502,7 @@ impl Task {
                     .push(StreamElement::Watermark(Timestamp::MAX), &mut self.output)
                     .await?;
             }
-            return Ok(false);
+            return Ok(SourceProgress::Ended);
         };
         src.records_in
             .fetch_add(sb.batch.num_rows() as u64, Ordering::Relaxed);
@@ -525,8 +533,19 @@ impl Task {
         if let Some(w) = wm {
             self.chain.push(w, &mut self.output).await?;
         }
-        Ok(true)
+        Ok(SourceProgress::Read)
     }
+}
+
+/// What one step of a source task did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SourceProgress {
+    /// Pushed a batch through the chain.
+    Read,
+    /// Waited a tick for data that did not come.
+    Waited,
+    /// The input is over.
+    Ended,
 }
 
 /// The next barrier a source task was asked to inject; never for other tasks.

@@ -34,11 +34,22 @@ pub struct WatermarkGenerator {
     splits: Vec<Option<SplitState>>,
     emitted: Timestamp,
     idle: bool,
+    /// Splits are read concurrently and this subtask has none (fewer partitions than
+    /// subtasks): it is idle from the start, or its silence would hold back every window.
+    owns_nothing: bool,
 }
 
 impl WatermarkGenerator {
-    /// A generator for `spec` over batches of `schema` from `num_splits` splits.
-    pub fn new(spec: &pb::WatermarkSpec, schema: &SchemaRef, num_splits: usize) -> Result<Self> {
+    /// A generator for `spec` over batches of `schema` from `num_splits` splits; with
+    /// `hold_unstarted`, a split that has produced nothing holds the watermark at its
+    /// minimum until it produces or goes idle (splits read concurrently: a silent Kafka
+    /// partition must not let windows close over data it has yet to deliver).
+    pub fn new(
+        spec: &pb::WatermarkSpec,
+        schema: &SchemaRef,
+        num_splits: usize,
+        hold_unstarted: bool,
+    ) -> Result<Self> {
         let column = schema.index_of(&spec.column).map_err(|_| {
             let known: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
             Error::Plan(format!(
@@ -60,9 +71,17 @@ impl WatermarkGenerator {
             column,
             out_of_orderness: spec.max_out_of_orderness_ms.min(i64::MAX as u64 / 4) as i64,
             idleness: (spec.idleness_ms > 0).then(|| Duration::from_millis(spec.idleness_ms)),
-            splits: vec![None; num_splits.max(1)],
+            splits: vec![
+                (hold_unstarted && num_splits > 0).then(|| SplitState {
+                    max_ts: Timestamp::MIN,
+                    last_active: Instant::now(),
+                    finished: false,
+                });
+                num_splits.max(1)
+            ],
             emitted: Timestamp::MIN,
             idle: false,
+            owns_nothing: hold_unstarted && num_splits == 0,
         })
     }
 
@@ -121,6 +140,10 @@ impl WatermarkGenerator {
     fn on_tick_at(&mut self, now: Instant) -> Option<StreamElement> {
         if let Some(wm) = self.advance(now) {
             return Some(wm);
+        }
+        if self.owns_nothing && self.splits.iter().all(Option::is_none) && !self.idle {
+            self.idle = true;
+            return Some(StreamElement::Idle);
         }
         let idleness = self.idleness?;
         let all_idle = self
@@ -189,7 +212,7 @@ mod tests {
     #[test]
     fn slowest_split_holds_the_watermark() {
         let b = batch(&[0]);
-        let mut g = WatermarkGenerator::new(&spec(10), &b.schema(), 2).unwrap();
+        let mut g = WatermarkGenerator::new(&spec(10), &b.schema(), 2, false).unwrap();
         assert!(matches!(
             g.on_batch(0, &batch(&[100, 50])).unwrap(),
             Some(StreamElement::Watermark(89))
@@ -211,7 +234,7 @@ mod tests {
         let mut s = spec(0);
         s.column = "nope".into();
         assert!(
-            WatermarkGenerator::new(&s, &b.schema(), 1)
+            WatermarkGenerator::new(&s, &b.schema(), 1, false)
                 .unwrap_err()
                 .is_user_error()
         );
@@ -239,7 +262,7 @@ mod idleness_tests {
             max_out_of_orderness_ms: 0,
             idleness_ms: 30,
         };
-        let mut g = WatermarkGenerator::new(&spec, &batch(0).schema(), 2).unwrap();
+        let mut g = WatermarkGenerator::new(&spec, &batch(0).schema(), 2, false).unwrap();
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         g.on_batch_at(0, &batch(1_000), at(0)).unwrap();
@@ -263,5 +286,58 @@ mod idleness_tests {
         // Data wakes the source; the watermark never goes back.
         assert!(g.on_batch_at(1, &batch(50), at(120)).unwrap().is_none());
         assert_eq!(g.current(), 1_999);
+    }
+
+    #[test]
+    fn a_concurrent_split_that_never_spoke_holds_the_watermark_until_idle() {
+        let spec = pb::WatermarkSpec {
+            column: "t".into(),
+            max_out_of_orderness_ms: 0,
+            idleness_ms: 30,
+        };
+        let mut g = WatermarkGenerator::new(&spec, &batch(0).schema(), 2, true).unwrap();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert!(
+            g.on_batch_at(0, &batch(1_000), at(0)).unwrap().is_none(),
+            "split 1 has delivered nothing yet, so it holds the watermark"
+        );
+        assert!(g.on_tick_at(at(10)).is_none());
+        // Idleness is counted from when the generator started, not from a first record.
+        let later = Instant::now() + Duration::from_millis(40);
+        assert!(matches!(
+            g.on_batch_at(0, &batch(1_000), later).unwrap(),
+            Some(StreamElement::Watermark(999))
+        ));
+    }
+
+    #[test]
+    fn without_idleness_a_silent_concurrent_split_holds_forever() {
+        let spec = pb::WatermarkSpec {
+            column: "t".into(),
+            max_out_of_orderness_ms: 0,
+            idleness_ms: 0,
+        };
+        let mut g = WatermarkGenerator::new(&spec, &batch(0).schema(), 2, true).unwrap();
+        let later = Instant::now() + Duration::from_secs(3600);
+        assert!(g.on_batch_at(0, &batch(1_000), later).unwrap().is_none());
+        assert!(g.on_tick_at(later).is_none());
+        assert_eq!(g.current(), Timestamp::MIN);
+    }
+
+    #[test]
+    fn a_subtask_that_owns_no_concurrent_split_is_idle_at_once() {
+        let mut g =
+            WatermarkGenerator::new(&spec_without_idleness(), &batch(0).schema(), 0, true).unwrap();
+        assert!(matches!(g.on_tick(), Some(StreamElement::Idle)));
+        assert!(g.on_tick().is_none());
+    }
+
+    fn spec_without_idleness() -> pb::WatermarkSpec {
+        pb::WatermarkSpec {
+            column: "t".into(),
+            max_out_of_orderness_ms: 0,
+            idleness_ms: 0,
+        }
     }
 }

@@ -91,40 +91,64 @@ impl TextDecoder {
         }
     }
 
-    /// Decodes the records `spans` of `data` (read from `file`) into one batch, handing
-    /// bad records to `bad`. Returns `None` when no record was good.
+    /// Decodes the records `spans` of `data` into one batch, handing bad records to
+    /// `bad`; `locate` names where a record came from given its span's `line` (for files
+    /// `file:line`, for Kafka the partition and offset). Returns `None` when no record
+    /// was good.
     pub fn decode_chunk(
         &mut self,
         data: &[u8],
         spans: &[RecordSpan],
-        file: &str,
+        locate: &dyn Fn(u64) -> String,
         bad: &mut BadRecords<'_>,
     ) -> Result<Option<RecordBatch>> {
+        Ok(self
+            .decode_rows(data, spans, locate, bad)?
+            .map(|(batch, _)| batch))
+    }
+
+    /// [`Self::decode_chunk`], also saying which records the batch holds: `None` when
+    /// all of them, else the indices (into `spans`) of the good ones, in order.
+    pub fn decode_rows(
+        &mut self,
+        data: &[u8],
+        spans: &[RecordSpan],
+        locate: &dyn Fn(u64) -> String,
+        bad: &mut BadRecords<'_>,
+    ) -> Result<Option<(RecordBatch, Option<Vec<usize>>)>> {
         let (Some(first), Some(last)) = (spans.first(), spans.last()) else {
             return Ok(None);
         };
         if let Ok(batch) = self.decode(&data[first.start..last.next])
             && batch.as_ref().map_or(0, |b| b.num_rows()) == spans.len()
         {
-            return Ok(batch);
+            return Ok(batch.map(|b| (b, None)));
         }
         // Some record is bad (or blank lines confused the count): one at a time.
         let mut good = Vec::with_capacity(spans.len());
-        for span in spans {
+        let mut kept = Vec::with_capacity(spans.len());
+        for (i, span) in spans.iter().enumerate() {
+            let raw = &data[span.start..span.end];
             match self.decode(&data[span.start..span.next]) {
-                Ok(Some(batch)) if batch.num_rows() == 1 => good.push(batch),
+                Ok(Some(batch)) if batch.num_rows() == 1 => {
+                    good.push(batch);
+                    kept.push(i);
+                }
                 Ok(other) => {
                     let rows = other.map_or(0, |b| b.num_rows());
                     let message = format!("expected one record, found {rows}");
-                    handle_bad(file, span, data, message, bad)?;
+                    handle_bad(locate(span.line), raw, message, bad)?;
                 }
-                Err(e) => handle_bad(file, span, data, describe(e), bad)?,
+                Err(e) => handle_bad(locate(span.line), raw, describe(e), bad)?,
             }
         }
         if good.is_empty() {
             return Ok(None);
         }
-        Ok(Some(concat_batches(&self.output_schema(), &good)?))
+        Ok(Some((
+            concat_batches(&self.output_schema(), &good)?,
+            Some(kept),
+        )))
     }
 
     /// Decodes whole records; the decoder is dropped on error (its state is unknown).
@@ -198,14 +222,13 @@ fn feed(inner: &mut Inner, bytes: &[u8]) -> Result<Option<RecordBatch>, ArrowErr
     }
 }
 
-fn handle_bad(
-    file: &str,
-    span: &RecordSpan,
-    data: &[u8],
+/// Applies the policy of `bad` to the record `raw` found at `location`.
+pub fn handle_bad(
+    location: String,
+    raw: &[u8],
     message: String,
     bad: &mut BadRecords<'_>,
 ) -> Result<()> {
-    let location = format!("{file}:{}", span.line);
     match bad.policy {
         pb::OnError::Fail => Err(Error::BadRecord { location, message }),
         pb::OnError::Skip => {
@@ -213,7 +236,7 @@ fn handle_bad(
             Ok(())
         }
         pb::OnError::DeadLetter => {
-            let raw = trim_cr(&data[span.start..span.end]);
+            let raw = trim_cr(raw);
             let dead_letter = bad
                 .dead_letter
                 .as_deref_mut()

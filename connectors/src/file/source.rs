@@ -543,7 +543,12 @@ impl FileReader {
                     dead_letter: self.dead_letter.as_mut(),
                     skipped: &mut self.counters.skipped,
                 };
-                let batch = decoder.decode_chunk(&file.buf, spans, display, &mut bad)?;
+                let batch = decoder.decode_chunk(
+                    &file.buf,
+                    spans,
+                    &|line| format!("{display}:{line}"),
+                    &mut bad,
+                )?;
                 // The next record starts just past the last one decoded; none before it
                 // is left in the buffer (later ones, already scanned, are read again).
                 if let Some(last) = spans.last() {

@@ -10,8 +10,8 @@ use super::fields::{
 use super::marked_yaml::{Node, PosError, Value};
 use sluice_common::pb;
 
-const SOURCE_CONNECTORS: &[&str] = &["nexmark", "file"];
-const SINK_CONNECTORS: &[&str] = &["stdout", "blackhole", "file"];
+const SOURCE_CONNECTORS: &[&str] = &["nexmark", "file", "kafka"];
+const SINK_CONNECTORS: &[&str] = &["stdout", "blackhole", "file", "kafka"];
 
 const STORE_KEYS: &[&str] = &[
     "endpoint",
@@ -34,6 +34,9 @@ pub(super) fn source(node: &Node, path: &str) -> Result<pb::SourceSpec> {
     let (name, entry) = exactly_one(&fields, SOURCE_CONNECTORS, "source")?;
     let kind = match name {
         "nexmark" => pb::source_spec::Kind::Nexmark(nexmark(entry.value, &fields.path_of(name))?),
+        "kafka" => {
+            pb::source_spec::Kind::Kafka(super::kafka::source(entry.value, &fields.path_of(name))?)
+        }
         _ => pb::source_spec::Kind::File(file_source(entry.value, &fields.path_of(name))?),
     };
     let batch_size = fields
@@ -67,6 +70,7 @@ pub(super) fn sink(node: &Node, path: &str) -> Result<pb::SinkSpec> {
                 format: format as i32,
             })
         }
+        "kafka" => pb::sink_spec::Kind::Kafka(super::kafka::sink(entry.value, &path)?),
         "blackhole" => {
             let fields = Fields::or_empty(entry.value, &path, &["delay_per_batch"])?;
             pb::sink_spec::Kind::Blackhole(pb::BlackholeSink {
@@ -180,6 +184,20 @@ fn file_source(node: &Node, path: &str) -> Result<pb::FileSource> {
         &fields.path_of("format"),
         FORMATS,
     )?;
+    let (on_error, dead_letter) = bad_records(&fields, path)?;
+    Ok(pb::FileSource {
+        path: file_path,
+        format: format as i32,
+        on_error: on_error as i32,
+        dead_letter_path: dead_letter,
+        schema: fields.opt("schema", schema)?.unwrap_or_default(),
+        store: object_store(&fields)?,
+    })
+}
+
+/// `on_error` and `dead_letter` of a source that decodes records: the policy and where
+/// bad records go (empty unless `dead_letter`).
+pub(super) fn bad_records(fields: &Fields<'_>, path: &str) -> Result<(pb::OnError, String)> {
     let policies = [
         ("fail", pb::OnError::Fail),
         ("skip", pb::OnError::Skip),
@@ -215,18 +233,11 @@ fn file_source(node: &Node, path: &str) -> Result<pb::FileSource> {
         }
         _ => {}
     }
-    Ok(pb::FileSource {
-        path: file_path,
-        format: format as i32,
-        on_error: on_error as i32,
-        dead_letter_path: dead_letter.unwrap_or_default(),
-        schema: fields.opt("schema", schema)?.unwrap_or_default(),
-        store: object_store(&fields)?,
-    })
+    Ok((on_error, dead_letter.unwrap_or_default()))
 }
 
 /// `schema: { column: type, ... }` in file order; every column is nullable.
-fn schema(node: &Node, path: &str) -> Result<Vec<pb::Field>> {
+pub(super) fn schema(node: &Node, path: &str) -> Result<Vec<pb::Field>> {
     let types = [
         ("int64", "int64"),
         ("int32", "int32"),

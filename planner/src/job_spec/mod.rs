@@ -57,6 +57,7 @@ mod decode;
 mod duration;
 mod fields;
 mod graph;
+mod kafka;
 mod marked_yaml;
 mod pipeline;
 mod spec;

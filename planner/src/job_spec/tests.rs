@@ -849,3 +849,107 @@ fn state_cache_takes_a_byte_size() {
     assert!(err.starts_with("job.yaml:2:"), "{err}");
     assert!(err.contains("state.cache"), "{err}");
 }
+
+#[test]
+fn kafka_source_and_sink_decode() {
+    let graph = parse(
+        r#"name: k
+source:
+  kafka:
+    brokers: [127.0.0.1:9092, 127.0.0.1:9093]
+    topics: [bids, bids2]
+    format: csv
+    schema: { auction: int64, date_time: timestamp }
+    start: { timestamp: 2026-01-01T00:00:00Z }
+    bounded: latest
+    on_error: skip
+    discovery_interval: 30s
+    properties: { fetch.min.bytes: 1, client.rack: a }
+sink:
+  kafka: { brokers: 127.0.0.1:9092, topic: out, format: json, key: [auction], delivery: at_least_once }
+"#,
+    );
+    let Some(Kind::Source(source)) = &graph.nodes[0].kind else {
+        panic!("not a source")
+    };
+    let Some(pb::source_spec::Kind::Kafka(k)) = &source.kind else {
+        panic!("not a kafka source")
+    };
+    assert_eq!(k.brokers, "127.0.0.1:9092,127.0.0.1:9093");
+    assert_eq!(k.topics, ["bids", "bids2"]);
+    assert_eq!(k.format(), pb::KafkaFormat::Csv);
+    assert_eq!(k.start(), pb::KafkaStart::Timestamp);
+    assert_eq!(k.start_timestamp_ms, 1_767_225_600_000);
+    assert!(k.bounded_latest);
+    assert_eq!(k.on_error(), pb::OnError::Skip);
+    assert_eq!(k.discovery_interval_ms, 30_000);
+    assert_eq!(k.properties["fetch.min.bytes"], "1");
+    assert_eq!(k.schema.len(), 2);
+    let Some(Kind::Sink(sink)) = &graph.nodes.last().unwrap().kind else {
+        panic!("not a sink")
+    };
+    let Some(pb::sink_spec::Kind::Kafka(s)) = &sink.kind else {
+        panic!("not a kafka sink")
+    };
+    assert_eq!(
+        (s.topic.as_str(), s.key_columns.as_slice()),
+        ("out", &["auction".to_owned()][..])
+    );
+}
+
+#[test]
+fn kafka_mistakes_are_named_where_they_are() {
+    let head = "name: k\nsource:\n  kafka:\n    brokers: b:9092\n";
+    let sink = "sink: { stdout: {} }\n";
+    assert_err(
+        &format!("{head}    format: raw\n{sink}"),
+        4,
+        5,
+        &["names no topic"],
+    );
+    assert_err(
+        &format!("{head}    topic: t\n    topic_pattern: t.*\n{sink}"),
+        6,
+        5,
+        &["both `topic` and `topic_pattern`"],
+    );
+    assert_err(
+        &format!("{head}    topic: t\n{sink}"),
+        4,
+        5,
+        &["needs a `schema:`", "json"],
+    );
+    assert_err(
+        &format!("{head}    topic: t\n    format: raw\n    schema: {{ a: int64 }}\n{sink}"),
+        7,
+        5,
+        &["`format: raw`", "remove `schema`"],
+    );
+    assert_err(
+        &format!("{head}    topic: t\n    format: raw\n    start: group_offsets\n{sink}"),
+        7,
+        12,
+        &["needs `group_id`"],
+    );
+    assert_err(
+        &format!(
+            "{head}    topic: t\n    format: raw\n    start: {{ timestamp: yesterday }}\n{sink}"
+        ),
+        7,
+        25,
+        &["bad timestamp `yesterday`", "RFC 3339"],
+    );
+    let source = "name: k\nsource: { nexmark: {} }\n";
+    assert_err(
+        &format!("{source}sink:\n  kafka: {{ brokers: b, topic: t, delivery: exactly_once }}\n"),
+        4,
+        44,
+        &["exactly-once delivery to Kafka", "not available yet"],
+    );
+    assert_err(
+        &format!("{source}sink:\n  kafka: {{ brokers: b, topic: t, format: raw }}\n"),
+        4,
+        42,
+        &["unknown value", "json, csv"],
+    );
+}

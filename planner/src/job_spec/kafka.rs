@@ -1,0 +1,256 @@
+//! The `kafka` connector of `source:` and `sink:`.
+//!
+//! ```yaml
+//! source:
+//!   kafka:
+//!     brokers: 127.0.0.1:9092
+//!     topic: bids                 # or topics: [a, b], or topic_pattern: "bids-.*"
+//!     format: json                # json | csv | raw
+//!     schema: { auction: int64, price: int64, date_time: timestamp }
+//!     start: earliest             # latest | group_offsets | { timestamp: 2026-01-01T00:00:00Z }
+//!     bounded: latest             # none (default) | latest
+//!     on_error: skip              # fail | skip | dead_letter (with dead_letter: DIR)
+//!     properties: { fetch.min.bytes: 1 }
+//! sink:
+//!   kafka: { brokers: 127.0.0.1:9092, topic: out, format: json, key: [auction] }
+//! ```
+
+use std::collections::HashMap;
+
+use super::connector::{bad_records, schema};
+use super::fields::{Fields, Result, choice, duration_ms, string, string_list};
+use super::marked_yaml::{Node, PosError, Value};
+use sluice_common::pb;
+
+const SOURCE_KEYS: &[&str] = &[
+    "brokers",
+    "topic",
+    "topics",
+    "topic_pattern",
+    "format",
+    "schema",
+    "start",
+    "bounded",
+    "group_id",
+    "properties",
+    "on_error",
+    "dead_letter",
+    "discovery_interval",
+];
+
+const SINK_KEYS: &[&str] = &[
+    "brokers",
+    "topic",
+    "format",
+    "key",
+    "delivery",
+    "transaction_timeout",
+    "properties",
+];
+
+const FORMATS: &[(&str, pb::KafkaFormat)] = &[
+    ("json", pb::KafkaFormat::Json),
+    ("csv", pb::KafkaFormat::Csv),
+    ("raw", pb::KafkaFormat::Raw),
+];
+
+/// Decodes `source: { kafka: ... }`.
+pub(super) fn source(node: &Node, path: &str) -> Result<pb::KafkaSource> {
+    let fields = Fields::new(node, path, SOURCE_KEYS)?;
+    let brokers = brokers(&fields)?;
+    let named = fields.present(&["topic", "topics", "topic_pattern"]);
+    let (topics, topic_pattern) = match named.as_slice() {
+        [] => {
+            return Err(PosError::new(
+                fields.pos,
+                format!("`{path}` names no topic; add `topic`, `topics` or `topic_pattern`"),
+            ));
+        }
+        [("topic_pattern", entry)] => (
+            Vec::new(),
+            string(entry.value, &fields.path_of("topic_pattern"))?,
+        ),
+        [(name, entry)] => (
+            string_list(entry.value, &fields.path_of(name), *name == "topic")?
+                .into_iter()
+                .map(|(t, _)| t)
+                .collect(),
+            String::new(),
+        ),
+        [(first, _), (second, entry), ..] => {
+            return Err(PosError::new(
+                entry.key.pos,
+                format!("`{path}` has both `{first}` and `{second}`; name the topics one way"),
+            ));
+        }
+    };
+    let format = fields
+        .opt("format", |node, path| choice(node, path, FORMATS))?
+        .unwrap_or(pb::KafkaFormat::Json);
+    let schema = fields.opt("schema", schema)?.unwrap_or_default();
+    match (format, schema.is_empty(), fields.get("schema")) {
+        (pb::KafkaFormat::Raw, false, Some(entry)) => {
+            return Err(PosError::new(
+                entry.key.pos,
+                format!(
+                    "`format: raw` reads each record as one string column, `value`; remove \
+                     `schema` from {path} or use json or csv"
+                ),
+            ));
+        }
+        (pb::KafkaFormat::Json | pb::KafkaFormat::Csv, true, _) => {
+            return Err(PosError::new(
+                fields.pos,
+                format!(
+                    "`{path}` needs a `schema:` for {} records, e.g. `schema: {{ auction: \
+                     int64, date_time: timestamp }}`",
+                    if format == pb::KafkaFormat::Csv {
+                        "csv"
+                    } else {
+                        "json"
+                    }
+                ),
+            ));
+        }
+        _ => {}
+    }
+    let (start, start_timestamp_ms) = match fields.get("start") {
+        None => (pb::KafkaStart::Earliest, 0),
+        Some(entry) => start(entry.value, &fields.path_of("start"))?,
+    };
+    let bounded_latest = fields
+        .opt("bounded", |node, path| {
+            choice(node, path, &[("none", false), ("latest", true)])
+        })?
+        .unwrap_or(false);
+    let group_id = fields.opt("group_id", string)?.unwrap_or_default();
+    if start == pb::KafkaStart::GroupOffsets && group_id.is_empty() {
+        return Err(PosError::new(
+            fields.get("start").map_or(fields.pos, |e| e.value.pos),
+            format!("`start: group_offsets` needs `group_id` in {path}: whose offsets?"),
+        ));
+    }
+    let (on_error, dead_letter_path) = bad_records(&fields, path)?;
+    Ok(pb::KafkaSource {
+        brokers,
+        topics,
+        topic_pattern,
+        format: format as i32,
+        schema,
+        start: start as i32,
+        start_timestamp_ms,
+        bounded_latest,
+        group_id,
+        properties: fields.opt("properties", properties)?.unwrap_or_default(),
+        on_error: on_error as i32,
+        dead_letter_path,
+        discovery_interval_ms: fields.opt("discovery_interval", duration_ms)?.unwrap_or(0),
+    })
+}
+
+/// Decodes `sink: { kafka: ... }`.
+pub(super) fn sink(node: &Node, path: &str) -> Result<pb::KafkaSink> {
+    let fields = Fields::new(node, path, SINK_KEYS)?;
+    let brokers = brokers(&fields)?;
+    let topic = string(
+        fields
+            .require("topic", "; which topic should records go to?")?
+            .value,
+        &fields.path_of("topic"),
+    )?;
+    let format = fields
+        .opt("format", |node, path| choice(node, path, &FORMATS[..2]))?
+        .unwrap_or(pb::KafkaFormat::Json);
+    let key_columns = fields
+        .opt("key", |node, path| string_list(node, path, true))?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    let deliveries = [("at_least_once", true), ("exactly_once", false)];
+    if let Some(entry) = fields.get("delivery")
+        && !choice(entry.value, &fields.path_of("delivery"), &deliveries)?
+    {
+        return Err(PosError::new(
+            entry.value.pos,
+            "exactly-once delivery to Kafka (transactions) is not available yet: use \
+             `delivery: at_least_once`, or a file sink, which commits exactly once",
+        ));
+    }
+    if let Some(entry) = fields.get("transaction_timeout") {
+        return Err(PosError::new(
+            entry.key.pos,
+            "`transaction_timeout` applies to exactly-once delivery, which the Kafka sink \
+             does not offer yet; remove it",
+        ));
+    }
+    Ok(pb::KafkaSink {
+        brokers,
+        topic,
+        format: format as i32,
+        key_columns,
+        delivery: pb::KafkaDelivery::AtLeastOnce as i32,
+        properties: fields.opt("properties", properties)?.unwrap_or_default(),
+    })
+}
+
+fn brokers(fields: &Fields<'_>) -> Result<String> {
+    let entry = fields.require("brokers", "; e.g. `brokers: 127.0.0.1:9092`")?;
+    let list = string_list(entry.value, &fields.path_of("brokers"), true)?;
+    Ok(list
+        .into_iter()
+        .map(|(b, _)| b)
+        .collect::<Vec<_>>()
+        .join(","))
+}
+
+/// `start:` as a name, or `{ timestamp: T }` with T in epoch milliseconds or RFC 3339.
+fn start(node: &Node, path: &str) -> Result<(pb::KafkaStart, i64)> {
+    if let Value::Map(_) = &node.value {
+        let fields = Fields::new(node, path, &["timestamp"])?;
+        let entry = fields.require("timestamp", "; e.g. `{ timestamp: 2026-01-01T00:00:00Z }`")?;
+        let text = string(entry.value, &fields.path_of("timestamp"))?;
+        let ms = match text.parse::<i64>() {
+            Ok(ms) => ms,
+            Err(_) => chrono::DateTime::parse_from_rfc3339(&text)
+                .map_err(|e| {
+                    PosError::new(
+                        entry.value.pos,
+                        format!(
+                            "bad timestamp `{text}` for `{path}.timestamp` ({e}); give epoch \
+                             milliseconds or RFC 3339 such as 2026-01-01T00:00:00Z"
+                        ),
+                    )
+                })?
+                .timestamp_millis(),
+        };
+        return Ok((pb::KafkaStart::Timestamp, ms));
+    }
+    let names = [
+        ("earliest", pb::KafkaStart::Earliest),
+        ("latest", pb::KafkaStart::Latest),
+        ("group_offsets", pb::KafkaStart::GroupOffsets),
+    ];
+    Ok((choice(node, path, &names)?, 0))
+}
+
+/// `properties: { key: value, ... }`: librdkafka settings, every scalar taken as text.
+fn properties(node: &Node, path: &str) -> Result<HashMap<String, String>> {
+    let Value::Map(entries) = &node.value else {
+        return Err(PosError::new(
+            node.pos,
+            format!(
+                "expected a mapping of librdkafka setting to value for `{path}`, found {}",
+                node.describe()
+            ),
+        ));
+    };
+    entries
+        .iter()
+        .map(|(key, value)| {
+            let name = string(key, &format!("{path} key"))?;
+            let text = string(value, &format!("{path}.{name}"))?;
+            Ok((name, text))
+        })
+        .collect()
+}

@@ -1,0 +1,123 @@
+//! The Kafka broker of the test services, as the tests that need it see it.
+//!
+//! `scripts/test-services.sh start` exports `SLUICE_TEST_KAFKA` (`host:port` of a tansu
+//! broker). Without it a Kafka test fails, saying how to start the services, unless
+//! `SLUICE_SKIP_KAFKA=1` asks to skip it loudly. Each test makes topics of its own
+//! ([`KafkaEnv::topic`]); the broker keeps them in memory until it stops.
+//!
+//! tansu 0.6 reports a partition's end (high watermark) as the first offset of its last
+//! record batch plus one, which is the true end only when batches hold one record:
+//! [`KafkaEnv::produce`] writes so, and tests that read what a batching producer wrote
+//! read until they have what they expect instead of to the end.
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+use crate::s3::unique_prefix;
+use crate::service_env::{Service, service_env};
+
+/// The broker and a name prefix for one test's topics.
+#[derive(Debug, Clone)]
+pub struct KafkaEnv {
+    /// `host:port` of the broker.
+    pub brokers: String,
+    prefix: String,
+}
+
+/// The broker's settings for `test`; `None` (after a loud message saying that `what` is
+/// not tested) when `SLUICE_SKIP_KAFKA=1`.
+///
+/// # Panics
+/// When the test services are not configured and skipping was not asked for.
+pub fn kafka_env(test: &str, what: &str) -> Option<KafkaEnv> {
+    let service = Service {
+        label: "Kafka",
+        endpoint_var: "SLUICE_TEST_KAFKA",
+        skip_var: "SLUICE_SKIP_KAFKA",
+        start_hint: "(scripts/test does this)",
+        required: &[],
+    };
+    let (brokers, _) = service_env(&service, test, what)?;
+    let prefix = unique_prefix(test).replace(['/', '_'], "-");
+    Some(KafkaEnv { brokers, prefix })
+}
+
+impl KafkaEnv {
+    /// A topic name no other test or run uses.
+    pub fn topic(&self, name: &str) -> String {
+        format!("{}-{name}", self.prefix)
+    }
+
+    /// Creates `topic` with `partitions` partitions.
+    ///
+    /// # Panics
+    /// When the broker refuses.
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()
+            .expect("a Kafka admin client");
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        let results = admin
+            .create_topics(
+                [&new],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .expect("create_topics");
+        for r in results {
+            r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
+        }
+    }
+
+    /// Writes `records` (key, value) to `partition` of `topic` and waits until the
+    /// broker has them.
+    ///
+    /// # Panics
+    /// When a record is not delivered within 30 s.
+    pub fn produce(&self, topic: &str, partition: i32, records: &[(Option<&str>, &str)]) {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("linger.ms", "5")
+            // tansu answers a partition's end offset as its last batch's first offset
+            // plus one: with one record per batch that is the true end, which bounded
+            // reads stop at.
+            .set("batch.num.messages", "1")
+            .create()
+            .expect("a Kafka producer");
+        for (key, value) in records {
+            let mut record = BaseRecord::<str, str>::to(topic)
+                .partition(partition)
+                .payload(*value);
+            if let Some(key) = key {
+                record = record.key(*key);
+            }
+            let mut record = Some(record);
+            for _ in 0..1000 {
+                match producer.send(record.take().expect("record")) {
+                    Ok(()) => break,
+                    Err((e, back)) => {
+                        assert!(
+                            matches!(
+                                e,
+                                rdkafka::error::KafkaError::MessageProduction(
+                                    rdkafka::types::RDKafkaErrorCode::QueueFull
+                                )
+                            ),
+                            "producing to {topic}: {e}"
+                        );
+                        record = Some(back);
+                        producer.poll(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+        producer
+            .flush(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("flushing records to {topic}: {e}"));
+    }
+}
