@@ -20,6 +20,7 @@
 
 mod bench;
 mod cluster;
+mod kafka;
 mod nexmark_gen;
 mod progress;
 mod run;
@@ -48,6 +49,11 @@ enum Command {
     Nexmark {
         #[command(subcommand)]
         command: NexmarkCommand,
+    },
+    /// Kafka test data.
+    Kafka {
+        #[command(subcommand)]
+        command: kafka::KafkaCommand,
     },
     /// Benchmarks of whole jobs and services (the `sluice-bench` crate).
     Bench {
@@ -131,6 +137,7 @@ fn main() -> ExitCode {
         Command::Nexmark {
             command: NexmarkCommand::Gen(args),
         } => nexmark_gen::generate(args),
+        Command::Kafka { command } => kafka::run(command),
         Command::Bench { command } => bench::run(command),
         Command::Worker(args) => cluster::worker::worker(args),
         Command::Coordinator(args) => cluster::coordinator::serve(args),

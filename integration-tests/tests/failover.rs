@@ -10,8 +10,6 @@
 //! windows' state kept in memory, through the same coordinator code.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
@@ -19,10 +17,10 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use sluice_test_support::rng::rng_from_env;
 use sluice_test_support::s3::s3_env;
 
-use sluice_integration_tests::procs::children_of;
+use sluice_integration_tests::procs;
 use sluice_integration_tests::{
-    Row, assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, run_sluice_env, sluice_bin,
-    tempdir, write_job, yaml_path, yaml_str,
+    Row, assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, run_sluice_env, tempdir,
+    write_job, yaml_path, yaml_str,
 };
 
 /// A windowed count per auction on remote state, throttled so that the run lasts long
@@ -213,63 +211,9 @@ fn reference(dir: &Path) -> Vec<Row> {
     rows
 }
 
-/// Runs `yaml` with `sluice run --workers 2`, SIGKILLs a random worker `kills` times at
-/// seeded random moments, and checks that the run succeeded after restarting.
+/// Runs `yaml` under `sluice run --workers 2` with `kills` worker kills at seeded moments.
 fn run_with_kills(dir: &Path, yaml: &str, kills: usize) {
     let path = write_job(dir, "failover.yaml", yaml);
-    // Kill times and victims are seeded, so a failing run can be replayed.
     let mut rng = rng_from_env("SLUICE_FAILOVER_SEED", 0x5eed_f00d);
-    let mut child = Command::new(sluice_bin())
-        .args(["run", path.to_str().unwrap(), "--workers", "2"])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start sluice");
-    let pid = child.id();
-    let mut killed = Vec::new();
-    for _ in 0..kills {
-        std::thread::sleep(Duration::from_millis(1200 + rng.below(1500)));
-        let workers = children_of(pid);
-        if workers.is_empty() || child.try_wait().expect("wait").is_some() {
-            break;
-        }
-        let victim = workers[rng.below(workers.len() as u64) as usize];
-        let _ = Command::new("kill")
-            .args(["-9", &victim.to_string()])
-            .status();
-        killed.push(victim);
-    }
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the job did not finish within 180 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-    assert!(status.success(), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    assert_eq!(
-        killed.len(),
-        kills,
-        "the job ended before every kill:\n{stderr}"
-    );
-    let summary = stderr
-        .lines()
-        .find(|l| l.starts_with("finished "))
-        .unwrap_or_else(|| panic!("no summary:\n{stderr}"));
-    // A kill while the job is already restarting joins that restart.
-    let restarts: usize = summary
-        .rsplit_once(", ")
-        .and_then(|(_, r)| r.strip_suffix(" restarts"))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("the job must have restarted: {summary}"));
-    assert!((1..=kills).contains(&restarts), "{summary}");
+    procs::run_with_kills(dir, &path, kills, &mut |n| rng.below(n));
 }

@@ -166,18 +166,27 @@ impl WatermarkGenerator {
 
     fn advance(&mut self, now: Instant) -> Option<StreamElement> {
         let idleness = self.idleness;
-        let min = self
-            .splits
-            .iter()
-            .flatten()
-            .filter(|s| !s.finished)
+        let bound = |s: &SplitState| {
+            s.max_ts
+                .saturating_sub(self.out_of_orderness)
+                .saturating_sub(1)
+        };
+        let open = || self.splits.iter().flatten().filter(|s| !s.finished);
+        let active = open()
             .filter(|s| idleness.is_none_or(|d| now.duration_since(s.last_active) < d))
-            .map(|s| {
-                s.max_ts
-                    .saturating_sub(self.out_of_orderness)
-                    .saturating_sub(1)
-            })
-            .min()?;
+            .map(bound)
+            .min();
+        // Every split is quiet: the splits that delivered something have said how far
+        // they got, and a split that never spoke (a silent partition) must not stall
+        // the windows the others filled; that is what idleness allows.
+        let min = match active {
+            Some(min) => min,
+            None if idleness.is_some() => open()
+                .filter(|s| s.max_ts > Timestamp::MIN)
+                .map(bound)
+                .min()?,
+            None => return None,
+        };
         if min > self.emitted {
             self.emitted = min;
             Some(StreamElement::Watermark(min))
@@ -309,6 +318,27 @@ mod idleness_tests {
             g.on_batch_at(0, &batch(1_000), later).unwrap(),
             Some(StreamElement::Watermark(999))
         ));
+    }
+
+    #[test]
+    fn when_every_split_is_quiet_those_that_spoke_set_the_watermark() {
+        let spec = pb::WatermarkSpec {
+            column: "t".into(),
+            max_out_of_orderness_ms: 0,
+            idleness_ms: 30,
+        };
+        let mut g = WatermarkGenerator::new(&spec, &batch(0).schema(), 3, true).unwrap();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Splits 0 and 1 deliver everything at once, split 2 never speaks.
+        assert!(g.on_batch_at(0, &batch(5_000), at(1)).unwrap().is_none());
+        assert!(g.on_batch_at(1, &batch(3_000), at(1)).unwrap().is_none());
+        // All three are quiet by now: the two that spoke decide.
+        assert!(matches!(
+            g.on_tick_at(at(100)),
+            Some(StreamElement::Watermark(2_999))
+        ));
+        assert!(matches!(g.on_tick_at(at(200)), Some(StreamElement::Idle)));
     }
 
     #[test]

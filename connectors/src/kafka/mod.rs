@@ -27,6 +27,7 @@
 //! This module owns the Kafka client and what records mean; it must not know about
 //! watermarks, tasks or state.
 
+pub mod admin;
 pub mod assign;
 pub mod fetch;
 pub mod position;

@@ -1,0 +1,149 @@
+//! `sluice kafka produce`: loads test data into a Kafka topic.
+//!
+//! The records are the built-in Nexmark generator's events (the same a `nexmark` source
+//! with the same settings produces), written by the Kafka sink's own writer, so a job
+//! reading the topic sees what a job reading the generator would.
+
+use std::collections::HashMap;
+
+use clap::{Args, Subcommand, ValueEnum};
+use sluice_common::pb;
+use sluice_compute::connector::{SinkWriter, SourceReader, SubtaskInfo};
+use sluice_connectors::kafka::KafkaWriter;
+use sluice_connectors::kafka::admin::ensure_topic;
+use sluice_connectors::nexmark::NexmarkReader;
+use sluice_planner::job_spec::parse_duration_ms;
+
+use crate::nexmark_gen::{Stream, source_spec};
+use crate::{Failure, runtime};
+
+/// Kafka commands.
+#[derive(Subcommand)]
+pub enum KafkaCommand {
+    /// Write generated events into a topic (created when missing).
+    Produce(ProduceArgs),
+}
+
+/// Record formats.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Format {
+    /// One JSON object per record.
+    Json,
+    /// One CSV line per record, no header.
+    Csv,
+}
+
+/// Arguments of `sluice kafka produce`.
+#[derive(Args)]
+pub struct ProduceArgs {
+    /// Bootstrap brokers, host:port[,host:port...].
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    brokers: String,
+    /// The topic.
+    #[arg(long)]
+    topic: String,
+    /// Partitions of the topic when it has to be created.
+    #[arg(long, default_value_t = 1)]
+    partitions: i32,
+    /// Write the built-in Nexmark generator's events (the only source for now).
+    #[arg(long, required = true)]
+    from_nexmark: bool,
+    /// Which Nexmark stream.
+    #[arg(long, value_enum, default_value = "bid")]
+    stream: Stream,
+    /// Number of events.
+    #[arg(long)]
+    events: u64,
+    /// Generator seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Maximum displacement of event times, e.g. 2s.
+    #[arg(long, default_value = "0ms")]
+    max_out_of_orderness: String,
+    /// Events (of all streams) per second of event time; 0 for the generator's default.
+    #[arg(long, default_value_t = 0)]
+    events_per_second: u64,
+    /// Record format.
+    #[arg(long, value_enum, default_value = "json")]
+    format: Format,
+    /// Columns whose values (in the record format) are each record's key; records without
+    /// a key are spread over the partitions.
+    #[arg(long, value_delimiter = ',')]
+    key: Vec<String>,
+    /// A librdkafka producer setting, `name=value` (repeatable).
+    #[arg(long = "property", value_name = "NAME=VALUE")]
+    properties: Vec<String>,
+}
+
+/// Runs a Kafka command.
+pub fn run(command: KafkaCommand) -> Result<(), Failure> {
+    match command {
+        KafkaCommand::Produce(args) => produce(args),
+    }
+}
+
+fn produce(args: ProduceArgs) -> Result<(), Failure> {
+    if args.events == 0 {
+        return Err(Failure::usage("--events must be at least 1"));
+    }
+    if args.partitions < 1 {
+        return Err(Failure::usage("--partitions must be at least 1"));
+    }
+    let ooo = parse_duration_ms(&args.max_out_of_orderness)
+        .map_err(|e| Failure::usage(format!("--max-out-of-orderness: {e}")))?;
+    let mut properties = HashMap::new();
+    for p in &args.properties {
+        let Some((name, value)) = p.split_once('=') else {
+            return Err(Failure::usage(format!(
+                "--property `{p}` is not NAME=VALUE"
+            )));
+        };
+        properties.insert(name.trim().to_owned(), value.trim().to_owned());
+    }
+    let spec = source_spec(
+        args.stream,
+        args.events,
+        args.seed,
+        ooo,
+        args.events_per_second,
+    );
+    let mut sink = pb::KafkaSink {
+        brokers: args.brokers.clone(),
+        topic: args.topic.clone(),
+        key_columns: args.key.clone(),
+        properties: properties.clone(),
+        ..Default::default()
+    };
+    sink.set_format(match args.format {
+        Format::Json => pb::KafkaFormat::Json,
+        Format::Csv => pb::KafkaFormat::Csv,
+    });
+    let rt = runtime()?;
+    rt.block_on(async {
+        let partitions = ensure_topic(&args.brokers, &args.topic, args.partitions, &properties)
+            .await
+            .map_err(Failure::from_compute)?;
+        let info = SubtaskInfo {
+            index: 0,
+            parallelism: 1,
+        };
+        let mut reader = NexmarkReader::new(&spec, info, 8192).map_err(Failure::from_compute)?;
+        let mut writer = KafkaWriter::create(&sink, reader.schema(), info)
+            .await
+            .map_err(Failure::from_compute)?;
+        let mut written = 0u64;
+        while let Some(b) = reader.next_batch().await.map_err(Failure::from_compute)? {
+            written += b.batch.num_rows() as u64;
+            writer
+                .write(&b.batch)
+                .await
+                .map_err(Failure::from_compute)?;
+        }
+        writer.finish().await.map_err(Failure::from_compute)?;
+        eprintln!(
+            "wrote {written} events to Kafka topic {} ({partitions} partitions) on {}",
+            args.topic, args.brokers
+        );
+        Ok(())
+    })
+}

@@ -1,0 +1,273 @@
+//! Kafka across real processes, against the test services' broker (tansu on 127.0.0.1):
+//! `sluice kafka produce` loads a 4-partition topic, and a windowed job on remote state
+//! reads it with `sluice run --workers 2` while workers are SIGKILLed at seeded moments;
+//! its committed output (the exactly-once file sink) must equal the same job's output
+//! without failures, so partition offsets in checkpoints neither lose nor repeat a
+//! record. A partition that receives nothing holds every window back unless the source
+//! declares `idleness`. And bad input: a missing topic, an unreachable broker, and
+//! malformed records under `on_error`.
+//!
+//! tansu reports a partition's end as the first offset of its last record batch plus
+//! one (see `sluice_test_support::kafka`): after a batched load, each partition gets one
+//! last record in a batch of its own, so that `bounded: latest` ends where the data
+//! does.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_integration_tests::procs;
+use sluice_integration_tests::{
+    Row, assert_same_rows, part_files, read_jsonl_dir, run_sluice, tempdir, write_job, yaml_path,
+};
+use sluice_test_support::kafka::{KafkaEnv, kafka_env};
+use sluice_test_support::rng::rng_from_env;
+
+fn env(test: &str, what: &str) -> Option<KafkaEnv> {
+    kafka_env(test, what)
+}
+
+/// A bid as the Nexmark JSON records have it, for the last record of a partition.
+fn bid(auction: i64, ms: i64) -> String {
+    format!(
+        r#"{{"auction":{auction},"bidder":1,"price":100,"channel":"x","url":"u","date_time":"{}","extra":""}}"#,
+        sluice_integration_tests::format_timestamp_ms(ms)
+    )
+}
+
+/// Loads `events` Nexmark bids into a new 4-partition topic, then one last bid per
+/// partition (in a batch of its own; see the module doc).
+fn load(env: &KafkaEnv, dir: &Path, name: &str, events: u64) -> String {
+    let topic = env.topic(name);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(env.create_topic(&topic, 4));
+    run_sluice(
+        &[
+            "kafka",
+            "produce",
+            "--brokers",
+            &env.brokers,
+            "--topic",
+            &topic,
+            "--from-nexmark",
+            "--events",
+            &events.to_string(),
+            "--seed",
+            "11",
+        ],
+        dir,
+    )
+    .assert_success()
+    .assert_stderr_contains(&format!("wrote {events} events"));
+    for p in 0..4 {
+        let last = bid(1000 + p as i64, 1_436_918_400_000 + 3_600_000);
+        env.produce(&topic, p, &[(None, last.as_str())]);
+    }
+    topic
+}
+
+/// A windowed count and sum per auction on remote state, reading `topic`.
+fn job(env: &KafkaEnv, topic: &str, out: &Path) -> String {
+    format!(
+        "name: kafka-failover\nparallelism: 2\ncheckpoint: {{ interval: 300ms }}\n\
+         state: {{ backend: remote, shards: 4 }}\n\
+         source:\n  kafka:\n    brokers: {}\n    topic: {topic}\n    \
+         schema: {{ auction: int64, price: int64, date_time: timestamp }}\n    \
+         bounded: latest\n  batch_size: 512\n\
+         watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
+         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    \
+         aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        env.brokers,
+        yaml_path(out)
+    )
+}
+
+#[test]
+fn killed_workers_reading_kafka_leave_exactly_once_output() {
+    let Some(env) = env(
+        "kafka-failover",
+        "Kafka offsets in checkpoints under worker kills",
+    ) else {
+        return;
+    };
+    let dir = tempdir();
+    let topic = load(&env, dir.path(), "bids", 400_000);
+
+    let reference = dir.path().join("reference");
+    let job_file = write_job(dir.path(), "ref.yaml", &job(&env, &topic, &reference));
+    run_sluice(&["run", job_file.to_str().unwrap()], dir.path())
+        .assert_success()
+        .assert_no_panic()
+        .assert_stderr_contains("400004 records in");
+    let expected: Vec<Row> = read_jsonl_dir(&reference);
+    assert!(expected.len() > 1000, "windows fired: {}", expected.len());
+
+    let out = dir.path().join("out");
+    let job_file = write_job(dir.path(), "failover.yaml", &job(&env, &topic, &out));
+    let mut rng = rng_from_env("SLUICE_FAILOVER_SEED", 0x5eed_f00d);
+    procs::run_with_kills(dir.path(), &job_file, 2, &mut |n| rng.below(n));
+    assert_same_rows(
+        "output read from Kafka after worker kills",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+}
+
+/// An unbounded job over `topic` whose windows show up in `out` as checkpoints commit.
+fn idle_job(env: &KafkaEnv, topic: &str, out: &Path, idleness: &str) -> String {
+    format!(
+        "name: kafka-idle\nparallelism: 1\ncheckpoint: {{ interval: 200ms }}\n\
+         source:\n  kafka:\n    brokers: {}\n    topic: {topic}\n    \
+         schema: {{ auction: int64, date_time: timestamp }}\n\
+         watermark: {{ column: date_time, max_out_of_orderness: 1s{idleness} }}\n\
+         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    \
+         aggregate: [\"count(*) AS bids\"]\n\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        env.brokers,
+        yaml_path(out)
+    )
+}
+
+/// Runs `job` (unbounded) for at most `limit`, until `out` holds a committed row; the
+/// rows found, and the process's stderr.
+fn rows_within(dir: &Path, job: &Path, out: &Path, limit: Duration) -> (Vec<Row>, String) {
+    let mut child = Command::new(sluice_integration_tests::sluice_bin())
+        .args(["run", job.to_str().unwrap()])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sluice");
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    while started.elapsed() < limit {
+        if let Some(status) = child.try_wait().expect("wait") {
+            panic!("an unbounded job ended: {status}");
+        }
+        if out.exists() && !part_files(out, "jsonl").is_empty() {
+            rows = read_jsonl_dir(out);
+            if !rows.is_empty() {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (rows, stderr)
+}
+
+#[test]
+fn a_silent_partition_holds_windows_back_unless_the_source_has_idleness() {
+    let Some(env) = env("kafka-idle", "watermark idleness of Kafka partitions") else {
+        return;
+    };
+    let dir = tempdir();
+    let topic = env.topic("three-of-four");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(env.create_topic(&topic, 4));
+    // Partitions 0..3 get a minute of event time; partition 3 gets nothing.
+    for p in 0..3 {
+        let records: Vec<String> = (0..60)
+            .map(|s| bid(p as i64, 1_436_918_400_000 + s * 1000))
+            .collect();
+        let records: Vec<(Option<&str>, &str)> =
+            records.iter().map(|r| (None, r.as_str())).collect();
+        env.produce(&topic, p, &records);
+    }
+
+    let held = dir.path().join("held");
+    let job_file = write_job(dir.path(), "held.yaml", &idle_job(&env, &topic, &held, ""));
+    let (rows, stderr) = rows_within(dir.path(), &job_file, &held, Duration::from_secs(8));
+    assert!(
+        rows.is_empty(),
+        "without idleness the silent partition must hold every window: {rows:?}\n{stderr}"
+    );
+
+    let fired = dir.path().join("fired");
+    let job_file = write_job(
+        dir.path(),
+        "fired.yaml",
+        &idle_job(&env, &topic, &fired, ", idleness: 1s"),
+    );
+    let (rows, stderr) = rows_within(dir.path(), &job_file, &fired, Duration::from_secs(60));
+    assert!(
+        !rows.is_empty(),
+        "with idleness the silent partition is ignored and windows fire:\n{stderr}"
+    );
+}
+
+#[test]
+fn bad_kafka_input_fails_or_is_skipped_as_the_job_says() {
+    let Some(env) = env("kafka-bad-input", "bad Kafka input across processes") else {
+        return;
+    };
+    let dir = tempdir();
+    let topic = env.topic("mixed");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(env.create_topic(&topic, 1));
+    let good = bid(7, 1_436_918_400_000);
+    env.produce(
+        &topic,
+        0,
+        &[
+            (None, good.as_str()),
+            (None, "{not json"),
+            (None, good.as_str()),
+        ],
+    );
+    let job = |name: &str, brokers: &str, topic: &str, on_error: &str| {
+        let out = dir.path().join(format!("{name}-out"));
+        let yaml = format!(
+            "name: {name}\nsource:\n  kafka:\n    brokers: {brokers}\n    topic: {topic}\n    \
+             schema: {{ auction: int64, date_time: timestamp }}\n    bounded: latest\n    \
+             on_error: {on_error}\n\
+             sink:\n  file: {{ path: {}, format: jsonl }}\n",
+            yaml_path(&out)
+        );
+        (write_job(dir.path(), &format!("{name}.yaml"), &yaml), out)
+    };
+
+    let (fail, _) = job("fail", &env.brokers, &topic, "fail");
+    run_sluice(&["run", fail.to_str().unwrap()], dir.path())
+        .assert_code(1)
+        .assert_no_panic()
+        .assert_stderr_contains(&format!("Kafka topic `{topic}` partition 0 offset 1"));
+
+    let (skip, out) = job("skip", &env.brokers, &topic, "skip");
+    run_sluice(&["run", skip.to_str().unwrap()], dir.path())
+        .assert_success()
+        .assert_stderr_contains("1 skipped");
+    assert_eq!(read_jsonl_dir(&out).len(), 2);
+
+    let (missing, _) = job("missing", &env.brokers, &env.topic("absent"), "fail");
+    run_sluice(&["run", missing.to_str().unwrap()], dir.path())
+        .assert_code(1)
+        .assert_stderr_contains("does not exist on brokers");
+
+    let (unreachable, _) = job("unreachable", "127.0.0.1:1", &topic, "fail");
+    let started = Instant::now();
+    run_sluice(&["run", unreachable.to_str().unwrap()], dir.path())
+        .assert_code(1)
+        .assert_no_panic()
+        .assert_stderr_contains("Kafka brokers `127.0.0.1:1` did not answer");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "an unreachable broker is reported, not waited on: {:?}",
+        started.elapsed()
+    );
+}
