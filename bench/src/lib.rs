@@ -11,6 +11,8 @@
 //! - [`cluster`]: checkpoint, rescale and recovery times of a job under the coordinator.
 //! - [`exchange`]: data-plane throughput between two worker processes next to raw TCP
 //!   on the same loopback in the same run, and producer memory under a slow consumer.
+//! - [`kafka`]: the Kafka source's throughput next to a plain librdkafka consumer
+//!   reading the same topic in the same run.
 //! - [`harness`]: what they share: child processes of this binary, memory and CPU from
 //!   `/proc`, percentiles and bounded waits, result lines.
 //! - [`state_workload`]: keys and values in the real key layout, written and checkpointed
@@ -38,6 +40,7 @@ mod error;
 pub mod exchange;
 pub mod harness;
 mod host;
+pub mod kafka;
 pub mod nexmark;
 pub mod state;
 pub mod state_workload;

@@ -39,6 +39,9 @@ pub enum BenchCommand {
     /// Exchange throughput between two worker processes next to a raw TCP pair; with
     /// --slow-consumer, the producer's RSS under back pressure.
     Exchange(sluice_bench::exchange::Args),
+    /// The Kafka source's throughput next to a plain librdkafka consumer reading the
+    /// same topic in the same run.
+    Kafka(sluice_bench::kafka::Args),
 }
 
 /// Arguments of `sluice bench nexmark`: the benchmark's, and where remote state lives
@@ -61,6 +64,7 @@ pub fn run(command: BenchCommand) -> Result<(), Failure> {
         BenchCommand::Checkpoint(args) => sluice_bench::checkpoint::run(args),
         BenchCommand::Cluster(args) => sluice_bench::cluster::run(args, &Wiring::default()),
         BenchCommand::Exchange(args) => sluice_bench::exchange::run(args, &Wiring::default()),
+        BenchCommand::Kafka(args) => sluice_bench::kafka::run(args, &Wiring::default()),
     };
     result.map_err(Failure::from)
 }

@@ -8,10 +8,7 @@ use std::collections::HashMap;
 
 use clap::{Args, Subcommand, ValueEnum};
 use sluice_common::pb;
-use sluice_compute::connector::{SinkWriter, SourceReader, SubtaskInfo};
-use sluice_connectors::kafka::KafkaWriter;
-use sluice_connectors::kafka::admin::ensure_topic;
-use sluice_connectors::nexmark::NexmarkReader;
+use sluice_connectors::kafka::admin::{ensure_topic, produce_nexmark};
 use sluice_planner::job_spec::parse_duration_ms;
 
 use crate::nexmark_gen::{Stream, source_spec};
@@ -123,23 +120,9 @@ fn produce(args: ProduceArgs) -> Result<(), Failure> {
         let partitions = ensure_topic(&args.brokers, &args.topic, args.partitions, &properties)
             .await
             .map_err(Failure::from_compute)?;
-        let info = SubtaskInfo {
-            index: 0,
-            parallelism: 1,
-        };
-        let mut reader = NexmarkReader::new(&spec, info, 8192).map_err(Failure::from_compute)?;
-        let mut writer = KafkaWriter::create(&sink, reader.schema(), info)
+        let written = produce_nexmark(&spec, &sink)
             .await
             .map_err(Failure::from_compute)?;
-        let mut written = 0u64;
-        while let Some(b) = reader.next_batch().await.map_err(Failure::from_compute)? {
-            written += b.batch.num_rows() as u64;
-            writer
-                .write(&b.batch)
-                .await
-                .map_err(Failure::from_compute)?;
-        }
-        writer.finish().await.map_err(Failure::from_compute)?;
         eprintln!(
             "wrote {written} events to Kafka topic {} ({partitions} partitions) on {}",
             args.topic, args.brokers

@@ -1,4 +1,5 @@
-//! Topics: what `sluice kafka produce` needs to load test data into a fresh topic.
+//! Topics and test data: what `sluice kafka produce` and `sluice bench kafka` need to
+//! load generated events into a topic.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -6,7 +7,12 @@ use std::time::Duration;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
+use sluice_common::pb;
+use sluice_compute::connector::{SinkWriter, SourceReader, SubtaskInfo};
 use sluice_compute::error::{Error, Result};
+
+use super::KafkaWriter;
+use crate::nexmark::NexmarkReader;
 
 use super::{REQUEST_TIMEOUT, client_config, lookup_consumer, metadata};
 
@@ -58,4 +64,22 @@ pub async fn ensure_topic(
         }
     }
     Ok(partitions as usize)
+}
+
+/// Writes the events of `source` (the built-in generator, as one subtask) to the topic
+/// `sink` names, through the Kafka sink's writer; returns how many were written.
+pub async fn produce_nexmark(source: &pb::NexmarkSource, sink: &pb::KafkaSink) -> Result<u64> {
+    let info = SubtaskInfo {
+        index: 0,
+        parallelism: 1,
+    };
+    let mut reader = NexmarkReader::new(source, info, 8192)?;
+    let mut writer = KafkaWriter::create(sink, reader.schema(), info).await?;
+    let mut written = 0u64;
+    while let Some(b) = reader.next_batch().await? {
+        written += b.batch.num_rows() as u64;
+        writer.write(&b.batch).await?;
+    }
+    writer.finish().await?;
+    Ok(written)
 }

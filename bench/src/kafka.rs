@@ -1,0 +1,278 @@
+//! `sluice bench kafka`: the Kafka source's throughput next to a plain librdkafka
+//! consumer reading the same topic in the same run.
+//!
+//! - **topic**: `--topic` (default a fresh one) with `--partitions`; when it holds no
+//!   record, `--events` Nexmark bids are written to it as JSON (`sluice kafka produce`'s
+//!   writer). Both readers then read every partition from its earliest offset to the
+//!   end offset the brokers report when the reader starts.
+//! - **rdkafka** (the baseline): one `BaseConsumer` of this process assigned every
+//!   partition, polling until each partition reached its end; it counts records and
+//!   value bytes and decodes nothing. Timed from assigning to the last record.
+//! - **sluice-raw** and **sluice-json**: a job `kafka → blackhole` at `--parallelism`
+//!   (in this process, `sluice run`'s embedded cluster), reading the value as one string
+//!   column (`format: raw`) or decoding the bids' JSON into four typed columns. Timed as
+//!   `sluice run` times a job (planning to end).
+//!
+//! Runs alternate (`--runs` rounds of baseline, raw, json) so drift on a noisy machine
+//! hits all three alike; each prints `kind=.. records=.. seconds=.. records_per_s=..
+//! mb_per_s=..`, and the medians end with `ratio_raw=.. ratio_json=..` (Sluice's
+//! records/s over the baseline's).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow};
+use clap::Args as ClapArgs;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice_common::outln;
+use sluice_common::pb;
+use sluice_connectors::kafka::admin::{ensure_topic, produce_nexmark};
+use sluice_planner::job_spec;
+
+use crate::harness::runtime;
+use crate::harness::table::Line;
+use crate::{Error, Host, Result};
+
+/// How long one metadata or offsets request may take.
+const REQUEST: Duration = Duration::from_secs(10);
+
+/// Arguments of `sluice bench kafka`.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// Bootstrap brokers.
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    brokers: String,
+    /// The topic to read (filled with `--events` bids when empty); default a fresh one.
+    #[arg(long)]
+    topic: Option<String>,
+    /// Partitions of a topic the benchmark creates.
+    #[arg(long, default_value_t = 4)]
+    partitions: i32,
+    /// Bids written to an empty topic.
+    #[arg(long, default_value_t = 2_000_000)]
+    events: u64,
+    /// Subtasks of the Sluice source.
+    #[arg(long, default_value_t = 2)]
+    parallelism: u32,
+    /// Rounds of (baseline, raw, json).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Upper bound of one baseline read.
+    #[arg(long, default_value_t = 300)]
+    timeout_secs: u64,
+}
+
+/// What one read did.
+#[derive(Debug, Clone, Copy)]
+struct Read {
+    records: u64,
+    bytes: u64,
+    seconds: f64,
+}
+
+impl Read {
+    fn records_per_s(&self) -> f64 {
+        self.records as f64 / self.seconds.max(1e-9)
+    }
+
+    fn line(&self, kind: &str) -> Line {
+        let line = Line::new()
+            .field("kind", kind)
+            .field("records", self.records)
+            .field("seconds", format!("{:.3}", self.seconds))
+            .field("records_per_s", format!("{:.0}", self.records_per_s()));
+        match self.bytes {
+            0 => line,
+            bytes => line.field(
+                "mb_per_s",
+                format!("{:.1}", bytes as f64 / 1e6 / self.seconds.max(1e-9)),
+            ),
+        }
+    }
+}
+
+/// Runs `sluice bench kafka`.
+pub fn run(args: Args, host: &dyn Host) -> Result<()> {
+    if args.runs == 0 || args.parallelism == 0 || args.partitions < 1 {
+        return Err(Error::usage(
+            "--runs, --parallelism and --partitions must be at least 1",
+        ));
+    }
+    let topic = args
+        .topic
+        .clone()
+        .unwrap_or_else(|| format!("sluice-bench-{}", std::process::id()));
+    fill(&args, &topic)?;
+    let mut medians: HashMap<&str, Vec<f64>> = HashMap::new();
+    for _ in 0..args.runs {
+        let baseline = plain_consumer(&args.brokers, &topic, args.timeout_secs)?;
+        outln!("{}", baseline.line("rdkafka"));
+        medians
+            .entry("rdkafka")
+            .or_default()
+            .push(baseline.records_per_s());
+        for (kind, format) in [("sluice-raw", "raw"), ("sluice-json", "json")] {
+            let read = sluice_job(&args, &topic, format, host)?;
+            if read.records != baseline.records {
+                return Err(Error::failed(format!(
+                    "{kind} read {} records, the baseline {}: they must read the same",
+                    read.records, baseline.records
+                )));
+            }
+            outln!("{}", read.line(kind));
+            medians.entry(kind).or_default().push(read.records_per_s());
+        }
+    }
+    let median = |kind: &str| {
+        let mut v = medians.get(kind).cloned().unwrap_or_default();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let base = median("rdkafka");
+    outln!(
+        "{}",
+        Line::new()
+            .field("topic", &topic)
+            .field("ratio_raw", format!("{:.2}", median("sluice-raw") / base))
+            .field("ratio_json", format!("{:.2}", median("sluice-json") / base))
+    );
+    Ok(())
+}
+
+/// Creates the topic when missing and writes the bids when it is empty.
+fn fill(args: &Args, topic: &str) -> Result<()> {
+    let rt = runtime()?;
+    rt.block_on(async {
+        let properties = HashMap::new();
+        ensure_topic(&args.brokers, topic, args.partitions, &properties)
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        if end_offsets(&args.brokers, topic)?.values().sum::<i64>() > 0 {
+            return Ok(());
+        }
+        let source = pb::NexmarkSource {
+            events: args.events,
+            ..Default::default()
+        };
+        let sink = pb::KafkaSink {
+            brokers: args.brokers.clone(),
+            topic: topic.to_owned(),
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let written = produce_nexmark(&source, &sink)
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        eprintln!(
+            "wrote {written} bids to {topic} in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok::<(), Error>(())
+    })
+}
+
+fn consumer(brokers: &str) -> Result<BaseConsumer> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "sluice-bench")
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("a Kafka consumer")?)
+}
+
+/// Each partition's end offset as the brokers report it now.
+fn end_offsets(brokers: &str, topic: &str) -> Result<HashMap<i32, i64>> {
+    let consumer = consumer(brokers)?;
+    let meta = consumer
+        .fetch_metadata(Some(topic), REQUEST)
+        .context("topic metadata")?;
+    let partitions = meta
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    partitions
+        .into_iter()
+        .map(|p| {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, REQUEST)
+                .context("partition offsets")?;
+            Ok((p, high))
+        })
+        .collect()
+}
+
+/// Reads every partition from its start to its end with one plain consumer.
+fn plain_consumer(brokers: &str, topic: &str, timeout_secs: u64) -> Result<Read> {
+    let ends = end_offsets(brokers, topic)?;
+    let consumer = consumer(brokers)?;
+    let mut list = TopicPartitionList::new();
+    let mut open = 0usize;
+    for (&p, &end) in &ends {
+        if end > 0 {
+            list.add_partition_offset(topic, p, Offset::Beginning)
+                .context("assignment")?;
+            open += 1;
+        }
+    }
+    let started = Instant::now();
+    consumer.assign(&list).context("assign")?;
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let deadline = started + Duration::from_secs(timeout_secs);
+    while open > 0 {
+        if Instant::now() > deadline {
+            return Err(Error::failed(format!(
+                "the plain consumer did not reach the end within {timeout_secs} s"
+            )));
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = message.context("poll")?;
+        let end = ends.get(&message.partition()).copied().unwrap_or(0);
+        if message.offset() >= end {
+            continue;
+        }
+        records += 1;
+        bytes += message.payload().map_or(0, |p| p.len()) as u64;
+        if message.offset() + 1 == end {
+            open -= 1;
+        }
+    }
+    Ok(Read {
+        records,
+        bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs `kafka → blackhole` on Sluice, the values read as `format`.
+fn sluice_job(args: &Args, topic: &str, format: &str, host: &dyn Host) -> Result<Read> {
+    // Only the value's columns go on, as a plain consumer hands on only values.
+    let (schema, columns) = match format {
+        "raw" => (String::new(), "[value]"),
+        _ => (
+            "\n    schema: { auction: int64, bidder: int64, price: int64, date_time: timestamp }"
+                .to_owned(),
+            "[auction, bidder, price, date_time]",
+        ),
+    };
+    let text = format!(
+        "name: bench-kafka\nparallelism: {}\nsource:\n  kafka:\n    brokers: {}\n    \
+         topic: {topic}\n    format: {format}{schema}\n    bounded: latest\n\
+         pipeline:\n  - select: {columns}\n\
+         sink:\n  blackhole: {{}}\n",
+        args.parallelism, args.brokers
+    );
+    let graph =
+        job_spec::parse_job("<bench kafka>", &text).map_err(|e| Error::usage(e.to_string()))?;
+    let summary = host.run_job(graph, 0)?;
+    Ok(Read {
+        records: summary.records_in,
+        bytes: 0,
+        seconds: summary.seconds,
+    })
+}
