@@ -393,3 +393,51 @@ async fn the_sink_writes_keyed_records_the_source_reads_back() {
         .to_string();
     assert!(err.contains("does not exist"), "{err}");
 }
+
+#[tokio::test]
+async fn topics_created_while_reading_are_discovered() {
+    let Some(env) = env("kafka_discovery") else {
+        return;
+    };
+    let first = env.topic("disc-a");
+    env.create_topic(&first, 1).await;
+    env.produce(&first, 0, &[(None, "a0")]);
+    let spec = pb::KafkaSource {
+        brokers: env.brokers.clone(),
+        topic_pattern: format!("{}.*", env.topic("disc-")),
+        format: pb::KafkaFormat::Raw as i32,
+        discovery_interval_ms: 300,
+        ..Default::default()
+    };
+    let mut reader = KafkaReader::open(&spec, &["value".into()], subtask(0, 1), 100)
+        .await
+        .unwrap();
+    assert_eq!(reader.num_splits(), 1);
+    let second = env.topic("disc-b");
+    env.create_topic(&second, 2).await;
+    env.produce(&second, 1, &[(None, "b1")]);
+    let mut seen = BTreeSet::new();
+    let started = Instant::now();
+    while seen.len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the new topic was not discovered: {seen:?}"
+        );
+        if let SourceStep::Batch(b) = reader.poll_batch(Duration::from_millis(200)).await.unwrap() {
+            let values = b.batch.column(0).as_string::<i32>();
+            seen.extend((0..values.len()).map(|i| values.value(i).to_owned()));
+        }
+    }
+    assert_eq!(seen, BTreeSet::from(["a0".to_owned(), "b1".to_owned()]));
+    let names: Vec<String> = reader
+        .positions()
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        names.len(),
+        3,
+        "the new topic's partitions are splits with positions: {names:?}"
+    );
+}
