@@ -440,10 +440,10 @@ fn unknown_operator() {
 #[test]
 fn unknown_source_connector() {
     assert_err(
-        "name: x\nsource:\n  kafka: { topic: bids }\nsink: { stdout: }\n",
+        "name: x\nsource:\n  pulsar: { topic: bids }\nsink: { stdout: }\n",
         3,
         3,
-        &["unknown source connector `kafka` in source; expected one of nexmark, file"],
+        &["unknown source connector `pulsar` in source; expected one of nexmark, file, kafka"],
     );
 }
 
