@@ -64,7 +64,7 @@ pub struct Chunk {
     pub key_data: Vec<u8>,
     /// Each key's range in `key_data` (`None`: the record had no key).
     pub keys: Vec<Option<(usize, usize)>>,
-    /// The records' Kafka timestamps in milliseconds.
+    /// The records' Kafka timestamps in milliseconds (empty unless asked for).
     pub timestamps: Vec<Option<i64>>,
     /// The offset after the last record.
     pub next: i64,
@@ -107,6 +107,8 @@ pub struct FetchOptions {
     pub batch_size: usize,
     /// Whether to copy record keys.
     pub with_keys: bool,
+    /// Whether to keep record timestamps.
+    pub with_timestamps: bool,
 }
 
 /// The polling thread of one reader; dropping it stops the thread.
@@ -188,6 +190,11 @@ struct Poller {
     stop: Arc<AtomicBool>,
     /// Split index by topic and partition.
     index: HashMap<String, HashMap<i32, usize>>,
+    /// For a source of one named topic, split index by partition number: a lookup per
+    /// record without reading the record's topic name.
+    single_topic: Option<Vec<Option<usize>>>,
+    /// Bytes per record seen so far, to size the next chunk at once.
+    record_bytes: usize,
     /// Per split index: its topic, partition and end (bounded), and whether it finished.
     splits: Vec<PolledSplit>,
     open: HashMap<usize, Chunk>,
@@ -216,24 +223,57 @@ impl Poller {
             tx,
             stop,
             index: HashMap::new(),
+            single_topic: None,
+            record_bytes: 64,
             splits: Vec::new(),
             open: HashMap::new(),
+        }
+    }
+
+    /// Files `partition` of `topic` under split `index`.
+    fn register(&mut self, topic: &str, partition: i32, index: usize) {
+        self.index
+            .entry(topic.to_owned())
+            .or_default()
+            .insert(partition, index);
+        if let Some(by_partition) = self.single_topic.as_mut() {
+            let p = partition.max(0) as usize;
+            if by_partition.len() <= p {
+                by_partition.resize(p + 1, None);
+            }
+            by_partition[p] = Some(index);
+        }
+    }
+
+    /// The split a record belongs to.
+    fn lookup(&self, msg: &rdkafka::message::BorrowedMessage<'_>) -> Option<usize> {
+        match &self.single_topic {
+            Some(by_partition) => by_partition
+                .get(usize::try_from(msg.partition()).ok()?)
+                .copied()
+                .flatten(),
+            None => self
+                .index
+                .get(msg.topic())
+                .and_then(|t| t.get(&msg.partition()))
+                .copied(),
         }
     }
 
     fn run(&mut self, assigned: Vec<Assigned>) -> Result<()> {
         let mut list = TopicPartitionList::new();
         let mut done = Vec::new();
+        let spec = &self.options.spec;
+        if spec.topic_pattern.is_empty() && spec.topics.len() == 1 {
+            self.single_topic = Some(Vec::new());
+        }
         for a in &assigned {
             if a.index != self.splits.len() {
                 return Err(Error::Internal(
                     "Kafka splits are not numbered densely".into(),
                 ));
             }
-            self.index
-                .entry(a.topic.clone())
-                .or_default()
-                .insert(a.partition, a.index);
+            self.register(&a.topic, a.partition, a.index);
             self.splits.push(PolledSplit {
                 topic: a.topic.clone(),
                 partition: a.partition,
@@ -287,11 +327,7 @@ impl Poller {
             match self.consumer.poll(wait) {
                 None => self.flush_all()?,
                 Some(Ok(msg)) => {
-                    let Some(&index) = self
-                        .index
-                        .get(msg.topic())
-                        .and_then(|t| t.get(&msg.partition()))
-                    else {
+                    let Some(index) = self.lookup(&msg) else {
                         continue;
                     };
                     let split = &self.splits[index];
@@ -308,8 +344,8 @@ impl Poller {
                         &mut self.open,
                         index,
                         &msg,
-                        self.options.with_keys,
-                        self.options.batch_size,
+                        &self.options,
+                        self.record_bytes,
                     );
                     if full {
                         self.flush(index)?;
@@ -352,7 +388,10 @@ impl Poller {
 
     fn flush(&mut self, index: usize) -> std::result::Result<(), Closed> {
         match self.open.remove(&index) {
-            Some(chunk) if !chunk.spans.is_empty() => self.send(Ok(Fetched::Chunk(chunk))),
+            Some(chunk) if !chunk.spans.is_empty() => {
+                self.record_bytes = chunk.data.len().div_ceil(chunk.spans.len());
+                self.send(Ok(Fetched::Chunk(chunk)))
+            }
             _ => Ok(()),
         }
     }
@@ -420,10 +459,7 @@ impl Poller {
                 continue;
             }
             let index = self.splits.len();
-            self.index
-                .entry(topic.clone())
-                .or_default()
-                .insert(partition, index);
+            self.register(&topic, partition, index);
             self.splits.push(PolledSplit {
                 topic: topic.clone(),
                 partition,
@@ -458,11 +494,21 @@ fn append(
     open: &mut HashMap<usize, Chunk>,
     index: usize,
     msg: &rdkafka::message::BorrowedMessage<'_>,
-    with_keys: bool,
-    batch_size: usize,
+    options: &FetchOptions,
+    record_bytes: usize,
 ) -> bool {
+    let batch_size = options.batch_size;
+    // Sized for a batch at once: growing a megabyte buffer by doubling copies it a
+    // dozen times.
     let chunk = open.entry(index).or_insert_with(|| Chunk {
         index,
+        data: Vec::with_capacity(batch_size * (record_bytes + 1)),
+        spans: Vec::with_capacity(batch_size),
+        timestamps: Vec::with_capacity(if options.with_timestamps {
+            batch_size
+        } else {
+            0
+        }),
         ..Chunk::default()
     });
     let payload = trim_newline(msg.payload().unwrap_or_default());
@@ -470,21 +516,24 @@ fn append(
     chunk.data.extend_from_slice(payload);
     let end = chunk.data.len();
     chunk.data.push(b'\n');
+    let offset = msg.offset();
     chunk.spans.push(RecordSpan {
         start,
         end,
         next: end + 1,
-        line: msg.offset().max(0) as u64,
+        line: offset.max(0) as u64,
     });
-    if with_keys {
+    if options.with_keys {
         chunk.keys.push(msg.key().map(|k| {
             let s = chunk.key_data.len();
             chunk.key_data.extend_from_slice(k);
             (s, chunk.key_data.len())
         }));
     }
-    chunk.timestamps.push(msg.timestamp().to_millis());
-    chunk.next = msg.offset() + 1;
+    if options.with_timestamps {
+        chunk.timestamps.push(msg.timestamp().to_millis());
+    }
+    chunk.next = offset + 1;
     chunk.spans.len() >= batch_size
 }
 

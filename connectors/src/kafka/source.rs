@@ -208,6 +208,7 @@ impl KafkaReader {
             parallelism: self.subtask.parallelism,
             batch_size: self.batch_size,
             with_keys: self.columns.iter().any(|c| matches!(c, Column::Key)),
+            with_timestamps: self.columns.iter().any(|c| matches!(c, Column::Timestamp)),
         };
         self.fetcher = Some(Fetcher::start(options, assigned)?);
         Ok(())
