@@ -7,7 +7,8 @@
 //!   replaced by a new one on the same store and gRPC port; it resumes the job from its
 //!   last checkpoint and the committed output equals a run without failures.
 //! - Rescaling 2 → 4 → 1 (the second step after all four subtasks committed output) moves
-//!   no state and changes no output.
+//!   no state and changes no output; so does rescaling 2 → 3 while reading a 4-partition
+//!   Kafka topic (partitions change owners and continue at their checkpointed offsets).
 //! - Stopping with a savepoint commits what the savepoint covers, and resubmitting from it
 //!   at another parallelism gives the output of one uninterrupted run: no duplicate, no
 //!   gap; so does `sluice run --from-savepoint` on the cluster's store and state service.
@@ -1402,4 +1403,63 @@ fn a_job_waits_for_the_workers_it_lacks_without_failing() {
     assert_eq!(status["restarts"], 0, "{status:#}");
     assert_eq!(status["waiting_for"], Value::Null, "{status:#}");
     cluster.sluice(&["cancel", &id]).assert_success();
+}
+
+#[path = "common/kafka_topics.rs"]
+mod kafka_topics;
+
+/// A windowed count per auction on remote state reading the Kafka `topic`.
+fn kafka_windowed_job(brokers: &str, topic: &str, out: &Path) -> String {
+    format!(
+        "name: kafka-rescale\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
+         state: {{ backend: remote, shards: 4 }}\n\
+         source:\n  kafka:\n    brokers: {brokers}\n    topic: {topic}\n    \
+         schema: {{ auction: int64, price: int64, date_time: timestamp }}\n    \
+         bounded: latest\n  batch_size: 1024\n\
+         watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
+         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 2s }}\n    \
+         aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        yaml_path(out)
+    )
+}
+
+#[test]
+fn rescale_2_3_while_reading_kafka_moves_partitions_with_their_offsets() {
+    let _serial = serial();
+    let Some(env) = sluice_test_support::kafka::kafka_env(
+        "coordinator-kafka-rescale",
+        "rescaling a job that reads Kafka",
+    ) else {
+        return;
+    };
+    let dir = tempdir();
+    let topic = kafka_topics::load(&env, dir.path(), "rescale", 400_000);
+    let expected = reference(
+        dir.path(),
+        &kafka_windowed_job(&env.brokers, &topic, &dir.path().join("reference")),
+        &[],
+    );
+    let mut cluster = Cluster::start(dir.path(), 3);
+    let out = dir.path().join("out");
+    let job = write_job(
+        dir.path(),
+        "job.yaml",
+        &kafka_windowed_job(&env.brokers, &topic, &out),
+    );
+    let id = cluster.submit(&job, &["--workers", "3"]);
+    cluster.wait_checkpoint(&id, 1);
+    // Four partitions over three subtasks: every subtask's share changes, and each
+    // partition must continue at the offset its checkpoint recorded.
+    let answer = cluster.json(&["rescale", &id, "--parallelism", "3"]);
+    assert_eq!(
+        answer["state_bytes_restored"].as_u64(),
+        Some(0),
+        "a rescale moves no state: {answer}"
+    );
+    let status = cluster.status(&id);
+    assert_eq!(status["parallelism"].as_u64(), Some(3), "{status:#}");
+    let status = cluster.wait_finished(&id);
+    assert_eq!(status["parallelism"].as_u64(), Some(3), "{status:#}");
+    assert_output_matches(&out, &dir.path().join("reference"), &expected);
 }

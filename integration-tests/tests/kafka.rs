@@ -5,12 +5,8 @@
 //! without failures, so partition offsets in checkpoints neither lose nor repeat a
 //! record. A partition that receives nothing holds every window back unless the source
 //! declares `idleness`. And bad input: a missing topic, an unreachable broker, and
-//! malformed records under `on_error`.
-//!
-//! tansu reports a partition's end as the first offset of its last record batch plus
-//! one (see `sluice_test_support::kafka`): after a batched load, each partition gets one
-//! last record in a batch of its own, so that `bounded: latest` ends where the data
-//! does.
+//! malformed records under `on_error`. Topics are loaded as `common/kafka_topics.rs`
+//! says (tansu's end offsets need the last record of each partition alone in a batch).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -23,50 +19,12 @@ use sluice_integration_tests::{
 use sluice_test_support::kafka::{KafkaEnv, kafka_env};
 use sluice_test_support::rng::rng_from_env;
 
+#[path = "common/kafka_topics.rs"]
+mod kafka_topics;
+use kafka_topics::{bid, load};
+
 fn env(test: &str, what: &str) -> Option<KafkaEnv> {
     kafka_env(test, what)
-}
-
-/// A bid as the Nexmark JSON records have it, for the last record of a partition.
-fn bid(auction: i64, ms: i64) -> String {
-    format!(
-        r#"{{"auction":{auction},"bidder":1,"price":100,"channel":"x","url":"u","date_time":"{}","extra":""}}"#,
-        sluice_integration_tests::format_timestamp_ms(ms)
-    )
-}
-
-/// Loads `events` Nexmark bids into a new 4-partition topic, then one last bid per
-/// partition (in a batch of its own; see the module doc).
-fn load(env: &KafkaEnv, dir: &Path, name: &str, events: u64) -> String {
-    let topic = env.topic(name);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(env.create_topic(&topic, 4));
-    run_sluice(
-        &[
-            "kafka",
-            "produce",
-            "--brokers",
-            &env.brokers,
-            "--topic",
-            &topic,
-            "--from-nexmark",
-            "--events",
-            &events.to_string(),
-            "--seed",
-            "11",
-        ],
-        dir,
-    )
-    .assert_success()
-    .assert_stderr_contains(&format!("wrote {events} events"));
-    for p in 0..4 {
-        let last = bid(1000 + p as i64, 1_436_918_400_000 + 3_600_000);
-        env.produce(&topic, p, &[(None, last.as_str())]);
-    }
-    topic
 }
 
 /// A windowed count and sum per auction on remote state, reading `topic`.
