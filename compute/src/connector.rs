@@ -86,6 +86,10 @@ pub trait SourceReader: Send {
     }
     /// Counters so far.
     fn counters(&self) -> SourceCounters;
+    /// The name of split `split` for people (`topic/partition`), when the source has one.
+    fn split_name(&self, _split: usize) -> Option<String> {
+        None
+    }
     /// Where each split of this reader stands, so that a restarted job resumes there:
     /// (split name, opaque position), one per split this reader owns, finished ones
     /// included. Split names are global (the same split has the same name at any

@@ -309,6 +309,7 @@ mod tests {
             cache_misses: 0,
             cache_spills: 0,
             cache_bytes: 0,
+            watermark_held_by: String::new(),
         });
         let w = WorkerView {
             id: "w1".into(),

@@ -90,11 +90,11 @@ fn idle_job(env: &KafkaEnv, topic: &str, out: &Path, idleness: &str) -> String {
     )
 }
 
-/// Runs `job` (unbounded) for at most `limit`, until `out` holds a committed row; the
-/// rows found, and the process's stderr.
+/// Runs `job` (unbounded, printing task metrics) for at most `limit`, until `out` holds
+/// a committed row; the rows found, and the process's stderr.
 fn rows_within(dir: &Path, job: &Path, out: &Path, limit: Duration) -> (Vec<Row>, String) {
     let mut child = Command::new(sluice_integration_tests::sluice_bin())
-        .args(["run", job.to_str().unwrap()])
+        .args(["run", job.to_str().unwrap(), "--metrics-interval-ms", "300"])
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -151,6 +151,14 @@ fn a_silent_partition_holds_windows_back_unless_the_source_has_idleness() {
     assert!(
         rows.is_empty(),
         "without idleness the silent partition must hold every window: {rows:?}\n{stderr}"
+    );
+    // The task's metrics say which partition holds the watermark.
+    let holder = format!("watermark_held_by={topic}/3");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("metrics ") && l.contains(&holder)),
+        "no metrics line names {holder}:\n{stderr}"
     );
 
     let fired = dir.path().join("fired");

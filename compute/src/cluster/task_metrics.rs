@@ -91,6 +91,11 @@ impl Sampler {
                 cache_reads: t.cache.reads.load(Ordering::Relaxed),
                 cache_spills: t.cache.spills.load(Ordering::Relaxed),
                 cache_bytes: t.cache.bytes.load(Ordering::Relaxed),
+                watermark_held_by: t
+                    .watermark_held_by
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
             });
         }
         out
@@ -118,6 +123,9 @@ pub fn format_line(worker: u32, m: &pbc::TaskMetrics, rss_bytes: u64) -> String 
         m.backlog,
         rss_bytes / 1024
     );
+    if !m.watermark_held_by.is_empty() {
+        line.push_str(&format!(" watermark_held_by={}", m.watermark_held_by));
+    }
     let lookups = m.cache_hits + m.cache_misses;
     if lookups > 0 {
         line.push_str(&format!(

@@ -393,6 +393,7 @@ pub async fn build_tasks(
                         watermark_cell: metrics.source_watermark(),
                         records_in: metrics.records_in.clone(),
                         skipped: metrics.skipped_records.clone(),
+                        holder: None,
                     }))
                 }
                 None => {

@@ -97,6 +97,8 @@ pub struct TaskMetrics {
     pub barriers: AtomicU64,
     /// The task's keyed operators' cache of decoded state.
     pub cache: Arc<CacheCounters>,
+    /// A source task's split that holds its watermark back (empty: none).
+    pub watermark_held_by: std::sync::Mutex<String>,
 }
 
 /// Sends slower than this count as waiting for room downstream.

@@ -56,6 +56,8 @@ pub struct SourceInput {
     pub records_in: Arc<AtomicU64>,
     /// Job-wide count of malformed records skipped.
     pub skipped: Arc<AtomicU64>,
+    /// The split last named as holding the watermark.
+    pub holder: Option<usize>,
 }
 
 /// What a task tells the coordinator about a checkpoint.
@@ -465,11 +467,13 @@ impl Task {
     }
 
     async fn on_tick(&mut self) -> Result<()> {
-        if let TaskInput::Source(src) = &mut self.input
-            && let Some(element) = src.watermarks.as_mut().and_then(|w| w.on_tick())
-        {
-            publish(src, &element);
-            self.chain.push(element, &mut self.output).await?;
+        if let TaskInput::Source(src) = &mut self.input {
+            let element = src.watermarks.as_mut().and_then(|w| w.on_tick());
+            note_holder(src, &self.metrics);
+            if let Some(element) = element {
+                publish(src, &element);
+                self.chain.push(element, &mut self.output).await?;
+            }
         }
         if self.chain.wants_processing_time() {
             let now = std::time::SystemTime::now()
@@ -527,6 +531,7 @@ impl Task {
         if let Some(w) = &wm {
             publish(src, w);
         }
+        note_holder(src, &self.metrics);
         self.chain
             .push(StreamElement::Batch(sb.batch), &mut self.output)
             .await?;
@@ -569,6 +574,27 @@ async fn changed(completed: Option<&mut watch::Receiver<u64>>) {
         }
         None => std::future::pending().await,
     }
+}
+
+/// Names the split that holds the source's watermark in the task's metrics, when it
+/// changed.
+fn note_holder(src: &mut SourceInput, metrics: &TaskMetrics) {
+    let holder = src.watermarks.as_ref().and_then(|w| w.holder());
+    if holder == src.holder {
+        return;
+    }
+    src.holder = holder;
+    let name = holder
+        .map(|i| {
+            src.reader
+                .split_name(i)
+                .unwrap_or_else(|| format!("split {i}"))
+        })
+        .unwrap_or_default();
+    *metrics
+        .watermark_held_by
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = name;
 }
 
 fn publish(src: &SourceInput, element: &StreamElement) {

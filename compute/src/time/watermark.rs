@@ -37,6 +37,8 @@ pub struct WatermarkGenerator {
     /// Splits are read concurrently and this subtask has none (fewer partitions than
     /// subtasks): it is idle from the start, or its silence would hold back every window.
     owns_nothing: bool,
+    /// The split whose watermark was the minimum at the last evaluation.
+    holder: Option<usize>,
 }
 
 impl WatermarkGenerator {
@@ -82,6 +84,7 @@ impl WatermarkGenerator {
             emitted: Timestamp::MIN,
             idle: false,
             owns_nothing: hold_unstarted && num_splits == 0,
+            holder: None,
         })
     }
 
@@ -164,29 +167,42 @@ impl WatermarkGenerator {
         self.emitted
     }
 
+    /// The split that holds the watermark: the slowest of those that count (one that
+    /// has delivered nothing, when splits are read concurrently); `None` when none does.
+    pub fn holder(&self) -> Option<usize> {
+        self.holder
+    }
+
     fn advance(&mut self, now: Instant) -> Option<StreamElement> {
         let idleness = self.idleness;
-        let bound = |s: &SplitState| {
-            s.max_ts
-                .saturating_sub(self.out_of_orderness)
-                .saturating_sub(1)
+        let out_of_orderness = self.out_of_orderness;
+        let bound = |s: &SplitState| s.max_ts.saturating_sub(out_of_orderness).saturating_sub(1);
+        let open = || {
+            self.splits
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
+                .filter(|(_, s)| !s.finished)
         };
-        let open = || self.splits.iter().flatten().filter(|s| !s.finished);
-        let active = open()
-            .filter(|s| idleness.is_none_or(|d| now.duration_since(s.last_active) < d))
-            .map(bound)
-            .min();
+        let slowest = |splits: &mut dyn Iterator<Item = (usize, &SplitState)>| {
+            splits.map(|(i, s)| (bound(s), i)).min()
+        };
+        let active = slowest(
+            &mut open()
+                .filter(|(_, s)| idleness.is_none_or(|d| now.duration_since(s.last_active) < d)),
+        );
         // Every split is quiet: the splits that delivered something have said how far
         // they got, and a split that never spoke (a silent partition) must not stall
         // the windows the others filled; that is what idleness allows.
-        let min = match active {
-            Some(min) => min,
-            None if idleness.is_some() => open()
-                .filter(|s| s.max_ts > Timestamp::MIN)
-                .map(bound)
-                .min()?,
-            None => return None,
+        let found = match active {
+            Some(found) => Some(found),
+            None if idleness.is_some() => {
+                slowest(&mut open().filter(|(_, s)| s.max_ts > Timestamp::MIN))
+            }
+            None => None,
         };
+        self.holder = found.map(|(_, i)| i);
+        let (min, _) = found?;
         if min > self.emitted {
             self.emitted = min;
             Some(StreamElement::Watermark(min))
@@ -353,6 +369,11 @@ mod idleness_tests {
         assert!(g.on_batch_at(0, &batch(1_000), later).unwrap().is_none());
         assert!(g.on_tick_at(later).is_none());
         assert_eq!(g.current(), Timestamp::MIN);
+        assert_eq!(
+            g.holder(),
+            Some(1),
+            "the silent split is named as the holder"
+        );
     }
 
     #[test]

@@ -327,6 +327,12 @@ impl SourceReader for KafkaReader {
         true
     }
 
+    fn split_name(&self, split: usize) -> Option<String> {
+        self.splits
+            .get(split)
+            .map(|s| assign::split_name(&s.topic, s.partition))
+    }
+
     async fn next_batch(&mut self) -> Result<Option<SourceBatch>> {
         loop {
             match self.poll_batch(Duration::from_secs(1)).await? {

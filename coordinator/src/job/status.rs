@@ -128,6 +128,10 @@ pub struct TaskStatus {
     pub cache_spills: u64,
     /// Bytes the operator cache holds.
     pub cache_bytes: u64,
+    /// A source task's split that holds its watermark (`topic/partition`); absent when
+    /// none does.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub watermark_held_by: String,
 }
 
 impl TaskStatus {
@@ -145,6 +149,7 @@ impl TaskStatus {
             cache_misses: t.cache_misses,
             cache_spills: t.cache_spills,
             cache_bytes: t.cache_bytes,
+            watermark_held_by: t.watermark_held_by.clone(),
         }
     }
 }
