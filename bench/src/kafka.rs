@@ -19,6 +19,7 @@
 //! records/s over the baseline's).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
@@ -37,6 +38,9 @@ use crate::{Error, Host, Result};
 
 /// How long one metadata or offsets request may take.
 const REQUEST: Duration = Duration::from_secs(10);
+/// The longest a broker may hold a fetch in the latency run: tansu answers a fetch only
+/// when this expires, even when records are waiting (a real broker answers at once).
+const FETCH_WAIT_MS: u64 = 5;
 
 /// Arguments of `sluice bench kafka`.
 #[derive(ClapArgs, Debug)]
@@ -62,6 +66,12 @@ pub struct Args {
     /// Upper bound of one baseline read.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
+    /// Also measure end-to-end latency at this many records per second (0: skip).
+    #[arg(long, default_value_t = 0)]
+    latency_rate: u64,
+    /// How long the latency run produces (seconds).
+    #[arg(long, default_value_t = 10.0)]
+    latency_seconds: f64,
 }
 
 /// What one read did.
@@ -94,6 +104,14 @@ impl Read {
 }
 
 /// Runs `sluice bench kafka`.
+///
+/// With `--latency-rate R`: a job `kafka → kafka` (`sluice run`, a child process of this
+/// binary, at-least-once sink) copies records from `<topic>-lat-in` to `<topic>-lat-out`
+/// while this process produces R records per second for `--latency-seconds`, each
+/// carrying the microsecond it was sent, and a consumer of the output topic takes the
+/// difference when it receives it. Both consumers ask the broker to hold a fetch at
+/// most 5 ms (`fetch.wait.max.ms`), the producer lingers 1 ms. Prints `kind=latency rate=.. records=.. lost=..
+/// p50_ms=.. p99_ms=.. max_ms=..`.
 pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     if args.runs == 0 || args.parallelism == 0 || args.partitions < 1 {
         return Err(Error::usage(
@@ -104,6 +122,9 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         .topic
         .clone()
         .unwrap_or_else(|| format!("sluice-bench-{}", std::process::id()));
+    if args.latency_rate > 0 {
+        latency(&args, &topic)?;
+    }
     fill(&args, &topic)?;
     let mut medians: HashMap<&str, Vec<f64>> = HashMap::new();
     for _ in 0..args.runs {
@@ -275,4 +296,163 @@ fn sluice_job(args: &Args, topic: &str, format: &str, host: &dyn Host) -> Result
         bytes: 0,
         seconds: summary.seconds,
     })
+}
+
+/// Measures produce-to-consume latency through a `kafka → kafka` job.
+fn latency(args: &Args, topic: &str) -> Result<()> {
+    let (input, output) = (format!("{topic}-lat-in"), format!("{topic}-lat-out"));
+    let rt = runtime()?;
+    rt.block_on(async {
+        let properties = HashMap::new();
+        ensure_topic(&args.brokers, &input, args.partitions, &properties).await?;
+        ensure_topic(&args.brokers, &output, 1, &properties).await
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    let dir = tempfile::tempdir().context("a temporary directory")?;
+    let job = dir.path().join("latency.yaml");
+    std::fs::write(
+        &job,
+        format!(
+            "name: bench-kafka-latency\nparallelism: {}\nsource:\n  kafka:\n    brokers: {b}\n    \
+             topic: {input}\n    start: latest\n    schema: {{ sent_us: int64, n: int64 }}\n    \
+             properties: {{ fetch.wait.max.ms: {FETCH_WAIT_MS} }}\n\
+             pipeline:\n  - select: [sent_us, n]\n\
+             sink:\n  kafka: {{ brokers: {b}, topic: {output}, format: json }}\n",
+            args.parallelism,
+            b = args.brokers
+        ),
+    )
+    .context("writing the job")?;
+    let log = dir.path().join("job.log");
+    let mut child = std::process::Command::new(crate::harness::process::sluice_exe()?)
+        .args(["run", job.to_str().context("UTF-8 path")?])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).context("job log")?)
+        .spawn()
+        .context("starting the job")?;
+    let result = measure_latency(args, &input, &output, &log);
+    let _ = child.kill();
+    let _ = child.wait();
+    let (sent, mut latencies) = result?;
+    latencies.sort_unstable();
+    let ms = |p: f64| crate::harness::timing::percentile(&latencies, p) as f64 / 1000.0;
+    outln!(
+        "{}",
+        Line::new()
+            .field("kind", "latency")
+            .field("rate", args.latency_rate)
+            .field("records", sent)
+            .field("lost", sent.saturating_sub(latencies.len() as u64))
+            .field("p50_ms", format!("{:.2}", ms(0.50)))
+            .field("p99_ms", format!("{:.2}", ms(0.99)))
+            .field("max_ms", format!("{:.2}", ms(1.0)))
+    );
+    Ok(())
+}
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or_default()
+}
+
+/// Warms the job up until a record comes through, then produces at the rate and
+/// collects each record's latency (microseconds).
+fn measure_latency(args: &Args, input: &str, output: &str, log: &Path) -> Result<(u64, Vec<i64>)> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &args.brokers)
+        .set("linger.ms", "1")
+        .create()
+        .context("a Kafka producer")?;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &args.brokers)
+        .set("group.id", "sluice-bench")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", FETCH_WAIT_MS.to_string())
+        .create()
+        .context("a Kafka consumer")?;
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(output, 0, Offset::End)
+        .context("assignment")?;
+    consumer.assign(&list).context("assign")?;
+    let send = |n: i64| {
+        let value = format!(r#"{{"sent_us":{},"n":{n}}}"#, now_us());
+        let _ = producer.send(BaseRecord::<(), str>::to(input).payload(&value));
+        producer.poll(Duration::ZERO);
+    };
+    // Warm-up: one record every 100 ms until one arrives (the job has started).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    'warm: loop {
+        if Instant::now() > deadline {
+            return Err(Error::failed(format!(
+                "no record came through the job within 60 s; its log:\n{}",
+                crate::harness::process::log_tail(log, 20)
+            )));
+        }
+        send(-1);
+        let until = Instant::now() + Duration::from_millis(100);
+        while Instant::now() < until {
+            if consumer
+                .poll(Duration::from_millis(10))
+                .is_some_and(|m| m.is_ok())
+            {
+                break 'warm;
+            }
+        }
+    }
+    let total = (args.latency_rate as f64 * args.latency_seconds) as u64;
+    let interval = Duration::from_secs_f64(1.0 / args.latency_rate as f64);
+    let started = Instant::now();
+    let mut latencies = Vec::with_capacity(total as usize);
+    let mut sent = 0u64;
+    let drain_until = |sent: u64| started + interval * sent as u32;
+    let end = started + Duration::from_secs_f64(args.latency_seconds) + Duration::from_secs(10);
+    while Instant::now() < end && (sent < total || (latencies.len() as u64) < total) {
+        while sent < total && Instant::now() >= drain_until(sent) {
+            send(sent as i64);
+            sent += 1;
+        }
+        if let Some(Ok(m)) = consumer.poll(Duration::from_micros(200)) {
+            let received = now_us();
+            let Some(value) = m.payload().and_then(|p| std::str::from_utf8(p).ok()) else {
+                continue;
+            };
+            let parsed: serde_like::Sent = match serde_like::parse(value) {
+                Some(p) => p,
+                None => continue,
+            };
+            if parsed.n >= 0 {
+                latencies.push(received - parsed.sent_us);
+            }
+        }
+    }
+    let _ = producer.flush(Duration::from_secs(10));
+    Ok((sent, latencies))
+}
+
+/// The two numbers of a latency record, read without a JSON library.
+mod serde_like {
+    pub struct Sent {
+        pub sent_us: i64,
+        pub n: i64,
+    }
+
+    fn field(value: &str, name: &str) -> Option<i64> {
+        let at = value.find(&format!("\"{name}\":"))? + name.len() + 3;
+        let rest = &value[at..];
+        let end = rest
+            .find(|c: char| c != '-' && !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    }
+
+    pub fn parse(value: &str) -> Option<Sent> {
+        Some(Sent {
+            sent_us: field(value, "sent_us")?,
+            n: field(value, "n")?,
+        })
+    }
 }
