@@ -1459,6 +1459,26 @@ fn rescale_2_3_while_reading_kafka_moves_partitions_with_their_offsets() {
     );
     let status = cluster.status(&id);
     assert_eq!(status["parallelism"].as_u64(), Some(3), "{status:#}");
+    // While it runs, the status names the partition that holds a source task's watermark,
+    // and so does the human form of `sluice status`.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let partition = format!("{topic}/");
+    loop {
+        let text = cluster.sluice(&["status", &id]).stdout;
+        let line = text.lines().find(|l| l.starts_with("watermark_held_by: "));
+        if let Some(line) = line {
+            assert!(
+                line.contains("source[") && line.contains(&partition),
+                "{line}"
+            );
+            break;
+        }
+        let status = cluster.status(&id);
+        if status["state"] != "running" || Instant::now() > deadline {
+            panic!("no watermark_held_by while the job ran:\n{text}\n{status:#}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
     let status = cluster.wait_finished(&id);
     assert_eq!(status["parallelism"].as_u64(), Some(3), "{status:#}");
     assert_output_matches(&out, &dir.path().join("reference"), &expected);

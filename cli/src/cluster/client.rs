@@ -354,6 +354,23 @@ fn print_human(path: &str, v: &Value) {
             };
             outln!("{k}: {shown}");
         }
+        // Which split holds each source task's watermark: what a stalled window waits on.
+        let held: Vec<String> = obj
+            .get("tasks")
+            .and_then(Value::as_array)
+            .map(|tasks| {
+                tasks
+                    .iter()
+                    .filter_map(|t| {
+                        let split = t.get("watermark_held_by")?.as_str()?;
+                        Some(format!("{}={split}", s(t, "task")))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !held.is_empty() {
+            outln!("watermark_held_by: {}", held.join(", "));
+        }
     } else {
         outln!("{v}");
     }
