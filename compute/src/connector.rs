@@ -86,6 +86,11 @@ pub trait SourceReader: Send {
     }
     /// Counters so far.
     fn counters(&self) -> SourceCounters;
+    /// Checkpoint completed job-wide with these positions (what this reader reported
+    /// for it): a source may tell an outside system how far it got (Kafka: offsets
+    /// committed to a consumer group for monitoring). Nothing may depend on it: a restore
+    /// reads positions from the checkpoint, never from there.
+    fn checkpoint_committed(&mut self, _positions: &[(String, Bytes)]) {}
     /// The name of split `split` for people (`topic/partition`), when the source has one.
     fn split_name(&self, _split: usize) -> Option<String> {
         None

@@ -115,6 +115,10 @@ fn rows_within(dir: &Path, job: &Path, out: &Path, limit: Duration) -> (Vec<Row>
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    if !rows.is_empty() {
+        // Let what follows a completed checkpoint (offsets committed to a group) happen.
+        std::thread::sleep(Duration::from_secs(1));
+    }
     let _ = child.kill();
     let _ = child.wait();
     let mut stderr = String::new();
@@ -162,16 +166,35 @@ fn a_silent_partition_holds_windows_back_unless_the_source_has_idleness() {
     );
 
     let fired = dir.path().join("fired");
+    let group = env.topic("monitor");
     let job_file = write_job(
         dir.path(),
         "fired.yaml",
-        &idle_job(&env, &topic, &fired, ", idleness: 1s"),
+        &idle_job(&env, &topic, &fired, ", idleness: 1s").replace(
+            "    schema:",
+            &format!("    group_id: {group}\n    commit_offsets: true\n    schema:"),
+        ),
     );
     let (rows, stderr) = rows_within(dir.path(), &job_file, &fired, Duration::from_secs(60));
     assert!(
         !rows.is_empty(),
         "with idleness the silent partition is ignored and windows fire:\n{stderr}"
     );
+    // Output is visible once a checkpoint completed, and completed checkpoints commit
+    // their offsets to the group: all 60 records of partitions 0..3, none of 3.
+    // The commit is asynchronous: give it a moment.
+    let started = Instant::now();
+    loop {
+        let committed = env.committed(&topic, &group, 4);
+        if committed == [60, 60, 60, 0] {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the group's offsets are {committed:?}, not [60, 60, 60, 0]"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]

@@ -74,6 +74,35 @@ impl KafkaEnv {
         }
     }
 
+    /// The offsets `group` committed for partitions `0..partitions` of `topic` (-1 where
+    /// none).
+    ///
+    /// # Panics
+    /// When the broker does not answer within 10 s.
+    pub fn committed(&self, topic: &str, group: &str, partitions: i32) -> Vec<i64> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", group)
+            .create()
+            .expect("a Kafka consumer");
+        let mut list = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions {
+            list.add_partition(topic, p);
+        }
+        let found = consumer
+            .committed_offsets(list, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("reading {group}'s offsets: {e}"));
+        (0..partitions)
+            .map(
+                |p| match found.find_partition(topic, p).map(|e| e.offset()) {
+                    Some(rdkafka::Offset::Offset(o)) => o,
+                    _ => -1,
+                },
+            )
+            .collect()
+    }
+
     /// Writes `records` (key, value) to `partition` of `topic` and waits until the
     /// broker has them.
     ///

@@ -394,6 +394,7 @@ pub async fn build_tasks(
                         records_in: metrics.records_in.clone(),
                         skipped: metrics.skipped_records.clone(),
                         holder: None,
+                        reported: Default::default(),
                     }))
                 }
                 None => {

@@ -58,6 +58,8 @@ pub struct SourceInput {
     pub skipped: Arc<AtomicU64>,
     /// The split last named as holding the watermark.
     pub holder: Option<usize>,
+    /// Positions reported for checkpoints not known to be complete yet, oldest first.
+    pub reported: std::collections::VecDeque<(u64, Vec<(String, Bytes)>)>,
 }
 
 /// What a task tells the coordinator about a checkpoint.
@@ -415,6 +417,17 @@ impl Task {
         link.notified = id;
         let task = link.task;
         let events = link.events.clone();
+        if let TaskInput::Source(src) = &mut self.input {
+            // The newest positions this checkpoint (or an earlier one, when this task's
+            // part of it was an older report) covers; older ones are obsolete.
+            let mut newest = None;
+            while src.reported.front().is_some_and(|(cid, _)| *cid <= id) {
+                newest = src.reported.pop_front();
+            }
+            if let Some((_, positions)) = newest {
+                src.reader.checkpoint_committed(&positions);
+            }
+        }
         self.chain.notify_checkpoint_complete(id).await?;
         let _ = events.send(CheckpointEvent::Committed {
             checkpoint_id: id,
@@ -447,6 +460,11 @@ impl Task {
                 return Ok(());
             }
         };
+        if let TaskInput::Source(src) = &mut self.input
+            && !positions.is_empty()
+        {
+            src.reported.push_back((id, positions.clone()));
+        }
         let start = Instant::now();
         if ended {
             self.chain.final_barrier(barrier).await?;

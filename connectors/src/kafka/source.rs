@@ -80,6 +80,8 @@ pub struct KafkaReader {
     finished_since: Vec<usize>,
     counters: SourceCounters,
     dead_letter: Option<DeadLetter>,
+    /// Commits checkpointed offsets to the source's group (`commit_offsets`).
+    committer: Option<BaseConsumer>,
 }
 
 impl std::fmt::Debug for KafkaReader {
@@ -187,6 +189,7 @@ impl KafkaReader {
             finished_since: Vec::new(),
             counters: SourceCounters::default(),
             dead_letter,
+            committer: None,
         })
     }
 
@@ -400,6 +403,44 @@ impl SourceReader for KafkaReader {
                     }
                 }
             }
+        }
+    }
+
+    fn checkpoint_committed(&mut self, positions: &[(String, Bytes)]) {
+        if !self.spec.commit_offsets {
+            return;
+        }
+        if self.committer.is_none() {
+            let mut properties = self.spec.properties.clone();
+            properties.insert("group.id".into(), self.spec.group_id.clone());
+            match lookup_consumer(&self.spec.brokers, &properties) {
+                Ok(c) => self.committer = Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot commit Kafka offsets to the group");
+                    return;
+                }
+            }
+        }
+        let mut list = TopicPartitionList::new();
+        for split in &self.splits {
+            let name = assign::split_name(&split.topic, split.partition);
+            let Some((_, bytes)) = positions.iter().find(|(n, _)| *n == name) else {
+                continue;
+            };
+            if let Ok(p) = PartitionPosition::decode(&name, bytes) {
+                // Kafka's convention: the committed offset is the next one to read.
+                let _ = list.add_partition_offset(
+                    &split.topic,
+                    split.partition,
+                    Offset::Offset(p.next),
+                );
+            }
+        }
+        if let Some(committer) = &self.committer
+            && list.count() > 0
+            && let Err(e) = committer.commit(&list, rdkafka::consumer::CommitMode::Async)
+        {
+            tracing::warn!(group = %self.spec.group_id, error = %e, "committing Kafka offsets");
         }
     }
 

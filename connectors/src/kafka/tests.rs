@@ -12,6 +12,7 @@ use sluice_common::pb;
 use sluice_compute::connector::{SinkWriter, SourceReader, SourceStep, SubtaskInfo};
 use sluice_test_support::kafka::{KafkaEnv, kafka_env};
 
+use super::position::PartitionPosition;
 use super::{KafkaReader, KafkaWriter};
 
 fn env(test: &str) -> Option<KafkaEnv> {
@@ -514,4 +515,68 @@ async fn start_positions_follow_latest_and_group_offsets() {
         vec![3, 4, 5, 6, 7],
         "the group's offset"
     );
+}
+
+#[tokio::test]
+async fn committed_checkpoints_commit_their_offsets_to_the_group() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+    let Some(env) = env("kafka_commit_offsets") else {
+        return;
+    };
+    let topic = topic_with_records(&env, "commit", 2, 10).await;
+    let group = env.topic("monitor");
+    let mut spec = json_source(&env, &topic);
+    spec.commit_offsets = true;
+    spec.group_id = group.clone();
+    let mut reader = KafkaReader::open(&spec, &[], subtask(0, 1), 4)
+        .await
+        .unwrap();
+    read(&mut reader, 2).await;
+    let positions = reader.positions().unwrap();
+    reader.checkpoint_committed(&positions);
+
+    let expected: Vec<i64> = {
+        let mut v: Vec<(String, i64)> = positions
+            .iter()
+            .map(|(n, b)| (n.clone(), PartitionPosition::decode(n, b).unwrap().next))
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, next)| next).collect()
+    };
+    assert!(
+        expected.iter().sum::<i64>() > 0,
+        "something was read: {expected:?}"
+    );
+    let reader_of_group: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.brokers)
+        .set("group.id", &group)
+        .create()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(&topic, 0);
+        list.add_partition(&topic, 1);
+        let found = reader_of_group
+            .committed_offsets(list, Duration::from_secs(5))
+            .unwrap();
+        let got: Vec<i64> = (0..2)
+            .map(
+                |p| match found.find_partition(&topic, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) => o,
+                    _ => -1,
+                },
+            )
+            .collect();
+        if got == expected {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the group has {got:?}, the checkpoint {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

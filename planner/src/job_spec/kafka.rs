@@ -10,6 +10,7 @@
 //!     start: earliest             # latest | group_offsets | { timestamp: 2026-01-01T00:00:00Z }
 //!     bounded: latest             # none (default) | latest
 //!     on_error: skip              # fail | skip | dead_letter (with dead_letter: DIR)
+//!     group_id: monitor           # with commit_offsets: true, checkpointed offsets go there
 //!     properties: { fetch.min.bytes: 1 }
 //! sink:
 //!   kafka: { brokers: 127.0.0.1:9092, topic: out, format: json, key: [auction] }
@@ -18,7 +19,7 @@
 use std::collections::HashMap;
 
 use super::connector::{bad_records, schema};
-use super::fields::{Fields, Result, choice, duration_ms, string, string_list};
+use super::fields::{Fields, Result, bool_value, choice, duration_ms, string, string_list};
 use super::marked_yaml::{Node, PosError, Value};
 use sluice_common::pb;
 
@@ -36,6 +37,7 @@ const SOURCE_KEYS: &[&str] = &[
     "on_error",
     "dead_letter",
     "discovery_interval",
+    "commit_offsets",
 ];
 
 const SINK_KEYS: &[&str] = &[
@@ -130,6 +132,15 @@ pub(super) fn source(node: &Node, path: &str) -> Result<pb::KafkaSource> {
             format!("`start: group_offsets` needs `group_id` in {path}: whose offsets?"),
         ));
     }
+    let commit_offsets = fields.opt("commit_offsets", bool_value)?.unwrap_or(false);
+    if commit_offsets && group_id.is_empty() {
+        return Err(PosError::new(
+            fields
+                .get("commit_offsets")
+                .map_or(fields.pos, |e| e.value.pos),
+            format!("`commit_offsets: true` needs `group_id` in {path}: which group?"),
+        ));
+    }
     let (on_error, dead_letter_path) = bad_records(&fields, path)?;
     Ok(pb::KafkaSource {
         brokers,
@@ -145,6 +156,7 @@ pub(super) fn source(node: &Node, path: &str) -> Result<pb::KafkaSource> {
         on_error: on_error as i32,
         dead_letter_path,
         discovery_interval_ms: fields.opt("discovery_interval", duration_ms)?.unwrap_or(0),
+        commit_offsets,
     })
 }
 
