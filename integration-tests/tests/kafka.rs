@@ -260,3 +260,98 @@ fn bad_kafka_input_fails_or_is_skipped_as_the_job_says() {
         started.elapsed()
     );
 }
+
+#[test]
+fn the_kafka_sink_keeps_every_record_through_worker_kills() {
+    let Some(env) = env(
+        "kafka-sink-failover",
+        "the at-least-once Kafka sink under worker kills",
+    ) else {
+        return;
+    };
+    let dir = tempdir();
+    // Windows of throttled Nexmark bids on remote state; a kill replays the windows
+    // after the last checkpoint, so the topic may hold some twice but must miss none.
+    let job = |sink: &str, rate: u64| {
+        let throttle = if rate > 0 {
+            format!(", max_events_per_second: {rate}")
+        } else {
+            String::new()
+        };
+        format!(
+            "name: kafka-sink\nparallelism: 2\ncheckpoint: {{ interval: 300ms }}\n\
+             state: {{ backend: remote, shards: 4 }}\n\
+             source:\n  nexmark: {{ stream: bid, events: 120000, seed: 11, splits: 4{throttle} }}\n\
+             watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
+             pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    \
+             aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
+             sink:\n  {sink}\n"
+        )
+    };
+    let reference = dir.path().join("reference");
+    let file = write_job(
+        dir.path(),
+        "ref.yaml",
+        &job(
+            &format!("file: {{ path: {}, format: jsonl }}", yaml_path(&reference)),
+            0,
+        ),
+    );
+    run_sluice(&["run", file.to_str().unwrap()], dir.path()).assert_success();
+    let expected: Vec<Row> = read_jsonl_dir(&reference);
+
+    let topic = env.topic("windows");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(env.create_topic(&topic, 2));
+    let file = write_job(
+        dir.path(),
+        "sink.yaml",
+        &job(
+            &format!(
+                "kafka: {{ brokers: {}, topic: {topic}, format: json, key: [auction] }}",
+                env.brokers
+            ),
+            12_000,
+        ),
+    );
+    let mut rng = rng_from_env("SLUICE_FAILOVER_SEED", 0x5eed_f00d);
+    procs::run_with_kills(dir.path(), &file, 2, &mut |n| rng.below(n));
+
+    let values = env.read_values(&topic, 2, expected.len(), Duration::from_secs(60));
+    let written: Vec<Row> = values
+        .iter()
+        .flat_map(|v| sluice_integration_tests::parse_jsonl(v, &topic))
+        .collect();
+    let unique = |rows: &[Row]| -> std::collections::BTreeSet<String> {
+        rows.iter()
+            .map(|r| {
+                serde_json::Value::Object(sluice_integration_tests::normalize_row(r)).to_string()
+            })
+            .collect()
+    };
+    let (want, got) = (unique(&expected), unique(&written));
+    let missing: Vec<&String> = want.difference(&got).take(5).collect();
+    let foreign: Vec<&String> = got.difference(&want).take(5).collect();
+    assert!(
+        missing.is_empty() && foreign.is_empty(),
+        "{} of {} windows missing (e.g. {missing:?}), {} not in the reference (e.g. {foreign:?})",
+        want.difference(&got).count(),
+        want.len(),
+        got.difference(&want).count()
+    );
+    assert!(
+        written.len() >= expected.len(),
+        "at least once: {} < {}",
+        written.len(),
+        expected.len()
+    );
+    eprintln!(
+        "{} windows, {} records in the topic ({} repeated after restarts)",
+        expected.len(),
+        written.len(),
+        written.len() - expected.len()
+    );
+}

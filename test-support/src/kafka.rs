@@ -103,6 +103,43 @@ impl KafkaEnv {
             .collect()
     }
 
+    /// The values of `topic` (partitions `0..partitions`) from the start: read until at
+    /// least `at_least` came and then nothing more for two seconds, or `limit` passed.
+    pub fn read_values(
+        &self,
+        topic: &str,
+        partitions: i32,
+        at_least: usize,
+        limit: Duration,
+    ) -> Vec<String> {
+        use rdkafka::Message;
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", "sluice-test-reader")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .expect("a Kafka consumer");
+        let mut list = rdkafka::TopicPartitionList::new();
+        for p in 0..partitions {
+            list.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+                .expect("assignment");
+        }
+        consumer.assign(&list).expect("assign");
+        let started = std::time::Instant::now();
+        let mut last = std::time::Instant::now();
+        let mut values = Vec::new();
+        while started.elapsed() < limit
+            && (values.len() < at_least || last.elapsed() < Duration::from_secs(2))
+        {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
+                values.push(String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned());
+                last = std::time::Instant::now();
+            }
+        }
+        values
+    }
+
     /// Writes `records` (key, value) to `partition` of `topic` and waits until the
     /// broker has them.
     ///
