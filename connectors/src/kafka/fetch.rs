@@ -306,7 +306,8 @@ impl Poller {
             ms => Duration::from_millis(ms),
         };
         let mut next_discovery = Instant::now() + discovery;
-        let mut warned = Instant::now() - Duration::from_secs(60);
+        // Not `now - 60 s`: that panics on a machine up for less than a minute.
+        let mut warned: Option<Instant> = None;
         loop {
             if self.stop.load(Ordering::Relaxed) {
                 return Ok(());
@@ -377,9 +378,9 @@ impl Poller {
                     }
                     // librdkafka retries transient failures (a broker restarting, say)
                     // itself; say so once a minute rather than on every poll.
-                    if warned.elapsed() >= Duration::from_secs(60) {
+                    if warned.is_none_or(|w| w.elapsed() >= Duration::from_secs(60)) {
                         tracing::warn!(brokers = %self.options.spec.brokers, error = %e, "Kafka consumer");
-                        warned = Instant::now();
+                        warned = Some(Instant::now());
                     }
                 }
             }
