@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sluice_integration_tests::procs::children_of;
+use sluice_integration_tests::procs::{Background, children_of};
 use sluice_integration_tests::{
     assert_same_rows, read_jsonl_dir, run_sluice, sluice_bin, tempdir, write_job, yaml_path,
 };
@@ -191,15 +191,11 @@ fn a_killed_consumer_fails_the_run_quickly() {
         "kill.yaml",
         "name: kill\nparallelism: 1\nsource:\n  nexmark: { stream: bid, events: 100000000, seed: 1 }\nsink:\n  blackhole: { delay_per_batch: 10ms }\n  parallelism: 2\n",
     );
-    let mut child = Command::new(sluice_bin())
-        .args(["run", job.to_str().unwrap(), "--workers", "2"])
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start sluice");
-    let pid = child.id();
+    let run = Background::spawn(
+        &["run", job.to_str().unwrap(), "--workers", "2"],
+        dir.path(),
+    );
+    let pid = run.id();
     // Find the workers (children of the run) and kill the last one.
     let deadline = Instant::now() + Duration::from_secs(30);
     let workers = loop {
@@ -215,19 +211,10 @@ fn a_killed_consumer_fails_the_run_quickly() {
     let _ = Command::new("kill")
         .args(["-9", &victim.to_string()])
         .status();
-    let killed_at = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if killed_at.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("sluice run did not fail within 30 s of a worker dying");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let (status, stderr) = run.wait(
+        Duration::from_secs(30),
+        "sluice run did not fail after a worker died",
+    );
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("error: worker"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");

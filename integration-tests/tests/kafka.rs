@@ -9,10 +9,9 @@
 //! says (tansu's end offsets need the last record of each partition alone in a batch).
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sluice_integration_tests::procs;
+use sluice_integration_tests::procs::{self, Background};
 use sluice_integration_tests::{
     Row, assert_same_rows, part_files, read_jsonl_dir, run_sluice, tempdir, write_job, yaml_path,
 };
@@ -93,18 +92,14 @@ fn idle_job(env: &KafkaEnv, topic: &str, out: &Path, idleness: &str) -> String {
 /// Runs `job` (unbounded, printing task metrics) for at most `limit`, until `out` holds
 /// a committed row; the rows found, and the process's stderr.
 fn rows_within(dir: &Path, job: &Path, out: &Path, limit: Duration) -> (Vec<Row>, String) {
-    let mut child = Command::new(sluice_integration_tests::sluice_bin())
-        .args(["run", job.to_str().unwrap(), "--metrics-interval-ms", "300"])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start sluice");
+    let mut run = Background::spawn(
+        &["run", job.to_str().unwrap(), "--metrics-interval-ms", "300"],
+        dir,
+    );
     let started = Instant::now();
     let mut rows = Vec::new();
     while started.elapsed() < limit {
-        if let Some(status) = child.try_wait().expect("wait") {
+        if let Some(status) = run.try_wait() {
             panic!("an unbounded job ended: {status}");
         }
         if out.exists() && !part_files(out, "jsonl").is_empty() {
@@ -119,10 +114,7 @@ fn rows_within(dir: &Path, job: &Path, out: &Path, limit: Duration) -> (Vec<Row>
         // Let what follows a completed checkpoint (offsets committed to a group) happen.
         std::thread::sleep(Duration::from_secs(1));
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let stderr = run.kill();
     assert!(!stderr.contains("panicked"), "{stderr}");
     (rows, stderr)
 }
