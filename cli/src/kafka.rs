@@ -9,9 +9,8 @@ use std::collections::HashMap;
 use clap::{Args, Subcommand, ValueEnum};
 use sluice_common::pb;
 use sluice_connectors::kafka::admin::{ensure_topic, produce_nexmark};
-use sluice_planner::job_spec::parse_duration_ms;
 
-use crate::nexmark_gen::{Stream, source_spec};
+use crate::nexmark_gen::EventArgs;
 use crate::{Failure, runtime};
 
 /// Kafka commands.
@@ -45,21 +44,8 @@ pub struct ProduceArgs {
     /// Write the built-in Nexmark generator's events (the only source for now).
     #[arg(long, required = true)]
     from_nexmark: bool,
-    /// Which Nexmark stream.
-    #[arg(long, value_enum, default_value = "bid")]
-    stream: Stream,
-    /// Number of events.
-    #[arg(long)]
-    events: u64,
-    /// Generator seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Maximum displacement of event times, e.g. 2s.
-    #[arg(long, default_value = "0ms")]
-    max_out_of_orderness: String,
-    /// Events (of all streams) per second of event time; 0 for the generator's default.
-    #[arg(long, default_value_t = 0)]
-    events_per_second: u64,
+    #[command(flatten)]
+    events: EventArgs,
     /// Record format.
     #[arg(long, value_enum, default_value = "json")]
     format: Format,
@@ -80,14 +66,12 @@ pub fn run(command: KafkaCommand) -> Result<(), Failure> {
 }
 
 fn produce(args: ProduceArgs) -> Result<(), Failure> {
-    if args.events == 0 {
+    if args.events.events == 0 {
         return Err(Failure::usage("--events must be at least 1"));
     }
     if args.partitions < 1 {
         return Err(Failure::usage("--partitions must be at least 1"));
     }
-    let ooo = parse_duration_ms(&args.max_out_of_orderness)
-        .map_err(|e| Failure::usage(format!("--max-out-of-orderness: {e}")))?;
     let mut properties = HashMap::new();
     for p in &args.properties {
         let Some((name, value)) = p.split_once('=') else {
@@ -97,13 +81,7 @@ fn produce(args: ProduceArgs) -> Result<(), Failure> {
         };
         properties.insert(name.trim().to_owned(), value.trim().to_owned());
     }
-    let spec = source_spec(
-        args.stream,
-        args.events,
-        args.seed,
-        ooo,
-        args.events_per_second,
-    );
+    let spec = args.events.spec()?;
     let mut sink = pb::KafkaSink {
         brokers: args.brokers.clone(),
         topic: args.topic.clone(),

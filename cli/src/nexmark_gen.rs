@@ -35,61 +35,67 @@ pub enum Format {
     Parquet,
 }
 
-/// Arguments of `sluice nexmark gen`.
+/// Which generated events: the arguments `sluice nexmark gen` and `sluice kafka
+/// produce` share.
 #[derive(Args)]
-pub struct GenArgs {
+pub struct EventArgs {
     /// Which stream.
     #[arg(long, value_enum, default_value = "bid")]
     stream: Stream,
     /// Number of events of that stream.
     #[arg(long)]
-    events: u64,
+    pub events: u64,
     /// Generator seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// File format.
-    #[arg(long, value_enum, default_value = "jsonl")]
-    format: Format,
-    /// Output directory (local path or s3:// URL); files are part-<i>.<ext>.
-    #[arg(long)]
-    out: String,
     /// Maximum displacement of event times, e.g. 2s.
     #[arg(long, default_value = "0ms")]
     max_out_of_orderness: String,
     /// Events (of all streams) per second of event time; 0 for the generator's default.
     #[arg(long, default_value_t = 0)]
     events_per_second: u64,
+}
+
+impl EventArgs {
+    /// The generator source these arguments describe.
+    pub fn spec(&self) -> Result<pb::NexmarkSource, Failure> {
+        let ooo = parse_duration_ms(&self.max_out_of_orderness)
+            .map_err(|e| Failure::usage(format!("--max-out-of-orderness: {e}")))?;
+        let mut spec = pb::NexmarkSource {
+            events: self.events,
+            seed: self.seed,
+            max_out_of_orderness_ms: ooo,
+            events_per_second: self.events_per_second,
+            ..Default::default()
+        };
+        spec.set_stream(match self.stream {
+            Stream::Bid => pb::NexmarkStream::Bid,
+            Stream::Auction => pb::NexmarkStream::Auction,
+            Stream::Person => pb::NexmarkStream::Person,
+        });
+        Ok(spec)
+    }
+}
+
+/// Arguments of `sluice nexmark gen`.
+#[derive(Args)]
+pub struct GenArgs {
+    #[command(flatten)]
+    events: EventArgs,
+    /// File format.
+    #[arg(long, value_enum, default_value = "jsonl")]
+    format: Format,
+    /// Output directory (local path or s3:// URL); files are part-<i>.<ext>.
+    #[arg(long)]
+    out: String,
     /// Number of files to split the events into (readers use one split per file).
     #[arg(long, default_value_t = 1)]
     files: usize,
 }
 
-/// Builds the source spec these arguments describe.
-pub fn source_spec(
-    stream: Stream,
-    events: u64,
-    seed: u64,
-    ooo_ms: u64,
-    rate: u64,
-) -> pb::NexmarkSource {
-    let mut spec = pb::NexmarkSource {
-        events,
-        seed,
-        max_out_of_orderness_ms: ooo_ms,
-        events_per_second: rate,
-        ..Default::default()
-    };
-    spec.set_stream(match stream {
-        Stream::Bid => pb::NexmarkStream::Bid,
-        Stream::Auction => pb::NexmarkStream::Auction,
-        Stream::Person => pb::NexmarkStream::Person,
-    });
-    spec
-}
-
 /// Runs `sluice nexmark gen`.
 pub fn generate(args: GenArgs) -> Result<(), Failure> {
-    if args.events == 0 {
+    if args.events.events == 0 {
         return Err(Failure::usage(
             "--events must be at least 1 (files cannot hold an unbounded stream)",
         ));
@@ -97,15 +103,7 @@ pub fn generate(args: GenArgs) -> Result<(), Failure> {
     if args.files == 0 {
         return Err(Failure::usage("--files must be at least 1"));
     }
-    let ooo = parse_duration_ms(&args.max_out_of_orderness)
-        .map_err(|e| Failure::usage(format!("--max-out-of-orderness: {e}")))?;
-    let spec = source_spec(
-        args.stream,
-        args.events,
-        args.seed,
-        ooo,
-        args.events_per_second,
-    );
+    let spec = args.events.spec()?;
     let mut sink = pb::FileSink {
         path: args.out.clone(),
         ..Default::default()
