@@ -158,16 +158,20 @@ create_container() {
     req.end();'
 }
 
-stop_azurite() {
-  if [ -f "$dir/azurite.pid" ]; then
-    pid=$(cat "$dir/azurite.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/azurite.pid"
-    echo "Azure Blob (Azurite) stopped" >&2
-  fi
+# Stops the process whose pid `start` wrote to .test-services/$1.pid (TERM, then KILL
+# after 5 s) and says that `$2` stopped; nothing when there is no pid file.
+stop_pid() {
+  local file="$dir/$1.pid" pid
+  [ -f "$file" ] || return 0
+  pid=$(cat "$file")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$file"
+  echo "$2 stopped" >&2
 }
+
+stop_azurite() { stop_pid azurite "Azure Blob (Azurite)"; }
 
 kafka_up() { timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/${kafka_port}" 2>/dev/null; }
 
@@ -195,27 +199,9 @@ start_kafka() {
   await_service kafka_up true "Kafka (tansu) ready on 127.0.0.1:${kafka_port}" tansu "$dir/tansu.log"
 }
 
-stop_kafka() {
-  if [ -f "$dir/tansu.pid" ]; then
-    pid=$(cat "$dir/tansu.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/tansu.pid"
-    echo "Kafka (tansu) stopped" >&2
-  fi
-}
+stop_kafka() { stop_pid tansu "Kafka (tansu)"; }
 
-stop_s3() {
-  if [ -f "$dir/seaweedfs.pid" ]; then
-    pid=$(cat "$dir/seaweedfs.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/seaweedfs.pid"
-    echo "S3 (SeaweedFS) stopped" >&2
-  fi
-}
+stop_s3() { stop_pid seaweedfs "S3 (SeaweedFS)"; }
 
 case "${1:-}" in
   start) start_s3; start_azurite; start_kafka; ensure_promtool; print_env ;;
