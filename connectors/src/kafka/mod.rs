@@ -166,10 +166,12 @@ pub(crate) fn partitions(
     spec: &pb::KafkaSource,
 ) -> Result<Vec<(String, i32)>> {
     let brokers = spec.brokers.as_str();
-    let meta = metadata(consumer, brokers, None)?;
     let mut found = Vec::new();
     if spec.topic_pattern.is_empty() {
+        // Only the named topics: this runs at every discovery, and a cluster's full
+        // metadata can be large.
         for topic in &spec.topics {
+            let meta = metadata(consumer, brokers, Some(topic))?;
             let Some(t) = meta.topics().iter().find(|t| t.name() == topic) else {
                 return Err(missing_topic(brokers, topic));
             };
@@ -179,6 +181,7 @@ pub(crate) fn partitions(
             found.extend(t.partitions().iter().map(|p| (topic.clone(), p.id())));
         }
     } else {
+        let meta = metadata(consumer, brokers, None)?;
         let pattern = regex::Regex::new(&format!("^(?:{})$", spec.topic_pattern))
             .map_err(|e| Error::Plan(format!("bad `topic_pattern`: {e}")))?;
         for t in meta.topics() {
