@@ -16,7 +16,7 @@
 # tests check exactly-once through Kafka sources, not through Kafka transactions.
 # promtool: Debian's `prometheus` package, installed with service starts refused (no
 # Prometheus server is left running); the coordinator's /metrics test checks its output
-# with `promtool check metrics`.
+# with `promtool check metrics`; its server binary is started by the telemetry tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="$PWD/.test-services"
@@ -67,6 +67,11 @@ print_env() {
   fi
   if command -v promtool >/dev/null 2>&1; then
     echo "export SLUICE_TEST_PROMTOOL=$(command -v promtool)"
+  fi
+  # The same package's server, which the telemetry tests start themselves (on
+  # 127.0.0.1, a port and data directory of their own) to scrape a cluster.
+  if command -v prometheus >/dev/null 2>&1; then
+    echo "export SLUICE_TEST_PROMETHEUS=$(command -v prometheus)"
   fi
   if az_up; then
     echo "export SLUICE_TEST_AZURE_ENDPOINT=http://127.0.0.1:${az_port}/${az_account}"

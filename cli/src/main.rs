@@ -25,6 +25,7 @@ mod nexmark_gen;
 mod progress;
 mod run;
 mod state_service;
+mod telemetry;
 
 use std::process::ExitCode;
 

@@ -11,6 +11,7 @@ use sluice_planner::job_spec;
 use crate::cluster::embedded::{self, RunOptions};
 use crate::cluster::local_state::StateArgs;
 use crate::progress::human;
+use crate::telemetry::TelemetryArgs;
 use crate::{Failure, runtime};
 
 /// Arguments of `sluice run`.
@@ -42,6 +43,8 @@ pub struct RunArgs {
     /// Workers print per-task metrics this often (ms; 0: only at the end).
     #[arg(long, default_value_t = 0)]
     pub metrics_interval_ms: u64,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
 }
 
 impl RunArgs {
@@ -61,6 +64,7 @@ impl RunArgs {
             store: self.store.clone(),
             from_savepoint: self.from_savepoint.clone(),
             progress: !self.quiet,
+            telemetry: self.telemetry.clone(),
         }
     }
 }

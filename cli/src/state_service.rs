@@ -4,7 +4,12 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use clap::Args;
+use sluice_state_service::metrics::NodeMetrics;
+
+use crate::telemetry::TelemetryArgs;
 use sluice_common::byte_size;
 use sluice_state_service::{RunningStateService, StateServiceConfig};
 
@@ -34,12 +39,15 @@ pub struct StateServiceArgs {
     /// Size of the local-disk cache tier.
     #[arg(long, default_value = "4GiB", value_parser = byte_size::parse)]
     disk_cache: u64,
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
 }
 
 /// Runs `sluice state-service` until Ctrl-C or SIGTERM.
 pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
+    let node_id = args.node_id.unwrap_or_else(|| args.listen.to_string());
     let config = StateServiceConfig {
-        node_id: args.node_id.unwrap_or_else(|| args.listen.to_string()),
+        node_id: node_id.clone(),
         memory_bytes: args.memory,
         disk_cache_bytes: args.disk_cache,
         listen: args.listen,
@@ -54,7 +62,13 @@ pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::from(anyhow::anyhow!("state service: {e}")))?;
         // Scripts and tests read the bound address from this line.
         outln!("state-service listening on {}", service.local_addr());
+        let node = NodeMetrics(service.node().clone());
+        let telemetry = args
+            .telemetry
+            .start("state-service", node_id, vec![Arc::new(node)])
+            .await?;
         shutdown_signal().await;
+        drop(telemetry);
         service
             .shutdown()
             .await

@@ -1,136 +1,107 @@
-//! `GET /metrics`: what the coordinator knows of its jobs and workers, in the Prometheus
-//! text exposition format (version 0.0.4), for users who scrape rather than run an
-//! OpenTelemetry collector. Names and units are listed in `docs/metrics.md`.
+//! The coordinator's metrics: what it knows of its jobs, their tasks (from the workers'
+//! progress reports) and its workers, rendered on `GET /metrics` and exported over OTLP
+//! ([`CoordinatorMetrics`]). Names and units are listed in `docs/metrics.md`.
 //!
-//! It renders the same [`JobStatus`] and [`WorkerView`] the REST API serves, so it adds
-//! no bookkeeping of its own and cannot disagree with `sluice status`. Per-task metrics
-//! (busy and back-pressured time, buffers) live on the workers, not here.
+//! It reads the same [`JobStatus`] and [`WorkerView`] the REST API serves, so it adds no
+//! bookkeeping of its own and cannot disagree with `sluice status`. What only a worker
+//! sees (bytes, buffers, credits and backlog of its channels) is the worker's to publish.
 
-use std::fmt::Write;
+use sluice_telemetry::{Collect, Metric, Snapshot};
 
 use crate::cluster::registry::WorkerView;
 use crate::job::lifecycle::JobState;
 use crate::job::status::{JobStatus, TaskStatus};
 
 /// The content type of the text format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// One metric family being written: its `# HELP` and `# TYPE` lines, then samples.
-struct Family<'a> {
-    out: &'a mut String,
-    name: &'static str,
-}
-
-impl<'a> Family<'a> {
-    fn new(out: &'a mut String, name: &'static str, kind: &str, help: &str) -> Self {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        Family { out, name }
-    }
-
-    fn sample(&mut self, labels: &[(&str, &str)], value: impl std::fmt::Display) {
-        self.out.push_str(self.name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
-            }
-            self.out.push('}');
-        }
-        let _ = writeln!(self.out, " {value}");
-    }
-}
-
-/// A label value as the text format wants it: backslash, double quote and line feed
-/// escaped (job names come from users' files).
-fn escape(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
-}
+pub use sluice_telemetry::prometheus::CONTENT_TYPE;
 
 /// The labels naming a job.
-fn job(j: &JobStatus) -> [(&'static str, &str); 2] {
-    [("job", j.id.as_str()), ("name", j.name.as_str())]
+fn job(j: &JobStatus) -> [(&'static str, String); 2] {
+    [("job_id", j.id.clone()), ("job_name", j.name.clone())]
 }
 
-/// A metric of jobs: name, type, help, and its value for a job (`None`: no sample).
-type JobFigure = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&JobStatus) -> Option<f64>,
-);
+/// A metric of jobs and its value for a job (`None`: no sample).
+type JobFigure = (Metric, fn(&JobStatus) -> Option<f64>);
 
 const JOB_FIGURES: [JobFigure; 11] = [
     (
-        "sluice_job_records_in_total",
-        "counter",
-        "Records the job's sources read, from the workers' last reports.",
+        Metric::counter(
+            "sluice.job.records_in",
+            "{record}",
+            "Records the job's sources read, from the workers' last reports.",
+        ),
         |j| Some(j.records_in as f64),
     ),
     (
-        "sluice_job_records_out_total",
-        "counter",
-        "Records the job's sinks wrote, from the workers' last reports.",
+        Metric::counter(
+            "sluice.job.records_out",
+            "{record}",
+            "Records the job's sinks wrote, from the workers' last reports.",
+        ),
         |j| Some(j.records_out as f64),
     ),
     (
-        "sluice_job_restarts_total",
-        "counter",
-        "Restarts after failures.",
+        Metric::counter(
+            "sluice.job.restarts",
+            "{restart}",
+            "Restarts after failures.",
+        ),
         |j| Some(f64::from(j.restarts)),
     ),
     (
-        "sluice_job_checkpoints_aborted_total",
-        "counter",
-        "Checkpoints aborted.",
+        Metric::counter(
+            "sluice.job.checkpoints_aborted",
+            "{checkpoint}",
+            "Checkpoints aborted.",
+        ),
         |j| Some(j.checkpoints_aborted as f64),
     ),
     (
-        "sluice_job_late_records_total",
-        "counter",
-        "Records the windows dropped as late (reported at the end).",
+        Metric::counter(
+            "sluice.job.late_records",
+            "{record}",
+            "Records the windows dropped as late (reported at the end).",
+        ),
         |j| Some(j.late as f64),
     ),
     (
-        "sluice_job_skipped_records_total",
-        "counter",
-        "Malformed records skipped (reported at the end).",
+        Metric::counter(
+            "sluice.job.skipped_records",
+            "{record}",
+            "Malformed records skipped (reported at the end).",
+        ),
         |j| Some(j.skipped as f64),
     ),
     (
-        "sluice_job_parallelism",
-        "gauge",
-        "Parallelism of the job's nodes (the largest).",
+        Metric::gauge(
+            "sluice.job.parallelism",
+            "{subtask}",
+            "Parallelism of the job's nodes (the largest).",
+        ),
         |j| Some(f64::from(j.parallelism)),
     ),
     (
-        "sluice_job_last_checkpoint",
-        "gauge",
-        "Id of the newest completed checkpoint.",
+        Metric::gauge(
+            "sluice.job.last_checkpoint",
+            "{checkpoint}",
+            "Id of the newest completed checkpoint.",
+        ),
         |j| j.last_checkpoint.map(|c| c as f64),
     ),
     (
-        "sluice_job_last_checkpoint_duration_seconds",
-        "gauge",
-        "Trigger to commit of the newest completed checkpoint.",
+        Metric::gauge(
+            "sluice.job.last_checkpoint.duration",
+            "s",
+            "Trigger to commit of the newest completed checkpoint.",
+        ),
         |j| j.checkpoints.last().map(|c| c.duration_ms as f64 / 1000.0),
     ),
     (
-        "sluice_job_last_checkpoint_alignment_seconds",
-        "gauge",
-        "Longest barrier alignment of a task in the newest completed checkpoint.",
+        Metric::gauge(
+            "sluice.job.last_checkpoint.alignment",
+            "s",
+            "Longest barrier alignment of a task in the newest completed checkpoint.",
+        ),
         |j| {
             j.checkpoints
                 .last()
@@ -138,153 +109,198 @@ const JOB_FIGURES: [JobFigure; 11] = [
         },
     ),
     (
-        "sluice_job_watermark_seconds",
-        "gauge",
-        "The smallest source watermark, in seconds since the Unix epoch.",
+        Metric::gauge(
+            "sluice.job.watermark",
+            "s",
+            "The smallest source watermark, in seconds since the Unix epoch.",
+        ),
         |j| j.watermark.map(|w| w as f64 / 1000.0),
     ),
 ];
 
-/// A metric of tasks: name, type, help, and its value for a task.
-type TaskFigure = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&TaskStatus) -> f64,
-);
+/// A metric of tasks and its value for a task.
+type TaskFigure = (Metric, fn(&TaskStatus) -> f64);
 
 const TASK_FIGURES: [TaskFigure; 9] = [
     (
-        "sluice_task_busy_ratio",
-        "gauge",
-        "Share of the last second a task spent handling elements, back pressure excluded.",
+        Metric::gauge(
+            "sluice.task.busy",
+            "1",
+            "Share of the last second a task spent handling elements, back pressure excluded.",
+        ),
         |t| t.busy_ms_per_s as f64 / 1000.0,
     ),
     (
-        "sluice_task_backpressured_ratio",
-        "gauge",
-        "Share of the last second a task waited for room downstream.",
+        Metric::gauge(
+            "sluice.task.backpressured",
+            "1",
+            "Share of the last second a task waited for room downstream.",
+        ),
         |t| t.backpressured_ms_per_s as f64 / 1000.0,
     ),
     (
-        "sluice_task_idle_ratio",
-        "gauge",
-        "Share of the last second a task waited for input.",
+        Metric::gauge(
+            "sluice.task.idle",
+            "1",
+            "Share of the last second a task waited for input.",
+        ),
         |t| t.idle_ms_per_s as f64 / 1000.0,
     ),
     (
-        "sluice_task_records_in_total",
-        "counter",
-        "Records a task received.",
+        Metric::counter(
+            "sluice.task.records_in",
+            "{record}",
+            "Records a task received.",
+        ),
         |t| t.records_in as f64,
     ),
     (
-        "sluice_task_records_out_total",
-        "counter",
-        "Records a task emitted.",
+        Metric::counter(
+            "sluice.task.records_out",
+            "{record}",
+            "Records a task emitted.",
+        ),
         |t| t.records_out as f64,
     ),
     (
-        "sluice_task_state_cache_hits_total",
-        "counter",
-        "Records whose keyed state was in the operator cache.",
+        Metric::counter(
+            "sluice.task.state_cache.hits",
+            "{record}",
+            "Records whose keyed state was in the operator cache.",
+        ),
         |t| t.cache_hits as f64,
     ),
     (
-        "sluice_task_state_cache_misses_total",
-        "counter",
-        "Records whose keyed state was not in the operator cache.",
+        Metric::counter(
+            "sluice.task.state_cache.misses",
+            "{record}",
+            "Records whose keyed state was not in the operator cache.",
+        ),
         |t| t.cache_misses as f64,
     ),
     (
-        "sluice_task_state_cache_spills_total",
-        "counter",
-        "Entries spilled from the operator cache to the state backend.",
+        Metric::counter(
+            "sluice.task.state_cache.spills",
+            "{entry}",
+            "Entries spilled from the operator cache to the state backend.",
+        ),
         |t| t.cache_spills as f64,
     ),
     (
-        "sluice_task_state_cache_bytes",
-        "gauge",
-        "Bytes of decoded state the operator cache holds.",
+        Metric::gauge(
+            "sluice.task.state_cache",
+            "By",
+            "Bytes of decoded state the operator cache holds.",
+        ),
         |t| t.cache_bytes as f64,
     ),
 ];
 
-/// A gauge of workers: name, help, and its value for a worker.
-type WorkerFigure = (&'static str, &'static str, fn(&WorkerView) -> f64);
+/// `sluice.job.state`: 1 for the state a job is in.
+const JOB_STATE: Metric = Metric::gauge(
+    "sluice.job.state",
+    "",
+    "1 for the state each job is in, 0 for the others.",
+);
+
+/// `sluice.workers`: worker processes attached.
+const WORKERS: Metric = Metric::gauge(
+    "sluice.workers",
+    "{worker}",
+    "Worker processes attached to the coordinator.",
+);
+
+/// A gauge of workers and its value for a worker.
+type WorkerFigure = (Metric, fn(&WorkerView) -> f64);
 
 const WORKER_FIGURES: [WorkerFigure; 3] = [
-    ("sluice_worker_slots", "A worker's slots.", |w| {
-        f64::from(w.slots)
-    }),
-    ("sluice_worker_jobs", "Jobs using a worker's slots.", |w| {
-        w.jobs.len() as f64
-    }),
     (
-        "sluice_worker_memory_rss_bytes",
-        "A worker's resident memory at its last heartbeat.",
+        Metric::gauge("sluice.worker.slots", "{slot}", "A worker's slots."),
+        |w| f64::from(w.slots),
+    ),
+    (
+        Metric::gauge(
+            "sluice.worker.jobs",
+            "{job}",
+            "Jobs using a worker's slots.",
+        ),
+        |w| w.jobs.len() as f64,
+    ),
+    (
+        Metric::gauge(
+            "sluice.worker.memory.rss",
+            "By",
+            "A worker's resident memory at its last heartbeat.",
+        ),
         |w| w.rss_bytes as f64,
     ),
 ];
 
-/// The exposition of `jobs` and `workers`.
-pub fn render(jobs: &[JobStatus], workers: &[WorkerView]) -> String {
-    let mut out = String::new();
+/// Every metric of the coordinator, in the order `/metrics` lists them.
+pub fn metrics() -> Vec<Metric> {
+    let mut all = vec![JOB_STATE];
+    all.extend(JOB_FIGURES.iter().map(|(m, _)| *m));
+    all.extend(TASK_FIGURES.iter().map(|(m, _)| *m));
+    all.push(WORKERS);
+    all.extend(WORKER_FIGURES.iter().map(|(m, _)| *m));
+    all
+}
 
-    let mut f = Family::new(
-        &mut out,
-        "sluice_job_state",
-        "gauge",
-        "1 for the state each job is in, 0 for the others.",
-    );
+/// Adds the figures of `jobs` and `workers` to `out`.
+pub fn collect(jobs: &[JobStatus], workers: &[WorkerView], out: &mut Snapshot) {
     for j in jobs {
         for s in JobState::ALL {
-            let name = s.to_string();
             let [a, b] = job(j);
-            f.sample(&[a, b, ("state", name.as_str())], u8::from(j.state == s));
+            out.add(
+                &JOB_STATE,
+                [a, b, ("state", s.to_string())],
+                f64::from(u8::from(j.state == s)),
+            );
         }
-    }
-    for (name, kind, help, value) in JOB_FIGURES {
-        let mut f = Family::new(&mut out, name, kind, help);
-        for j in jobs {
+        for (m, value) in &JOB_FIGURES {
             if let Some(v) = value(j) {
-                f.sample(&job(j), v);
+                out.add(m, job(j), v);
             }
         }
-    }
-    for (name, kind, help, value) in TASK_FIGURES {
-        let mut f = Family::new(&mut out, name, kind, help);
-        for j in jobs {
-            for t in &j.tasks {
+        for t in &j.tasks {
+            for (m, value) in &TASK_FIGURES {
                 let [a, b] = job(j);
-                let labels = [
-                    a,
-                    b,
-                    ("task", t.task.as_str()),
-                    ("worker", t.worker.as_str()),
-                ];
-                f.sample(&labels, value(t));
+                let labels = [a, b, ("task", t.task.clone()), ("worker", t.worker.clone())];
+                out.add(m, labels, value(t));
             }
         }
     }
-
-    let mut f = Family::new(
-        &mut out,
-        "sluice_workers",
-        "gauge",
-        "Worker processes attached to the coordinator.",
-    );
-    f.sample(&[], workers.len());
-    for (name, help, value) in WORKER_FIGURES {
-        let mut f = Family::new(&mut out, name, "gauge", help);
-        for w in workers {
-            f.sample(
-                &[("worker", w.id.as_str()), ("host", w.host.as_str())],
+    let none: [(&str, String); 0] = [];
+    out.add(&WORKERS, none, workers.len() as f64);
+    for w in workers {
+        for (m, value) in &WORKER_FIGURES {
+            out.add(
+                m,
+                [("worker", w.id.clone()), ("host", w.host.clone())],
                 value(w),
             );
         }
     }
-    out
+}
+
+/// The exposition of `jobs` and `workers`.
+pub fn render(jobs: &[JobStatus], workers: &[WorkerView]) -> String {
+    let mut snapshot = Snapshot::default();
+    collect(jobs, workers, &mut snapshot);
+    sluice_telemetry::prometheus::render(&metrics(), &snapshot)
+}
+
+/// The coordinator's metrics as a role's collector (for OTLP export).
+pub struct CoordinatorMetrics(pub std::sync::Arc<crate::service::Coordinator>);
+
+impl Collect for CoordinatorMetrics {
+    fn metrics(&self) -> Vec<Metric> {
+        metrics()
+    }
+
+    fn collect(&self, out: &mut Snapshot) {
+        collect(&self.0.jobs(), &self.0.workers(), out);
+    }
 }
 
 #[cfg(test)]
@@ -321,7 +337,7 @@ mod tests {
             rss_bytes: 1 << 20,
         };
         let text = render(&[j], &[w]);
-        let labels = r#"job="j-1",name="a \"quoted\"\\name\nwith a newline""#;
+        let labels = r#"job_id="j-1",job_name="a \"quoted\"\\name\nwith a newline""#;
         assert!(
             text.contains(&format!("sluice_job_records_in_total{{{labels}}} 42\n")),
             "{text}"

@@ -267,7 +267,11 @@ async fn workers(State(c): State<Arc<Coordinator>>) -> ApiResult {
 }
 
 async fn metrics(State(c): State<Arc<Coordinator>>) -> Response {
-    let text = crate::prometheus::render(&c.jobs(), &c.workers());
+    let collector = sluice_telemetry::family::Merged(vec![
+        Arc::new(crate::prometheus::CoordinatorMetrics(c)),
+        Arc::new(sluice_telemetry::family::ProcessMetrics),
+    ]);
+    let text = sluice_telemetry::prometheus::render_collector(&collector);
     ([("content-type", crate::prometheus::CONTENT_TYPE)], text).into_response()
 }
 

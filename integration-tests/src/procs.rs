@@ -1,9 +1,10 @@
-//! Processes a test started indirectly (the workers of a `sluice run --workers N`), and
+//! Role processes a test starts and watches ([`Proc`]), processes a test started indirectly (the workers of a `sluice run --workers N`), and
 //! killing them while a job runs.
 
 use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -150,4 +151,117 @@ pub fn run_with_kills(dir: &Path, job: &Path, kills: usize, below: &mut dyn FnMu
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("the job must have restarted: {summary}"));
     assert!((1..=kills).contains(&restarts), "{summary}");
+}
+
+/// A `sluice` process whose stdout and stderr are collected; killed (SIGKILL) on drop.
+pub struct Proc {
+    child: Option<Child>,
+    what: String,
+    output: Arc<Mutex<String>>,
+}
+
+impl Proc {
+    /// Starts `sluice ARGS` in `cwd`.
+    ///
+    /// # Panics
+    /// When the binary cannot be started.
+    pub fn start(args: &[&str], cwd: &Path) -> Self {
+        Self::start_env(args, cwd, &[])
+    }
+
+    /// Starts `sluice ARGS` in `cwd` with extra environment `env`.
+    ///
+    /// # Panics
+    /// When the binary cannot be started.
+    pub fn start_env(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Self {
+        let what = format!("sluice {}", args.join(" "));
+        let mut child = Command::new(crate::sluice_bin())
+            .args(args)
+            .envs(env.iter().copied())
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start `{what}`: {e}"));
+        let output = Arc::new(Mutex::new(String::new()));
+        let pipes: [Box<dyn Read + Send>; 2] = [
+            Box::new(child.stdout.take().expect("piped stdout")),
+            Box::new(child.stderr.take().expect("piped stderr")),
+        ];
+        for mut pipe in pipes {
+            let sink = Arc::clone(&output);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+                    if s.len() < 4 << 20 {
+                        s.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    }
+                }
+            });
+        }
+        Self {
+            child: Some(child),
+            what,
+            output,
+        }
+    }
+
+    /// Everything it printed so far.
+    pub fn output(&self) -> String {
+        self.output
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The first line of its output containing `needle`, waiting up to `timeout`.
+    #[track_caller]
+    pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let output = self.output();
+            if let Some(line) = output.lines().find(|l| l.contains(needle)) {
+                return line.to_owned();
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                // Let the reader threads catch up with the last words.
+                std::thread::sleep(Duration::from_millis(200));
+                panic!(
+                    "`{}` exited ({status}) without printing {needle:?}\n--- output\n{}",
+                    self.what,
+                    self.output()
+                );
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "`{}` did not print {needle:?} within {timeout:?}\n--- output\n{output}",
+                    self.what
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills it with SIGKILL and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

@@ -26,14 +26,15 @@
 //! wait is bounded. The tests run one at a time (each starts a small cluster and a
 //! throttled job; several at once on a small machine would make the waits flaky).
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sluice_integration_tests::http::{http_request, http_request_as, promtool_check, tail};
+use sluice_integration_tests::procs::Proc;
 use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::{
     Outcome, assert_same_rows, read_jsonl_dir, run_sluice, sluice_bin, tempdir, write_job,
@@ -184,106 +185,6 @@ fn assert_output_matches(out: &Path, reference_dir: &Path, expected: &[String]) 
 
 // ---------------------------------------------------------------------------------------
 // Processes
-
-/// A `sluice` process whose stdout and stderr are collected; killed (SIGKILL) on drop.
-struct Proc {
-    child: Option<Child>,
-    what: String,
-    output: Arc<Mutex<String>>,
-}
-
-impl Proc {
-    fn start(args: &[&str], cwd: &Path) -> Self {
-        let what = format!("sluice {}", args.join(" "));
-        let mut child = Command::new(sluice_bin())
-            .args(args)
-            .current_dir(cwd)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start `{what}`: {e}"));
-        let output = Arc::new(Mutex::new(String::new()));
-        let pipes: [Box<dyn Read + Send>; 2] = [
-            Box::new(child.stdout.take().expect("piped stdout")),
-            Box::new(child.stderr.take().expect("piped stderr")),
-        ];
-        for mut pipe in pipes {
-            let sink = Arc::clone(&output);
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = pipe.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
-                    if s.len() < 4 << 20 {
-                        s.push_str(&String::from_utf8_lossy(&buf[..n]));
-                    }
-                }
-            });
-        }
-        Self {
-            child: Some(child),
-            what,
-            output,
-        }
-    }
-
-    /// Everything it printed so far.
-    fn output(&self) -> String {
-        self.output
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// The first line of its output containing `needle`, waiting up to `timeout`.
-    #[track_caller]
-    fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let output = self.output();
-            if let Some(line) = output.lines().find(|l| l.contains(needle)) {
-                return line.to_owned();
-            }
-            let exited = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
-            if let Some(status) = exited {
-                // Let the reader threads catch up with the last words.
-                std::thread::sleep(Duration::from_millis(200));
-                panic!(
-                    "`{}` exited ({status}) without printing {needle:?}\n--- output\n{}",
-                    self.what,
-                    self.output()
-                );
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "`{}` did not print {needle:?} within {timeout:?}\n--- output\n{output}",
-                    self.what
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Kills it with SIGKILL and waits for it.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// A port that was free a moment ago (the coordinator's gRPC port must survive its
 /// restart, so it cannot be 0).
@@ -645,91 +546,6 @@ fn start(
     }
 }
 
-fn tail(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut at = s.len() - max;
-    while !s.is_char_boundary(at) {
-        at += 1;
-    }
-    &s[at..]
-}
-
-/// A minimal HTTP/1.1 request (`Connection: close`) to `addr` with a JSON body; the
-/// status code and the body parsed as JSON (a string when it is not JSON).
-fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
-    http_request_as(addr, method, path, Some("application/json"), body)
-}
-
-/// [`http_request`] with the body's `content_type` (none: no header). The body is sent
-/// from its own thread and a failed send is ignored: a server may answer and close
-/// before it read all of a body it refuses.
-fn http_request_as(
-    addr: &str,
-    method: &str,
-    path: &str,
-    content_type: Option<&str>,
-    body: Option<&str>,
-) -> (u16, Value) {
-    let mut stream =
-        TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("read timeout");
-    let body = body.unwrap_or("").to_owned();
-    let content_type = content_type
-        .map(|t| format!("Content-Type: {t}\r\n"))
-        .unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{content_type}\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let mut sender = stream.try_clone().expect("cloning the stream");
-    let sending = std::thread::spawn(move || {
-        let _ = sender
-            .write_all(head.as_bytes())
-            .and_then(|()| sender.write_all(body.as_bytes()));
-    });
-    let mut raw = Vec::new();
-    let read = stream.read_to_end(&mut raw);
-    let _ = sending.join();
-    if raw.is_empty() {
-        panic!("no answer to {method} {path}: {read:?}");
-    }
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = raw
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no HTTP header in {raw:?}"));
-    let code: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status code in {head:?}"));
-    let chunked = head.lines().any(|l| {
-        l.to_ascii_lowercase()
-            .starts_with("transfer-encoding: chunked")
-    });
-    let text = if chunked {
-        let mut out = String::new();
-        let mut rest = rest;
-        while let Some((size, after)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-            if n == 0 || after.len() < n {
-                break;
-            }
-            out.push_str(&after[..n]);
-            rest = after[n..].trim_start_matches("\r\n");
-        }
-        out
-    } else {
-        rest.to_owned()
-    };
-    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (code, value)
-}
-
 /// `GET /metrics` of a running job's coordinator: the text format, with the job, its
 /// checkpoints and both workers in it.
 fn assert_prometheus_metrics(cluster: &mut Cluster, id: &str) {
@@ -747,7 +563,7 @@ fn assert_prometheus_metrics(cluster: &mut Cluster, id: &str) {
     let has_tasks = |text: &str| {
         text.lines().any(|l| {
             l.starts_with("sluice_task_busy_ratio{")
-                && l.contains(&format!("job=\"{id}\""))
+                && l.contains(&format!("job_id=\"{id}\""))
                 && l.contains("task=\"")
         })
     };
@@ -762,7 +578,7 @@ fn assert_prometheus_metrics(cluster: &mut Cluster, id: &str) {
     assert!(has_tasks(&text), "no task figures for {id} in:\n{text}");
     let sample = |name: &str| {
         text.lines()
-            .find(|l| l.starts_with(name) && l.contains(&format!("job=\"{id}\"")))
+            .find(|l| l.starts_with(name) && l.contains(&format!("job_id=\"{id}\"")))
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or_else(|| panic!("no {name} sample for {id} in:\n{text}"))
@@ -772,7 +588,7 @@ fn assert_prometheus_metrics(cluster: &mut Cluster, id: &str) {
     assert_eq!(sample("sluice_job_parallelism{"), 2.0, "{text}");
     let running = text.lines().any(|l| {
         l.starts_with("sluice_job_state{")
-            && l.contains(&format!("job=\"{id}\""))
+            && l.contains(&format!("job_id=\"{id}\""))
             && l.ends_with("state=\"running\"} 1")
     });
     assert!(running, "the job is not running in:\n{text}");
@@ -781,33 +597,7 @@ fn assert_prometheus_metrics(cluster: &mut Cluster, id: &str) {
         let value = line.rsplit(' ').next().unwrap_or_default();
         assert!(value.parse::<f64>().is_ok(), "not a sample: {line}");
     }
-    // Prometheus's own parser and linter.
-    let promtool = std::env::var("SLUICE_TEST_PROMTOOL").unwrap_or_else(|_| {
-        panic!(
-            "SLUICE_TEST_PROMTOOL is not set: run the tests through scripts/test, which \
-             installs promtool (Debian's prometheus package) and exports it"
-        )
-    });
-    let mut check = Command::new(&promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {promtool}: {e}"));
-    check
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(text.as_bytes())
-        .expect("writing to promtool");
-    let out = check.wait_with_output().expect("promtool ran");
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_check(&text);
 }
 
 // ---------------------------------------------------------------------------------------

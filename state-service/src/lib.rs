@@ -45,6 +45,7 @@ pub mod gc;
 pub mod local_dir;
 pub mod lock;
 pub mod manifest;
+pub mod metrics;
 pub mod pending;
 pub mod restore;
 pub mod rocks;

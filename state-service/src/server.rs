@@ -32,6 +32,18 @@ use crate::ttl_filter::TtlStates;
 /// Entries a scan page holds when the request does not say.
 const DEFAULT_SCAN_PAGE: usize = 1000;
 
+/// What the node served since it started.
+#[derive(Debug, Default)]
+pub(crate) struct IoCounters {
+    pub(crate) keys_read: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
+    pub(crate) ops_written: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+    pub(crate) flushes: AtomicU64,
+    pub(crate) flushed_bytes: AtomicU64,
+    pub(crate) commits: AtomicU64,
+}
+
 /// The node: its open shards and what they share.
 pub struct Node {
     config: StateServiceConfig,
@@ -40,6 +52,8 @@ pub struct Node {
     /// Serializes opening and closing shards (rare, and never on the data path).
     open_lock: tokio::sync::Mutex<()>,
     restore_bytes_total: AtomicU64,
+    /// Data-path counters since start, for the node's metrics.
+    pub(crate) io: IoCounters,
     /// Each shard's fence: writers of an older attempt are refused (in memory: a fresh
     /// node starts unfenced).
     fences: std::sync::Mutex<HashMap<ShardKey, u64>>,
@@ -62,6 +76,7 @@ impl Node {
             shards: std::sync::Mutex::new(HashMap::new()),
             open_lock: tokio::sync::Mutex::new(()),
             restore_bytes_total: AtomicU64::new(0),
+            io: IoCounters::default(),
             fences: std::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -179,6 +194,10 @@ impl Node {
                 self.config.max_message_bytes
             )));
         }
+        let io = &self.io;
+        io.keys_read
+            .fetch_add(values.len() as u64, Ordering::Relaxed);
+        io.bytes_read.fetch_add(bytes as u64, Ordering::Relaxed);
         let found = values.iter().map(Option::is_some).collect();
         let values = values.into_iter().map(Option::unwrap_or_default).collect();
         Ok(MultiGetResponse { values, found })
@@ -189,6 +208,13 @@ impl Node {
         self.check_fence(&shard.id, req.fence)?;
         self.check_count("ops", req.ops.len())?;
         let mut ops = Vec::with_capacity(req.ops.len());
+        let bytes: usize = req.ops.iter().map(|o| o.key.len() + o.value.len()).sum();
+        self.io
+            .ops_written
+            .fetch_add(req.ops.len() as u64, Ordering::Relaxed);
+        self.io
+            .bytes_written
+            .fetch_add(bytes as u64, Ordering::Relaxed);
         for op in req.ops {
             let kind = write_op::Kind::try_from(op.kind)
                 .map_err(|_| Error::InvalidArgument(format!("unknown write kind {}", op.kind)))?;
@@ -227,6 +253,10 @@ impl Node {
         let shard = self.shard(req.shard.as_ref())?;
         self.check_fence(&shard.id, req.fence)?;
         let (handle, durable_bytes) = shard.flush().await?;
+        self.io.flushes.fetch_add(1, Ordering::Relaxed);
+        self.io
+            .flushed_bytes
+            .fetch_add(durable_bytes, Ordering::Relaxed);
         Ok(FlushResponse {
             handle,
             durable_bytes,
@@ -241,6 +271,7 @@ impl Node {
             ));
         }
         let manifest = shard.commit(req.checkpoint_id, &req.retained).await?;
+        self.io.commits.fetch_add(1, Ordering::Relaxed);
         Ok(CommitResponse { manifest })
     }
 

@@ -18,6 +18,7 @@
 
 pub mod azure;
 pub mod kafka;
+pub mod otlp;
 pub mod rng;
 pub mod s3;
 mod service_env;

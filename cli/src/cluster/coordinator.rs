@@ -6,6 +6,8 @@
 //! resumes every job the store records as not ended, from its newest valid checkpoint.
 //! It prints `coordinator listening: http=ADDR grpc=ADDR` once both are bound.
 
+use crate::telemetry::TelemetryArgs;
+use sluice_coordinator::prometheus::CoordinatorMetrics;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,6 +56,8 @@ pub struct CoordinatorArgs {
     /// Waiting for free slots has no limit.
     #[arg(long, default_value_t = 30_000)]
     deploy_timeout_ms: u64,
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
 }
 
 /// Runs `sluice coordinator` until interrupted.
@@ -97,6 +101,15 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
         let _workers = coordinator.serve_workers(grpc);
         let _rest = rest::serve(coordinator.clone(), http);
         eprintln!("coordinator listening: http={http_addr} grpc={grpc_addr}");
+        let metrics = CoordinatorMetrics(coordinator.clone());
+        let _telemetry = args
+            .telemetry
+            .start(
+                "coordinator",
+                http_addr.to_string(),
+                vec![Arc::new(metrics)],
+            )
+            .await?;
         match coordinator.resume_jobs().await {
             Ok(ids) if !ids.is_empty() => eprintln!("resumed jobs: {}", ids.join(", ")),
             Ok(_) => {}

@@ -28,12 +28,15 @@ use sluice_compute::network::NetworkConfig;
 use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
 use sluice_coordinator::job::master::{MasterConfig, WorkerLauncher};
 use sluice_coordinator::job::{JobState, RestartPolicy};
+use sluice_coordinator::prometheus::CoordinatorMetrics;
 use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions, SubmitOptions};
+use sluice_telemetry::Collect;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::Failure;
 use crate::cluster::local_state::{LocalState, StateArgs};
 use crate::progress::{Figures, Progress};
+use crate::telemetry::TelemetryArgs;
 
 /// Settings of an embedded run.
 #[derive(Debug, Clone, Default)]
@@ -52,6 +55,9 @@ pub struct RunOptions {
     pub from_savepoint: Option<String>,
     /// A live progress line on a terminal.
     pub progress: bool,
+    /// Where the run's metrics go (its coordinator's and its in-process worker's; worker
+    /// processes get the same endpoint).
+    pub telemetry: TelemetryArgs,
 }
 
 /// What a finished job did.
@@ -77,17 +83,20 @@ pub struct Summary {
 pub struct ProcessLauncher {
     exe: PathBuf,
     coordinator: String,
+    otlp_endpoint: Option<String>,
     children: Mutex<Vec<std::process::Child>>,
 }
 
 impl ProcessLauncher {
-    /// Workers of this binary, attaching to `coordinator` (`http://host:port`).
-    pub fn new(coordinator: String) -> Result<Self, Failure> {
+    /// Workers of this binary, attaching to `coordinator` (`http://host:port`) and
+    /// exporting their metrics to `otlp_endpoint` (else as the environment says).
+    pub fn new(coordinator: String, otlp_endpoint: Option<String>) -> Result<Self, Failure> {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::from(anyhow::anyhow!("cannot find sluice: {e}")))?;
         Ok(Self {
             exe,
             coordinator,
+            otlp_endpoint,
             children: Mutex::new(Vec::new()),
         })
     }
@@ -102,15 +111,17 @@ impl WorkerLauncher for ProcessLauncher {
         let mut children = self.lock();
         children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
         while children.len() < n {
-            let spawned = std::process::Command::new(&self.exe)
-                .args([
-                    "worker",
-                    "--coordinator",
-                    &self.coordinator,
-                    "--exit-with-coordinator",
-                ])
-                .stdin(std::process::Stdio::null())
-                .spawn();
+            let mut command = std::process::Command::new(&self.exe);
+            command.args([
+                "worker",
+                "--coordinator",
+                &self.coordinator,
+                "--exit-with-coordinator",
+            ]);
+            if let Some(endpoint) = &self.otlp_endpoint {
+                command.args(["--otlp-endpoint", endpoint]);
+            }
+            let spawned = command.stdin(std::process::Stdio::null()).spawn();
             match spawned {
                 Ok(c) => children.push(c),
                 Err(e) => {
@@ -239,7 +250,10 @@ async fn run_job(
     let url = format!("http://{addr}");
     let launcher = match options.workers {
         0 => None,
-        _ => Some(Arc::new(ProcessLauncher::new(url.clone())?)),
+        _ => Some(Arc::new(ProcessLauncher::new(
+            url.clone(),
+            options.telemetry.otlp_endpoint.clone(),
+        )?)),
     };
     let mut master = master_config(
         options.workers.max(1) as usize,
@@ -256,6 +270,21 @@ async fn run_job(
         master,
     });
     let server = coordinator.serve_workers(listener);
+    let env = WorkerEnv {
+        connectors: sluice_connectors::Builtin::shared(),
+        memory: local.memory(),
+        final_metrics: options.metrics_interval_ms > 0,
+        live: Arc::default(),
+    };
+    let mut published: Vec<Arc<dyn Collect>> =
+        vec![Arc::new(CoordinatorMetrics(coordinator.clone()))];
+    if launcher.is_none() {
+        published.push(env.live.clone());
+    }
+    let telemetry = options
+        .telemetry
+        .start("run", crate::telemetry::instance(), published)
+        .await?;
     // The worker in this process, attached like any other; aborted when dropped.
     let worker = launcher.is_none().then(|| {
         AbortOnDropHandle::new(tokio::spawn(session::serve(SessionOptions {
@@ -264,11 +293,7 @@ async fn run_job(
             slots: 1,
             name: "in-process".into(),
             exit_with_coordinator: true,
-            env: WorkerEnv {
-                connectors: sluice_connectors::Builtin::shared(),
-                memory: local.memory(),
-                final_metrics: options.metrics_interval_ms > 0,
-            },
+            env,
         })))
     });
     let submitted = coordinator
@@ -308,6 +333,8 @@ async fn run_job(
     let status = coordinator.wait(&id).await;
     progress.finish();
     drop((server, worker, launcher));
+    // The last export carries the job's final figures.
+    drop(telemetry);
     let status = status.map_err(|e| fail(e.to_string()))?;
     match status.state {
         JobState::Finished => Ok(Summary {

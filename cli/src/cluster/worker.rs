@@ -11,6 +11,7 @@
 //! coordinator (a tool for testing the data plane): no state service and no checkpoints.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Args;
 use sluice_common::pb::cluster as pbc;
@@ -20,7 +21,9 @@ use sluice_compute::network::NetworkConfig;
 use tokio::net::TcpListener;
 
 use crate::run::load_job;
+use crate::telemetry::{TelemetryArgs, instance};
 use crate::{Failure, runtime};
+use sluice_telemetry::Collect;
 
 /// Arguments of `sluice worker`.
 #[derive(Args)]
@@ -52,11 +55,15 @@ pub struct WorkerArgs {
     /// Print per-task metrics every this many milliseconds (0: only at the end).
     #[arg(long, default_value_t = 0)]
     metrics_interval_ms: u64,
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
 }
 
 /// Runs `sluice worker`.
 pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
     let rt = runtime()?;
+    let env = WorkerEnv::standalone(sluice_connectors::Builtin::shared());
+    let live: Arc<dyn Collect> = env.live.clone();
     if let Some(url) = &args.coordinator {
         let options = SessionOptions {
             coordinator: url.clone(),
@@ -64,11 +71,15 @@ pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
             slots: args.slots,
             name: String::new(),
             exit_with_coordinator: args.exit_with_coordinator,
-            env: WorkerEnv::standalone(sluice_connectors::Builtin::shared()),
+            env,
         };
-        return rt
-            .block_on(session::serve(options))
-            .map_err(Failure::from_compute);
+        return rt.block_on(async {
+            let _telemetry = args
+                .telemetry
+                .start("worker", instance(), vec![live])
+                .await?;
+            session::serve(options).await.map_err(Failure::from_compute)
+        });
     }
     let Some(job) = &args.job else {
         return Err(Failure::usage(
@@ -84,6 +95,10 @@ pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
         )));
     }
     rt.block_on(async move {
+        let _telemetry = args
+            .telemetry
+            .start("worker", instance(), vec![live])
+            .await?;
         let listener = TcpListener::bind(&args.listen)
             .await
             .map_err(|e| Failure::usage(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -104,7 +119,6 @@ pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
             remote_state: None,
             ..Default::default()
         };
-        let env = WorkerEnv::standalone(sluice_connectors::Builtin::shared());
         let report = run_deployment(&listener, deployment, env).await;
         finish(&name, &report)
     })

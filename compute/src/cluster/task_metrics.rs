@@ -2,16 +2,15 @@
 //!
 //! A [`Sampler`] turns the tasks' cumulative counters ([`TaskMetrics`]) and the live
 //! figures of their remote channels ([`NetworkProbes`]) into per-second rates and
-//! gauges. [`register_otel`] publishes the same figures as observable instruments of
-//! the global OpenTelemetry meter `sluice` (a no-op until an exporter is installed).
+//! gauges. [`LiveTasks`] publishes what only the worker sees of them as the worker
+//! process's metrics (`sluice-telemetry`).
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
-use opentelemetry::KeyValue;
-use opentelemetry::metrics::ObservableGauge;
 use sluice_common::pb::cluster as pbc;
+use sluice_telemetry::{Collect, Metric, Snapshot};
 
 use crate::network::environment::NetworkProbes;
 use crate::runtime::metrics::TaskMetrics;
@@ -144,41 +143,132 @@ pub fn rss_bytes() -> u64 {
     sluice_common::process::self_rss_bytes().unwrap_or(0)
 }
 
-/// Publishes the sampler's figures as OpenTelemetry observable gauges (attribute
-/// `task`); the instruments live as long as the returned handles.
-pub fn register_otel(sampler: Arc<Mutex<Sampler>>) -> Vec<ObservableGauge<u64>> {
-    let meter = opentelemetry::global::meter("sluice");
-    type Pick = fn(&pbc::TaskMetrics) -> u64;
-    let figures: [(&str, Pick); 11] = [
-        ("sluice.task.busy_ms_per_s", |m| m.busy_ms_per_s),
-        ("sluice.task.backpressured_ms_per_s", |m| {
-            m.backpressured_ms_per_s
-        }),
-        ("sluice.task.idle_ms_per_s", |m| m.idle_ms_per_s),
-        ("sluice.task.records_in", |m| m.records_in),
-        ("sluice.task.records_out", |m| m.records_out),
-        ("sluice.task.bytes_in", |m| m.bytes_in),
-        ("sluice.task.bytes_out", |m| m.bytes_out),
-        ("sluice.task.buffers_in_use_in", |m| m.buffers_in_use_in),
-        ("sluice.task.buffers_in_use_out", |m| m.buffers_in_use_out),
-        ("sluice.task.credits", |m| m.credits),
-        ("sluice.task.backlog", |m| m.backlog),
-    ];
-    figures
-        .into_iter()
-        .map(|(name, pick)| {
-            let sampler = sampler.clone();
-            meter
-                .u64_observable_gauge(name)
-                .with_callback(move |obs| {
-                    let figures = sampler.lock().unwrap_or_else(|e| e.into_inner()).peek();
-                    for m in &figures {
-                        obs.observe(pick(m), &[KeyValue::new("task", m.task.clone())]);
-                    }
-                })
-                .build()
-        })
-        .collect()
+/// The sampled figures of every attempt running in this worker process, as the
+/// worker's metrics (`GET /metrics`, OTLP): what only the worker sees of its tasks, the
+/// bytes, buffers, credits and backlog of their channels. Rates and record counts of
+/// the same tasks reach the coordinator in progress reports and are published there.
+#[derive(Debug, Default)]
+pub struct LiveTasks {
+    running: Mutex<Vec<Published>>,
+    next: AtomicU64,
+}
+
+/// A running attempt: its registration token, its job's id and its sampler.
+type Published = (u64, String, Weak<Mutex<Sampler>>);
+
+/// An attempt's place in [`LiveTasks`]; dropping it removes the attempt's figures.
+#[derive(Debug)]
+pub struct Registration {
+    live: Arc<LiveTasks>,
+    token: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        lock(&self.live.running).retain(|(t, _, _)| *t != self.token);
+    }
+}
+
+impl LiveTasks {
+    /// Publishes `sampler`'s tasks under `job` until the registration is dropped.
+    pub fn register(self: &Arc<Self>, job: String, sampler: &Arc<Mutex<Sampler>>) -> Registration {
+        let token = self.next.fetch_add(1, Ordering::Relaxed);
+        lock(&self.running).push((token, job, Arc::downgrade(sampler)));
+        Registration {
+            live: self.clone(),
+            token,
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A task figure of the worker: the metric and its value.
+type Figure = (Metric, fn(&pbc::TaskMetrics) -> f64);
+
+const FIGURES: [Figure; 7] = [
+    (
+        Metric::counter(
+            "sluice.task.network.received",
+            "By",
+            "Bytes a task received from remote channels.",
+        ),
+        |m| m.bytes_in as f64,
+    ),
+    (
+        Metric::counter(
+            "sluice.task.network.sent",
+            "By",
+            "Bytes a task sent on remote channels.",
+        ),
+        |m| m.bytes_out as f64,
+    ),
+    (
+        Metric::gauge(
+            "sluice.task.network.input_buffers",
+            "{buffer}",
+            "Buffers a task's remote input channels hold.",
+        ),
+        |m| m.buffers_in_use_in as f64,
+    ),
+    (
+        Metric::gauge(
+            "sluice.task.network.output_buffers",
+            "{buffer}",
+            "Buffers queued in a task's remote output channels.",
+        ),
+        |m| m.buffers_in_use_out as f64,
+    ),
+    (
+        Metric::gauge(
+            "sluice.task.network.credits",
+            "{buffer}",
+            "Credit a task's remote output channels hold from their receivers.",
+        ),
+        |m| m.credits as f64,
+    ),
+    (
+        Metric::gauge(
+            "sluice.task.network.backlog",
+            "{buffer}",
+            "Buffers a task's remote output channels have waiting for credit.",
+        ),
+        |m| m.backlog as f64,
+    ),
+    (
+        Metric::counter(
+            "sluice.task.state_cache.reads",
+            "{value}",
+            "Values a task's operator cache read from the state backend.",
+        ),
+        |m| m.cache_reads as f64,
+    ),
+];
+
+impl Collect for LiveTasks {
+    fn metrics(&self) -> Vec<Metric> {
+        FIGURES.iter().map(|(m, _)| *m).collect()
+    }
+
+    fn collect(&self, out: &mut Snapshot) {
+        let running: Vec<(String, Arc<Mutex<Sampler>>)> = lock(&self.running)
+            .iter()
+            .filter_map(|(_, job, s)| Some((job.clone(), s.upgrade()?)))
+            .collect();
+        for (job, sampler) in running {
+            for m in lock(&sampler).peek() {
+                for (metric, value) in &FIGURES {
+                    out.add(
+                        metric,
+                        [("job_id", job.clone()), ("task", m.task.clone())],
+                        value(&m),
+                    );
+                }
+            }
+        }
+    }
 }
 
 impl Sampler {

@@ -65,6 +65,8 @@ pub struct WorkerEnv {
     /// Print the tasks' metrics lines at the end of an attempt (a worker process of its
     /// own); in-process workers of `sluice run` leave the summary to it.
     pub final_metrics: bool,
+    /// The running attempts' task figures, published as this process's metrics.
+    pub live: Arc<task_metrics::LiveTasks>,
 }
 
 impl WorkerEnv {
@@ -74,6 +76,7 @@ impl WorkerEnv {
             connectors,
             memory: None,
             final_metrics: true,
+            live: Arc::default(),
         }
     }
 }
@@ -250,6 +253,12 @@ async fn run(
     let graph = deployment
         .job
         .ok_or_else(|| Error::Internal("the deployment has no job".into()))?;
+    // Metrics name the job by its id under a coordinator, by its name when run by hand.
+    let job_label = if deployment.job_id.is_empty() {
+        graph.name.clone()
+    } else {
+        deployment.job_id.clone()
+    };
     let plan = crate::plan::plan(graph, env.connectors).await?;
     let mut options = BuildOptions::default();
     match &deployment.remote_state {
@@ -308,7 +317,7 @@ async fn run(
     *sampler_slot = Some(sampler.clone());
     *metrics.tasks.lock().unwrap_or_else(|e| e.into_inner()) =
         tasks.iter().map(|t| t.metrics.clone()).collect();
-    let _otel = task_metrics::register_otel(sampler.clone());
+    let _published = env.live.register(job_label, &sampler);
     let running = net.start(streams)?;
     let printer = (!interval.is_zero()).then(|| {
         let sampler = sampler.clone();

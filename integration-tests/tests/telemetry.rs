@@ -1,0 +1,591 @@
+//! Telemetry across real processes: every role exports its metrics over OTLP/gRPC to a
+//! real receiver (the collector's `MetricsService`, generated from OpenTelemetry's
+//! protos) and serves Prometheus `GET /metrics`, which `promtool` checks and a real
+//! Prometheus server scrapes.
+//!
+//! Tests run one at a time: each starts a cluster of processes on a 2-core machine.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice_integration_tests::http::{http_request, promtool_check};
+use sluice_integration_tests::procs::Proc;
+use sluice_integration_tests::service::ServiceProcess;
+use sluice_integration_tests::{run_sluice, run_sluice_env, tempdir, write_job, yaml_path};
+use sluice_test_support::otlp::{OtlpReceiver, Point};
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long exports, scrapes and checkpoints may take to show up.
+const SETTLE: Duration = Duration::from_secs(60);
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A windowed count per auction over `events` generated bids, on remote state with
+/// checkpoints every 500 ms; `rate` 0: unthrottled.
+fn windowed_job(out: &Path, events: u64, rate: u64) -> String {
+    format!(
+        "name: watched\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
+         state: {{ backend: remote, shards: 4 }}\n\
+         source:\n  nexmark: {{ stream: bid, events: {events}, seed: 5, splits: 4, \
+         max_events_per_second: {rate} }}\n\
+         watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
+         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 2s }}\n    \
+         aggregate: [\"count(*) AS bids\"]\n\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        yaml_path(out)
+    )
+}
+
+/// The points of `metric` from processes of `role`.
+fn of<'a>(points: &'a [Point], role: &str, metric: &str) -> Vec<&'a Point> {
+    points
+        .iter()
+        .filter(|p| {
+            p.metric == metric && p.resource.get("sluice.role").map(String::as_str) == Some(role)
+        })
+        .collect()
+}
+
+/// `http://ADDR/metrics` printed by a role with `--metrics-http`: its `ADDR`.
+fn metrics_addr(output: &str) -> Option<String> {
+    output.lines().find_map(|l| {
+        l.strip_prefix("metrics on http://")
+            .and_then(|rest| rest.strip_suffix("/metrics"))
+            .map(str::to_owned)
+    })
+}
+
+fn scrape(addr: &str) -> String {
+    let (code, body) = http_request(addr, "GET", "/metrics", None);
+    assert_eq!(code, 200, "GET http://{addr}/metrics: {body}");
+    match body {
+        Value::String(text) => text,
+        other => panic!("/metrics of {addr} answered JSON: {other}"),
+    }
+}
+
+/// The value of the first sample of `name` (with `{labels}` or none) in `text`.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn sluice_run_exports_job_task_and_process_metrics_over_otlp_while_it_runs() {
+    let _serial = serial();
+    let dir = tempdir();
+    let receiver = OtlpReceiver::start();
+    let job = write_job(
+        dir.path(),
+        "job.yaml",
+        &windowed_job(&dir.path().join("out"), 100_000, 25_000),
+    );
+    let endpoint = receiver.endpoint();
+    let outcome = run_sluice_env(
+        &[
+            "run",
+            job.to_str().expect("UTF-8 path"),
+            "--otlp-endpoint",
+            &endpoint,
+        ],
+        dir.path(),
+        &[
+            ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=ci,team=streams",
+            ),
+        ],
+    );
+    outcome.assert_success().assert_no_panic();
+    let summary = outcome.summary();
+    let points = receiver.points();
+    let names = receiver.names_of_role("run");
+    for name in [
+        "sluice.job.records_in",
+        "sluice.job.state",
+        "sluice.job.last_checkpoint",
+        "sluice.task.busy",
+        "sluice.task.backpressured",
+        "sluice.task.records_in",
+        "sluice.task.network.received",
+        "process.memory.usage",
+        "sluice.telemetry.export.failures",
+    ] {
+        assert!(
+            names.contains(name),
+            "no {name} from the run; got {names:?}"
+        );
+    }
+
+    // The job's count as exported: a cumulative sum in records, rising over several
+    // exports while the job ran, and ending at what the run read.
+    let records: Vec<&Point> = of(&points, "run", "sluice.job.records_in");
+    assert!(
+        records
+            .iter()
+            .all(|p| p.kind == "sum" && p.unit == "{record}"),
+        "{records:?}"
+    );
+    assert!(
+        records
+            .iter()
+            .all(|p| p.attributes.get("job_name").map(String::as_str) == Some("watched"))
+    );
+    let values: Vec<f64> = records.iter().map(|p| p.value).collect();
+    assert!(
+        values.windows(2).all(|w| w[0] <= w[1]),
+        "records_in went down: {values:?}"
+    );
+    let distinct: std::collections::BTreeSet<u64> = values.iter().map(|v| *v as u64).collect();
+    assert!(
+        distinct.len() >= 3,
+        "fewer than 3 distinct exports while running: {values:?}"
+    );
+    assert_eq!(
+        *values.last().expect("a records_in point"),
+        summary.records_in as f64
+    );
+    assert_eq!(summary.records_in, 100_000);
+
+    // Tasks carry their job and task as attributes; ratios are gauges of unit 1.
+    let busy = of(&points, "run", "sluice.task.busy");
+    assert!(
+        busy.iter().any(|p| p
+            .attributes
+            .get("task")
+            .is_some_and(|t| t.starts_with("window"))),
+        "{busy:?}"
+    );
+    assert!(
+        busy.iter()
+            .all(|p| p.kind == "gauge" && p.unit == "1" && (0.0..=1.0).contains(&p.value))
+    );
+    let checkpoints = of(&points, "run", "sluice.job.last_checkpoint");
+    assert!(
+        checkpoints.iter().any(|p| p.value >= 1.0),
+        "no checkpoint exported: {checkpoints:?}"
+    );
+    let rss = of(&points, "run", "process.memory.usage");
+    assert!(
+        rss.iter().all(|p| p.value > 1e6 && p.unit == "By"),
+        "{rss:?}"
+    );
+
+    // The resource names the service and role; the user's attributes are added.
+    let resource = &records[0].resource;
+    assert_eq!(
+        resource.get("service.name").map(String::as_str),
+        Some("sluice")
+    );
+    assert_eq!(
+        resource.get("deployment.environment").map(String::as_str),
+        Some("ci")
+    );
+    assert_eq!(resource.get("team").map(String::as_str), Some("streams"));
+    assert!(resource.get("host.name").is_some_and(|h| !h.is_empty()));
+    assert!(
+        resource.contains_key("service.instance.id") && resource.contains_key("service.version")
+    );
+    let failures = of(&points, "run", "sluice.telemetry.export.failures");
+    assert!(failures.iter().all(|p| p.value == 0.0), "{failures:?}");
+}
+
+#[test]
+fn a_run_finishes_when_its_collector_is_down_and_a_bad_endpoint_is_named() {
+    let _serial = serial();
+    let dir = tempdir();
+    // A port nobody listens on.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let job = write_job(
+        dir.path(),
+        "job.yaml",
+        &windowed_job(&dir.path().join("out"), 100_000, 0),
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let outcome = run_sluice_env(
+        &[
+            "run",
+            job.to_str().expect("UTF-8 path"),
+            "--otlp-endpoint",
+            &endpoint,
+        ],
+        dir.path(),
+        &[
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "500"),
+        ],
+    );
+    outcome.assert_success().assert_no_panic();
+    assert_eq!(outcome.summary().records_in, 100_000);
+
+    // A malformed endpoint is the user's mistake, named.
+    let bad = run_sluice(
+        &[
+            "run",
+            job.to_str().expect("UTF-8 path"),
+            "--otlp-endpoint",
+            "not a url",
+        ],
+        dir.path(),
+    );
+    bad.assert_code(2)
+        .assert_stderr_contains("--otlp-endpoint")
+        .assert_no_panic();
+}
+
+/// A real Prometheus server scraping `targets` every second; killed when dropped.
+struct Prometheus {
+    child: Child,
+    addr: String,
+}
+
+impl Prometheus {
+    fn start(dir: &Path, targets: &[(&str, &str)]) -> Self {
+        let binary = std::env::var("SLUICE_TEST_PROMETHEUS").unwrap_or_else(|_| {
+            panic!(
+                "SLUICE_TEST_PROMETHEUS is not set: run the tests through scripts/test, \
+                 which installs Debian's prometheus package and exports it"
+            )
+        });
+        let mut config =
+            String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
+        for (role, addr) in targets {
+            config.push_str(&format!(
+                "  - job_name: {role}\n    static_configs: [{{ targets: [\"{addr}\"] }}]\n"
+            ));
+        }
+        let config_path = dir.join("prometheus.yml");
+        std::fs::File::create(&config_path)
+            .and_then(|mut f| f.write_all(config.as_bytes()))
+            .expect("writing prometheus.yml");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port")
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let child = Command::new(binary)
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("prometheus-data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting prometheus");
+        Self { child, addr }
+    }
+
+    /// The result of an instant query, as `(labels, value)` pairs; empty while Prometheus
+    /// is not up yet.
+    fn query(&self, promql: &str) -> Vec<(Value, f64)> {
+        let path = format!("/api/v1/query?query={}", urlencode(promql));
+        if std::net::TcpStream::connect(&self.addr).is_err() {
+            return Vec::new();
+        }
+        let (200, body) = http_request(&self.addr, "GET", &path, None) else {
+            return Vec::new();
+        };
+        body["data"]["result"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .map(|s| {
+                        let v = s["value"][1]
+                            .as_str()
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(f64::NAN);
+                        (s["metric"].clone(), v)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'.' | b'-' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Polls `check` every 250 ms for at most `timeout`.
+#[track_caller]
+fn wait_until<T>(
+    what: &str,
+    timeout: Duration,
+    logs: impl Fn() -> String,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("not within {timeout:?}: {what}\n{}", logs());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
+    let _serial = serial();
+    let dir = tempdir();
+    let dir = dir.path();
+    let receiver = OtlpReceiver::start();
+    let endpoint = receiver.endpoint();
+    let env = [("OTEL_METRIC_EXPORT_INTERVAL", "500")];
+    let telemetry = [
+        "--otlp-endpoint",
+        &endpoint,
+        "--metrics-http",
+        "127.0.0.1:0",
+    ];
+
+    let objects = dir.join("state-objects");
+    std::fs::create_dir_all(&objects).expect("objects dir");
+    let mut args = vec![
+        "state-service".to_owned(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--node-id".into(),
+        "node-a".into(),
+        "--data-dir".into(),
+        dir.join("state-data").display().to_string(),
+        "--object-store".into(),
+        format!("file://{}", objects.display()),
+        "--memory".into(),
+        "256MiB".into(),
+    ];
+    args.extend(telemetry.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let state = ServiceProcess::start(&args, dir, &env);
+    let state_metrics = wait_until(
+        "the state node's metrics address",
+        START_TIMEOUT,
+        || state.stderr(),
+        || metrics_addr(&state.stderr()),
+    );
+
+    let grpc_port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let grpc = format!("127.0.0.1:{grpc_port}");
+    let store = dir.join("coordinator-store");
+    let state_url = state.url();
+    let mut args = vec![
+        "coordinator",
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        &grpc,
+        "--store",
+        store.to_str().expect("UTF-8 path"),
+        "--state-service",
+        &state_url,
+        "--otlp-endpoint",
+        &endpoint,
+    ];
+    args.extend_from_slice(&[]);
+    let mut coordinator = Proc::start_env(&args, dir, &env);
+    let line = coordinator.wait_for_line("coordinator listening:", START_TIMEOUT);
+    let http = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http="))
+        .unwrap_or_else(|| panic!("no http= in {line:?}"))
+        .to_owned();
+
+    let url = format!("http://{grpc}");
+    let mut workers = Vec::new();
+    let mut worker_metrics = Vec::new();
+    for _ in 0..2 {
+        let mut args = vec!["worker", "--coordinator", &url];
+        args.extend_from_slice(&telemetry);
+        let mut w = Proc::start_env(&args, dir, &env);
+        let line = w.wait_for_line("metrics on http://", START_TIMEOUT);
+        worker_metrics.push(metrics_addr(&line).expect("the worker's metrics address"));
+        workers.push(w);
+    }
+    let logs = || {
+        format!(
+            "--- coordinator\n{}\n--- worker 0\n{}\n--- worker 1\n{}\n--- state\n{}",
+            coordinator.output(),
+            workers[0].output(),
+            workers[1].output(),
+            state.stderr()
+        )
+    };
+    wait_until("2 workers attached", START_TIMEOUT, logs, || {
+        let (code, body) = http_request(&http, "GET", "/v1/workers", None);
+        (code == 200 && body.as_array().is_some_and(|w| w.len() >= 2)).then_some(())
+    });
+
+    // Long enough (200 s) to be running throughout; cancelled at the end.
+    let job = write_job(
+        dir,
+        "job.yaml",
+        &windowed_job(&dir.join("out"), 1_000_000, 5_000),
+    );
+    let submitted = run_sluice(
+        &[
+            "submit",
+            job.to_str().expect("UTF-8 path"),
+            "--workers",
+            "2",
+            "--json",
+            "--coordinator",
+            &format!("http://{http}"),
+        ],
+        dir,
+    );
+    submitted.assert_success();
+    let id = serde_json::from_str::<Value>(&submitted.stdout).expect("JSON")["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    wait_until("two completed checkpoints", SETTLE, logs, || {
+        let (code, body) = http_request(&http, "GET", &format!("/v1/jobs/{id}"), None);
+        (code == 200 && body["last_checkpoint"].as_u64().is_some_and(|c| c >= 2)).then_some(())
+    });
+
+    // Each role's own endpoint, through Prometheus's linter.
+    let state_text = wait_until(
+        "a commit in the state node's /metrics",
+        SETTLE,
+        logs,
+        || {
+            let text = scrape(&state_metrics);
+            (sample(&text, "sluice_state_commits_total").is_some_and(|c| c > 0.0)).then_some(text)
+        },
+    );
+    assert!(
+        sample(&state_text, "sluice_state_keys_read_total").is_some(),
+        "{state_text}"
+    );
+    assert!(
+        sample(&state_text, "sluice_state_shards").is_some_and(|s| s >= 1.0),
+        "{state_text}"
+    );
+    assert!(sample(&state_text, "process_memory_usage_bytes").is_some_and(|m| m > 1e6));
+    promtool_check(&state_text);
+    for addr in &worker_metrics {
+        let text = wait_until("the worker's tasks in its /metrics", SETTLE, logs, || {
+            let text = scrape(addr);
+            text.contains(&format!(
+                "sluice_task_network_sent_bytes_total{{job_id=\"{id}\""
+            ))
+            .then_some(text)
+        });
+        promtool_check(&text);
+    }
+    let coordinator_text = scrape(&http);
+    assert!(
+        sample(&coordinator_text, "sluice_job_records_in_total").is_some(),
+        "{coordinator_text}"
+    );
+    promtool_check(&coordinator_text);
+
+    // A real Prometheus scrapes all four and can query across them.
+    let prom_dir = dir.join("prometheus");
+    std::fs::create_dir_all(&prom_dir).expect("prometheus dir");
+    let prometheus = Prometheus::start(
+        &prom_dir,
+        &[
+            ("coordinator", &http),
+            ("state", &state_metrics),
+            ("worker0", &worker_metrics[0]),
+            ("worker1", &worker_metrics[1]),
+        ],
+    );
+    wait_until("Prometheus to see every role up", SETTLE, logs, || {
+        let up = prometheus.query("up");
+        (up.len() == 4 && up.iter().all(|(_, v)| *v == 1.0)).then_some(())
+    });
+    wait_until("the job's figures in Prometheus", SETTLE, logs, || {
+        let sent = prometheus.query(&format!(
+            "sum(sluice_task_network_sent_bytes_total{{job_id=\"{id}\"}})"
+        ));
+        let commits = prometheus.query("sluice_state_commits_total");
+        let records = prometheus.query(&format!("sluice_job_records_in_total{{job_id=\"{id}\"}}"));
+        (sent.first().is_some_and(|(_, v)| *v > 0.0)
+            && commits.first().is_some_and(|(_, v)| *v > 0.0)
+            && records.first().is_some_and(|(_, v)| *v > 0.0))
+        .then_some(())
+    });
+    drop(prometheus);
+
+    // And every role exported over OTLP, named by its resource.
+    let names_ok = |role: &str, name: &str| receiver.names_of_role(role).contains(name);
+    wait_until(
+        "every role's metrics at the OTLP receiver",
+        SETTLE,
+        logs,
+        || {
+            (names_ok("coordinator", "sluice.job.records_in")
+                && names_ok("coordinator", "sluice.task.busy")
+                && names_ok("worker", "sluice.task.network.sent")
+                && names_ok("state-service", "sluice.state.commits")
+                && names_ok("state-service", "process.memory.usage"))
+            .then_some(())
+        },
+    );
+    let points = receiver.points();
+    let worker_instances: std::collections::BTreeSet<&String> =
+        of(&points, "worker", "process.memory.usage")
+            .iter()
+            .filter_map(|p| p.resource.get("service.instance.id"))
+            .collect();
+    assert_eq!(worker_instances.len(), 2, "{worker_instances:?}");
+    let node = of(&points, "state-service", "sluice.state.commits");
+    assert!(
+        node.iter()
+            .all(|p| p.resource.get("service.instance.id").map(String::as_str) == Some("node-a"))
+    );
+    assert!(node.iter().any(|p| p.value > 0.0), "{node:?}");
+    let sizes = of(&points, "state-service", "sluice.state.shard.size");
+    assert!(
+        sizes
+            .iter()
+            .any(|p| p.attributes.get("job_id") == Some(&id)),
+        "{sizes:?}"
+    );
+
+    let cancelled = run_sluice(
+        &["cancel", &id, "--coordinator", &format!("http://{http}")],
+        dir,
+    );
+    cancelled.assert_success();
+    coordinator.kill();
+}
