@@ -17,7 +17,7 @@ use sluice_integration_tests::http::{http_request, promtool_check};
 use sluice_integration_tests::procs::Proc;
 use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::{run_sluice, run_sluice_env, tempdir, write_job, yaml_path};
-use sluice_test_support::otlp::{OtlpReceiver, Point};
+use sluice_test_support::otlp::{OtlpReceiver, Point, ReceivedSpan};
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long exports, scrapes and checkpoints may take to show up.
@@ -202,6 +202,25 @@ fn sluice_run_exports_job_task_and_process_metrics_over_otlp_while_it_runs() {
     );
     let failures = of(&points, "run", "sluice.telemetry.export.failures");
     assert!(failures.iter().all(|p| p.value == 0.0), "{failures:?}");
+
+    // The run's checkpoints are traced too, its in-process worker's tasks inside.
+    let spans = receiver.spans();
+    let traced = spans
+        .iter()
+        .filter(|s| {
+            s.name == "checkpoint"
+                && s.resource.get("sluice.role").map(String::as_str) == Some("run")
+        })
+        .any(|root| {
+            spans
+                .iter()
+                .any(|s| s.name == "task checkpoint" && s.parent_span_id == root.span_id)
+        });
+    assert!(
+        traced,
+        "no checkpoint trace with task spans among {} spans",
+        spans.len()
+    );
 }
 
 #[test]
@@ -365,7 +384,10 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
     let dir = dir.path();
     let receiver = OtlpReceiver::start();
     let endpoint = receiver.endpoint();
-    let env = [("OTEL_METRIC_EXPORT_INTERVAL", "500")];
+    let env = [
+        ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "500"),
+    ];
     let telemetry = [
         "--otlp-endpoint",
         &endpoint,
@@ -581,6 +603,77 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
             .any(|p| p.attributes.get("job_id") == Some(&id)),
         "{sizes:?}"
     );
+
+    // One trace per checkpoint across the roles: the coordinator's root with its
+    // `_metadata` write and shard commit, each task's span from the workers (alignment and
+    // snapshot inside), each shard's commit from the state node under the coordinator's.
+    let trace = wait_until(
+        "a checkpoint traced across every role",
+        SETTLE,
+        logs,
+        || {
+            let spans = receiver.spans();
+            spans
+                .iter()
+                .filter(|s| s.name == "checkpoint" && s.parent_span_id.is_empty())
+                .find_map(|root| {
+                    let in_trace: Vec<&ReceivedSpan> = spans
+                        .iter()
+                        .filter(|s| s.trace_id == root.trace_id)
+                        .collect();
+                    let named = |name: &str| in_trace.iter().filter(|s| s.name == name).count();
+                    (named("task checkpoint") >= 4
+                        && named("shard commit") == 4
+                        && named("write _metadata") == 1
+                        && named("commit shards") == 1)
+                        .then(|| {
+                            (
+                                root.clone(),
+                                in_trace.into_iter().cloned().collect::<Vec<_>>(),
+                            )
+                        })
+                })
+        },
+    );
+    let (root, spans) = trace;
+    let role = |s: &ReceivedSpan| s.resource.get("sluice.role").cloned().unwrap_or_default();
+    assert_eq!(role(&root), "coordinator");
+    assert_eq!(root.attributes.get("sluice.job_id"), Some(&id));
+    let commit = spans
+        .iter()
+        .find(|s| s.name == "commit shards")
+        .expect("commit span");
+    for s in &spans {
+        match s.name.as_str() {
+            "task checkpoint" => {
+                assert_eq!(role(s), "worker", "{s:?}");
+                assert_eq!(s.parent_span_id, root.span_id, "{s:?}");
+                let children: Vec<&str> = spans
+                    .iter()
+                    .filter(|c| c.parent_span_id == s.span_id)
+                    .map(|c| c.name.as_str())
+                    .collect();
+                assert!(
+                    children.contains(&"barrier alignment") && children.contains(&"snapshot"),
+                    "{children:?}"
+                );
+            }
+            "shard commit" => {
+                assert_eq!(role(s), "state-service", "{s:?}");
+                assert_eq!(s.parent_span_id, commit.span_id, "{s:?}");
+                assert_eq!(
+                    s.attributes.get("sluice.node_id").map(String::as_str),
+                    Some("node-a")
+                );
+            }
+            "write _metadata" | "commit shards" => {
+                assert_eq!(role(s), "coordinator", "{s:?}");
+                assert_eq!(s.parent_span_id, root.span_id, "{s:?}");
+            }
+            _ => {}
+        }
+        assert!(s.start_ns <= s.end_ns, "{s:?}");
+    }
 
     let cancelled = run_sluice(
         &["cancel", &id, "--coordinator", &format!("http://{http}")],

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
+use opentelemetry::KeyValue;
 use sluice_common::pb::state::state_service_server::StateService;
 use sluice_common::pb::state::{
     CloseShardRequest, CloseShardResponse, CommitRequest, CommitResponse, FlushRequest,
@@ -18,6 +19,7 @@ use sluice_common::pb::state::{
     RollbackRequest, RollbackResponse, ScanRequest, ScanResponse, ShardStatus, StatusRequest,
     StatusResponse, WriteRequest, WriteResponse, write_op,
 };
+use sluice_telemetry::trace;
 use tonic::{Request, Response, Status};
 
 use crate::config::StateServiceConfig;
@@ -391,7 +393,35 @@ impl StateService for StateServer {
     }
 
     async fn commit(&self, r: Request<CommitRequest>) -> Result<Response<CommitResponse>, Status> {
-        Ok(Response::new(self.0.commit(r.into_inner()).await?))
+        // A span in the caller's checkpoint trace, when the caller sent one.
+        let parent = r
+            .metadata()
+            .get(trace::TRACEPARENT)
+            .and_then(|v| v.to_str().ok())
+            .map(trace::remote_parent);
+        let req = r.into_inner();
+        let span = parent.map(|p| {
+            let shard = req.shard.clone().unwrap_or_default();
+            trace::start(
+                "shard commit",
+                &p,
+                vec![
+                    KeyValue::new("sluice.node_id", self.0.config.node_id.clone()),
+                    KeyValue::new("sluice.job_id", shard.job_id),
+                    KeyValue::new(
+                        "sluice.key_groups",
+                        format!("{}-{}", shard.key_group_start, shard.key_group_end),
+                    ),
+                    KeyValue::new("sluice.checkpoint_id", req.checkpoint_id as i64),
+                ],
+                None,
+            )
+        });
+        let result = self.0.commit(req).await;
+        if let Some(cx) = span {
+            trace::end(&cx, None, result.as_ref().err().map(ToString::to_string));
+        }
+        Ok(Response::new(result?))
     }
 
     async fn rollback(

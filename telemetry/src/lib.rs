@@ -13,5 +13,6 @@
 pub mod family;
 pub mod otlp;
 pub mod prometheus;
+pub mod trace;
 
 pub use family::{Collect, Kind, Metric, Snapshot};

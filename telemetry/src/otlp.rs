@@ -1,5 +1,6 @@
 //! OTLP export over gRPC: a role's [`Collect`]or observed by OpenTelemetry instruments
-//! and pushed to a collector by the SDK's periodic reader.
+//! and pushed to a collector by the SDK's periodic reader, and the role's spans
+//! ([`crate::trace`]) through the global tracer, batched.
 //!
 //! Export is on only when an endpoint is given (`--otlp-endpoint` or the standard
 //! `OTEL_EXPORTER_OTLP_ENDPOINT`); the SDK's other standard variables keep their meaning
@@ -14,13 +15,14 @@ use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{AsyncInstrument, AsyncInstrumentBuilder, Meter, MeterProvider as _};
-use opentelemetry_otlp::{MetricExporter, WithExportConfig};
+use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 use opentelemetry_sdk::resource::EnvResourceDetector;
+use opentelemetry_sdk::trace::SdkTracerProvider;
 
 use crate::family::{Collect, Kind, Metric, Snapshot};
 
@@ -59,13 +61,16 @@ pub fn endpoint(flag: Option<&str>) -> Option<String> {
 /// Export running; dropping it exports once more and stops.
 pub struct Exporter {
     provider: SdkMeterProvider,
+    tracer: SdkTracerProvider,
 }
 
 impl Drop for Exporter {
     fn drop(&mut self) {
-        // A final export, so a short run's figures reach the collector too.
+        // A final export, so a short run's figures and spans reach the collector too.
         let _ = self.provider.force_flush();
         let _ = self.provider.shutdown();
+        let _ = self.tracer.force_flush();
+        let _ = self.tracer.shutdown();
     }
 }
 
@@ -95,6 +100,18 @@ pub fn start(
         .with_reader(reader.build())
         .with_resource(resource(identity))
         .build();
+    // Spans (the checkpoint traces of `crate::trace`) in the SDK's batch processor: a
+    // bounded queue (2048 spans) that drops rather than grows when export falls behind.
+    let spans = SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .build()
+        .map_err(|e| format!("OTLP endpoint {endpoint}: {e}"))?;
+    let tracer = SdkTracerProvider::builder()
+        .with_batch_exporter(spans)
+        .with_resource(resource(identity))
+        .build();
+    opentelemetry::global::set_tracer_provider(tracer.clone());
     register(
         &provider.meter("sluice"),
         Arc::new(WithFailures {
@@ -107,7 +124,7 @@ pub fn start(
         identity.role,
         identity.instance
     );
-    Ok(Exporter { provider })
+    Ok(Exporter { provider, tracer })
 }
 
 /// `service.name` (sluice, or `OTEL_SERVICE_NAME`), `service.version`, `sluice.role`,

@@ -1,5 +1,6 @@
-//! A real OTLP/gRPC receiver for tests: the collector's `MetricsService`, generated from
-//! OpenTelemetry's own protos, on 127.0.0.1, keeping every export it is sent.
+//! A real OTLP/gRPC receiver for tests: the collector's `MetricsService` and
+//! `TraceService`, generated from OpenTelemetry's own protos, on 127.0.0.1, keeping every
+//! export it is sent.
 //!
 //! It runs on a thread and runtime of its own, so synchronous tests that start `sluice`
 //! processes can use it; the server stops when the receiver is dropped.
@@ -13,6 +14,12 @@ use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::
 };
 use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
@@ -37,6 +44,46 @@ pub struct Point {
 #[derive(Default)]
 struct Received(Arc<Mutex<Vec<ExportMetricsServiceRequest>>>);
 
+#[derive(Default)]
+struct ReceivedSpans(Arc<Mutex<Vec<ExportTraceServiceRequest>>>);
+
+#[tonic::async_trait]
+impl TraceService for ReceivedSpans {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+/// One span as received.
+#[derive(Debug, Clone)]
+pub struct ReceivedSpan {
+    /// Resource attributes of the process that sent it.
+    pub resource: BTreeMap<String, String>,
+    /// The span's name.
+    pub name: String,
+    /// Hex trace id.
+    pub trace_id: String,
+    /// Hex span id.
+    pub span_id: String,
+    /// Hex id of its parent (empty for a root).
+    pub parent_span_id: String,
+    /// The span's attributes.
+    pub attributes: BTreeMap<String, String>,
+    /// Start and end, ns since the Unix epoch.
+    pub start_ns: u64,
+    /// End, ns since the Unix epoch.
+    pub end_ns: u64,
+}
+
 #[tonic::async_trait]
 impl MetricsService for Received {
     async fn export(
@@ -57,6 +104,7 @@ impl MetricsService for Received {
 pub struct OtlpReceiver {
     addr: std::net::SocketAddr,
     received: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
+    spans: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -71,6 +119,8 @@ impl OtlpReceiver {
         let addr = listener.local_addr().expect("receiver address");
         let received = Arc::new(Mutex::new(Vec::new()));
         let service = Received(received.clone());
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let span_service = ReceivedSpans(spans.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -82,6 +132,7 @@ impl OtlpReceiver {
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                 let _ = tonic::transport::Server::builder()
                     .add_service(MetricsServiceServer::new(service))
+                    .add_service(TraceServiceServer::new(span_service))
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;
                     })
@@ -91,6 +142,7 @@ impl OtlpReceiver {
         Self {
             addr,
             received,
+            spans,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -134,6 +186,36 @@ impl OtlpReceiver {
                                 value,
                             });
                         }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every span received so far, in arrival order.
+    pub fn spans(&self) -> Vec<ReceivedSpan> {
+        let received = self.spans.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for request in received.iter() {
+            for rs in &request.resource_spans {
+                let resource = rs
+                    .resource
+                    .as_ref()
+                    .map(|r| attributes(&r.attributes))
+                    .unwrap_or_default();
+                for ss in &rs.scope_spans {
+                    for s in &ss.spans {
+                        out.push(ReceivedSpan {
+                            resource: resource.clone(),
+                            name: s.name.clone(),
+                            trace_id: hex(&s.trace_id),
+                            span_id: hex(&s.span_id),
+                            parent_span_id: hex(&s.parent_span_id),
+                            attributes: attributes(&s.attributes),
+                            start_ns: s.start_time_unix_nano,
+                            end_ns: s.end_time_unix_nano,
+                        });
                     }
                 }
             }
@@ -195,4 +277,8 @@ fn text(v: &AnyValue) -> String {
         Some(any_value::Value::BoolValue(b)) => b.to_string(),
         _ => String::new(),
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -5,13 +5,15 @@
 //! [`worker`] runs one attempt: plans the job, runs the subtasks that the round-robin
 //! placement gives this worker, links them to the coordinator's checkpoints, and ends
 //! with a [`pb::cluster::Report`]. [`task_metrics`] samples the per-task figures that are
-//! printed, reported and exposed through the OpenTelemetry metrics API.
+//! printed, reported and published as the worker's metrics; `checkpoint_trace` records
+//! the tasks' spans in the coordinator's checkpoint traces.
 //!
 //! This module must not know how workers are started or found, or how the coordinator
 //! decides anything: it does what the control stream says.
 //!
 //! [`pb::cluster::Report`]: sluice_common::pb::cluster::Report
 
+pub(crate) mod checkpoint_trace;
 pub mod session;
 pub mod task_metrics;
 pub mod worker;

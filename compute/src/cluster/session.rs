@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::Endpoint;
 
+use crate::cluster::checkpoint_trace::TaskTraces;
 use crate::cluster::task_metrics;
 use crate::cluster::worker::{AttemptEvent, AttemptLink, WorkerEnv, run_attempt};
 use crate::error::{Error, Result};
@@ -79,6 +80,8 @@ pub async fn serve(options: SessionOptions) -> Result<()> {
 /// A running attempt.
 struct Attempt {
     triggers: mpsc::UnboundedSender<(u64, bool, bool)>,
+    /// The checkpoint spans its tasks' acknowledgements are traced under.
+    traces: Arc<TaskTraces>,
     completed: watch::Sender<u64>,
     /// The attempt's task, aborted when the attempt is dropped.
     _handle: AbortOnDropHandle<()>,
@@ -191,11 +194,13 @@ async fn attach(options: &SessionOptions) -> Result<()> {
                     }
                     Some(cm::Msg::Trigger(t)) => {
                         if let Some(a) = running.get(&t.attempt) {
+                            a.traces.triggered(t.checkpoint_id, &t.trace_parent);
                             let _ = a.triggers.send((t.checkpoint_id, t.unaligned, t.final_checkpoint));
                         }
                     }
                     Some(cm::Msg::Complete(c)) => {
                         if let Some(a) = running.get(&c.attempt) {
+                            a.traces.completed(c.checkpoint_id);
                             a.completed.send_if_modified(|v| {
                                 let newer = c.checkpoint_id > *v;
                                 if newer { *v = c.checkpoint_id; }
@@ -245,11 +250,16 @@ fn start_attempt(
         events: events_tx,
         metrics: metrics.clone(),
     };
+    let traces = Arc::new(TaskTraces::default());
+    let acks = traces.clone();
     let handle = tokio::spawn(async move {
         let forward_out = out.clone();
         let forward = async move {
             while let Some(event) = events_rx.recv().await {
                 let msg = attempt_message(attempt, event);
+                if let wm::Msg::Ack(ack) = &msg {
+                    acks.acked(ack);
+                }
                 let _ = forward_out.send(pbc::WorkerMessage { msg: Some(msg) });
             }
         };
@@ -315,6 +325,7 @@ fn start_attempt(
         let _ = done.send(attempt);
     });
     Attempt {
+        traces,
         triggers: triggers_tx,
         completed: completed_tx,
         _handle: AbortOnDropHandle::new(handle),

@@ -265,11 +265,11 @@ impl RemoteState {
     pub async fn commit(&self, checkpoint: u64, retained: &[u64]) -> StateResult<Vec<String>> {
         let calls = (0..self.layout.len()).map(|i| async move {
             self.open(i).await?;
-            let req = pb::CommitRequest {
+            let req = traced(pb::CommitRequest {
                 shard: Some(self.layout.id(i)),
                 checkpoint_id: checkpoint,
                 retained: retained.to_vec(),
-            };
+            });
             let resp = self
                 .client
                 .clone()
@@ -820,4 +820,19 @@ fn status_error(call: &str, status: &tonic::Status) -> StateError {
         | Code::AlreadyExists => StateError::Rejected(msg),
         _ => StateError::Internal(msg),
     }
+}
+
+/// `req` with the current span's `traceparent` in its metadata, so that the state node's
+/// spans join the caller's trace (nothing is added when no span is current).
+fn traced<T>(req: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(req);
+    let parent = sluice_telemetry::trace::current_traceparent();
+    if !parent.is_empty()
+        && let Ok(value) = parent.parse()
+    {
+        request
+            .metadata_mut()
+            .insert(sluice_telemetry::trace::TRACEPARENT, value);
+    }
+    request
 }

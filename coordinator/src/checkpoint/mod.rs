@@ -22,6 +22,7 @@ pub mod ack;
 pub mod metadata;
 pub mod protocol;
 pub mod store;
+pub(crate) mod trace;
 
 pub use ack::{ShardHandle, ShardRange, SourcePosition, TaskAck, TaskFigures, TaskId};
 pub use metadata::{CheckpointMetadata, MetadataError, ShardState, TaskCheckpoint};

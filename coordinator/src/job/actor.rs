@@ -26,7 +26,10 @@ use super::ports::{StateConnector, StateStore, WorkerLauncher};
 use super::status::JobStatus;
 use crate::checkpoint::metadata;
 use crate::checkpoint::store::{self, MetadataStore};
+use crate::checkpoint::trace::CheckpointTraces;
 use crate::cluster::registry::{Registry, WorkerEvent, WorkerHandle};
+use opentelemetry::context::FutureExt as _;
+use sluice_telemetry::trace;
 
 /// How often a job waiting for slots looks again even without news from the registry.
 const SLOT_POLL: Duration = Duration::from_millis(200);
@@ -67,6 +70,8 @@ pub(crate) struct JobActor {
     told_free: Option<usize>,
     replies: HashMap<ReplyId, Responder>,
     next_reply: u64,
+    /// The open checkpoints' spans.
+    traces: CheckpointTraces,
 }
 
 impl JobActor {
@@ -93,6 +98,7 @@ impl JobActor {
             told_free: None,
             replies: HashMap::new(),
             next_reply: 0,
+            traces: CheckpointTraces::default(),
         }
     }
 
@@ -208,7 +214,9 @@ impl JobActor {
                 self.ports.registry.release(&self.id);
                 None
             }
-            Action::Send { workers, msg } => {
+            Action::Send { workers, mut msg } => {
+                self.traces
+                    .on_send(&self.id, &mut msg, self.shards.is_none());
                 for w in &workers {
                     match self.workers.get(w) {
                         Some(h) => {
@@ -236,13 +244,23 @@ impl JobActor {
                     None => Err("the job has no state connection".into()),
                 }))
             }
-            Action::CommitState { id, retained } => Some(Event::StateCommitted {
-                id,
-                result: match &self.shards {
-                    Some(s) => s.commit(id, &retained).await.map_err(|e| e.to_string()),
+            Action::CommitState { id, retained } => {
+                let span = self.traces.child(id, "commit shards");
+                let result = match &self.shards {
+                    // The state client passes the span on to the state nodes.
+                    Some(s) => match &span {
+                        Some(cx) => s.commit(id, &retained).with_context(cx.clone()).await,
+                        None => s.commit(id, &retained).await,
+                    }
+                    .map_err(|e| e.to_string()),
                     None => Ok(()),
-                },
-            }),
+                };
+                if let Some(cx) = span {
+                    trace::end(&cx, None, result.as_ref().err().cloned());
+                }
+                self.traces.finish(id, result.as_ref().err().cloned());
+                Some(Event::StateCommitted { id, result })
+            }
             Action::ReadRestoreBytes => Some(Event::RestoreBytes(match &self.shards {
                 Some(s) => s.restored_bytes().await.unwrap_or(0),
                 None => 0,
@@ -258,12 +276,17 @@ impl JobActor {
                 Some(Event::LatestCheckpoint(latest.map(Box::new)))
             }
             Action::WriteMetadata { path, metadata } => {
+                let span = self.traces.child(metadata.checkpoint_id, "write _metadata");
                 let outcome = self
                     .ports
                     .store
                     .create_if_absent(&path, metadata::encode(&metadata))
                     .await
                     .map_err(|e| e.to_string());
+                if let Some(cx) = span {
+                    trace::set_attribute(&cx, opentelemetry::KeyValue::new("path", path.clone()));
+                    trace::end(&cx, None, outcome.as_ref().err().cloned());
+                }
                 Some(Event::MetadataWritten { path, outcome })
             }
             Action::DeleteCheckpoint { id } => {

@@ -83,6 +83,7 @@ pub fn trigger(attempt: u64, id: u64, unaligned: bool, final_checkpoint: bool) -
         checkpoint_id: id,
         unaligned,
         final_checkpoint,
+        trace_parent: String::new(),
     })
 }
 
