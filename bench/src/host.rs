@@ -28,7 +28,19 @@ pub trait Host: Send + Sync {
     /// Plans and runs `graph` to its end as `sluice run` does: in this process with
     /// `workers == 0`, else across that many worker processes under a coordinator in
     /// this process. Keyed state goes where the command line said.
-    fn run_job(&self, graph: pb::JobGraph, workers: u32) -> Result<JobSummary>;
+    fn run_job(&self, graph: pb::JobGraph, workers: u32) -> Result<JobSummary> {
+        self.run_job_exporting(graph, workers, None)
+    }
+
+    /// [`Host::run_job`] with its metrics and traces exported over OTLP as `otlp` says:
+    /// `None` as the environment says, `Some(None)` not at all, `Some(Some((endpoint,
+    /// interval)))` to that endpoint at that interval.
+    fn run_job_exporting(
+        &self,
+        graph: pb::JobGraph,
+        workers: u32,
+        otlp: Option<Option<(String, std::time::Duration)>>,
+    ) -> Result<JobSummary>;
 
     /// Starts a state-service node in this process whose data and objects live under
     /// `dir`, as `sluice run` does for jobs with remote state.

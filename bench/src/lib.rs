@@ -44,6 +44,7 @@ pub mod kafka;
 pub mod nexmark;
 pub mod state;
 pub mod state_workload;
+pub mod telemetry;
 
 pub use error::{Error, Result};
 pub use host::{Host, JobSummary};

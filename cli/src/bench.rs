@@ -21,6 +21,7 @@ use sluice_state_service::RunningStateService;
 use crate::cluster::embedded::{self, RunOptions, master_config};
 use crate::cluster::local_state::StateArgs;
 use crate::state_service::start_embedded;
+use crate::telemetry::TelemetryArgs;
 use crate::{Failure, runtime};
 
 /// The benchmarks.
@@ -42,6 +43,9 @@ pub enum BenchCommand {
     /// The Kafka source's throughput next to a plain librdkafka consumer reading the
     /// same topic in the same run.
     Kafka(sluice_bench::kafka::Args),
+    /// Throughput with OTLP export off, on (to a receiver in this process) and with the
+    /// collector down, interleaved in one run.
+    Telemetry(sluice_bench::telemetry::Args),
 }
 
 /// Arguments of `sluice bench nexmark`: the benchmark's, and where remote state lives
@@ -65,6 +69,7 @@ pub fn run(command: BenchCommand) -> Result<(), Failure> {
         BenchCommand::Cluster(args) => sluice_bench::cluster::run(args, &Wiring::default()),
         BenchCommand::Exchange(args) => sluice_bench::exchange::run(args, &Wiring::default()),
         BenchCommand::Kafka(args) => sluice_bench::kafka::run(args, &Wiring::default()),
+        BenchCommand::Telemetry(args) => sluice_bench::telemetry::run(args, &Wiring::default()),
     };
     result.map_err(Failure::from)
 }
@@ -98,9 +103,28 @@ struct Wiring {
 
 #[async_trait]
 impl sluice_bench::Host for Wiring {
-    fn run_job(&self, graph: pb::JobGraph, workers: u32) -> sluice_bench::Result<JobSummary> {
+    fn run_job_exporting(
+        &self,
+        graph: pb::JobGraph,
+        workers: u32,
+        otlp: Option<Option<(String, std::time::Duration)>>,
+    ) -> sluice_bench::Result<JobSummary> {
+        let telemetry = match otlp {
+            None => TelemetryArgs::default(),
+            // An empty endpoint is "off", whatever the environment says.
+            Some(None) => TelemetryArgs {
+                otlp_endpoint: Some(String::new()),
+                ..TelemetryArgs::default()
+            },
+            Some(Some((endpoint, interval))) => TelemetryArgs {
+                otlp_endpoint: Some(endpoint),
+                otlp_interval_ms: Some(interval.as_millis().max(1) as u64),
+                ..TelemetryArgs::default()
+            },
+        };
         let options = RunOptions {
             workers,
+            telemetry,
             ..RunOptions::default()
         };
         let summary = runtime()

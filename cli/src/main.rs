@@ -67,6 +67,9 @@ enum Command {
     Coordinator(cluster::coordinator::CoordinatorArgs),
     #[command(flatten)]
     Job(cluster::client::JobCommand),
+    /// Diagnose a running job: back-pressure cascade, skew, watermark starvation,
+    /// checkpoint alignment, state memory; exit code 1 when something is found.
+    Doctor(cluster::doctor::DoctorArgs),
     /// Run a state-service node: keyed-state shards on RocksDB behind a cache, durable
     /// in an object store.
     StateService(state_service::StateServiceArgs),
@@ -143,6 +146,7 @@ fn main() -> ExitCode {
         Command::Worker(args) => cluster::worker::worker(args),
         Command::Coordinator(args) => cluster::coordinator::serve(args),
         Command::Job(command) => cluster::client::run(command),
+        Command::Doctor(args) => cluster::doctor::run(args),
         Command::StateService(args) => state_service::serve(args),
     };
     match result {

@@ -15,10 +15,15 @@ use crate::Failure;
 /// Where a role's metrics go.
 #[derive(Args, Clone, Debug, Default)]
 pub struct TelemetryArgs {
-    /// Export metrics over OTLP/gRPC to this collector (`http://host:4317`); default:
-    /// `$OTEL_EXPORTER_OTLP_ENDPOINT`, and no export when neither is set.
+    /// Export metrics and checkpoint traces over OTLP/gRPC to this collector
+    /// (`http://host:4317`); default: `$OTEL_EXPORTER_OTLP_ENDPOINT`, and no export when
+    /// neither is set (an empty value turns export off even when the variable is set).
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// Export metrics this often (ms); default: `$OTEL_METRIC_EXPORT_INTERVAL`, else
+    /// 10 000.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub otlp_interval_ms: Option<u64>,
     /// Serve Prometheus `GET /metrics` on this address (port 0: any free port; the
     /// chosen one is printed).
     #[arg(long, value_name = "ADDR")]
@@ -71,7 +76,11 @@ impl TelemetryArgs {
         };
         let exporter = match otlp::endpoint(self.otlp_endpoint.as_deref()) {
             Some(endpoint) => {
-                let identity = Identity { role, instance };
+                let identity = Identity {
+                    role,
+                    instance,
+                    interval: self.otlp_interval_ms.map(std::time::Duration::from_millis),
+                };
                 Some(
                     otlp::start(&endpoint, &identity, collector)
                         .map_err(|e| Failure::usage(format!("--otlp-endpoint: {e}")))?,

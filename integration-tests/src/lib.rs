@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Number, Value};
 
+pub mod cluster;
 pub mod http;
 pub mod procs;
 pub mod service;

@@ -10,16 +10,14 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
+use sluice_integration_tests::cluster::{MiniCluster, START_TIMEOUT};
 use sluice_integration_tests::http::{http_request, promtool_check};
-use sluice_integration_tests::procs::Proc;
-use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::{run_sluice, run_sluice_env, tempdir, write_job, yaml_path};
 use sluice_test_support::otlp::{OtlpReceiver, Point, ReceivedSpan};
 
-const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long exports, scrapes and checkpoints may take to show up.
 const SETTLE: Duration = Duration::from_secs(60);
 
@@ -357,26 +355,6 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
-/// Polls `check` every 250 ms for at most `timeout`.
-#[track_caller]
-fn wait_until<T>(
-    what: &str,
-    timeout: Duration,
-    logs: impl Fn() -> String,
-    mut check: impl FnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        if Instant::now() >= deadline {
-            panic!("not within {timeout:?}: {what}\n{}", logs());
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 #[test]
 fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
     let _serial = serial();
@@ -388,91 +366,28 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
         ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
         ("OTEL_BSP_SCHEDULE_DELAY", "500"),
     ];
-    let telemetry = [
-        "--otlp-endpoint",
-        &endpoint,
-        "--metrics-http",
-        "127.0.0.1:0",
-    ];
-
-    let objects = dir.join("state-objects");
-    std::fs::create_dir_all(&objects).expect("objects dir");
-    let mut args = vec![
-        "state-service".to_owned(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--node-id".into(),
-        "node-a".into(),
-        "--data-dir".into(),
-        dir.join("state-data").display().to_string(),
-        "--object-store".into(),
-        format!("file://{}", objects.display()),
-        "--memory".into(),
-        "256MiB".into(),
-    ];
-    args.extend(telemetry.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let state = ServiceProcess::start(&args, dir, &env);
-    let state_metrics = wait_until(
-        "the state node's metrics address",
-        START_TIMEOUT,
-        || state.stderr(),
-        || metrics_addr(&state.stderr()),
+    let cluster = MiniCluster::start(
+        dir,
+        2,
+        |role| {
+            let mut args = vec!["--otlp-endpoint".to_owned(), endpoint.clone()];
+            if role != "coordinator" {
+                args.extend(["--metrics-http".to_owned(), "127.0.0.1:0".to_owned()]);
+            }
+            args
+        },
+        &env,
     );
-
-    let grpc_port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let grpc = format!("127.0.0.1:{grpc_port}");
-    let store = dir.join("coordinator-store");
-    let state_url = state.url();
-    let mut args = vec![
-        "coordinator",
-        "--http",
-        "127.0.0.1:0",
-        "--grpc",
-        &grpc,
-        "--store",
-        store.to_str().expect("UTF-8 path"),
-        "--state-service",
-        &state_url,
-        "--otlp-endpoint",
-        &endpoint,
-    ];
-    args.extend_from_slice(&[]);
-    let mut coordinator = Proc::start_env(&args, dir, &env);
-    let line = coordinator.wait_for_line("coordinator listening:", START_TIMEOUT);
-    let http = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http="))
-        .unwrap_or_else(|| panic!("no http= in {line:?}"))
-        .to_owned();
-
-    let url = format!("http://{grpc}");
-    let mut workers = Vec::new();
-    let mut worker_metrics = Vec::new();
-    for _ in 0..2 {
-        let mut args = vec!["worker", "--coordinator", &url];
-        args.extend_from_slice(&telemetry);
-        let mut w = Proc::start_env(&args, dir, &env);
-        let line = w.wait_for_line("metrics on http://", START_TIMEOUT);
-        worker_metrics.push(metrics_addr(&line).expect("the worker's metrics address"));
-        workers.push(w);
-    }
-    let logs = || {
-        format!(
-            "--- coordinator\n{}\n--- worker 0\n{}\n--- worker 1\n{}\n--- state\n{}",
-            coordinator.output(),
-            workers[0].output(),
-            workers[1].output(),
-            state.stderr()
-        )
-    };
-    wait_until("2 workers attached", START_TIMEOUT, logs, || {
-        let (code, body) = http_request(&http, "GET", "/v1/workers", None);
-        (code == 200 && body.as_array().is_some_and(|w| w.len() >= 2)).then_some(())
-    });
+    let state_metrics =
+        cluster.wait_until("the state node's metrics address", START_TIMEOUT, || {
+            metrics_addr(&cluster.state.stderr())
+        });
+    let worker_metrics: Vec<String> = cluster
+        .workers
+        .iter()
+        .map(|w| metrics_addr(&w.output()).expect("a worker's metrics address"))
+        .collect();
+    let http = cluster.http.clone();
 
     // Long enough (200 s) to be running throughout; cancelled at the end.
     let job = write_job(
@@ -480,38 +395,17 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
         "job.yaml",
         &windowed_job(&dir.join("out"), 1_000_000, 5_000),
     );
-    let submitted = run_sluice(
-        &[
-            "submit",
-            job.to_str().expect("UTF-8 path"),
-            "--workers",
-            "2",
-            "--json",
-            "--coordinator",
-            &format!("http://{http}"),
-        ],
-        dir,
-    );
-    submitted.assert_success();
-    let id = serde_json::from_str::<Value>(&submitted.stdout).expect("JSON")["id"]
-        .as_str()
-        .expect("an id")
-        .to_owned();
-    wait_until("two completed checkpoints", SETTLE, logs, || {
+    let id = cluster.submit(dir, &job, 2);
+    cluster.wait_until("two completed checkpoints", SETTLE, || {
         let (code, body) = http_request(&http, "GET", &format!("/v1/jobs/{id}"), None);
         (code == 200 && body["last_checkpoint"].as_u64().is_some_and(|c| c >= 2)).then_some(())
     });
 
     // Each role's own endpoint, through Prometheus's linter.
-    let state_text = wait_until(
-        "a commit in the state node's /metrics",
-        SETTLE,
-        logs,
-        || {
-            let text = scrape(&state_metrics);
-            (sample(&text, "sluice_state_commits_total").is_some_and(|c| c > 0.0)).then_some(text)
-        },
-    );
+    let state_text = cluster.wait_until("a commit in the state node's /metrics", SETTLE, || {
+        let text = scrape(&state_metrics);
+        (sample(&text, "sluice_state_commits_total").is_some_and(|c| c > 0.0)).then_some(text)
+    });
     assert!(
         sample(&state_text, "sluice_state_keys_read_total").is_some(),
         "{state_text}"
@@ -523,7 +417,7 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
     assert!(sample(&state_text, "process_memory_usage_bytes").is_some_and(|m| m > 1e6));
     promtool_check(&state_text);
     for addr in &worker_metrics {
-        let text = wait_until("the worker's tasks in its /metrics", SETTLE, logs, || {
+        let text = cluster.wait_until("the worker's tasks in its /metrics", SETTLE, || {
             let text = scrape(addr);
             text.contains(&format!(
                 "sluice_task_network_sent_bytes_total{{job_id=\"{id}\""
@@ -551,11 +445,11 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
             ("worker1", &worker_metrics[1]),
         ],
     );
-    wait_until("Prometheus to see every role up", SETTLE, logs, || {
+    cluster.wait_until("Prometheus to see every role up", SETTLE, || {
         let up = prometheus.query("up");
         (up.len() == 4 && up.iter().all(|(_, v)| *v == 1.0)).then_some(())
     });
-    wait_until("the job's figures in Prometheus", SETTLE, logs, || {
+    cluster.wait_until("the job's figures in Prometheus", SETTLE, || {
         let sent = prometheus.query(&format!(
             "sum(sluice_task_network_sent_bytes_total{{job_id=\"{id}\"}})"
         ));
@@ -570,19 +464,14 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
 
     // And every role exported over OTLP, named by its resource.
     let names_ok = |role: &str, name: &str| receiver.names_of_role(role).contains(name);
-    wait_until(
-        "every role's metrics at the OTLP receiver",
-        SETTLE,
-        logs,
-        || {
-            (names_ok("coordinator", "sluice.job.records_in")
-                && names_ok("coordinator", "sluice.task.busy")
-                && names_ok("worker", "sluice.task.network.sent")
-                && names_ok("state-service", "sluice.state.commits")
-                && names_ok("state-service", "process.memory.usage"))
-            .then_some(())
-        },
-    );
+    cluster.wait_until("every role's metrics at the OTLP receiver", SETTLE, || {
+        (names_ok("coordinator", "sluice.job.records_in")
+            && names_ok("coordinator", "sluice.task.busy")
+            && names_ok("worker", "sluice.task.network.sent")
+            && names_ok("state-service", "sluice.state.commits")
+            && names_ok("state-service", "process.memory.usage"))
+        .then_some(())
+    });
     let points = receiver.points();
     let worker_instances: std::collections::BTreeSet<&String> =
         of(&points, "worker", "process.memory.usage")
@@ -607,34 +496,29 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
     // One trace per checkpoint across the roles: the coordinator's root with its
     // `_metadata` write and shard commit, each task's span from the workers (alignment and
     // snapshot inside), each shard's commit from the state node under the coordinator's.
-    let trace = wait_until(
-        "a checkpoint traced across every role",
-        SETTLE,
-        logs,
-        || {
-            let spans = receiver.spans();
-            spans
-                .iter()
-                .filter(|s| s.name == "checkpoint" && s.parent_span_id.is_empty())
-                .find_map(|root| {
-                    let in_trace: Vec<&ReceivedSpan> = spans
-                        .iter()
-                        .filter(|s| s.trace_id == root.trace_id)
-                        .collect();
-                    let named = |name: &str| in_trace.iter().filter(|s| s.name == name).count();
-                    (named("task checkpoint") >= 4
-                        && named("shard commit") == 4
-                        && named("write _metadata") == 1
-                        && named("commit shards") == 1)
-                        .then(|| {
-                            (
-                                root.clone(),
-                                in_trace.into_iter().cloned().collect::<Vec<_>>(),
-                            )
-                        })
-                })
-        },
-    );
+    let trace = cluster.wait_until("a checkpoint traced across every role", SETTLE, || {
+        let spans = receiver.spans();
+        spans
+            .iter()
+            .filter(|s| s.name == "checkpoint" && s.parent_span_id.is_empty())
+            .find_map(|root| {
+                let in_trace: Vec<&ReceivedSpan> = spans
+                    .iter()
+                    .filter(|s| s.trace_id == root.trace_id)
+                    .collect();
+                let named = |name: &str| in_trace.iter().filter(|s| s.name == name).count();
+                (named("task checkpoint") >= 4
+                    && named("shard commit") == 4
+                    && named("write _metadata") == 1
+                    && named("commit shards") == 1)
+                    .then(|| {
+                        (
+                            root.clone(),
+                            in_trace.into_iter().cloned().collect::<Vec<_>>(),
+                        )
+                    })
+            })
+    });
     let (root, spans) = trace;
     let role = |s: &ReceivedSpan| s.resource.get("sluice.role").cloned().unwrap_or_default();
     assert_eq!(role(&root), "coordinator");
@@ -675,10 +559,5 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
         assert!(s.start_ns <= s.end_ns, "{s:?}");
     }
 
-    let cancelled = run_sluice(
-        &["cancel", &id, "--coordinator", &format!("http://{http}")],
-        dir,
-    );
-    cancelled.assert_success();
-    coordinator.kill();
+    cluster.cancel(dir, &id);
 }

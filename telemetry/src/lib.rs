@@ -13,6 +13,7 @@
 pub mod family;
 pub mod otlp;
 pub mod prometheus;
+pub mod receiver;
 pub mod trace;
 
 pub use family::{Collect, Kind, Metric, Snapshot};

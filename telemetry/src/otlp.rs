@@ -48,6 +48,8 @@ pub struct Identity {
     /// This process among others of its role (`service.instance.id`): a worker's or a
     /// node's id, or host and pid.
     pub instance: String,
+    /// How often metrics are exported; `None`: `OTEL_METRIC_EXPORT_INTERVAL`, else 10 s.
+    pub interval: Option<Duration>,
 }
 
 /// The collector endpoint: the flag's value, else `OTEL_EXPORTER_OTLP_ENDPOINT`, else
@@ -71,6 +73,10 @@ impl Drop for Exporter {
         let _ = self.provider.shutdown();
         let _ = self.tracer.force_flush();
         let _ = self.tracer.shutdown();
+        // Spans started from now on cost nothing, as before export began.
+        opentelemetry::global::set_tracer_provider(
+            opentelemetry::trace::noop::NoopTracerProvider::new(),
+        );
     }
 }
 
@@ -93,8 +99,12 @@ pub fn start(
         failures: failures.clone(),
     };
     let mut reader = PeriodicReader::builder(exporter);
-    if std::env::var("OTEL_METRIC_EXPORT_INTERVAL").is_err() {
-        reader = reader.with_interval(DEFAULT_INTERVAL);
+    match identity.interval {
+        Some(interval) => reader = reader.with_interval(interval),
+        None if std::env::var("OTEL_METRIC_EXPORT_INTERVAL").is_err() => {
+            reader = reader.with_interval(DEFAULT_INTERVAL);
+        }
+        None => {}
     }
     let provider = SdkMeterProvider::builder()
         .with_reader(reader.build())

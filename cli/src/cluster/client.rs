@@ -206,7 +206,8 @@ fn request(
     })
 }
 
-async fn call(method: &str, url: &str, body: Option<Value>) -> Result<Value, Failure> {
+/// One REST call; the answer's JSON, or the API's error as a failure.
+pub(crate) async fn call(method: &str, url: &str, body: Option<Value>) -> Result<Value, Failure> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(300))
         .build()
@@ -253,7 +254,8 @@ fn s(v: &Value, key: &str) -> String {
     }
 }
 
-fn table(header: &[&str], rows: Vec<Vec<String>>) {
+/// Prints `rows` under `header` in aligned columns.
+pub(crate) fn table(header: &[&str], rows: Vec<Vec<String>>) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {

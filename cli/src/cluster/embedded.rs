@@ -83,20 +83,21 @@ pub struct Summary {
 pub struct ProcessLauncher {
     exe: PathBuf,
     coordinator: String,
-    otlp_endpoint: Option<String>,
+    telemetry: TelemetryArgs,
     children: Mutex<Vec<std::process::Child>>,
 }
 
 impl ProcessLauncher {
     /// Workers of this binary, attaching to `coordinator` (`http://host:port`) and
-    /// exporting their metrics to `otlp_endpoint` (else as the environment says).
-    pub fn new(coordinator: String, otlp_endpoint: Option<String>) -> Result<Self, Failure> {
+    /// exporting their telemetry as `telemetry` says (its `--metrics-http` excepted: each
+    /// worker would need an address of its own).
+    pub fn new(coordinator: String, telemetry: TelemetryArgs) -> Result<Self, Failure> {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::from(anyhow::anyhow!("cannot find sluice: {e}")))?;
         Ok(Self {
             exe,
             coordinator,
-            otlp_endpoint,
+            telemetry,
             children: Mutex::new(Vec::new()),
         })
     }
@@ -118,8 +119,11 @@ impl WorkerLauncher for ProcessLauncher {
                 &self.coordinator,
                 "--exit-with-coordinator",
             ]);
-            if let Some(endpoint) = &self.otlp_endpoint {
+            if let Some(endpoint) = &self.telemetry.otlp_endpoint {
                 command.args(["--otlp-endpoint", endpoint]);
+            }
+            if let Some(ms) = self.telemetry.otlp_interval_ms {
+                command.args(["--otlp-interval-ms", &ms.to_string()]);
             }
             let spawned = command.stdin(std::process::Stdio::null()).spawn();
             match spawned {
@@ -252,7 +256,7 @@ async fn run_job(
         0 => None,
         _ => Some(Arc::new(ProcessLauncher::new(
             url.clone(),
-            options.telemetry.otlp_endpoint.clone(),
+            options.telemetry.clone(),
         )?)),
     };
     let mut master = master_config(

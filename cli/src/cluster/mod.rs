@@ -11,9 +11,11 @@
 //! - [`client`]: `sluice submit | jobs | status | cancel | checkpoints | savepoint | stop
 //!   | rescale` over the REST API.
 //! - [`worker`]: the `sluice worker` command.
+//! - [`doctor`]: `sluice doctor JOB`, the pathologies a running job shows.
 
 pub mod client;
 pub mod coordinator;
+pub mod doctor;
 pub mod embedded;
 pub mod local_state;
 pub mod worker;

@@ -101,6 +101,11 @@ pub struct JobStatus {
     pub submitted_at_ms: u64,
     /// Each task's figures from the workers' last progress reports, by task.
     pub tasks: Vec<TaskStatus>,
+    /// The job's nodes, upstream first (a task is named after the first node of its
+    /// chain: `window[1]`), for tools that follow back pressure downstream.
+    pub nodes: Vec<String>,
+    /// How long a checkpoint may take before it is aborted (absent without checkpoints).
+    pub checkpoint_timeout_ms: Option<u64>,
 }
 
 /// One task's figures, as its worker last reported them (rates over about a second).
@@ -179,6 +184,8 @@ impl JobStatus {
             user_error: false,
             submitted_at_ms: now,
             tasks: Vec::new(),
+            nodes: Vec::new(),
+            checkpoint_timeout_ms: None,
         }
     }
 

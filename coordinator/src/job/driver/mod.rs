@@ -491,9 +491,11 @@ impl Driver {
             now,
         );
         status.last_checkpoint = resume.as_ref().map(|m| m.checkpoint_id);
+        status.nodes = graph.nodes.iter().map(|n| n.name.clone()).collect();
         let (protocol, protocol_error) = match graph::checkpoint_config(&config.job_id, &graph) {
             None => (None, None),
             Some(cfg) => {
+                status.checkpoint_timeout_ms = Some(cfg.timeout.as_millis() as u64);
                 let info = JobInfo {
                     job_id: config.job_id.clone(),
                     coordinator_id: config.coordinator_id.clone(),

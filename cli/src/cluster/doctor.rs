@@ -1,0 +1,559 @@
+//! `sluice doctor JOB`: reads a running job's figures from the coordinator twice, a few
+//! seconds apart, and names each pathology it finds with its evidence and the fix: the
+//! back-pressure cascade (the first busy task downstream of back-pressured ones), data
+//! skew on `key_by`, watermark starvation, checkpoint alignment growing toward the
+//! timeout and, given a state node's `/metrics`, state memory near its budget. A table
+//! for people, `--json` for scripts; exit code 1 when something is found.
+//!
+//! The diagnosis ([`diagnose`]) is a pure function of the two samples, so each rule is
+//! tested on figures made for it; this module must not change the job.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::{Value, json};
+use sluice_common::outln;
+
+use crate::cluster::client::{call, table};
+use crate::{Failure, runtime};
+
+/// Arguments of `sluice doctor`.
+#[derive(Args)]
+pub struct DoctorArgs {
+    /// The job's id.
+    job: String,
+    /// The coordinator's REST API.
+    #[arg(
+        long,
+        env = "SLUICE_COORDINATOR",
+        default_value = "http://127.0.0.1:8081"
+    )]
+    coordinator: String,
+    /// Print the findings as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Time between the two samples (ms): rates and progress are judged over it.
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
+    sample_ms: u64,
+    /// A state node's metrics endpoint (`http://host:port/metrics`, its
+    /// `--metrics-http`), to check its memory; may be given once per node.
+    #[arg(long = "state-metrics", value_name = "URL")]
+    state_metrics: Vec<String>,
+}
+
+/// One pathology found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// Its name in the seed's matrix.
+    pub pathology: &'static str,
+    /// Where: a node, a task, a split, a state node.
+    pub subject: String,
+    /// The figures that show it.
+    pub evidence: String,
+    /// What to do.
+    pub fix: String,
+}
+
+/// What `sluice doctor` checks, in the order it reports.
+pub const CHECKED: [&str; 6] = [
+    "back-pressure cascade",
+    "data skew on key_by",
+    "watermark starvation",
+    "checkpoint alignment timeout",
+    "state memory growth",
+    "sink transaction timeout",
+];
+
+/// A task is busy from this share of its time on.
+const BUSY: f64 = 0.6;
+/// A task is back-pressured from this share on.
+const BACKPRESSURED: f64 = 0.5;
+
+/// Runs `sluice doctor`.
+pub fn run(args: DoctorArgs) -> Result<(), Failure> {
+    let base = args.coordinator.trim_end_matches('/').to_owned();
+    let url = format!("{base}/v1/jobs/{}", args.job);
+    let rt = runtime()?;
+    let (before, after, elapsed, memory) = rt.block_on(async {
+        let before = call("GET", &url, None).await?;
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_millis(args.sample_ms)).await;
+        let after = call("GET", &url, None).await?;
+        let mut memory = Vec::new();
+        for m in &args.state_metrics {
+            memory.push((m.clone(), scrape(m).await?));
+        }
+        Ok::<_, Failure>((before, after, start.elapsed().as_secs_f64(), memory))
+    })?;
+    let state = after.get("state").and_then(Value::as_str).unwrap_or("?");
+    if state != "running" {
+        return Err(Failure::usage(format!(
+            "job {} is {state}, not running: doctor reads a running job's figures",
+            args.job
+        )));
+    }
+    let mut findings = diagnose(&before, &after, elapsed);
+    for (url, text) in &memory {
+        findings.extend(state_memory(url, text));
+    }
+    if args.json {
+        let list: Vec<Value> = findings
+            .iter()
+            .map(|f| {
+                json!({ "pathology": f.pathology, "subject": f.subject,
+                        "evidence": f.evidence, "fix": f.fix })
+            })
+            .collect();
+        let report = json!({ "job": args.job, "findings": list, "checked": CHECKED });
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else if findings.is_empty() {
+        outln!(
+            "no pathology found in job {} over {elapsed:.1} s (checked: {})",
+            args.job,
+            CHECKED.join(", ")
+        );
+    } else {
+        table(
+            &["PATHOLOGY", "WHERE", "EVIDENCE", "FIX"],
+            findings
+                .iter()
+                .map(|f| {
+                    vec![
+                        f.pathology.to_owned(),
+                        f.subject.clone(),
+                        f.evidence.clone(),
+                        f.fix.clone(),
+                    ]
+                })
+                .collect(),
+        );
+    }
+    match findings.len() {
+        0 => Ok(()),
+        n => Err(Failure {
+            code: 1,
+            message: format!("{n} pathology(ies) found in job {}", args.job),
+        }),
+    }
+}
+
+async fn scrape(url: &str) -> Result<String, Failure> {
+    let failed = |e: String| Failure::usage(format!("--state-metrics {url}: {e}"));
+    let response = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| failed(e.to_string()))?
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    if !response.status().is_success() {
+        return Err(failed(format!("answered {}", response.status())));
+    }
+    response.text().await.map_err(|e| failed(e.to_string()))
+}
+
+/// One task's figures in a sample.
+#[derive(Debug, Clone)]
+struct Task {
+    name: String,
+    node: String,
+    busy: f64,
+    backpressured: f64,
+    records_in: u64,
+    held_by: String,
+}
+
+fn tasks(sample: &Value) -> Vec<Task> {
+    let ratio = |t: &Value, k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0) as f64 / 1000.0;
+    sample
+        .get("tasks")
+        .and_then(Value::as_array)
+        .map(|ts| {
+            ts.iter()
+                .map(|t| {
+                    let name = t
+                        .get("task")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned();
+                    Task {
+                        node: name.split('[').next().unwrap_or("").to_owned(),
+                        busy: ratio(t, "busy_ms_per_s"),
+                        backpressured: ratio(t, "backpressured_ms_per_s"),
+                        records_in: t.get("records_in").and_then(Value::as_u64).unwrap_or(0),
+                        held_by: t
+                            .get("watermark_held_by")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                        name,
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The job's nodes that name tasks, upstream first (the status's `nodes`; else the
+/// order the tasks were reported in).
+fn node_order(sample: &Value, tasks: &[Task]) -> Vec<String> {
+    let mut order: Vec<String> = sample
+        .get("nodes")
+        .and_then(Value::as_array)
+        .map(|n| {
+            n.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    for t in tasks {
+        if !order.contains(&t.node) {
+            order.push(t.node.clone());
+        }
+    }
+    order.retain(|n| tasks.iter().any(|t| &t.node == n));
+    order
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+/// The pathologies the two samples show, `elapsed` seconds apart.
+pub fn diagnose(before: &Value, after: &Value, elapsed: f64) -> Vec<Finding> {
+    let now = tasks(after);
+    let then = tasks(before);
+    let mut found = Vec::new();
+    found.extend(cascade(after, &now));
+    found.extend(skew(&then, &now, elapsed));
+    found.extend(starvation(before, after, &now, elapsed));
+    found.extend(alignment(after));
+    found
+}
+
+/// The tasks of `node`.
+fn of<'a>(tasks: &'a [Task], node: &'a str) -> impl Iterator<Item = &'a Task> {
+    tasks.iter().filter(move |t| t.node == node)
+}
+
+/// The first node downstream of back-pressured ones that is busy itself.
+fn cascade(after: &Value, tasks: &[Task]) -> Option<Finding> {
+    let order = node_order(after, tasks);
+    let max = |n: &str, f: fn(&Task) -> f64| of(tasks, n).map(f).fold(0.0, f64::max);
+    for (i, node) in order.iter().enumerate().skip(1) {
+        let upstream = &order[..i];
+        let pressed: Vec<String> = upstream
+            .iter()
+            .filter(|u| max(u, |t| t.backpressured) >= BACKPRESSURED)
+            .map(|u| format!("{u} back-pressured {}", pct(max(u, |t| t.backpressured))))
+            .collect();
+        let busy = max(node, |t| t.busy);
+        let own = max(node, |t| t.backpressured);
+        if !pressed.is_empty() && busy >= BUSY && own < BACKPRESSURED {
+            let hot = of(tasks, node)
+                .max_by(|a, b| a.busy.total_cmp(&b.busy))
+                .map(|t| t.name.clone())
+                .unwrap_or_default();
+            return Some(Finding {
+                pathology: "back-pressure cascade",
+                subject: hot,
+                evidence: format!("{node} busy {} while {}", pct(busy), pressed.join(", ")),
+                fix: format!(
+                    "{node} is the bottleneck: give it more parallelism or make it cheaper \
+                     (a slow sink: a faster or batching sink); the tasks upstream only wait"
+                ),
+            });
+        }
+    }
+    None
+}
+
+/// A node whose subtasks get very unequal shares of the records.
+fn skew(then: &[Task], now: &[Task], elapsed: f64) -> Vec<Finding> {
+    let mut found = Vec::new();
+    let order = node_order(&Value::Null, now);
+    for node in order {
+        let rates: Vec<(String, f64, f64)> = now
+            .iter()
+            .filter(|t| t.node == node)
+            .map(|t| {
+                let before = then
+                    .iter()
+                    .find(|b| b.name == t.name)
+                    .map_or(0, |b| b.records_in);
+                let rate = t.records_in.saturating_sub(before) as f64 / elapsed.max(1e-3);
+                (t.name.clone(), rate, t.busy)
+            })
+            .collect();
+        if rates.len() < 2 {
+            continue;
+        }
+        let total: f64 = rates.iter().map(|r| r.1).sum();
+        let Some(hot) = rates.iter().max_by(|a, b| a.1.total_cmp(&b.1)) else {
+            continue;
+        };
+        let others = (total - hot.1) / (rates.len() - 1) as f64;
+        if total >= 1000.0 && hot.1 >= 3.0 * others.max(1.0) && hot.2 >= BUSY {
+            found.push(Finding {
+                pathology: "data skew on key_by",
+                subject: hot.0.clone(),
+                evidence: format!(
+                    "{} takes {:.0} records/s ({} of {node}'s), busy {}; its {} siblings average {:.0}/s",
+                    hot.0,
+                    hot.1,
+                    pct(hot.1 / total),
+                    pct(hot.2),
+                    rates.len() - 1,
+                    others
+                ),
+                fix: "a few hot keys land on one subtask: pre-aggregate before the key_by, or \
+                      salt the hot keys (add a random suffix, then combine) so that they spread"
+                    .into(),
+            });
+        }
+    }
+    found
+}
+
+/// The watermark stuck while records flow, held by a split with no data.
+fn starvation(before: &Value, after: &Value, now: &[Task], elapsed: f64) -> Option<Finding> {
+    let read = |s: &Value| s.get("records_in").and_then(Value::as_u64).unwrap_or(0);
+    let wm = |s: &Value| s.get("watermark").and_then(Value::as_i64);
+    let flowing = read(after) > read(before);
+    let stuck = wm(after) == wm(before);
+    let holders: Vec<String> = now
+        .iter()
+        .filter(|t| !t.held_by.is_empty())
+        .map(|t| format!("{} by {}", t.name, t.held_by))
+        .collect();
+    if !(flowing && stuck) || holders.is_empty() {
+        return None;
+    }
+    let at = match wm(after) {
+        Some(ms) => format!("at {ms} ms"),
+        None => "not set".into(),
+    };
+    Some(Finding {
+        pathology: "watermark starvation",
+        subject: holders.join(", "),
+        evidence: format!(
+            "the watermark stayed {at} for {elapsed:.1} s while {} records were read; held: {}",
+            read(after) - read(before),
+            holders.join(", ")
+        ),
+        fix: "a split or partition with no data holds every window back: set \
+              `watermark: { idleness: 5s }` so that a silent split stops counting, or \
+              feed that split"
+            .into(),
+    })
+}
+
+/// Barrier alignment taking a growing share of the checkpoint timeout.
+fn alignment(after: &Value) -> Option<Finding> {
+    let timeout = after.get("checkpoint_timeout_ms").and_then(Value::as_u64)? as f64;
+    let recent: Vec<f64> = after
+        .get("checkpoints")
+        .and_then(Value::as_array)?
+        .iter()
+        .filter_map(|c| c.get("max_alignment_micros").and_then(Value::as_u64))
+        .map(|us| us as f64 / 1000.0)
+        .collect();
+    let last = *recent.last()?;
+    let growing = recent.len() >= 3 && recent.windows(2).rev().take(2).all(|w| w[1] > w[0]);
+    let aborted = after
+        .get("checkpoints_aborted")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if last < 0.5 * timeout && !(growing && last >= 0.2 * timeout) {
+        return None;
+    }
+    Some(Finding {
+        pathology: "checkpoint alignment timeout",
+        subject: format!(
+            "checkpoint {}",
+            after.get("last_checkpoint").unwrap_or(&Value::Null)
+        ),
+        evidence: format!(
+            "the last alignment took {last:.0} ms of a {timeout:.0} ms timeout{}; {aborted} checkpoints aborted",
+            if growing { ", growing" } else { "" }
+        ),
+        fix: "barriers wait behind queued data at a slow task: remove the back pressure \
+              (see the cascade), or make the queues shorter (smaller --buffer-bytes); \
+              unaligned checkpoints, the usual fix, do not restore yet in Sluice"
+            .into(),
+    })
+}
+
+/// A state node whose resident memory is near its budget.
+fn state_memory(url: &str, text: &str) -> Option<Finding> {
+    let sample = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let rss = sample("process_memory_usage_bytes")?;
+    let limit = sample("sluice_state_memory_limit_bytes")?;
+    (limit > 0.0 && rss >= 0.9 * limit).then(|| Finding {
+        pathology: "state memory growth",
+        subject: url.to_owned(),
+        evidence: format!(
+            "resident {:.0} MiB, {} of its {:.0} MiB budget",
+            rss / 1048576.0,
+            pct(rss / limit),
+            limit / 1048576.0
+        ),
+        fix: "give the node more --memory, add state nodes, or shorten what state \
+              keeps (window size, TTL)"
+            .into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(name: &str, busy: u64, bp: u64, records: u64, held: &str) -> Value {
+        json!({ "task": name, "busy_ms_per_s": busy, "backpressured_ms_per_s": bp,
+                "idle_ms_per_s": 1000 - busy - bp, "records_in": records,
+                "watermark_held_by": held })
+    }
+
+    fn sample(tasks: Vec<Value>, records: u64, watermark: Option<i64>) -> Value {
+        json!({ "state": "running", "records_in": records, "watermark": watermark,
+                "nodes": ["source", "window", "sink"], "tasks": tasks })
+    }
+
+    #[test]
+    fn the_busy_task_below_back_pressured_ones_is_the_cascade() {
+        let s = sample(
+            vec![
+                task("source[0]", 50, 900, 10, ""),
+                task("source[1]", 40, 920, 10, ""),
+                task("window[0]", 100, 850, 10, ""),
+                task("window[1]", 90, 860, 10, ""),
+                task("sink[0]", 990, 0, 10, ""),
+            ],
+            100,
+            Some(1),
+        );
+        let found = diagnose(&s, &s, 3.0);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].pathology, "back-pressure cascade");
+        assert_eq!(found[0].subject, "sink[0]");
+        assert!(
+            found[0].evidence.contains("window back-pressured 86%"),
+            "{found:?}"
+        );
+        // Everything busy and nothing waiting: no cascade.
+        let calm = sample(
+            vec![
+                task("source[0]", 900, 0, 10, ""),
+                task("sink[0]", 900, 0, 10, ""),
+            ],
+            1,
+            Some(1),
+        );
+        assert!(diagnose(&calm, &calm, 3.0).is_empty());
+    }
+
+    #[test]
+    fn one_subtask_taking_most_records_is_skew() {
+        let before = sample(
+            vec![
+                task("window[0]", 950, 0, 0, ""),
+                task("window[1]", 100, 0, 0, ""),
+                task("window[2]", 100, 0, 0, ""),
+            ],
+            0,
+            Some(1),
+        );
+        let after = sample(
+            vec![
+                task("window[0]", 950, 0, 90_000, ""),
+                task("window[1]", 100, 0, 5_000, ""),
+                task("window[2]", 100, 0, 5_000, ""),
+            ],
+            100_000,
+            Some(2),
+        );
+        let found = diagnose(&before, &after, 2.0);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].pathology, "data skew on key_by");
+        assert_eq!(found[0].subject, "window[0]");
+        // Even shares are not skew.
+        let even = sample(
+            vec![
+                task("window[0]", 950, 0, 50_000, ""),
+                task("window[1]", 950, 0, 50_000, ""),
+            ],
+            100_000,
+            Some(2),
+        );
+        assert!(diagnose(&before, &even, 2.0).is_empty());
+    }
+
+    #[test]
+    fn a_stuck_watermark_with_a_holder_while_records_flow_is_starvation() {
+        let before = sample(
+            vec![task("source[0]", 300, 0, 10, "bids/3")],
+            1_000,
+            Some(5_000),
+        );
+        let after = sample(
+            vec![task("source[0]", 300, 0, 2_000, "bids/3")],
+            3_000,
+            Some(5_000),
+        );
+        let found = diagnose(&before, &after, 3.0);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].pathology, "watermark starvation");
+        assert!(found[0].subject.contains("bids/3"));
+        // Advancing watermark: fine; nothing read: an idle job, not starvation.
+        let moving = sample(
+            vec![task("source[0]", 300, 0, 2_000, "bids/3")],
+            3_000,
+            Some(6_000),
+        );
+        assert!(diagnose(&before, &moving, 3.0).is_empty());
+        assert!(diagnose(&before, &before, 3.0).is_empty());
+    }
+
+    #[test]
+    fn alignment_near_the_timeout_is_named() {
+        let mut s = sample(Vec::new(), 1, Some(1));
+        s["checkpoint_timeout_ms"] = json!(10_000);
+        s["checkpoints"] = json!([{ "max_alignment_micros": 1_000_000 }, { "max_alignment_micros": 3_000_000 }, { "max_alignment_micros": 6_000_000 }]);
+        let found = diagnose(&s, &s, 3.0);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].pathology, "checkpoint alignment timeout");
+        assert!(
+            found[0]
+                .evidence
+                .contains("6000 ms of a 10000 ms timeout, growing"),
+            "{found:?}"
+        );
+        s["checkpoints"] = json!([{ "max_alignment_micros": 3_000 }]);
+        assert!(diagnose(&s, &s, 3.0).is_empty());
+    }
+
+    #[test]
+    fn state_memory_near_the_budget_is_named() {
+        let text =
+            "process_memory_usage_bytes 950000000\nsluice_state_memory_limit_bytes 1000000000\n";
+        let f = state_memory("http://n/metrics", text).expect("a finding");
+        assert_eq!(f.pathology, "state memory growth");
+        assert!(
+            state_memory(
+                "u",
+                "process_memory_usage_bytes 1\nsluice_state_memory_limit_bytes 1000\n"
+            )
+            .is_none()
+        );
+        assert!(state_memory("u", "garbage").is_none());
+    }
+}

@@ -1,0 +1,198 @@
+//! A cluster of separate processes for tests that act on a running job: a state-service
+//! node, a coordinator and workers, each a `sluice` process on 127.0.0.1, killed when the
+//! handle drops.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::http::http_request;
+use crate::procs::Proc;
+use crate::run_sluice;
+use crate::service::ServiceProcess;
+
+/// How long a role may take to start.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running cluster.
+pub struct MiniCluster {
+    /// The state node (`--node-id node-a`, 256 MiB).
+    pub state: ServiceProcess,
+    /// The coordinator.
+    pub coordinator: Proc,
+    /// The coordinator's REST `host:port`.
+    pub http: String,
+    /// The workers.
+    pub workers: Vec<Proc>,
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding an ephemeral port")
+        .port()
+}
+
+impl MiniCluster {
+    /// Starts a state node, a coordinator and `workers` workers in `dir`, each with the
+    /// extra arguments `role_args(role)` gives (`state-service`, `coordinator`, `worker`)
+    /// and environment `env`, and waits until the workers are attached.
+    ///
+    /// # Panics
+    /// When a role does not start or the workers do not attach in time.
+    pub fn start(
+        dir: &Path,
+        workers: usize,
+        role_args: impl Fn(&str) -> Vec<String>,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let objects = dir.join("state-objects");
+        std::fs::create_dir_all(&objects).expect("objects dir");
+        let mut args: Vec<String> = [
+            "state-service",
+            "--listen",
+            "127.0.0.1:0",
+            "--node-id",
+            "node-a",
+            "--data-dir",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.push(dir.join("state-data").display().to_string());
+        args.push("--object-store".into());
+        args.push(format!("file://{}", objects.display()));
+        args.extend(["--memory", "256MiB"].map(String::from));
+        args.extend(role_args("state-service"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let state = ServiceProcess::start(&args, dir, env);
+
+        let grpc = format!("127.0.0.1:{}", free_port());
+        let store = dir.join("coordinator-store");
+        let mut args: Vec<String> = vec![
+            "coordinator".into(),
+            "--http".into(),
+            "127.0.0.1:0".into(),
+            "--grpc".into(),
+            grpc.clone(),
+            "--store".into(),
+            store.display().to_string(),
+            "--state-service".into(),
+            state.url(),
+        ];
+        args.extend(role_args("coordinator"));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut coordinator = Proc::start_env(&args, dir, env);
+        let line = coordinator.wait_for_line("coordinator listening:", START_TIMEOUT);
+        let http = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http="))
+            .unwrap_or_else(|| panic!("no http= in {line:?}"))
+            .to_owned();
+
+        let url = format!("http://{grpc}");
+        let mut procs = Vec::new();
+        for _ in 0..workers {
+            let mut args: Vec<String> = vec!["worker".into(), "--coordinator".into(), url.clone()];
+            args.extend(role_args("worker"));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            procs.push(Proc::start_env(&args, dir, env));
+        }
+        let cluster = Self {
+            state,
+            coordinator,
+            http,
+            workers: procs,
+        };
+        cluster.wait_until(
+            &format!("{workers} workers attached"),
+            START_TIMEOUT,
+            || {
+                let (code, body) = http_request(&cluster.http, "GET", "/v1/workers", None);
+                (code == 200 && body.as_array().is_some_and(|w| w.len() >= workers)).then_some(())
+            },
+        );
+        cluster
+    }
+
+    /// `--coordinator http://HTTP`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// Submits `job` on `workers` workers from `dir`; the job's id.
+    ///
+    /// # Panics
+    /// When the submission fails.
+    pub fn submit(&self, dir: &Path, job: &Path, workers: usize) -> String {
+        let url = self.url();
+        let out = run_sluice(
+            &[
+                "submit",
+                job.to_str().expect("UTF-8 path"),
+                "--workers",
+                &workers.to_string(),
+                "--json",
+                "--coordinator",
+                &url,
+            ],
+            dir,
+        );
+        out.assert_success();
+        serde_json::from_str::<Value>(&out.stdout).expect("JSON")["id"]
+            .as_str()
+            .expect("an id")
+            .to_owned()
+    }
+
+    /// `GET /v1/jobs/{id}`.
+    pub fn status(&self, id: &str) -> Value {
+        let (code, body) = http_request(&self.http, "GET", &format!("/v1/jobs/{id}"), None);
+        assert_eq!(code, 200, "{body}");
+        body
+    }
+
+    /// Cancels job `id` and waits until it has ended.
+    pub fn cancel(&self, dir: &Path, id: &str) {
+        run_sluice(&["cancel", id, "--coordinator", &self.url()], dir).assert_success();
+        self.wait_until(&format!("job {id} to end"), START_TIMEOUT, || {
+            let state = self.status(id)["state"].as_str().unwrap_or("").to_owned();
+            matches!(state.as_str(), "cancelled" | "finished" | "failed").then_some(())
+        });
+    }
+
+    /// Everything the roles printed, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut s = format!("--- coordinator\n{}\n", self.coordinator.output());
+        for (i, w) in self.workers.iter().enumerate() {
+            s.push_str(&format!("--- worker {i}\n{}\n", w.output()));
+        }
+        s.push_str(&format!("--- state\n{}", self.state.stderr()));
+        s
+    }
+
+    /// Polls `check` every 250 ms for at most `timeout`.
+    ///
+    /// # Panics
+    /// When it gives nothing in time, with `what` and the roles' logs.
+    #[track_caller]
+    pub fn wait_until<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut() -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = check() {
+                return v;
+            }
+            if Instant::now() >= deadline {
+                panic!("not within {timeout:?}: {what}\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}

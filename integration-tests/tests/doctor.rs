@@ -1,0 +1,238 @@
+//! `sluice doctor` on the destruction labs (`examples/labs/`), each run on a cluster of
+//! separate processes: the lab's symptom is shown by the job's figures, the doctor names
+//! its cause (exit code 1), and with the fix the lab names applied the doctor finds
+//! nothing (exit code 0).
+//!
+//! Tests run one at a time: each starts a cluster on a 2-core machine.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice_integration_tests::cluster::MiniCluster;
+use sluice_integration_tests::{Outcome, run_sluice, tempdir, workspace_root, write_job};
+use sluice_test_support::kafka::{KafkaEnv, kafka_env};
+
+#[path = "common/kafka_topics.rs"]
+#[expect(dead_code, reason = "only `bid` is used here")]
+mod kafka_topics;
+
+/// How long a lab's symptom may take to show.
+const SYMPTOM: Duration = Duration::from_secs(60);
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lab(name: &str) -> String {
+    let path: PathBuf = workspace_root().join("examples/labs").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn doctor(cluster: &MiniCluster, dir: &Path, id: &str, json: bool) -> Outcome {
+    let url = cluster.url();
+    let mut args = vec!["doctor", id, "--coordinator", &url, "--sample-ms", "2000"];
+    if json {
+        args.push("--json");
+    }
+    run_sluice(&args, dir)
+}
+
+/// The findings of a `--json` run.
+fn findings(out: &Outcome) -> Vec<Value> {
+    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor printed no JSON ({e}):\n{}\n{}",
+            out.stdout, out.stderr
+        )
+    });
+    report["findings"].as_array().cloned().unwrap_or_default()
+}
+
+fn task_figure(status: &Value, prefix: &str, key: &str) -> Option<u64> {
+    status["tasks"]
+        .as_array()?
+        .iter()
+        .filter(|t| t["task"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        .filter_map(|t| t[key].as_u64())
+        .max()
+}
+
+#[test]
+fn doctor_names_a_slow_sink_as_the_bottleneck_and_nothing_once_it_keeps_up() {
+    let _serial = serial();
+    let dir = tempdir();
+    let dir = dir.path();
+    let cluster = MiniCluster::start(dir, 2, |_| Vec::new(), &[]);
+
+    let job = write_job(dir, "slow.yaml", &lab("slow-sink.yaml"));
+    let id = cluster.submit(dir, &job, 2);
+    // The symptom, from the job's own figures: the sources wait, the sink works.
+    cluster.wait_until("the sources back-pressured by the sink", SYMPTOM, || {
+        let s = cluster.status(&id);
+        (task_figure(&s, "source", "backpressured_ms_per_s")? >= 500
+            && task_figure(&s, "sink", "busy_ms_per_s")? >= 600)
+            .then_some(())
+    });
+    let out = doctor(&cluster, dir, &id, true);
+    out.assert_code(1).assert_no_panic();
+    let found = findings(&out);
+    let cascade = found
+        .iter()
+        .find(|f| f["pathology"] == "back-pressure cascade")
+        .unwrap_or_else(|| panic!("no cascade in {found:?}\n{}", cluster.logs()));
+    assert_eq!(cascade["subject"], "sink[0]", "{cascade}");
+    assert!(
+        cascade["evidence"]
+            .as_str()
+            .is_some_and(|e| e.contains("back-pressured")),
+        "{cascade}"
+    );
+    // For people: a table with the same finding.
+    let human = doctor(&cluster, dir, &id, false);
+    human.assert_code(1);
+    assert!(
+        human.stdout.contains("back-pressure cascade") && human.stdout.contains("sink[0]"),
+        "{}",
+        human.stdout
+    );
+    cluster.cancel(dir, &id);
+
+    // The fix the doctor names, a sink that keeps up: nothing to report.
+    let job = write_job(dir, "fixed.yaml", &lab("slow-sink-fixed.yaml"));
+    let id = cluster.submit(dir, &job, 2);
+    cluster.wait_until("the fixed job's tasks reporting", SYMPTOM, || {
+        let s = cluster.status(&id);
+        (task_figure(&s, "sink", "records_in")? > 10_000).then_some(())
+    });
+    let out = doctor(&cluster, dir, &id, false);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "the fixed lab still shows:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(out.stdout.contains("no pathology found"), "{}", out.stdout);
+    cluster.cancel(dir, &id);
+
+    // A job that is not running, and one that does not exist, are named.
+    let ended = doctor(&cluster, dir, &id, false);
+    ended.assert_code(2).assert_stderr_contains("not running");
+    let missing = doctor(&cluster, dir, "no-such-job", false);
+    missing.assert_code(2).assert_no_panic();
+}
+
+/// Writes bids to partitions 0..3 of `topic` every 100 ms, event time advancing a
+/// second per round, until stopped (at most `limit`).
+fn feed(
+    env: KafkaEnv,
+    topic: String,
+    stop: Arc<AtomicBool>,
+    limit: Duration,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let mut second = 0i64;
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < limit {
+            for p in 0..3 {
+                let records: Vec<String> = (0..5)
+                    .map(|i| kafka_topics::bid(i, 1_436_918_400_000 + second * 1000))
+                    .collect();
+                let records: Vec<(Option<&str>, &str)> =
+                    records.iter().map(|r| (None, r.as_str())).collect();
+                env.produce(&topic, p, &records);
+            }
+            second += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
+
+#[test]
+fn doctor_names_the_silent_partition_that_starves_the_watermark_and_nothing_with_idleness() {
+    let _serial = serial();
+    let Some(env) = kafka_env("doctor-idle", "sluice doctor on watermark starvation") else {
+        return;
+    };
+    let dir = tempdir();
+    let dir = dir.path();
+    let topic = env.topic("lab-bids");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(env.create_topic(&topic, 4));
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = feed(
+        env.clone(),
+        topic.clone(),
+        stop.clone(),
+        Duration::from_secs(180),
+    );
+    let cluster = MiniCluster::start(dir, 1, |_| Vec::new(), &[]);
+    let text = lab("idle-partition.yaml")
+        .replace("127.0.0.1:9092", &env.brokers)
+        .replace("topic: lab-bids", &format!("topic: {topic}"));
+
+    let job = write_job(dir, "starved.yaml", &text);
+    let id = cluster.submit(dir, &job, 1);
+    let holder = format!("{topic}/3");
+    cluster.wait_until(
+        "the silent partition named as the watermark's holder",
+        SYMPTOM,
+        || {
+            let s = cluster.status(&id);
+            let held = s["tasks"]
+                .as_array()?
+                .iter()
+                .any(|t| t["watermark_held_by"] == holder.as_str());
+            (held && s["records_in"].as_u64()? > 0).then_some(())
+        },
+    );
+    let out = doctor(&cluster, dir, &id, true);
+    out.assert_code(1).assert_no_panic();
+    let found = findings(&out);
+    let starved = found
+        .iter()
+        .find(|f| f["pathology"] == "watermark starvation")
+        .unwrap_or_else(|| panic!("no starvation in {found:?}\n{}", cluster.logs()));
+    assert!(
+        starved["subject"]
+            .as_str()
+            .is_some_and(|s| s.contains(&holder)),
+        "{starved}"
+    );
+    assert!(
+        starved["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("idleness")),
+        "{starved}"
+    );
+    cluster.cancel(dir, &id);
+
+    // The fix: idleness. The watermark moves with the three live partitions.
+    let job = write_job(
+        dir,
+        "idle.yaml",
+        &text.replace("# idleness: 2s", "idleness: 2s"),
+    );
+    let id = cluster.submit(dir, &job, 1);
+    cluster.wait_until("a watermark with idleness", SYMPTOM, || {
+        cluster.status(&id)["watermark"].as_i64().map(|_| ())
+    });
+    let out = doctor(&cluster, dir, &id, true);
+    let found = findings(&out);
+    assert!(
+        found
+            .iter()
+            .all(|f| f["pathology"] != "watermark starvation"),
+        "starvation despite idleness: {found:?}"
+    );
+    cluster.cancel(dir, &id);
+    stop.store(true, Ordering::Relaxed);
+    let _ = feeder.join();
+}
