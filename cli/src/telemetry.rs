@@ -130,6 +130,44 @@ fn catalogue() -> Vec<(&'static str, sluice_telemetry::Metric)> {
 mod tests {
     use super::*;
 
+    /// The dashboards in `infra/grafana/` query only metrics that exist, by their
+    /// Prometheus names.
+    #[test]
+    fn dashboards_query_only_documented_metrics() {
+        let known: Vec<String> = catalogue()
+            .iter()
+            .map(|(_, m)| m.prometheus_name())
+            .collect();
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/grafana");
+        let mut files = 0;
+        for entry in std::fs::read_dir(dir).expect("infra/grafana") {
+            let path = entry.expect("an entry").path();
+            let text = std::fs::read_to_string(&path).expect("a dashboard");
+            let dashboard: serde_json::Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            files += 1;
+            let panels = dashboard["panels"].as_array().expect("panels");
+            assert!(!panels.is_empty(), "{}", path.display());
+            for target in panels
+                .iter()
+                .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+            {
+                let expr = target["expr"].as_str().expect("an expr");
+                let names = expr
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .filter(|w| w.starts_with("sluice_") || w.starts_with("process_"));
+                for name in names {
+                    assert!(
+                        known.iter().any(|k| k == name),
+                        "{}: `{name}` in `{expr}` is no metric of docs/metrics.md",
+                        path.display()
+                    );
+                }
+            }
+        }
+        assert_eq!(files, 3, "the job, state and exchange dashboards");
+    }
+
     /// The documented list is the list: each metric appears in `docs/metrics.md` with its
     /// OpenTelemetry name, Prometheus name and unit on one table row.
     #[test]

@@ -15,7 +15,9 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice_integration_tests::cluster::{MiniCluster, START_TIMEOUT};
 use sluice_integration_tests::http::{http_request, promtool_check};
-use sluice_integration_tests::{run_sluice, run_sluice_env, tempdir, write_job, yaml_path};
+use sluice_integration_tests::{
+    run_sluice, run_sluice_env, tempdir, workspace_root, write_job, yaml_path,
+};
 use sluice_test_support::otlp::{OtlpReceiver, Point, ReceivedSpan};
 
 /// How long exports, scrapes and checkpoints may take to show up.
@@ -315,13 +317,13 @@ impl Prometheus {
     /// The result of an instant query, as `(labels, value)` pairs; empty while Prometheus
     /// is not up yet.
     fn query(&self, promql: &str) -> Vec<(Value, f64)> {
-        let path = format!("/api/v1/query?query={}", urlencode(promql));
         if std::net::TcpStream::connect(&self.addr).is_err() {
             return Vec::new();
         }
-        let (200, body) = http_request(&self.addr, "GET", &path, None) else {
+        let (code, body) = self.query_raw(promql);
+        if code != 200 {
             return Vec::new();
-        };
+        }
         body["data"]["result"]
             .as_array()
             .map(|r| {
@@ -336,6 +338,15 @@ impl Prometheus {
                     .collect()
             })
             .unwrap_or_default()
+    }
+}
+
+impl Prometheus {
+    /// The HTTP status and JSON answer of an instant query (an invalid query is a 400
+    /// with `error`).
+    fn query_raw(&self, promql: &str) -> (u16, Value) {
+        let path = format!("/api/v1/query?query={}", urlencode(promql));
+        http_request(&self.addr, "GET", &path, None)
     }
 }
 
@@ -460,6 +471,42 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
             && records.first().is_some_and(|(_, v)| *v > 0.0))
         .then_some(())
     });
+    // Every dashboard query is valid PromQL to a real Prometheus holding the cluster's
+    // figures, and the main panels of each dashboard show data.
+    let must_show = [
+        "Records per second",
+        "Back pressure per task",
+        "Checkpoint duration and alignment",
+        "Shard size",
+        "Keys read and operations written per second",
+        "Bytes sent and received per second",
+    ];
+    for file in [
+        "sluice-job.json",
+        "sluice-state.json",
+        "sluice-exchange.json",
+    ] {
+        let path = workspace_root().join("infra/grafana").join(file);
+        let dashboard: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("a dashboard"))
+                .expect("dashboard JSON");
+        for panel in dashboard["panels"].as_array().expect("panels") {
+            let title = panel["title"].as_str().unwrap_or_default();
+            for target in panel["targets"].as_array().expect("targets") {
+                let expr = target["expr"]
+                    .as_str()
+                    .expect("an expr")
+                    .replace("$job", &id);
+                let (code, body) = prometheus.query_raw(&expr);
+                assert_eq!(code, 200, "{file}: {title}: `{expr}`: {body}");
+                if must_show.contains(&title) && target["refId"] == "A" {
+                    cluster.wait_until(&format!("{file}: {title} to show data"), SETTLE, || {
+                        prometheus.query(&expr).first().map(|_| ())
+                    });
+                }
+            }
+        }
+    }
     drop(prometheus);
 
     // And every role exported over OTLP, named by its resource.
@@ -560,4 +607,24 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
     }
 
     cluster.cancel(dir, &id);
+}
+
+#[test]
+fn the_shipped_prometheus_config_is_valid() {
+    let promtool = std::env::var("SLUICE_TEST_PROMTOOL").unwrap_or_else(|_| {
+        panic!("SLUICE_TEST_PROMTOOL is not set: run the tests through scripts/test")
+    });
+    let config = workspace_root().join("infra/prometheus.yml");
+    let out = Command::new(&promtool)
+        .args(["check", "config"])
+        .arg(&config)
+        .output()
+        .expect("promtool ran");
+    assert!(
+        out.status.success(),
+        "promtool check config {}: {}{}",
+        config.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
