@@ -61,6 +61,15 @@ ensure_promtool() {
   command -v promtool >/dev/null 2>&1 || echo "warning: promtool could not be installed" >&2
 }
 
+# Installs Debian's Chromium when missing: the web UI's test renders the coordinator's
+# pages in it, headless (it starts no server of its own).
+ensure_chromium() {
+  command -v chromium >/dev/null 2>&1 && return
+  echo "installing chromium (headless browser for the web UI test)" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } >&2 || true
+  command -v chromium >/dev/null 2>&1 || echo "warning: chromium could not be installed" >&2
+}
+
 print_env() {
   if kafka_up; then
     echo "export SLUICE_TEST_KAFKA=127.0.0.1:${kafka_port}"
@@ -72,6 +81,9 @@ print_env() {
   # 127.0.0.1, a port and data directory of their own) to scrape a cluster.
   if command -v prometheus >/dev/null 2>&1; then
     echo "export SLUICE_TEST_PROMETHEUS=$(command -v prometheus)"
+  fi
+  if command -v chromium >/dev/null 2>&1; then
+    echo "export SLUICE_TEST_CHROMIUM=$(command -v chromium)"
   fi
   if az_up; then
     echo "export SLUICE_TEST_AZURE_ENDPOINT=http://127.0.0.1:${az_port}/${az_account}"
@@ -209,7 +221,7 @@ stop_kafka() { stop_pid tansu "Kafka (tansu)"; }
 stop_s3() { stop_pid seaweedfs "S3 (SeaweedFS)"; }
 
 case "${1:-}" in
-  start) start_s3; start_azurite; start_kafka; ensure_promtool; print_env ;;
+  start) start_s3; start_azurite; start_kafka; ensure_promtool; ensure_chromium; print_env ;;
   stop) stop_s3; stop_azurite; stop_kafka ;;
   env) print_env ;;
   *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

@@ -1,4 +1,6 @@
-//! The coordinator's REST API for users and scripts (JSON; `docs/api/openapi.yaml`).
+//! The coordinator's REST API for users and scripts (JSON; `docs/api/openapi.yaml`),
+//! and the web UI over it (`/ui/`: `coordinator/ui/`, plain HTML and JavaScript shipped
+//! in the binary, which reads nothing but this API).
 //!
 //! # Errors
 //!
@@ -275,6 +277,19 @@ async fn metrics(State(c): State<Arc<Coordinator>>) -> Response {
     ([("content-type", crate::prometheus::CONTENT_TYPE)], text).into_response()
 }
 
+/// The web UI, shipped in the binary: plain HTML, CSS and JavaScript over this API.
+const UI_HTML: &str = include_str!("../ui/index.html");
+const UI_JS: &str = include_str!("../ui/app.js");
+const UI_CSS: &str = include_str!("../ui/app.css");
+
+async fn ui_file(content_type: &'static str, body: &'static str) -> Response {
+    ([("content-type", content_type)], body).into_response()
+}
+
+async fn ui_root() -> Response {
+    (StatusCode::FOUND, [(header::LOCATION, "/ui/")]).into_response()
+}
+
 async fn openapi() -> Response {
     ([("content-type", "application/yaml")], OPENAPI).into_response()
 }
@@ -300,6 +315,16 @@ pub fn router(c: Arc<Coordinator>) -> Router {
         .route("/v1/workers", get(workers))
         .route("/v1/openapi.yaml", get(openapi))
         .route("/metrics", get(metrics))
+        .route("/", get(ui_root))
+        .route("/ui/", get(|| ui_file("text/html; charset=utf-8", UI_HTML)))
+        .route(
+            "/ui/app.js",
+            get(|| ui_file("text/javascript; charset=utf-8", UI_JS)),
+        )
+        .route(
+            "/ui/app.css",
+            get(|| ui_file("text/css; charset=utf-8", UI_CSS)),
+        )
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(c)
