@@ -224,6 +224,49 @@ fn sluice_run_exports_job_task_and_process_metrics_over_otlp_while_it_runs() {
 }
 
 #[test]
+fn logged_warnings_reach_the_collector_with_their_role() {
+    let _serial = serial();
+    let dir = tempdir();
+    let receiver = OtlpReceiver::start();
+    // Unaligned checkpoints are taken as aligned, with a warning (the data plane issue).
+    let job = write_job(
+        dir.path(),
+        "job.yaml",
+        &windowed_job(&dir.path().join("out"), 20_000, 0).replace(
+            "checkpoint: { interval: 500ms }",
+            "checkpoint: { interval: 200ms, mode: unaligned }",
+        ),
+    );
+    let endpoint = receiver.endpoint();
+    let outcome = run_sluice(
+        &[
+            "run",
+            job.to_str().expect("UTF-8 path"),
+            "--otlp-endpoint",
+            &endpoint,
+        ],
+        dir.path(),
+    );
+    outcome
+        .assert_success()
+        .assert_stderr_contains("unaligned checkpoints do not store in-flight data yet");
+    let logs = receiver.logs();
+    let warning = logs
+        .iter()
+        .find(|l| {
+            l.body
+                .contains("unaligned checkpoints do not store in-flight data yet")
+        })
+        .unwrap_or_else(|| panic!("the warning was not exported: {logs:?}"));
+    assert_eq!(warning.severity, "WARN", "{warning:?}");
+    assert_eq!(
+        warning.resource.get("sluice.role").map(String::as_str),
+        Some("run")
+    );
+    assert!(warning.attributes.contains_key("job"), "{warning:?}");
+}
+
+#[test]
 fn a_run_finishes_when_its_collector_is_down_and_a_bad_endpoint_is_named() {
     let _serial = serial();
     let dir = tempdir();

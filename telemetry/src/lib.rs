@@ -11,6 +11,7 @@
 //! This crate must not know about jobs, tasks or shards: roles bring their figures.
 
 pub mod family;
+pub mod logs;
 pub mod otlp;
 pub mod prometheus;
 pub mod receiver;

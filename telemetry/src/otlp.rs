@@ -1,6 +1,7 @@
 //! OTLP export over gRPC: a role's [`Collect`]or observed by OpenTelemetry instruments
-//! and pushed to a collector by the SDK's periodic reader, and the role's spans
-//! ([`crate::trace`]) through the global tracer, batched.
+//! and pushed to a collector by the SDK's periodic reader, the role's spans
+//! ([`crate::trace`]) through the global tracer, and its logged events
+//! ([`crate::logs`]), both batched.
 //!
 //! Export is on only when an endpoint is given (`--otlp-endpoint` or the standard
 //! `OTEL_EXPORTER_OTLP_ENDPOINT`); the SDK's other standard variables keep their meaning
@@ -15,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{AsyncInstrument, AsyncInstrumentBuilder, Meter, MeterProvider as _};
-use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig};
+use opentelemetry_otlp::{LogExporter, MetricExporter, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::logs::SdkLoggerProvider;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
@@ -63,12 +65,16 @@ pub fn endpoint(flag: Option<&str>) -> Option<String> {
 /// Export running; dropping it exports once more and stops.
 pub struct Exporter {
     provider: SdkMeterProvider,
+    snapshots: Arc<Shared>,
     tracer: SdkTracerProvider,
+    logs: SdkLoggerProvider,
 }
 
 impl Drop for Exporter {
     fn drop(&mut self) {
-        // A final export, so a short run's figures and spans reach the collector too.
+        // A final export of fresh figures (not a snapshot the last periodic export took
+        // moments ago), so a short run's end reaches the collector too.
+        self.snapshots.invalidate();
         let _ = self.provider.force_flush();
         let _ = self.provider.shutdown();
         let _ = self.tracer.force_flush();
@@ -77,6 +83,9 @@ impl Drop for Exporter {
         opentelemetry::global::set_tracer_provider(
             opentelemetry::trace::noop::NoopTracerProvider::new(),
         );
+        crate::logs::uninstall();
+        let _ = self.logs.force_flush();
+        let _ = self.logs.shutdown();
     }
 }
 
@@ -122,7 +131,18 @@ pub fn start(
         .with_resource(resource(identity))
         .build();
     opentelemetry::global::set_tracer_provider(tracer.clone());
-    register(
+    // Logged events (`crate::logs`), batched the same way.
+    let log_exporter = LogExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .build()
+        .map_err(|e| format!("OTLP endpoint {endpoint}: {e}"))?;
+    let logs = SdkLoggerProvider::builder()
+        .with_batch_exporter(log_exporter)
+        .with_resource(resource(identity))
+        .build();
+    crate::logs::install(&logs);
+    let snapshots = register(
         &provider.meter("sluice"),
         Arc::new(WithFailures {
             inner: collector,
@@ -134,7 +154,12 @@ pub fn start(
         identity.role,
         identity.instance
     );
-    Ok(Exporter { provider, tracer })
+    Ok(Exporter {
+        provider,
+        snapshots,
+        tracer,
+        logs,
+    })
 }
 
 /// `service.name` (sluice, or `OTEL_SERVICE_NAME`), `service.version`, `sluice.role`,
@@ -165,8 +190,8 @@ pub fn host_name() -> String {
 }
 
 /// One observable instrument per metric; each collection takes one snapshot shared by
-/// all the callbacks of that collection.
-fn register(meter: &Meter, collector: Arc<dyn Collect>) {
+/// all the callbacks of that collection (returned, to be invalidated).
+fn register(meter: &Meter, collector: Arc<dyn Collect>) -> Arc<Shared> {
     let shared = Arc::new(Shared {
         collector: collector.clone(),
         last: Mutex::new(None),
@@ -194,6 +219,7 @@ fn register(meter: &Meter, collector: Arc<dyn Collect>) {
             }
         }
     }
+    shared
 }
 
 /// An instrument builder with `m`'s unit and help, observed by `observe`.
@@ -210,7 +236,7 @@ fn described<'a, I>(
 
 /// Callbacks of one collection run within microseconds of each other: a snapshot younger
 /// than this is reused instead of collecting once per instrument.
-const SNAPSHOT_REUSE: Duration = Duration::from_millis(200);
+const SNAPSHOT_REUSE: Duration = Duration::from_millis(50);
 
 struct Shared {
     collector: Arc<dyn Collect>,
@@ -218,6 +244,11 @@ struct Shared {
 }
 
 impl Shared {
+    /// The next collection takes a fresh snapshot.
+    fn invalidate(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     fn snapshot(&self) -> Arc<Snapshot> {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((at, s)) = last.as_ref()

@@ -1,4 +1,5 @@
-//! An OTLP/gRPC receiver: the collector's `MetricsService` and `TraceService`, generated
+//! An OTLP/gRPC receiver: the collector's `MetricsService`, `TraceService` and
+//! `LogsService`, generated
 //! from OpenTelemetry's own protos, on 127.0.0.1, keeping every export it is sent. Tests
 //! check what roles export with it; `sluice bench telemetry` exports to it.
 //!
@@ -10,6 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
+    LogsService, LogsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
 };
@@ -47,6 +54,38 @@ struct Received(Arc<Mutex<Vec<ExportMetricsServiceRequest>>>);
 
 #[derive(Default)]
 struct ReceivedSpans(Arc<Mutex<Vec<ExportTraceServiceRequest>>>);
+
+#[derive(Default)]
+struct ReceivedLogs(Arc<Mutex<Vec<ExportLogsServiceRequest>>>);
+
+#[tonic::async_trait]
+impl LogsService for ReceivedLogs {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportLogsServiceRequest>,
+    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(request.into_inner());
+        Ok(tonic::Response::new(ExportLogsServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+/// One log record as received.
+#[derive(Debug, Clone)]
+pub struct ReceivedLog {
+    /// Resource attributes of the process that sent it.
+    pub resource: BTreeMap<String, String>,
+    /// `ERROR`, `WARN`, `INFO`, ...
+    pub severity: String,
+    /// The message.
+    pub body: String,
+    /// Its other fields.
+    pub attributes: BTreeMap<String, String>,
+}
 
 #[tonic::async_trait]
 impl TraceService for ReceivedSpans {
@@ -106,6 +145,7 @@ pub struct OtlpReceiver {
     addr: std::net::SocketAddr,
     received: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
     spans: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
+    logs: Arc<Mutex<Vec<ExportLogsServiceRequest>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -125,6 +165,8 @@ impl OtlpReceiver {
         let service = Received(received.clone());
         let spans = Arc::new(Mutex::new(Vec::new()));
         let span_service = ReceivedSpans(spans.clone());
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let log_service = ReceivedLogs(logs.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -137,6 +179,7 @@ impl OtlpReceiver {
                 let _ = tonic::transport::Server::builder()
                     .add_service(MetricsServiceServer::new(service))
                     .add_service(TraceServiceServer::new(span_service))
+                    .add_service(LogsServiceServer::new(log_service))
                     .serve_with_incoming_shutdown(incoming, async {
                         let _ = stopped.await;
                     })
@@ -147,6 +190,7 @@ impl OtlpReceiver {
             addr,
             received,
             spans,
+            logs,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -201,6 +245,32 @@ impl OtlpReceiver {
                                 value,
                             });
                         }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every log record received so far, in arrival order.
+    pub fn logs(&self) -> Vec<ReceivedLog> {
+        let received = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for request in received.iter() {
+            for rl in &request.resource_logs {
+                let resource = rl
+                    .resource
+                    .as_ref()
+                    .map(|r| attributes(&r.attributes))
+                    .unwrap_or_default();
+                for sl in &rl.scope_logs {
+                    for r in &sl.log_records {
+                        out.push(ReceivedLog {
+                            resource: resource.clone(),
+                            severity: r.severity_text.clone(),
+                            body: r.body.as_ref().map(text).unwrap_or_default(),
+                            attributes: attributes(&r.attributes),
+                        });
                     }
                 }
             }
