@@ -25,17 +25,23 @@ function table(header, rows) {
   return `<table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table>`;
 }
 
+// A task's busy share as Flink counts it: the time it was neither idle nor
+// back-pressured (a sink in a slow call is busy), or what it reported, if more.
+function busyShare(t) {
+  return Math.max(t.busy_ms_per_s, 1000 - t.idle_ms_per_s - t.backpressured_ms_per_s) / 1000;
+}
+
 // A task's state as Flink's back-pressure view shows it: back-pressured (waiting for
 // room downstream), busy (handling records) or idle (waiting for input).
 function taskState(t) {
-  const busy = t.busy_ms_per_s / 1000, bp = t.backpressured_ms_per_s / 1000;
+  const busy = busyShare(t), bp = t.backpressured_ms_per_s / 1000;
   if (bp >= 0.5) return "backpressured";
   if (busy >= 0.5) return "busy";
   return "idle";
 }
 
 function taskColour(t) {
-  const busy = t.busy_ms_per_s / 1000, bp = t.backpressured_ms_per_s / 1000;
+  const busy = busyShare(t), bp = t.backpressured_ms_per_s / 1000;
   if (bp >= 0.5) return `hsl(0, 0%, ${Math.round(45 - 25 * bp)}%)`;
   // Blue (idle) through red (busy).
   return `hsl(${Math.round(220 - 220 * busy)}, 70%, 45%)`;
@@ -82,7 +88,7 @@ async function jobPage(id) {
     const cells = tasks.map(t =>
       `<div class="task" data-task="${esc(t.task)}" data-state="${taskState(t)}" style="background:${taskColour(t)}"` +
       ` title="busy ${t.busy_ms_per_s / 10}%, back-pressured ${t.backpressured_ms_per_s / 10}%, idle ${t.idle_ms_per_s / 10}%">` +
-      `${esc(t.task)} · ${taskState(t)} ${Math.round(({ backpressured: t.backpressured_ms_per_s, busy: t.busy_ms_per_s, idle: t.idle_ms_per_s })[taskState(t)] / 10)}%` +
+      `${esc(t.task)} · ${taskState(t)} ${Math.round(({ backpressured: t.backpressured_ms_per_s, busy: busyShare(t) * 1000, idle: t.idle_ms_per_s })[taskState(t)] / 10)}%` +
       `${t.watermark_held_by ? ` · watermark held by ${esc(t.watermark_held_by)}` : ""}</div>`).join("");
     return `<div class="node" data-node="${esc(n)}"><h3>${esc(n)}</h3>${cells}</div>`;
   }).join(`<div class="arrow">→</div>`);

@@ -64,6 +64,10 @@ pub const CHECKED: [&str; 6] = [
     "sink transaction timeout",
 ];
 
+/// Status samples taken over `--sample-ms`: the first and last give rates and progress,
+/// all of them the average shares of time.
+const SAMPLES: u64 = 4;
+
 /// A task is busy from this share of its time on.
 const BUSY: f64 = 0.6;
 /// A task is back-pressured from this share on.
@@ -74,17 +78,20 @@ pub fn run(args: DoctorArgs) -> Result<(), Failure> {
     let base = args.coordinator.trim_end_matches('/').to_owned();
     let url = format!("{base}/v1/jobs/{}", args.job);
     let rt = runtime()?;
-    let (before, after, elapsed, memory) = rt.block_on(async {
-        let before = call("GET", &url, None).await?;
+    let (samples, elapsed, memory) = rt.block_on(async {
+        let mut samples = vec![call("GET", &url, None).await?];
         let start = Instant::now();
-        tokio::time::sleep(Duration::from_millis(args.sample_ms)).await;
-        let after = call("GET", &url, None).await?;
+        for _ in 0..SAMPLES - 1 {
+            tokio::time::sleep(Duration::from_millis(args.sample_ms / (SAMPLES - 1))).await;
+            samples.push(call("GET", &url, None).await?);
+        }
         let mut memory = Vec::new();
         for m in &args.state_metrics {
             memory.push((m.clone(), scrape(m).await?));
         }
-        Ok::<_, Failure>((before, after, start.elapsed().as_secs_f64(), memory))
+        Ok::<_, Failure>((samples, start.elapsed().as_secs_f64(), memory))
     })?;
+    let after = samples.last().cloned().unwrap_or_default();
     let state = after.get("state").and_then(Value::as_str).unwrap_or("?");
     if state != "running" {
         return Err(Failure::usage(format!(
@@ -92,7 +99,7 @@ pub fn run(args: DoctorArgs) -> Result<(), Failure> {
             args.job
         )));
     }
-    let mut findings = diagnose(&before, &after, elapsed);
+    let mut findings = diagnose(&samples, elapsed);
     for (url, text) in &memory {
         findings.extend(state_memory(url, text));
     }
@@ -163,8 +170,17 @@ struct Task {
     node: String,
     busy: f64,
     backpressured: f64,
+    idle: f64,
     records_in: u64,
     held_by: String,
+}
+
+impl Task {
+    /// Its busy share as Flink counts it: the time neither idle nor back-pressured (a
+    /// sink sleeping in a slow call is busy), or what it reported, if more.
+    fn busy_share(&self) -> f64 {
+        self.busy.max(1.0 - self.idle - self.backpressured)
+    }
 }
 
 fn tasks(sample: &Value) -> Vec<Task> {
@@ -184,6 +200,7 @@ fn tasks(sample: &Value) -> Vec<Task> {
                         node: name.split('[').next().unwrap_or("").to_owned(),
                         busy: ratio(t, "busy_ms_per_s"),
                         backpressured: ratio(t, "backpressured_ms_per_s"),
+                        idle: ratio(t, "idle_ms_per_s"),
                         records_in: t.get("records_in").and_then(Value::as_u64).unwrap_or(0),
                         held_by: t
                             .get("watermark_held_by")
@@ -223,13 +240,27 @@ fn pct(x: f64) -> String {
     format!("{:.0}%", x * 100.0)
 }
 
-/// The pathologies the two samples show, `elapsed` seconds apart.
-pub fn diagnose(before: &Value, after: &Value, elapsed: f64) -> Vec<Finding> {
-    let now = tasks(after);
+/// The pathologies `samples` (at least one, the first and last `elapsed` seconds apart)
+/// show.
+pub fn diagnose(samples: &[Value], elapsed: f64) -> Vec<Finding> {
+    let (Some(before), Some(after)) = (samples.first(), samples.last()) else {
+        return Vec::new();
+    };
     let then = tasks(before);
+    let mut now = tasks(after);
+    // Shares of time averaged over the samples: one second alone can end inside a long
+    // wait for credit that is accounted only when it ends.
+    let all: Vec<Vec<Task>> = samples.iter().map(tasks).collect();
+    for t in &mut now {
+        let same: Vec<&Task> = all.iter().flatten().filter(|s| s.name == t.name).collect();
+        let n = same.len().max(1) as f64;
+        t.busy = same.iter().map(|s| s.busy).sum::<f64>() / n;
+        t.backpressured = same.iter().map(|s| s.backpressured).sum::<f64>() / n;
+        t.idle = same.iter().map(|s| s.idle).sum::<f64>() / n;
+    }
     let mut found = Vec::new();
     found.extend(cascade(after, &now));
-    found.extend(skew(&then, &now, elapsed));
+    found.extend(skew(after, &then, &now, elapsed));
     found.extend(starvation(before, after, &now, elapsed));
     found.extend(alignment(after));
     found
@@ -251,11 +282,11 @@ fn cascade(after: &Value, tasks: &[Task]) -> Option<Finding> {
             .filter(|u| max(u, |t| t.backpressured) >= BACKPRESSURED)
             .map(|u| format!("{u} back-pressured {}", pct(max(u, |t| t.backpressured))))
             .collect();
-        let busy = max(node, |t| t.busy);
+        let busy = max(node, Task::busy_share);
         let own = max(node, |t| t.backpressured);
         if !pressed.is_empty() && busy >= BUSY && own < BACKPRESSURED {
             let hot = of(tasks, node)
-                .max_by(|a, b| a.busy.total_cmp(&b.busy))
+                .max_by(|a, b| a.busy_share().total_cmp(&b.busy_share()))
                 .map(|t| t.name.clone())
                 .unwrap_or_default();
             return Some(Finding {
@@ -272,21 +303,30 @@ fn cascade(after: &Value, tasks: &[Task]) -> Option<Finding> {
     None
 }
 
-/// A node whose subtasks get very unequal shares of the records.
-fn skew(then: &[Task], now: &[Task], elapsed: f64) -> Vec<Finding> {
+/// A node whose subtasks get very unequal shares of the records: one busy while its
+/// siblings wait for input (idle). Siblings that are back-pressured instead get less
+/// because the tasks downstream are slow (the cascade), not because of keys; a source's
+/// subtasks get what their splits hold, so sources are not judged.
+fn skew(after: &Value, then: &[Task], now: &[Task], elapsed: f64) -> Vec<Finding> {
     let mut found = Vec::new();
-    let order = node_order(&Value::Null, now);
-    for node in order {
-        let rates: Vec<(String, f64, f64)> = now
+    let source = after
+        .get("nodes")
+        .and_then(|n| n.get(0))
+        .and_then(Value::as_str);
+    for node in node_order(after, now)
+        .iter()
+        .filter(|n| Some(n.as_str()) != source)
+    {
+        let siblings: Vec<&Task> = of(now, node).collect();
+        let rates: Vec<(String, f64, f64)> = siblings
             .iter()
-            .filter(|t| t.node == node)
             .map(|t| {
                 let before = then
                     .iter()
                     .find(|b| b.name == t.name)
                     .map_or(0, |b| b.records_in);
                 let rate = t.records_in.saturating_sub(before) as f64 / elapsed.max(1e-3);
-                (t.name.clone(), rate, t.busy)
+                (t.name.clone(), rate, t.busy_share())
             })
             .collect();
         if rates.len() < 2 {
@@ -297,7 +337,9 @@ fn skew(then: &[Task], now: &[Task], elapsed: f64) -> Vec<Finding> {
             continue;
         };
         let others = (total - hot.1) / (rates.len() - 1) as f64;
-        if total >= 1000.0 && hot.1 >= 3.0 * others.max(1.0) && hot.2 >= BUSY {
+        let cold: Vec<&&Task> = siblings.iter().filter(|t| t.name != hot.0).collect();
+        let cold_idle = cold.iter().map(|t| t.idle).sum::<f64>() / cold.len().max(1) as f64;
+        if total >= 1000.0 && hot.1 >= 3.0 * others.max(1.0) && hot.2 >= BUSY && cold_idle >= 0.5 {
             found.push(Finding {
                 pathology: "data skew on key_by",
                 subject: hot.0.clone(),
@@ -441,7 +483,7 @@ mod tests {
             100,
             Some(1),
         );
-        let found = diagnose(&s, &s, 3.0);
+        let found = diagnose(&[s.clone(), s.clone()], 3.0);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].pathology, "back-pressure cascade");
         assert_eq!(found[0].subject, "sink[0]");
@@ -458,7 +500,7 @@ mod tests {
             1,
             Some(1),
         );
-        assert!(diagnose(&calm, &calm, 3.0).is_empty());
+        assert!(diagnose(&[calm.clone(), calm.clone()], 3.0).is_empty());
     }
 
     #[test]
@@ -481,7 +523,7 @@ mod tests {
             100_000,
             Some(2),
         );
-        let found = diagnose(&before, &after, 2.0);
+        let found = diagnose(&[before.clone(), after.clone()], 2.0);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].pathology, "data skew on key_by");
         assert_eq!(found[0].subject, "window[0]");
@@ -494,7 +536,7 @@ mod tests {
             100_000,
             Some(2),
         );
-        assert!(diagnose(&before, &even, 2.0).is_empty());
+        assert!(diagnose(&[before.clone(), even.clone()], 2.0).is_empty());
     }
 
     #[test]
@@ -509,7 +551,7 @@ mod tests {
             3_000,
             Some(5_000),
         );
-        let found = diagnose(&before, &after, 3.0);
+        let found = diagnose(&[before.clone(), after.clone()], 3.0);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].pathology, "watermark starvation");
         assert!(found[0].subject.contains("bids/3"));
@@ -519,8 +561,8 @@ mod tests {
             3_000,
             Some(6_000),
         );
-        assert!(diagnose(&before, &moving, 3.0).is_empty());
-        assert!(diagnose(&before, &before, 3.0).is_empty());
+        assert!(diagnose(&[before.clone(), moving.clone()], 3.0).is_empty());
+        assert!(diagnose(&[before.clone(), before.clone()], 3.0).is_empty());
     }
 
     #[test]
@@ -528,7 +570,7 @@ mod tests {
         let mut s = sample(Vec::new(), 1, Some(1));
         s["checkpoint_timeout_ms"] = json!(10_000);
         s["checkpoints"] = json!([{ "max_alignment_micros": 1_000_000 }, { "max_alignment_micros": 3_000_000 }, { "max_alignment_micros": 6_000_000 }]);
-        let found = diagnose(&s, &s, 3.0);
+        let found = diagnose(&[s.clone(), s.clone()], 3.0);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].pathology, "checkpoint alignment timeout");
         assert!(
@@ -538,7 +580,7 @@ mod tests {
             "{found:?}"
         );
         s["checkpoints"] = json!([{ "max_alignment_micros": 3_000 }]);
-        assert!(diagnose(&s, &s, 3.0).is_empty());
+        assert!(diagnose(&[s.clone(), s.clone()], 3.0).is_empty());
     }
 
     #[test]
