@@ -283,13 +283,6 @@ pub fn collect(jobs: &[JobStatus], workers: &[WorkerView], out: &mut Snapshot) {
     }
 }
 
-/// The exposition of `jobs` and `workers`.
-pub fn render(jobs: &[JobStatus], workers: &[WorkerView]) -> String {
-    let mut snapshot = Snapshot::default();
-    collect(jobs, workers, &mut snapshot);
-    sluice_telemetry::prometheus::render(&metrics(), &snapshot)
-}
-
 /// The coordinator's metrics as a role's collector (for OTLP export).
 pub struct CoordinatorMetrics(pub std::sync::Arc<crate::service::Coordinator>);
 
@@ -306,6 +299,13 @@ impl Collect for CoordinatorMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The exposition of `jobs` and `workers`.
+    fn render(jobs: &[JobStatus], workers: &[WorkerView]) -> String {
+        let mut snapshot = Snapshot::default();
+        collect(jobs, workers, &mut snapshot);
+        sluice_telemetry::prometheus::render(&metrics(), &snapshot)
+    }
 
     #[test]
     fn every_job_and_worker_is_one_sample_per_family_with_escaped_labels() {

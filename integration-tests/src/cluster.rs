@@ -4,12 +4,12 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::http::http_request;
-use crate::procs::Proc;
+use crate::procs::{Proc, poll_until};
 use crate::run_sluice;
 use crate::service::ServiceProcess;
 
@@ -182,17 +182,8 @@ impl MiniCluster {
         &self,
         what: &str,
         timeout: Duration,
-        mut check: impl FnMut() -> Option<T>,
+        check: impl FnMut() -> Option<T>,
     ) -> T {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(v) = check() {
-                return v;
-            }
-            if Instant::now() >= deadline {
-                panic!("not within {timeout:?}: {what}\n{}", self.logs());
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        poll_until(what, timeout, || self.logs(), check)
     }
 }

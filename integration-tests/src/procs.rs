@@ -265,3 +265,26 @@ impl Drop for Proc {
         self.kill();
     }
 }
+
+/// Polls `check` every 250 ms until it gives `Some`, for at most `timeout`.
+///
+/// # Panics
+/// When it gives nothing in time, with `what` and `logs()`.
+#[track_caller]
+pub fn poll_until<T>(
+    what: &str,
+    timeout: Duration,
+    logs: impl FnOnce() -> String,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("not within {timeout:?}: {what}\n{}", logs());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}

@@ -26,15 +26,15 @@
 //! wait is bounded. The tests run one at a time (each starts a small cluster and a
 //! throttled job; several at once on a small machine would make the waits flaky).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sluice_integration_tests::cluster::free_port;
 use sluice_integration_tests::http::{http_request, http_request_as, promtool_check, tail};
-use sluice_integration_tests::procs::Proc;
+use sluice_integration_tests::procs::{Proc, poll_until};
 use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::{
     Outcome, assert_same_rows, read_jsonl_dir, run_sluice, sluice_bin, tempdir, write_job,
@@ -185,15 +185,6 @@ fn assert_output_matches(out: &Path, reference_dir: &Path, expected: &[String]) 
 
 // ---------------------------------------------------------------------------------------
 // Processes
-
-/// A port that was free a moment ago (the coordinator's gRPC port must survive its
-/// restart, so it cannot be 0).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding an ephemeral port")
-        .port()
-}
 
 /// A running `sluice coordinator`.
 struct Coordinator {
@@ -396,18 +387,9 @@ impl Cluster {
         &mut self,
         what: &str,
         timeout: Duration,
-        mut check: impl FnMut() -> Option<T>,
+        check: impl FnMut() -> Option<T>,
     ) -> T {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(v) = check() {
-                return v;
-            }
-            if Instant::now() >= deadline {
-                panic!("not within {timeout:?}: {what}\n{}", self.logs());
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        poll_until(what, timeout, || self.logs(), check)
     }
 
     /// Polls the job's status until `done` accepts it; panics early when the job ends

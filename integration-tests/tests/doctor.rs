@@ -168,11 +168,7 @@ fn doctor_names_the_silent_partition_that_starves_the_watermark_and_nothing_with
     let dir = tempdir();
     let dir = dir.path();
     let topic = env.topic("lab-bids");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(env.create_topic(&topic, 4));
+    env.create_topic_blocking(&topic, 4);
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = feed(
         env.clone(),

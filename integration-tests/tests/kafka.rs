@@ -126,11 +126,7 @@ fn a_silent_partition_holds_windows_back_unless_the_source_has_idleness() {
     };
     let dir = tempdir();
     let topic = env.topic("three-of-four");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(env.create_topic(&topic, 4));
+    env.create_topic_blocking(&topic, 4);
     // Partitions 0..3 get a minute of event time; partition 3 gets nothing.
     for p in 0..3 {
         let records: Vec<String> = (0..60)
@@ -196,11 +192,7 @@ fn bad_kafka_input_fails_or_is_skipped_as_the_job_says() {
     };
     let dir = tempdir();
     let topic = env.topic("mixed");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(env.create_topic(&topic, 1));
+    env.create_topic_blocking(&topic, 1);
     let good = bid(7, 1_436_918_400_000);
     env.produce(
         &topic,
@@ -293,11 +285,7 @@ fn the_kafka_sink_keeps_every_record_through_worker_kills() {
     let expected: Vec<Row> = read_jsonl_dir(&reference);
 
     let topic = env.topic("windows");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(env.create_topic(&topic, 2));
+    env.create_topic_blocking(&topic, 2);
     let file = write_job(
         dir.path(),
         "sink.yaml",

@@ -6,17 +6,16 @@
 //! Tests run one at a time: each starts a cluster of processes on a 2-core machine.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_integration_tests::cluster::{MiniCluster, START_TIMEOUT};
+use sluice_integration_tests::cluster::{MiniCluster, START_TIMEOUT, free_port};
 use sluice_integration_tests::http::{http_request, promtool_check};
 use sluice_integration_tests::{
-    run_sluice, run_sluice_env, tempdir, workspace_root, write_job, yaml_path,
+    Outcome, run_sluice_env, tempdir, workspace_root, write_job, yaml_path,
 };
 use sluice_test_support::otlp::{OtlpReceiver, Point, ReceivedSpan};
 
@@ -42,6 +41,12 @@ fn windowed_job(out: &Path, events: u64, rate: u64) -> String {
          sink:\n  file: {{ path: {}, format: jsonl }}\n",
         yaml_path(out)
     )
+}
+
+/// `sluice run JOB --otlp-endpoint ENDPOINT` in `dir` with extra environment `env`.
+fn run_exporting(dir: &Path, job: &Path, endpoint: &str, env: &[(&str, &str)]) -> Outcome {
+    let job = job.to_str().expect("UTF-8 path");
+    run_sluice_env(&["run", job, "--otlp-endpoint", endpoint], dir, env)
 }
 
 /// The points of `metric` from processes of `role`.
@@ -94,14 +99,10 @@ fn sluice_run_exports_job_task_and_process_metrics_over_otlp_while_it_runs() {
         &windowed_job(&dir.path().join("out"), 100_000, 25_000),
     );
     let endpoint = receiver.endpoint();
-    let outcome = run_sluice_env(
-        &[
-            "run",
-            job.to_str().expect("UTF-8 path"),
-            "--otlp-endpoint",
-            &endpoint,
-        ],
+    let outcome = run_exporting(
         dir.path(),
+        &job,
+        &endpoint,
         &[
             ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
             (
@@ -238,15 +239,7 @@ fn logged_warnings_reach_the_collector_with_their_role() {
         ),
     );
     let endpoint = receiver.endpoint();
-    let outcome = run_sluice(
-        &[
-            "run",
-            job.to_str().expect("UTF-8 path"),
-            "--otlp-endpoint",
-            &endpoint,
-        ],
-        dir.path(),
-    );
+    let outcome = run_exporting(dir.path(), &job, &endpoint, &[]);
     outcome
         .assert_success()
         .assert_stderr_contains("unaligned checkpoints do not store in-flight data yet");
@@ -271,24 +264,17 @@ fn a_run_finishes_when_its_collector_is_down_and_a_bad_endpoint_is_named() {
     let _serial = serial();
     let dir = tempdir();
     // A port nobody listens on.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
+    let port = free_port();
     let job = write_job(
         dir.path(),
         "job.yaml",
         &windowed_job(&dir.path().join("out"), 100_000, 0),
     );
     let endpoint = format!("http://127.0.0.1:{port}");
-    let outcome = run_sluice_env(
-        &[
-            "run",
-            job.to_str().expect("UTF-8 path"),
-            "--otlp-endpoint",
-            &endpoint,
-        ],
+    let outcome = run_exporting(
         dir.path(),
+        &job,
+        &endpoint,
         &[
             ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "500"),
@@ -298,15 +284,7 @@ fn a_run_finishes_when_its_collector_is_down_and_a_bad_endpoint_is_named() {
     assert_eq!(outcome.summary().records_in, 100_000);
 
     // A malformed endpoint is the user's mistake, named.
-    let bad = run_sluice(
-        &[
-            "run",
-            job.to_str().expect("UTF-8 path"),
-            "--otlp-endpoint",
-            "not a url",
-        ],
-        dir.path(),
-    );
+    let bad = run_exporting(dir.path(), &job, "not a url", &[]);
     bad.assert_code(2)
         .assert_stderr_contains("--otlp-endpoint")
         .assert_no_panic();
@@ -337,11 +315,7 @@ impl Prometheus {
         std::fs::File::create(&config_path)
             .and_then(|mut f| f.write_all(config.as_bytes()))
             .expect("writing prometheus.yml");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("port")
-            .port();
-        let addr = format!("127.0.0.1:{port}");
+        let addr = format!("127.0.0.1:{}", free_port());
         let child = Command::new(binary)
             .arg(format!("--config.file={}", config_path.display()))
             .arg(format!(

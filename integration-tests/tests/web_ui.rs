@@ -24,8 +24,12 @@ fn chromium() -> String {
     })
 }
 
-/// Chromium's flags for a closed machine: no sandbox (root), no background traffic.
-fn browser(profile: &Path) -> Command {
+/// Runs Chromium on `url` with `action` (`--dump-dom`, `--screenshot=PATH`) and the
+/// flags for a closed machine (no sandbox as root, no background traffic); its stdout.
+///
+/// # Panics
+/// When Chromium fails.
+fn browse(profile: &Path, action: &str, url: &str) -> String {
     let mut c = Command::new(chromium());
     c.args([
         "--headless",
@@ -40,23 +44,21 @@ fn browser(profile: &Path) -> Command {
         // Lets the page's timers and fetches run for this long (virtual time) first.
         "--virtual-time-budget=6000",
     ])
-    .arg(format!("--user-data-dir={}", profile.display()));
-    c
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .arg(action)
+    .arg(url);
+    let out = c.output().expect("chromium ran");
+    assert!(
+        out.status.success(),
+        "chromium {action} {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The DOM of `url` once its scripts ran.
 fn rendered(profile: &Path, url: &str) -> String {
-    let out = browser(profile)
-        .arg("--dump-dom")
-        .arg(url)
-        .output()
-        .expect("chromium ran");
-    assert!(
-        out.status.success(),
-        "chromium --dump-dom {url}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    browse(profile, "--dump-dom", url)
 }
 
 /// A screenshot of `url` kept as `name`.png in the test output; its path.
@@ -67,16 +69,7 @@ fn screenshot(profile: &Path, url: &str, name: &str) -> PathBuf {
     let dir = target.join("test-output").join("ui");
     std::fs::create_dir_all(&dir).expect("screenshot dir");
     let path = dir.join(format!("{name}.png"));
-    let out = browser(profile)
-        .arg(format!("--screenshot={}", path.display()))
-        .arg(url)
-        .output()
-        .expect("chromium ran");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    browse(profile, &format!("--screenshot={}", path.display()), url);
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     assert!(size > 1000, "{} is {size} bytes", path.display());
     eprintln!("screenshot of {url}: {}", path.display());

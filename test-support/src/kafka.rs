@@ -74,6 +74,18 @@ impl KafkaEnv {
         }
     }
 
+    /// [`KafkaEnv::create_topic`] for tests without a runtime of their own.
+    ///
+    /// # Panics
+    /// When the broker refuses.
+    pub fn create_topic_blocking(&self, topic: &str, partitions: i32) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(self.create_topic(topic, partitions));
+    }
+
     /// The offsets `group` committed for partitions `0..partitions` of `topic` (-1 where
     /// none).
     ///

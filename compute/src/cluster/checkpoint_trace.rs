@@ -30,10 +30,10 @@ impl TaskTraces {
 
     /// Checkpoint `id` was triggered under `traceparent`.
     pub(crate) fn triggered(&self, id: u64, traceparent: &str) {
-        let parent = trace::remote_parent(traceparent);
         if traceparent.is_empty() {
             return;
         }
+        let parent = trace::remote_parent(traceparent);
         let mut parents = self.parents();
         parents.insert(id, parent);
         while parents.len() > MAX_OPEN {

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::cluster::task_metrics::{self, Sampler};
+use crate::cluster::task_metrics::{self, Sampler, lock};
 use crate::connector::Connectors;
 use crate::element::{Barrier, BarrierKind};
 use crate::error::{Error, Result};
@@ -227,10 +227,6 @@ fn announce(tasks: &[Task]) -> Vec<(u32, u32, bool)> {
         .collect()
 }
 
-fn lock(s: &Arc<Mutex<Sampler>>) -> std::sync::MutexGuard<'_, Sampler> {
-    s.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn run(
     listener: &TcpListener,
@@ -315,8 +311,7 @@ async fn run(
         net.probes(),
     )));
     *sampler_slot = Some(sampler.clone());
-    *metrics.tasks.lock().unwrap_or_else(|e| e.into_inner()) =
-        tasks.iter().map(|t| t.metrics.clone()).collect();
+    *lock(&metrics.tasks) = tasks.iter().map(|t| t.metrics.clone()).collect();
     let _published = env.live.register(job_label, &sampler);
     let running = net.start(streams)?;
     let printer = (!interval.is_zero()).then(|| {

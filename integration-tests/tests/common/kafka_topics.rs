@@ -23,11 +23,7 @@ pub fn bid(auction: i64, ms: i64) -> String {
 /// partition (in a batch of its own; see the module doc).
 pub fn load(env: &KafkaEnv, dir: &Path, name: &str, events: u64) -> String {
     let topic = env.topic(name);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(env.create_topic(&topic, 4));
+    env.create_topic_blocking(&topic, 4);
     run_sluice(
         &[
             "kafka",
