@@ -121,7 +121,7 @@ const JOB_FIGURES: [JobFigure; 11] = [
 /// A metric of tasks and its value for a task.
 type TaskFigure = (Metric, fn(&TaskStatus) -> f64);
 
-const TASK_FIGURES: [TaskFigure; 9] = [
+const TASK_FIGURES: [TaskFigure; 10] = [
     (
         Metric::gauge(
             "sluice.task.busy",
@@ -145,6 +145,14 @@ const TASK_FIGURES: [TaskFigure; 9] = [
             "Share of the last second a task waited for input.",
         ),
         |t| t.idle_ms_per_s as f64 / 1000.0,
+    ),
+    (
+        Metric::gauge(
+            "sluice.task.alignment_paused",
+            "1",
+            "Share of the last second a source task paused because its watermark was ahead of its alignment group's (part of idle).",
+        ),
+        |t| t.alignment_paused_ms_per_s as f64 / 1000.0,
     ),
     (
         Metric::counter(
@@ -326,6 +334,8 @@ mod tests {
             cache_spills: 0,
             cache_bytes: 0,
             watermark_held_by: String::new(),
+            watermark: None,
+            alignment_paused_ms_per_s: 0,
         });
         let w = WorkerView {
             id: "w1".into(),

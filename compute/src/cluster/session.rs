@@ -27,6 +27,7 @@ use crate::cluster::checkpoint_trace::TaskTraces;
 use crate::cluster::task_metrics;
 use crate::cluster::worker::{AttemptEvent, AttemptLink, WorkerEnv, run_attempt};
 use crate::error::{Error, Result};
+use crate::runtime::alignment::Alignment;
 use crate::runtime::metrics::JobMetrics;
 use crate::runtime::task::CheckpointEvent;
 
@@ -80,6 +81,8 @@ pub async fn serve(options: SessionOptions) -> Result<()> {
 /// A running attempt.
 struct Attempt {
     triggers: mpsc::UnboundedSender<(u64, bool, bool)>,
+    /// Its aligned sources, which the coordinator's group minimums reach.
+    alignment: Arc<Alignment>,
     /// The checkpoint spans its tasks' acknowledgements are traced under.
     traces: Arc<TaskTraces>,
     completed: watch::Sender<u64>,
@@ -224,6 +227,11 @@ async fn attach(options: &SessionOptions) -> Result<()> {
                             ..Default::default()
                         }));
                     }
+                    Some(cm::Msg::Align(a)) => {
+                        if let Some(run) = running.get(&a.attempt) {
+                            run.alignment.announce(&a.group, a.watermark);
+                        }
+                    }
                     Some(cm::Msg::Registered(_)) | None => {}
                 }
             }
@@ -244,14 +252,17 @@ fn start_attempt(
     let (completed_tx, completed_rx) = watch::channel(0u64);
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
     let metrics = Arc::new(JobMetrics::default());
+    let alignment = Arc::new(Alignment::default());
     let link = AttemptLink {
         triggers: triggers_rx,
         completed: completed_rx,
         events: events_tx,
         metrics: metrics.clone(),
+        alignment: alignment.clone(),
     };
     let traces = Arc::new(TaskTraces::default());
     let acks = traces.clone();
+    let alignment_out = alignment.clone();
     let handle = tokio::spawn(async move {
         let forward_out = out.clone();
         let forward = async move {
@@ -310,10 +321,12 @@ fn start_attempt(
                 report();
             }
         };
+        let aligning = report_watermarks(attempt, alignment_out, out.clone());
         let run = async move {
             tokio::select! {
                 report = run_attempt(&listener, deployment, Some(link), env) => report,
                 () = progress => unreachable!("the progress loop never ends"),
+                () = aligning => unreachable!("the alignment loop never ends"),
             }
         };
         // The forwarder ends when the attempt drops its last event sender.
@@ -325,10 +338,38 @@ fn start_attempt(
         let _ = done.send(attempt);
     });
     Attempt {
+        alignment,
         traces,
         triggers: triggers_tx,
         completed: completed_tx,
         _handle: AbortOnDropHandle::new(handle),
+    }
+}
+
+/// Sends the watermarks of the attempt's aligned sources to the coordinator every
+/// update interval; never ends.
+async fn report_watermarks(
+    attempt: u64,
+    alignment: Arc<Alignment>,
+    out: mpsc::UnboundedSender<pbc::WorkerMessage>,
+) {
+    // Until the tasks are built (or when none is aligned) there is nothing to say.
+    const UNTIL_BUILT: Duration = Duration::from_millis(100);
+    loop {
+        tokio::time::sleep(alignment.update_interval().unwrap_or(UNTIL_BUILT)).await;
+        let Some(tasks) = alignment.report() else {
+            continue;
+        };
+        let tasks = tasks
+            .into_iter()
+            .map(|(task, group, watermark)| pbc::SourceWatermark {
+                task: Some(task_ref(task, true)),
+                group,
+                watermark,
+            })
+            .collect();
+        let msg = wm::Msg::SourceWatermarks(pbc::SourceWatermarks { attempt, tasks });
+        let _ = out.send(pbc::WorkerMessage { msg: Some(msg) });
     }
 }
 

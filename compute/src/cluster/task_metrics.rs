@@ -21,6 +21,7 @@ struct Prev {
     work: u64,
     bp: u64,
     idle: u64,
+    paused: u64,
 }
 
 /// Turns counters into rates between calls.
@@ -42,6 +43,7 @@ impl Sampler {
                 work: 0,
                 bp: 0,
                 idle: 0,
+                paused: 0,
             })
             .collect();
         Self {
@@ -59,17 +61,21 @@ impl Sampler {
             let work = t.work_ns.load(Ordering::Relaxed);
             let bp = t.backpressured_ns.load(Ordering::Relaxed);
             let idle = t.idle_ns.load(Ordering::Relaxed);
+            let paused = t.alignment_paused_ns.load(Ordering::Relaxed);
             let secs = now.duration_since(prev.at).as_secs_f64().max(1e-3);
             let per_s = |ns: u64| ((ns as f64 / 1e6) / secs).min(1000.0) as u64;
             let d_work = work.saturating_sub(prev.work);
             let d_bp = bp.saturating_sub(prev.bp);
             let d_idle = idle.saturating_sub(prev.idle);
+            let d_paused = paused.saturating_sub(prev.paused);
             *prev = Prev {
                 at: now,
                 work,
                 bp,
                 idle,
+                paused,
             };
+            let watermark = t.watermark.load(Ordering::Relaxed);
             let o = self.probes.output_stats(&t.name);
             let i = self.probes.input_stats(&t.name);
             out.push(pbc::TaskMetrics {
@@ -95,6 +101,8 @@ impl Sampler {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clone(),
+                watermark: (watermark != i64::MIN).then_some(watermark),
+                alignment_paused_ms_per_s: per_s(d_paused),
             });
         }
         out
@@ -124,6 +132,12 @@ pub fn format_line(worker: u32, m: &pbc::TaskMetrics, rss_bytes: u64) -> String 
     );
     if !m.watermark_held_by.is_empty() {
         line.push_str(&format!(" watermark_held_by={}", m.watermark_held_by));
+    }
+    if m.alignment_paused_ms_per_s > 0 {
+        line.push_str(&format!(
+            " alignment_paused_ms_per_s={}",
+            m.alignment_paused_ms_per_s
+        ));
     }
     let lookups = m.cache_hits + m.cache_misses;
     if lookups > 0 {

@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::keyed::MemoryStores;
 use crate::network::NetworkConfig;
 use crate::network::environment::{self, NetworkBuilder};
+use crate::runtime::alignment::Alignment;
 use crate::runtime::build::{self, BuildOptions, Placement, RestoreFrom};
 use crate::runtime::metrics::JobMetrics;
 use crate::runtime::task::{CheckpointEvent, CheckpointLink, Task};
@@ -52,6 +53,8 @@ pub struct AttemptLink {
     pub events: mpsc::UnboundedSender<AttemptEvent>,
     /// The attempt's counters, for progress reports while it runs.
     pub metrics: Arc<JobMetrics>,
+    /// The attempt's aligned sources (watermark alignment across workers).
+    pub alignment: Arc<Alignment>,
 }
 
 /// What this worker process offers the jobs it runs.
@@ -167,6 +170,7 @@ fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDropHandle<()>
         completed,
         events,
         metrics: _,
+        alignment: _,
     } = link;
     let (checkpoint_tx, mut checkpoint_rx) = mpsc::unbounded_channel();
     let (final_tx, final_rx) = watch::channel(0u64);
@@ -283,6 +287,7 @@ async fn run(
         None => {}
     }
     options.coordinated_checkpoints = deployment.coordinated_checkpoints;
+    options.alignment = link.as_ref().map(|l| l.alignment.clone());
     options.restore = deployment.restore.as_ref().map(|r| RestoreFrom {
         checkpoint_id: r.checkpoint_id,
         positions: r

@@ -35,6 +35,7 @@ use crate::operator::window::WindowOperator;
 use crate::operator::{Operator, OperatorContext};
 use crate::plan::PhysicalPlan;
 use crate::queue::{self, QueueReceiver, QueueSender};
+use crate::runtime::alignment::Alignment;
 use crate::runtime::chain::{Chain, SideRoute, TaskOutput};
 use crate::runtime::input_gate::InputGate;
 use crate::runtime::metrics::{JobMetrics, TaskMetrics};
@@ -90,6 +91,9 @@ pub struct BuildOptions {
     /// The job takes checkpoints under its coordinator (sinks then wait for the final
     /// checkpoint to commit their last output).
     pub coordinated_checkpoints: bool,
+    /// Where aligned sources join their groups (watermark alignment); without it (no
+    /// coordinator to align across workers) sources never pause.
+    pub alignment: Option<Arc<Alignment>>,
 }
 
 /// A checkpoint to resume from.
@@ -109,6 +113,7 @@ impl Default for BuildOptions {
             first_epoch: 1,
             restore: None,
             coordinated_checkpoints: false,
+            alignment: None,
         }
     }
 }
@@ -387,9 +392,26 @@ pub async fn build_tasks(
                         )?),
                         None => None,
                     };
+                    let alignment = match (
+                        spec.watermark.as_ref().and_then(|w| w.alignment.as_ref()),
+                        &options.alignment,
+                    ) {
+                        (Some(a), Some(hub)) => {
+                            Some(hub.join((first_node(plan, chain.id), subtask as u32), a))
+                        }
+                        (Some(_), None) => {
+                            tracing::warn!(
+                                "{name}: watermark alignment needs a coordinator; the source \
+                                 reads without pausing"
+                            );
+                            None
+                        }
+                        _ => None,
+                    };
                     TaskInput::Source(Box::new(SourceInput {
                         reader,
                         watermarks,
+                        alignment,
                         watermark_cell: metrics.source_watermark(),
                         records_in: metrics.records_in.clone(),
                         skipped: metrics.skipped_records.clone(),

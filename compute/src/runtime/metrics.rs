@@ -99,6 +99,11 @@ pub struct TaskMetrics {
     pub cache: Arc<CacheCounters>,
     /// A source task's split that holds its watermark back (empty: none).
     pub watermark_held_by: std::sync::Mutex<String>,
+    /// The newest watermark the task passed on (`i64::MIN`: none yet).
+    pub watermark: AtomicI64,
+    /// Nanoseconds a source task paused because it was ahead of its alignment group
+    /// (counted in `idle_ns` too).
+    pub alignment_paused_ns: AtomicU64,
 }
 
 /// Sends slower than this count as waiting for room downstream.
@@ -109,6 +114,7 @@ impl TaskMetrics {
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
+            watermark: AtomicI64::new(Timestamp::MIN),
             ..Self::default()
         }
     }

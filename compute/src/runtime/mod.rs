@@ -7,12 +7,14 @@
 //! - [`build`]: builds the tasks placed on this process, local and remote channels.
 //! - [`tasks`]: runs the tasks built on this process; the first failure cancels the rest.
 //! - [`metrics`]: job-wide counters for progress and benchmarks.
+//! - [`alignment`]: source tasks that pause while their watermark is ahead of their group's.
 //! - [`fault`]: a failure tests can ask a process to inject once.
 //!
 //! The byte-bounded channels between tasks are [`crate::queue`], below both this module
 //! and the data plane. Nothing here knows what an operator computes, or where a source
 //! reads from.
 
+pub mod alignment;
 pub mod build;
 pub mod chain;
 pub mod fault;

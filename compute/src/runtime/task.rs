@@ -30,6 +30,7 @@ use crate::connector::{SourceReader, SourceStep};
 use crate::element::{Barrier, BarrierKind, StreamElement, Timestamp};
 use crate::error::{Error, Result};
 use crate::operator::OperatorContext;
+use crate::runtime::alignment::SourceAlignment;
 use crate::runtime::chain::{Chain, TaskOutput};
 use crate::runtime::input_gate::{ChannelState, InputGate};
 use crate::runtime::metrics::TaskMetrics;
@@ -50,6 +51,8 @@ pub struct SourceInput {
     pub reader: Box<dyn SourceReader>,
     /// Watermarks per split, when the job uses event time.
     pub watermarks: Option<WatermarkGenerator>,
+    /// The source's alignment group, when its watermark spec asks for alignment.
+    pub alignment: Option<SourceAlignment>,
     /// Where the source publishes its watermark for the progress line.
     pub watermark_cell: Arc<AtomicI64>,
     /// Job-wide count of records read.
@@ -233,6 +236,9 @@ impl Task {
                             self.channel_state = Some(state);
                         }
                     }
+                    if let Some(StreamElement::Watermark(ts)) = &next {
+                        self.metrics.watermark.store(*ts, Ordering::Relaxed);
+                    }
                     if let Some(StreamElement::Batch(b)) = &next {
                         self.metrics
                             .records_in
@@ -246,7 +252,11 @@ impl Task {
                         .fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     next
                 }
-                TaskInput::Source(_) => {
+                TaskInput::Source(src) => {
+                    if src.ahead_of_its_group() {
+                        self.wait_for_alignment(&mut cancel).await?;
+                        continue;
+                    }
                     let step = self.step_source().await?;
                     let spent = if step == SourceProgress::Waited {
                         &self.metrics.idle_ns
@@ -357,7 +367,7 @@ impl Task {
             let id = tokio::select! {
                 biased;
                 _ = cancel.changed() => return Err(Error::Cancelled),
-                barrier = next_trigger(link.triggers.as_mut()) => barrier,
+                barrier = next_trigger(link.triggers.as_mut()) => barrier.checkpoint_id,
                 _ = link.completed.changed() => continue,
                 changed = link.final_checkpoint.changed() => {
                     if changed.is_err() {
@@ -484,12 +494,48 @@ impl Task {
         Ok(())
     }
 
+    /// A source ahead of its alignment group waits (at most a tick) for the group to
+    /// catch up, still taking the checkpoints it is asked for; the wait counts as idle.
+    async fn wait_for_alignment(&mut self, cancel: &mut watch::Receiver<bool>) -> Result<()> {
+        let TaskInput::Source(src) = &mut self.input else {
+            return Ok(());
+        };
+        let Some(alignment) = src.alignment.as_mut() else {
+            return Ok(());
+        };
+        let triggers = self.link.as_mut().and_then(|l| l.triggers.as_mut());
+        let started = Instant::now();
+        let barrier = tokio::select! {
+            biased;
+            _ = cancel.changed() => None,
+            barrier = next_trigger(triggers) => Some(barrier),
+            _ = alignment.changed() => None,
+            _ = tokio::time::sleep(TICK) => None,
+        };
+        let paused = started.elapsed();
+        if let Some(g) = src.watermarks.as_mut() {
+            g.exclude_pause(paused);
+        }
+        let ns = paused.as_nanos() as u64;
+        self.metrics.idle_ns.fetch_add(ns, Ordering::Relaxed);
+        self.metrics
+            .alignment_paused_ns
+            .fetch_add(ns, Ordering::Relaxed);
+        if let Some(barrier) = barrier {
+            self.take_checkpoint(barrier, false).await?;
+        }
+        Ok(())
+    }
+
     async fn on_tick(&mut self) -> Result<()> {
         if let TaskInput::Source(src) = &mut self.input {
             let element = src.watermarks.as_mut().and_then(|w| w.on_tick());
             note_holder(src, &self.metrics);
+            if let Some(element) = &element {
+                publish(src, element, &self.metrics);
+            }
+            src.tell_alignment();
             if let Some(element) = element {
-                publish(src, &element);
                 self.chain.push(element, &mut self.output).await?;
             }
         }
@@ -517,9 +563,15 @@ impl Task {
         let Some(sb) = sb else {
             src.skipped
                 .fetch_add(src.reader.counters().skipped, Ordering::Relaxed);
+            if let Some(a) = &src.alignment {
+                a.set(None);
+            }
             if src.watermarks.is_some() {
                 // End of a bounded input: the final watermark closes every window.
                 src.watermark_cell.store(Timestamp::MAX, Ordering::Relaxed);
+                self.metrics
+                    .watermark
+                    .store(Timestamp::MAX, Ordering::Relaxed);
                 self.chain
                     .push(StreamElement::Watermark(Timestamp::MAX), &mut self.output)
                     .await?;
@@ -547,8 +599,9 @@ impl Task {
             }
         }
         if let Some(w) = &wm {
-            publish(src, w);
+            publish(src, w, &self.metrics);
         }
+        src.tell_alignment();
         note_holder(src, &self.metrics);
         self.chain
             .push(StreamElement::Batch(sb.batch), &mut self.output)
@@ -572,10 +625,10 @@ enum SourceProgress {
 }
 
 /// The next barrier a source task was asked to inject; never for other tasks.
-async fn next_trigger(triggers: Option<&mut mpsc::UnboundedReceiver<Barrier>>) -> u64 {
+async fn next_trigger(triggers: Option<&mut mpsc::UnboundedReceiver<Barrier>>) -> Barrier {
     match triggers {
         Some(rx) => match rx.recv().await {
-            Some(b) => b.checkpoint_id,
+            Some(b) => b,
             None => std::future::pending().await,
         },
         None => std::future::pending().await,
@@ -615,9 +668,28 @@ fn note_holder(src: &mut SourceInput, metrics: &TaskMetrics) {
         .unwrap_or_else(|e| e.into_inner()) = name;
 }
 
-fn publish(src: &SourceInput, element: &StreamElement) {
+fn publish(src: &SourceInput, element: &StreamElement, metrics: &TaskMetrics) {
     if let StreamElement::Watermark(ts) = element {
         src.watermark_cell.store(*ts, Ordering::Relaxed);
+        metrics.watermark.store(*ts, Ordering::Relaxed);
+    }
+}
+
+impl SourceInput {
+    /// Whether the source is more than its drift ahead of its alignment group.
+    fn ahead_of_its_group(&mut self) -> bool {
+        match (&mut self.alignment, &self.watermarks) {
+            (Some(a), Some(g)) => g.current() != Timestamp::MIN && !a.allows(g.current()),
+            _ => false,
+        }
+    }
+
+    /// Tells the alignment group where this source stands: its watermark, or nothing
+    /// while it has none or is idle (it then holds nobody back).
+    fn tell_alignment(&self) {
+        if let (Some(a), Some(g)) = (&self.alignment, &self.watermarks) {
+            a.set((!g.is_idle()).then(|| g.current()));
+        }
     }
 }
 

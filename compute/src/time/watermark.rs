@@ -162,6 +162,20 @@ impl WatermarkGenerator {
         None
     }
 
+    /// Whether the source declared itself idle (and has not read since).
+    pub fn is_idle(&self) -> bool {
+        self.idle
+    }
+
+    /// The source did not read for `paused` because it chose not to (watermark
+    /// alignment): that time is not silence, so no split turns idle for it.
+    pub fn exclude_pause(&mut self, paused: Duration) {
+        let now = Instant::now();
+        for s in self.splits.iter_mut().flatten() {
+            s.last_active = (s.last_active + paused).min(now);
+        }
+    }
+
     /// The last watermark emitted.
     pub fn current(&self) -> Timestamp {
         self.emitted
@@ -231,6 +245,7 @@ mod tests {
             column: "t".into(),
             max_out_of_orderness_ms: ooo,
             idleness_ms: 0,
+            alignment: None,
         }
     }
 
@@ -286,6 +301,7 @@ mod idleness_tests {
             column: "t".into(),
             max_out_of_orderness_ms: 0,
             idleness_ms: 30,
+            alignment: None,
         };
         let mut g = WatermarkGenerator::new(&spec, &batch(0).schema(), 2, false).unwrap();
         let t0 = Instant::now();
@@ -319,6 +335,7 @@ mod idleness_tests {
             column: "t".into(),
             max_out_of_orderness_ms: 0,
             idleness_ms: 30,
+            alignment: None,
         };
         let mut g = WatermarkGenerator::new(&spec, &batch(0).schema(), 2, true).unwrap();
         let t0 = Instant::now();
@@ -342,6 +359,7 @@ mod idleness_tests {
             column: "t".into(),
             max_out_of_orderness_ms: 0,
             idleness_ms: 30,
+            alignment: None,
         };
         let mut g = WatermarkGenerator::new(&spec, &batch(0).schema(), 3, true).unwrap();
         let t0 = Instant::now();
@@ -363,6 +381,7 @@ mod idleness_tests {
             column: "t".into(),
             max_out_of_orderness_ms: 0,
             idleness_ms: 0,
+            alignment: None,
         };
         let mut g = WatermarkGenerator::new(&spec, &batch(0).schema(), 2, true).unwrap();
         let later = Instant::now() + Duration::from_secs(3600);
@@ -389,6 +408,7 @@ mod idleness_tests {
             column: "t".into(),
             max_out_of_orderness_ms: 0,
             idleness_ms: 0,
+            alignment: None,
         }
     }
 }

@@ -137,6 +137,11 @@ pub struct TaskStatus {
     /// none does.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub watermark_held_by: String,
+    /// The newest watermark the task passed on (ms since the Unix epoch), once it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watermark: Option<i64>,
+    /// Milliseconds per second a source task paused, ahead of its alignment group.
+    pub alignment_paused_ms_per_s: u64,
 }
 
 impl TaskStatus {
@@ -155,6 +160,8 @@ impl TaskStatus {
             cache_spills: t.cache_spills,
             cache_bytes: t.cache_bytes,
             watermark_held_by: t.watermark_held_by.clone(),
+            watermark: t.watermark,
+            alignment_paused_ms_per_s: t.alignment_paused_ms_per_s,
         }
     }
 }

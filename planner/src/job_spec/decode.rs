@@ -141,7 +141,11 @@ fn checkpoint(node: &Node, path: &str) -> Result<pb::CheckpointConfig> {
 }
 
 fn watermark(node: &Node, path: &str) -> Result<pb::WatermarkSpec> {
-    let fields = Fields::new(node, path, &["column", "max_out_of_orderness", "idleness"])?;
+    let fields = Fields::new(
+        node,
+        path,
+        &["column", "max_out_of_orderness", "idleness", "alignment"],
+    )?;
     let column = string(
         fields
             .require("column", "; which column holds the event time?")?
@@ -154,5 +158,29 @@ fn watermark(node: &Node, path: &str) -> Result<pb::WatermarkSpec> {
             .opt("max_out_of_orderness", duration_ms)?
             .unwrap_or(0),
         idleness_ms: fields.opt("idleness", duration_ms)?.unwrap_or(0),
+        alignment: fields.opt("alignment", alignment)?,
+    })
+}
+
+/// `alignment: { max_drift: 10s, group: bids, update_interval: 1s }`.
+fn alignment(node: &Node, path: &str) -> Result<pb::WatermarkAlignment> {
+    let fields = Fields::new(node, path, &["max_drift", "group", "update_interval"])?;
+    let max_drift_ms = positive_duration_ms(
+        fields
+            .require(
+                "max_drift",
+                "; how far a source may run ahead, e.g. `max_drift: 10s`",
+            )?
+            .value,
+        &fields.path_of("max_drift"),
+    )?;
+    Ok(pb::WatermarkAlignment {
+        group: fields
+            .opt("group", string)?
+            .unwrap_or_else(|| "default".into()),
+        max_drift_ms,
+        update_interval_ms: fields
+            .opt("update_interval", positive_duration_ms)?
+            .unwrap_or(1000),
     })
 }

@@ -24,6 +24,7 @@
 //!   # file: { path: data/bids, format: csv, on_error: fail, schema: { price: int64 } }
 //!   batch_size: 8192
 //! watermark: { column: date_time, max_out_of_orderness: 4s, idleness: 1m }
+//!   # alignment: { max_drift: 10s, group: bids, update_interval: 1s }  # pause sources ahead
 //! pipeline:                         # optional; one operator per item
 //!   - filter: "price > 100"
 //!   - select: ["auction", "price * 0.908 AS price_eur", "date_time"]

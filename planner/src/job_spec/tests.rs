@@ -140,6 +140,7 @@ fn full_example_becomes_the_expected_graph() {
             column: "date_time".into(),
             max_out_of_orderness_ms: 4_000,
             idleness_ms: 60_000,
+            alignment: None,
         })
     );
 
@@ -409,6 +410,46 @@ fn malformed_yaml_reports_the_scanner_position() {
         &["invalid YAML", "`[` opened at 3:11"],
     );
     assert_err("name: x\n  bad: indentation\n", 2, 6, &["invalid YAML"]);
+}
+
+#[test]
+fn watermark_alignment_takes_a_drift_and_defaults_its_group_and_interval() {
+    let job = |alignment: &str| {
+        format!(
+            "name: x\nsource: {{ nexmark: {{}} }}\nwatermark: {{ column: date_time, alignment: {alignment} }}\nsink: {{ stdout: }}\n"
+        )
+    };
+    let graph = parse(&job("{ max_drift: 10s }"));
+    let Some(Kind::Source(source)) = &graph.nodes[0].kind else {
+        panic!("node 0 is not a source")
+    };
+    let wm = source.watermark.clone().unwrap();
+    assert_eq!(
+        wm.alignment,
+        Some(pb::WatermarkAlignment {
+            group: "default".into(),
+            max_drift_ms: 10_000,
+            update_interval_ms: 1_000,
+        })
+    );
+    let graph = parse(&job(
+        "{ max_drift: 2s, group: bids, update_interval: 200ms }",
+    ));
+    let Some(Kind::Source(source)) = &graph.nodes[0].kind else {
+        panic!("node 0 is not a source")
+    };
+    let a = source.watermark.clone().unwrap().alignment.unwrap();
+    assert_eq!(
+        (a.group.as_str(), a.max_drift_ms, a.update_interval_ms),
+        ("bids", 2_000, 200)
+    );
+    assert_err(
+        &job("{ group: bids }"),
+        3,
+        44,
+        &["max_drift", "e.g. `max_drift: 10s`"],
+    );
+    assert_err(&job("{ max_drift: 0s }"), 3, 57, &["max_drift"]);
 }
 
 #[test]

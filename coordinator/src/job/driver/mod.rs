@@ -101,6 +101,7 @@ use crate::checkpoint::{
     self as ckpt, AbortReason, BarrierMode, CheckpointProtocol, JobInfo, SavepointFailure, TaskId,
 };
 
+mod alignment;
 mod checkpoints;
 mod deploy;
 mod recovery;
@@ -370,6 +371,8 @@ struct Running {
     final_triggers: u32,
     /// A stop whose savepoint is committed, waiting for the tasks to commit its output.
     stopping: Option<Stopping>,
+    /// Watermark alignment: the source tasks' watermarks per group.
+    alignment: alignment::Groups,
 }
 
 #[derive(Debug)]

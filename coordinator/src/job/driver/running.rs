@@ -71,6 +71,18 @@ impl Driver {
                 let out = p.acknowledge(now, control::task_ack(a, task));
                 self.protocol_actions(now, out, acts);
             }
+            wm::Msg::SourceWatermarks(w) if w.attempt == attempt => {
+                for (group, watermark) in r.alignment.update(&w) {
+                    acts.push(Action::Send {
+                        workers: r.workers.clone(),
+                        msg: Box::new(cm::Msg::Align(pbc::AlignWatermarks {
+                            attempt,
+                            group,
+                            watermark,
+                        })),
+                    });
+                }
+            }
             wm::Msg::Decline(d) if d.attempt == attempt => {
                 let (Some(p), Some(t)) = (self.protocol.as_mut(), d.task.as_ref()) else {
                     return;

@@ -1343,3 +1343,59 @@ fn an_illegal_transition_fails_the_job_loudly() {
     );
     assert!(h.d.end().is_some());
 }
+
+// ---------------------------------------------------------------------------------------
+// Watermark alignment
+
+#[test]
+fn source_watermarks_from_every_worker_make_one_group_minimum_sent_to_all() {
+    let mut h = running(false);
+    let attempt = h.attempt();
+    let report = |subtask: u32, watermark: Option<i64>| {
+        wm::Msg::SourceWatermarks(pbc::SourceWatermarks {
+            attempt,
+            tasks: vec![pbc::SourceWatermark {
+                task: Some(task(subtask)),
+                group: "bids".into(),
+                watermark,
+            }],
+        })
+    };
+    let aligned = |acts: &[Action]| -> Vec<(Vec<String>, Option<i64>)> {
+        sent(acts)
+            .into_iter()
+            .filter_map(|(to, m)| match m {
+                cm::Msg::Align(a) if a.attempt == attempt && a.group == "bids" => {
+                    Some((to, a.watermark))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let both = || vec!["a".to_string(), "b".to_string()];
+    assert_eq!(
+        aligned(&h.from("a", report(0, Some(5_000)))),
+        [(both(), Some(5_000))]
+    );
+    // Worker b's source is behind: every worker hears the lower minimum.
+    assert_eq!(
+        aligned(&h.from("b", report(2, Some(1_000)))),
+        [(both(), Some(1_000))]
+    );
+    assert_eq!(aligned(&h.from("a", report(0, Some(9_000)))), []);
+    // A report of an earlier attempt changes nothing.
+    let stale = wm::Msg::SourceWatermarks(pbc::SourceWatermarks {
+        attempt: attempt - 1,
+        tasks: vec![pbc::SourceWatermark {
+            task: Some(task(2)),
+            group: "bids".into(),
+            watermark: None,
+        }],
+    });
+    assert_eq!(aligned(&h.from("b", stale)), []);
+    // b's source finished: a's is the group's minimum now.
+    assert_eq!(
+        aligned(&h.from("b", report(2, None))),
+        [(both(), Some(9_000))]
+    );
+}
