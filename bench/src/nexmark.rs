@@ -71,6 +71,29 @@ pub struct Args {
     /// job's default, 256 MiB).
     #[arg(long, value_parser = sluice_common::byte_size::parse)]
     cache: Option<u64>,
+    /// Align the source subtasks' watermarks: none may run more than this many ms of
+    /// event time ahead of the slowest (0: no alignment).
+    #[arg(long, default_value_t = 0)]
+    max_drift_ms: u64,
+}
+
+/// How a benchmark job is set up, besides its query.
+#[derive(Debug, Clone, Copy)]
+pub struct JobOptions<'a> {
+    /// Generated bids (ignored with `input`).
+    pub events: u64,
+    /// The job's parallelism.
+    pub parallelism: u32,
+    /// A directory of CSV bids to read instead of the generator.
+    pub input: Option<&'a str>,
+    /// Where window state lives.
+    pub state: StateChoice,
+    /// Checkpoint interval (0: none).
+    pub checkpoint_ms: u64,
+    /// The operator cache per subtask (`None`: the job's default).
+    pub cache: Option<u64>,
+    /// Watermark alignment's maximum drift (0: none).
+    pub max_drift_ms: u64,
 }
 
 /// The state backend of a benchmark run.
@@ -107,15 +130,16 @@ fn pipeline(query: Query) -> &'static str {
 }
 
 /// The job file text of a benchmark run.
-pub fn job_text(
-    query: Query,
-    events: u64,
-    parallelism: u32,
-    input: Option<&str>,
-    state: StateChoice,
-    checkpoint_ms: u64,
-    cache: Option<u64>,
-) -> String {
+pub fn job_text(query: Query, o: &JobOptions) -> String {
+    let JobOptions {
+        events,
+        parallelism,
+        input,
+        state,
+        checkpoint_ms,
+        cache,
+        max_drift_ms,
+    } = *o;
     let source = match input {
         None => format!(
             "  nexmark: {{ stream: bid, events: {events}, seed: 42, max_out_of_orderness: 2s }}\n"
@@ -133,8 +157,12 @@ pub fn job_text(
         0 => String::new(),
         ms => format!("checkpoint: {{ interval: {ms}ms }}\n"),
     };
+    let alignment = match max_drift_ms {
+        0 => String::new(),
+        ms => format!(", alignment: {{ max_drift: {ms}ms }}"),
+    };
     format!(
-        "name: bench-{q:?}\nparallelism: {parallelism}\nstate: {{ backend: {state}{cache} }}\n{checkpoint}source:\n{source}watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n{p}sink:\n  blackhole: {{}}\n",
+        "name: bench-{q:?}\nparallelism: {parallelism}\nstate: {{ backend: {state}{cache} }}\n{checkpoint}source:\n{source}watermark: {{ column: date_time, max_out_of_orderness: 4s{alignment} }}\n{p}sink:\n  blackhole: {{}}\n",
         q = query,
         p = pipeline(query)
     )
@@ -147,12 +175,15 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     }
     let text = job_text(
         args.query,
-        args.events,
-        args.parallelism,
-        args.input.as_deref(),
-        args.state,
-        args.checkpoint_ms,
-        args.cache,
+        &JobOptions {
+            events: args.events,
+            parallelism: args.parallelism,
+            input: args.input.as_deref(),
+            state: args.state,
+            checkpoint_ms: args.checkpoint_ms,
+            cache: args.cache,
+            max_drift_ms: args.max_drift_ms,
+        },
     );
     let graph = job_spec::parse_job("<bench>", &text).map_err(|e| Error::usage(e.to_string()))?;
     let s = host.run_job(graph, args.workers)?;
@@ -177,6 +208,7 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         .field("source", source)
         .field("parallelism", args.parallelism)
         .field("workers", args.workers)
+        .field("max_drift_ms", args.max_drift_ms)
         .field("events", s.records_in)
         .field("seconds", format!("{:.3}", s.seconds))
         .field("events_per_s", format!("{eps:.0}"))
@@ -198,9 +230,22 @@ mod tests {
     fn every_query_is_a_valid_job() {
         for q in Query::value_variants() {
             for input in [None, Some("/tmp/bids")] {
-                let text = job_text(*q, 10, 2, input, StateChoice::Remote, 0, None);
-                job_spec::parse_job("<bench>", &text)
-                    .unwrap_or_else(|e| panic!("{q:?}: {e}\n{text}"));
+                for max_drift_ms in [0, 2000] {
+                    let text = job_text(
+                        *q,
+                        &JobOptions {
+                            events: 10,
+                            parallelism: 2,
+                            input,
+                            state: StateChoice::Remote,
+                            checkpoint_ms: 0,
+                            cache: None,
+                            max_drift_ms,
+                        },
+                    );
+                    job_spec::parse_job("<bench>", &text)
+                        .unwrap_or_else(|e| panic!("{q:?}: {e}\n{text}"));
+                }
             }
         }
     }

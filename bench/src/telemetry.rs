@@ -23,7 +23,7 @@ use sluice_telemetry::receiver::OtlpReceiver;
 
 use crate::harness::table::Line;
 use crate::harness::timing::percentile;
-use crate::nexmark::{Query, StateChoice, job_text};
+use crate::nexmark::{JobOptions, Query, StateChoice, job_text};
 use crate::{Error, Host, Result};
 
 /// Arguments of `sluice bench telemetry`.
@@ -74,12 +74,15 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     for query in [Query::Q0, Query::Tumbling] {
         let text = job_text(
             query,
-            args.events,
-            args.parallelism,
-            None,
-            StateChoice::Memory,
-            args.checkpoint_ms,
-            None,
+            &JobOptions {
+                events: args.events,
+                parallelism: args.parallelism,
+                input: None,
+                state: StateChoice::Memory,
+                checkpoint_ms: args.checkpoint_ms,
+                cache: None,
+                max_drift_ms: 0,
+            },
         );
         let graph =
             job_spec::parse_job("<bench>", &text).map_err(|e| Error::usage(e.to_string()))?;
