@@ -1,7 +1,8 @@
-//! Watermark alignment across worker processes: a Kafka source subtask whose partition
-//! runs ahead in event time pauses until the other subtask, in another worker process,
-//! catches up; it still takes checkpoints meanwhile; and without alignment the same
-//! data is read at once (the control that shows the pause is alignment's doing).
+//! Watermark alignment on a cluster of processes: a Kafka source subtask whose partition
+//! runs ahead in event time pauses until the other subtask catches up, whether that one
+//! runs in another worker process (the coordinator carries its watermark) or in the same
+//! one; it still takes checkpoints meanwhile; and without alignment the same data is
+//! read at once (the control that shows the pause is alignment's doing).
 
 use std::time::Duration;
 
@@ -88,29 +89,27 @@ fn start(env: &KafkaEnv, name: &str) -> String {
     topic
 }
 
-#[test]
-fn a_source_ahead_of_its_group_pauses_across_workers_until_the_other_catches_up() {
-    let Some(env) = kafka_env("watermark-alignment", "watermark alignment") else {
-        return;
-    };
-    let dir = tempdir();
-    let dir = dir.path();
-    let cluster = MiniCluster::start(dir, 2, |_| Vec::new(), &[]);
-
-    // Aligned: the subtask of partition 0 may run 5 s of event time ahead.
-    let topic = start(&env, "aligned");
+/// The aligned job on `workers` workers: the subtask of partition 0 may run 5 s of
+/// event time ahead of the other.
+fn aligned(cluster: &MiniCluster, env: &KafkaEnv, dir: &std::path::Path, workers: usize) {
+    let topic = start(env, &format!("aligned-{workers}"));
     let text = job(
         &topic,
         &env.brokers,
         "alignment: { max_drift: 5s, update_interval: 100ms }",
     );
-    let id = cluster.submit(dir, &write_job(dir, "aligned.yaml", &text), 2);
-    let (fast, slow) = wait_for_sources(&cluster, &id, &topic);
-    assert_ne!(
-        fast["worker"], slow["worker"],
-        "the two sources should run in different worker processes"
-    );
-    produce(&env, &topic, 0, 1, AHEAD, 10);
+    let file = write_job(dir, &format!("aligned-{workers}.yaml"), &text);
+    let id = cluster.submit(dir, &file, workers);
+    let (fast, slow) = wait_for_sources(cluster, &id, &topic);
+    if workers > 1 {
+        assert_ne!(
+            fast["worker"], slow["worker"],
+            "the two sources should run in different worker processes"
+        );
+    } else {
+        assert_eq!(fast["worker"], slow["worker"]);
+    }
+    produce(env, &topic, 0, 1, AHEAD, 10);
     // The fast subtask pauses a drift ahead of the slow one's watermark (about T0 + 1 s),
     // and stays there while checkpoints go on.
     let paused = cluster.wait_until("the fast source paused by alignment", WAIT, || {
@@ -133,7 +132,7 @@ fn a_source_ahead_of_its_group_pauses_across_workers_until_the_other_catches_up(
     );
     let read = fast["records_in"].as_i64().expect("records_in");
     eprintln!(
-        "paused: fast source {} ms ahead of the slow one, {read} records read, checkpoints {before} -> {}",
+        "{workers} worker(s), paused: fast source {} ms ahead of the slow one, {read} records read, checkpoints {before} -> {}",
         fast_wm - slow_wm,
         s["last_checkpoint"]
     );
@@ -148,7 +147,7 @@ fn a_source_ahead_of_its_group_pauses_across_workers_until_the_other_catches_up(
     );
 
     // The slow partition moves on 60 s: the fast source follows, still within the drift.
-    produce(&env, &topic, 1, 1, 600, 10);
+    produce(env, &topic, 1, 1, 600, 10);
     let s = cluster.wait_until("the fast source following the slow one", WAIT, || {
         let s = cluster.status(&id);
         let fast = source_task(&s, &topic, 0)?["watermark"].as_i64()?;
@@ -163,6 +162,20 @@ fn a_source_ahead_of_its_group_pauses_across_workers_until_the_other_catches_up(
         fast_wm - T0
     );
     cluster.cancel(dir, &id);
+}
+
+#[test]
+fn a_source_ahead_of_its_group_pauses_until_the_other_catches_up_on_one_worker_or_two() {
+    let Some(env) = kafka_env("watermark-alignment", "watermark alignment") else {
+        return;
+    };
+    let dir = tempdir();
+    let dir = dir.path();
+    let cluster = MiniCluster::start(dir, 2, |_| Vec::new(), &[]);
+    // Across workers the coordinator carries the other worker's watermark; on one
+    // worker the tasks see each other's.
+    aligned(&cluster, &env, dir, 2);
+    aligned(&cluster, &env, dir, 1);
 
     // Not aligned: the same data, read at once.
     let topic = start(&env, "unaligned");

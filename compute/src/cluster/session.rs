@@ -355,8 +355,16 @@ async fn report_watermarks(
 ) {
     // Until the tasks are built (or when none is aligned) there is nothing to say.
     const UNTIL_BUILT: Duration = Duration::from_millis(100);
+    // Reports sent early, because a task paused, come at most this often.
+    const EARLY: Duration = Duration::from_millis(5);
+    let mut last = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(alignment.update_interval().unwrap_or(UNTIL_BUILT)).await;
+        let every = alignment.update_interval().unwrap_or(UNTIL_BUILT);
+        tokio::select! {
+            () = tokio::time::sleep_until(last + every) => {}
+            () = alignment.paused() => tokio::time::sleep_until(last + EARLY).await,
+        }
+        last = tokio::time::Instant::now();
         let Some(tasks) = alignment.report() else {
             continue;
         };

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sluice_common::pb;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::element::Timestamp;
 
@@ -30,43 +30,88 @@ const NONE: i64 = Timestamp::MIN;
 #[derive(Debug)]
 struct Member {
     task: (u32, u32),
-    group: String,
     /// The task's watermark while it counts for the group's minimum; [`NONE`] otherwise.
     watermark: AtomicI64,
+}
+
+impl Member {
+    fn watermark(&self) -> Option<i64> {
+        let w = self.watermark.load(Ordering::Relaxed);
+        (w != NONE).then_some(w)
+    }
+}
+
+/// One alignment group's tasks on this worker.
+#[derive(Debug)]
+struct Group {
+    /// The smallest watermark of the group's tasks on other workers, as the coordinator
+    /// last announced it.
+    others: watch::Sender<Option<i64>>,
+    members: Mutex<Vec<Arc<Member>>>,
+    /// Wakes paused members when a member here moved: the group's minimum on this
+    /// worker is read live, not from the coordinator's last announcement, so sources
+    /// of one worker never wait for a round trip to align with each other.
+    moved: Notify,
+}
+
+impl Group {
+    /// The smallest watermark of the group's members here and elsewhere.
+    fn minimum(&self, others: Option<i64>) -> Option<i64> {
+        let here = lock(&self.members)
+            .iter()
+            .filter_map(|m| m.watermark())
+            .min();
+        match (here, others) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// The aligned source tasks of one deployment attempt on this worker.
 #[derive(Debug, Default)]
 pub struct Alignment {
-    groups: Mutex<HashMap<String, watch::Sender<Option<i64>>>>,
-    members: Mutex<Vec<Arc<Member>>>,
+    groups: Mutex<HashMap<String, Arc<Group>>>,
     interval: Mutex<Option<Duration>>,
+    /// Wakes the reporter when a task paused: the others' view of it is due at once.
+    paused: Arc<Notify>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// An aligned source task, its group and its watermark (`None`: holds nobody back).
+pub type Reported = ((u32, u32), String, Option<i64>);
+
 impl Alignment {
     /// Joins source task `task` to the group `spec` names.
     pub fn join(&self, task: (u32, u32), spec: &pb::WatermarkAlignment) -> SourceAlignment {
-        let min = lock(&self.groups)
+        let group = lock(&self.groups)
             .entry(spec.group.clone())
-            .or_insert_with(|| watch::channel(None).0)
-            .subscribe();
+            .or_insert_with(|| {
+                Arc::new(Group {
+                    others: watch::channel(None).0,
+                    members: Mutex::default(),
+                    moved: Notify::new(),
+                })
+            })
+            .clone();
         let member = Arc::new(Member {
             task,
-            group: spec.group.clone(),
             watermark: AtomicI64::new(NONE),
         });
-        lock(&self.members).push(member.clone());
+        lock(&group.members).push(member.clone());
         let every = Duration::from_millis(spec.update_interval_ms.max(1));
         let mut interval = lock(&self.interval);
         *interval = Some(interval.map_or(every, |i| i.min(every)));
         SourceAlignment {
             member,
+            others: group.others.subscribe(),
+            group,
             max_drift: spec.max_drift_ms.min(i64::MAX as u64) as i64,
-            min,
+            paused: self.paused.clone(),
+            is_paused: false,
         }
     }
 
@@ -76,10 +121,16 @@ impl Alignment {
         *lock(&self.interval)
     }
 
-    /// The coordinator's newest minimum of `group` (`None`: no task holds it back).
+    /// Resolves when a task paused (its watermark should reach the other workers now).
+    pub async fn paused(&self) {
+        self.paused.notified().await
+    }
+
+    /// The coordinator's newest minimum of `group` on the other workers (`None`: none
+    /// holds it back there).
     pub fn announce(&self, group: &str, min: Option<i64>) {
-        if let Some(tx) = lock(&self.groups).get(group) {
-            tx.send_if_modified(|v| {
+        if let Some(g) = lock(&self.groups).get(group) {
+            g.others.send_if_modified(|v| {
                 let changed = *v != min;
                 *v = min;
                 changed
@@ -92,26 +143,31 @@ impl Alignment {
     /// came before the attempt counted as running) must not leave a task that holds
     /// its group back unknown there.
     pub fn report(&self) -> Option<Vec<Reported>> {
-        let now: Vec<_> = lock(&self.members)
+        let groups = lock(&self.groups);
+        let mut now: Vec<Reported> = groups
             .iter()
-            .map(|m| {
-                let w = m.watermark.load(Ordering::Relaxed);
-                (m.task, m.group.clone(), (w != NONE).then_some(w))
+            .flat_map(|(name, g)| {
+                lock(&g.members)
+                    .iter()
+                    .map(|m| (m.task, name.clone(), m.watermark()))
+                    .collect::<Vec<_>>()
             })
             .collect();
+        now.sort();
         (!now.is_empty()).then_some(now)
     }
 }
-
-/// An aligned source task, its group and its watermark (`None`: holds nobody back).
-pub type Reported = ((u32, u32), String, Option<i64>);
 
 /// One source task's part in its alignment group.
 #[derive(Debug)]
 pub struct SourceAlignment {
     member: Arc<Member>,
+    group: Arc<Group>,
+    others: watch::Receiver<Option<i64>>,
     max_drift: i64,
-    min: watch::Receiver<Option<i64>>,
+    paused: Arc<Notify>,
+    /// The last [`Self::allows`] said no.
+    is_paused: bool,
 }
 
 impl SourceAlignment {
@@ -119,22 +175,38 @@ impl SourceAlignment {
     /// idle, finished).
     pub fn set(&self, watermark: Option<Timestamp>) {
         let w = watermark.filter(|w| *w != NONE).unwrap_or(NONE);
-        self.member.watermark.store(w, Ordering::Relaxed);
-    }
-
-    /// Whether a task at `watermark` may read on: it is at most `max_drift` ahead of
-    /// the group's minimum (always, before the coordinator announced one).
-    pub fn allows(&mut self, watermark: Timestamp) -> bool {
-        match *self.min.borrow_and_update() {
-            Some(min) => watermark <= min.saturating_add(self.max_drift),
-            None => true,
+        if self.member.watermark.swap(w, Ordering::Relaxed) != w {
+            self.group.moved.notify_waiters();
         }
     }
 
-    /// Resolves when the group's minimum changes (never once the attempt is gone).
+    /// Whether a task at `watermark` may read on: it is at most `max_drift` ahead of
+    /// the group's minimum (here and on the other workers, as last announced). When it
+    /// starts pausing the worker's reporter is woken: workers that wait on each other's
+    /// last reports must not wait a whole interval for the next.
+    pub fn allows(&mut self, watermark: Timestamp) -> bool {
+        let others = *self.others.borrow_and_update();
+        let allowed = match self.group.minimum(others) {
+            Some(min) => watermark <= min.saturating_add(self.max_drift),
+            None => true,
+        };
+        if !allowed && !self.is_paused {
+            self.paused.notify_one();
+        }
+        self.is_paused = !allowed;
+        allowed
+    }
+
+    /// Resolves when the group's minimum may have moved: a member here moved, or the
+    /// coordinator announced the other workers' (never once the attempt is gone).
     pub async fn changed(&mut self) {
-        if self.min.changed().await.is_err() {
-            std::future::pending::<()>().await;
+        tokio::select! {
+            changed = self.others.changed() => {
+                if changed.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            () = self.group.moved.notified() => {}
         }
     }
 }
@@ -156,7 +228,7 @@ mod tests {
         let hub = Alignment::default();
         let mut a = hub.join((0, 0), &spec("g", 100, 500));
         let mut b = hub.join((0, 1), &spec("other", 100, 200));
-        assert!(a.allows(1_000_000), "nothing announced: read on");
+        assert!(a.allows(1_000_000), "nothing known: read on");
         hub.announce("g", Some(1_000));
         assert!(a.allows(1_100));
         assert!(!a.allows(1_101));
@@ -164,6 +236,29 @@ mod tests {
         hub.announce("g", None);
         assert!(a.allows(5_000), "no task holds the group back");
         assert_eq!(hub.update_interval(), Some(Duration::from_millis(200)));
+    }
+
+    #[test]
+    fn tasks_of_one_worker_align_on_their_live_watermarks() {
+        let hub = Alignment::default();
+        let mut a = hub.join((0, 0), &spec("g", 100, 500));
+        let b = hub.join((0, 1), &spec("g", 100, 500));
+        b.set(Some(1_000));
+        a.set(Some(1_200));
+        assert!(
+            !a.allows(1_200),
+            "b here is behind, whatever the coordinator said"
+        );
+        b.set(Some(1_150));
+        assert!(a.allows(1_200));
+        hub.announce("g", Some(900));
+        assert!(
+            !a.allows(1_200),
+            "a task on another worker is further behind"
+        );
+        b.set(None);
+        hub.announce("g", None);
+        assert!(a.allows(1_300), "a alone holds the group");
     }
 
     #[test]
@@ -191,13 +286,27 @@ mod tests {
     async fn an_announcement_wakes_the_paused_task() {
         let hub = Arc::new(Alignment::default());
         let mut a = hub.join((0, 0), &spec("g", 10, 100));
+        let b = hub.join((0, 1), &spec("g", 10, 100));
         hub.announce("g", Some(0));
         assert!(!a.allows(50));
         let h = hub.clone();
         tokio::spawn(async move { h.announce("g", Some(45)) });
         tokio::time::timeout(Duration::from_secs(5), a.changed())
             .await
-            .expect("woken");
+            .expect("woken by the coordinator");
         assert!(a.allows(50));
+        b.set(Some(20));
+        assert!(!a.allows(50));
+        let waiting = tokio::spawn(async move {
+            a.changed().await;
+            a.allows(50)
+        });
+        tokio::task::yield_now().await;
+        b.set(Some(40));
+        let allowed = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken by a task here")
+            .unwrap();
+        assert!(allowed);
     }
 }

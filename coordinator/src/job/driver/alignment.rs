@@ -1,44 +1,63 @@
-//! Watermark alignment across workers: the smallest watermark of each alignment
-//! group's source tasks, announced to every worker of the attempt when it changes.
+//! Watermark alignment across workers: for each worker with source tasks in an
+//! alignment group, the smallest watermark of the group's tasks on the *other* workers,
+//! announced to it when that changes. A worker combines it with its own tasks' live
+//! watermarks, so tasks of one worker never wait on a round trip to align.
 //!
-//! Tasks that report no watermark (none yet, idle, finished) hold nobody back; a group
-//! where none holds anything back has no minimum, and its sources read freely.
+//! Tasks that report no watermark (none yet, idle, finished) hold nobody back; where
+//! none holds anything back the minimum is absent.
 
 use super::*;
+
+/// One announcement: to `worker`, the minimum of `group` elsewhere.
+pub(super) type Announcement = (String, String, Option<i64>);
 
 /// The alignment groups of one running attempt.
 #[derive(Debug, Default)]
 pub(super) struct Groups {
-    /// Each source task's group and watermark, from its worker's last report.
-    tasks: BTreeMap<TaskId, (String, Option<i64>)>,
-    /// The minimum last announced per group.
-    announced: BTreeMap<String, Option<i64>>,
+    /// Each source task's worker, group and watermark, from its worker's last report.
+    tasks: BTreeMap<TaskId, (String, String, Option<i64>)>,
+    /// The minimum last announced per (worker, group).
+    announced: BTreeMap<(String, String), Option<i64>>,
 }
 
 impl Groups {
-    /// Takes a worker's report; returns the groups whose minimum changed and the new
-    /// minimum of each.
-    pub(super) fn update(&mut self, report: &pbc::SourceWatermarks) -> Vec<(String, Option<i64>)> {
+    /// Takes `worker`'s report; returns what to announce to whom.
+    pub(super) fn update(
+        &mut self,
+        worker: &str,
+        report: &pbc::SourceWatermarks,
+    ) -> Vec<Announcement> {
         let mut touched = BTreeSet::new();
         for t in &report.tasks {
             let Some(task) = &t.task else { continue };
-            self.tasks
-                .insert(control::task_id(task), (t.group.clone(), t.watermark));
+            self.tasks.insert(
+                control::task_id(task),
+                (worker.to_string(), t.group.clone(), t.watermark),
+            );
             touched.insert(t.group.clone());
         }
-        touched
-            .into_iter()
-            .filter_map(|group| {
+        let mut out = Vec::new();
+        for group in touched {
+            let members: BTreeSet<&String> = self
+                .tasks
+                .values()
+                .filter(|(_, g, _)| *g == group)
+                .map(|(w, _, _)| w)
+                .collect();
+            for to in members {
                 let min = self
                     .tasks
                     .values()
-                    .filter(|(g, _)| *g == group)
-                    .filter_map(|(_, w)| *w)
+                    .filter(|(w, g, _)| *g == group && w != to)
+                    .filter_map(|(_, _, wm)| *wm)
                     .min();
-                let before = self.announced.insert(group.clone(), min);
-                (before != Some(min)).then_some((group, min))
-            })
-            .collect()
+                let before = self.announced.insert((to.clone(), group.clone()), min);
+                if before != Some(min) {
+                    out.push((to.clone(), group.clone(), min));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -64,33 +83,48 @@ mod tests {
         }
     }
 
+    fn to(worker: &str, group: &str, min: Option<i64>) -> Announcement {
+        (worker.into(), group.into(), min)
+    }
+
     #[test]
-    fn the_minimum_spans_workers_and_is_announced_only_when_it_changes() {
+    fn each_worker_hears_the_minimum_of_the_others_when_it_changes() {
         let mut g = Groups::default();
-        // Worker A's task 0 first: the only one that reported.
+        // Worker a alone: nobody else holds its group back.
         assert_eq!(
-            g.update(&report(&[(0, "g", Some(500))])),
-            [("g".into(), Some(500))]
+            g.update("a", &report(&[(0, "g", Some(500))])),
+            [to("a", "g", None)]
         );
-        // Worker B's task 1 is behind: the minimum drops to it.
+        // Worker b's task is behind: a hears of it; b hears of a's.
         assert_eq!(
-            g.update(&report(&[(1, "g", Some(100))])),
-            [("g".into(), Some(100))]
+            g.update("b", &report(&[(1, "g", Some(100))])),
+            [to("a", "g", Some(100)), to("b", "g", Some(500))]
         );
-        // A moves on: the minimum does not change, nothing to announce.
-        assert_eq!(g.update(&report(&[(0, "g", Some(900))])), []);
-        // B goes idle: A alone holds the group.
+        // a moves on: b hears; a's view of the others did not change.
         assert_eq!(
-            g.update(&report(&[(1, "g", None)])),
-            [("g".into(), Some(900))]
+            g.update("a", &report(&[(0, "g", Some(900))])),
+            [to("b", "g", Some(900))]
         );
-        // A finishes too: nobody holds the group back.
-        assert_eq!(g.update(&report(&[(0, "g", None)])), [("g".into(), None)]);
+        // Nothing changed, nothing said.
+        assert_eq!(g.update("a", &report(&[(0, "g", Some(900))])), []);
+        // b goes idle: a reads freely.
+        assert_eq!(
+            g.update("b", &report(&[(1, "g", None)])),
+            [to("a", "g", None)]
+        );
         // Another group is its own.
         assert_eq!(
-            g.update(&report(&[(2, "h", Some(7))])),
-            [("h".into(), Some(7))]
+            g.update("b", &report(&[(2, "h", Some(7))])),
+            [to("b", "h", None)]
         );
-        assert_eq!(g.update(&report(&[(2, "h", Some(7))])), []);
+    }
+
+    #[test]
+    fn tasks_of_one_worker_are_left_to_it() {
+        let mut g = Groups::default();
+        assert_eq!(
+            g.update("a", &report(&[(0, "g", Some(100)), (1, "g", Some(900))])),
+            [to("a", "g", None)]
+        );
     }
 }

@@ -72,9 +72,9 @@ impl Driver {
                 self.protocol_actions(now, out, acts);
             }
             wm::Msg::SourceWatermarks(w) if w.attempt == attempt => {
-                for (group, watermark) in r.alignment.update(&w) {
+                for (to, group, watermark) in r.alignment.update(&worker, &w) {
                     acts.push(Action::Send {
-                        workers: r.workers.clone(),
+                        workers: vec![to],
                         msg: Box::new(cm::Msg::Align(pbc::AlignWatermarks {
                             attempt,
                             group,
