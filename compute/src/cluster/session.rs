@@ -355,14 +355,14 @@ async fn report_watermarks(
 ) {
     // Until the tasks are built (or when none is aligned) there is nothing to say.
     const UNTIL_BUILT: Duration = Duration::from_millis(100);
-    // Reports sent early, because a task paused, come at most this often.
+    // Reports sent early (a task paused, or moved half its drift) come at most this often.
     const EARLY: Duration = Duration::from_millis(5);
     let mut last = tokio::time::Instant::now();
     loop {
         let every = alignment.update_interval().unwrap_or(UNTIL_BUILT);
         tokio::select! {
             () = tokio::time::sleep_until(last + every) => {}
-            () = alignment.paused() => tokio::time::sleep_until(last + EARLY).await,
+            () = alignment.due() => tokio::time::sleep_until(last + EARLY).await,
         }
         last = tokio::time::Instant::now();
         let Some(tasks) = alignment.report() else {

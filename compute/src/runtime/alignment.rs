@@ -32,6 +32,8 @@ struct Member {
     task: (u32, u32),
     /// The task's watermark while it counts for the group's minimum; [`NONE`] otherwise.
     watermark: AtomicI64,
+    /// The watermark the last report carried.
+    reported: AtomicI64,
 }
 
 impl Member {
@@ -73,8 +75,9 @@ impl Group {
 pub struct Alignment {
     groups: Mutex<HashMap<String, Arc<Group>>>,
     interval: Mutex<Option<Duration>>,
-    /// Wakes the reporter when a task paused: the others' view of it is due at once.
-    paused: Arc<Notify>,
+    /// Wakes the reporter early: a task paused, or moved half its drift since the
+    /// last report (the other workers' view of it must not lag by a whole interval).
+    due: Arc<Notify>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -100,6 +103,7 @@ impl Alignment {
         let member = Arc::new(Member {
             task,
             watermark: AtomicI64::new(NONE),
+            reported: AtomicI64::new(NONE),
         });
         lock(&group.members).push(member.clone());
         let every = Duration::from_millis(spec.update_interval_ms.max(1));
@@ -110,7 +114,7 @@ impl Alignment {
             others: group.others.subscribe(),
             group,
             max_drift: spec.max_drift_ms.min(i64::MAX as u64) as i64,
-            paused: self.paused.clone(),
+            due: self.due.clone(),
             is_paused: false,
         }
     }
@@ -121,9 +125,10 @@ impl Alignment {
         *lock(&self.interval)
     }
 
-    /// Resolves when a task paused (its watermark should reach the other workers now).
-    pub async fn paused(&self) {
-        self.paused.notified().await
+    /// Resolves when a report is due before the interval: a task paused, or one moved
+    /// half its drift since the last report.
+    pub async fn due(&self) {
+        self.due.notified().await
     }
 
     /// The coordinator's newest minimum of `group` on the other workers (`None`: none
@@ -149,7 +154,11 @@ impl Alignment {
             .flat_map(|(name, g)| {
                 lock(&g.members)
                     .iter()
-                    .map(|m| (m.task, name.clone(), m.watermark()))
+                    .map(|m| {
+                        let w = m.watermark();
+                        m.reported.store(w.unwrap_or(NONE), Ordering::Relaxed);
+                        (m.task, name.clone(), w)
+                    })
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -165,7 +174,7 @@ pub struct SourceAlignment {
     group: Arc<Group>,
     others: watch::Receiver<Option<i64>>,
     max_drift: i64,
-    paused: Arc<Notify>,
+    due: Arc<Notify>,
     /// The last [`Self::allows`] said no.
     is_paused: bool,
 }
@@ -175,8 +184,13 @@ impl SourceAlignment {
     /// idle, finished).
     pub fn set(&self, watermark: Option<Timestamp>) {
         let w = watermark.filter(|w| *w != NONE).unwrap_or(NONE);
-        if self.member.watermark.swap(w, Ordering::Relaxed) != w {
-            self.group.moved.notify_waiters();
+        if self.member.watermark.swap(w, Ordering::Relaxed) == w {
+            return;
+        }
+        self.group.moved.notify_waiters();
+        let reported = self.member.reported.load(Ordering::Relaxed);
+        if w != NONE && (reported == NONE || w.saturating_sub(reported) >= self.max_drift / 2) {
+            self.due.notify_one();
         }
     }
 
@@ -191,7 +205,7 @@ impl SourceAlignment {
             None => true,
         };
         if !allowed && !self.is_paused {
-            self.paused.notify_one();
+            self.due.notify_one();
         }
         self.is_paused = !allowed;
         allowed
@@ -280,6 +294,26 @@ mod tests {
         assert_eq!(hub.report().unwrap()[1].2, None, "MIN is no watermark");
         b.set(Some(9));
         assert_eq!(hub.report().unwrap()[1].2, Some(9));
+    }
+
+    #[tokio::test]
+    async fn a_report_is_due_early_when_a_task_moved_half_its_drift_or_paused() {
+        let hub = Alignment::default();
+        let mut a = hub.join((0, 0), &spec("g", 100, 60_000));
+        let due = |hub: &Alignment| futures::FutureExt::now_or_never(hub.due()).is_some();
+        a.set(Some(1_000));
+        assert!(due(&hub), "a first watermark");
+        hub.report();
+        a.set(Some(1_049));
+        assert!(!due(&hub), "less than half the drift");
+        a.set(Some(1_050));
+        assert!(due(&hub), "half the drift");
+        hub.report();
+        hub.announce("g", Some(0));
+        assert!(!a.allows(1_050));
+        assert!(due(&hub), "paused");
+        assert!(!a.allows(1_050));
+        assert!(!due(&hub), "once per pause");
     }
 
     #[tokio::test]
