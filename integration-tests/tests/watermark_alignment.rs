@@ -2,13 +2,14 @@
 //! runs ahead in event time pauses until the other subtask catches up, whether that one
 //! runs in another worker process (the coordinator carries its watermark) or in the same
 //! one; it still takes checkpoints meanwhile; and without alignment the same data is
-//! read at once (the control that shows the pause is alignment's doing).
+//! read at once (the control that shows the pause is alignment's doing), and `sluice
+//! doctor` names the drift, which it does not with alignment.
 
 use std::time::Duration;
 
 use serde_json::Value;
 use sluice_integration_tests::cluster::MiniCluster;
-use sluice_integration_tests::{tempdir, write_job};
+use sluice_integration_tests::{run_sluice, tempdir, write_job};
 use sluice_test_support::kafka::{KafkaEnv, kafka_env};
 
 #[path = "common/kafka_topics.rs"]
@@ -81,6 +82,36 @@ fn wait_for_sources(cluster: &MiniCluster, id: &str, topic: &str) -> (Value, Val
     })
 }
 
+/// The pathologies `sluice doctor --json` names for job `id`.
+fn doctor(cluster: &MiniCluster, dir: &std::path::Path, id: &str) -> Vec<String> {
+    let url = cluster.url();
+    let out = run_sluice(
+        &[
+            "doctor",
+            id,
+            "--coordinator",
+            &url,
+            "--sample-ms",
+            "1000",
+            "--json",
+        ],
+        dir,
+    );
+    out.assert_no_panic();
+    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor printed no JSON ({e}):\n{}\n{}",
+            out.stdout, out.stderr
+        )
+    });
+    report["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["pathology"].as_str().map(str::to_owned))
+        .collect()
+}
+
 fn start(env: &KafkaEnv, name: &str) -> String {
     let topic = env.topic(name);
     env.create_topic_blocking(&topic, 2);
@@ -145,6 +176,11 @@ fn aligned(cluster: &MiniCluster, env: &KafkaEnv, dir: &std::path::Path, workers
         s["last_checkpoint"].as_u64().unwrap_or(0) >= before + 2,
         "checkpoints stopped while a source paused\n{s:#}"
     );
+    let found = doctor(cluster, dir, &id);
+    assert!(
+        !found.iter().any(|f| f == "source drift"),
+        "aligned sources drift? {found:?}"
+    );
 
     // The slow partition moves on 60 s: the fast source follows, still within the drift.
     produce(env, &topic, 1, 1, 600, 10);
@@ -188,5 +224,12 @@ fn a_source_ahead_of_its_group_pauses_until_the_other_catches_up_on_one_worker_o
         let fast = source_task(&s, &topic, 0)?;
         (fast["records_in"].as_i64()? >= 10 + AHEAD).then_some(())
     });
+    // The doctor names the drift and alignment as its fix.
+    let found = doctor(&cluster, dir, &id);
+    assert!(
+        found.iter().any(|f| f == "source drift"),
+        "no source drift found in {found:?}\n{:#}",
+        cluster.status(&id)
+    );
     cluster.cancel(dir, &id);
 }

@@ -1,8 +1,9 @@
 //! `sluice doctor JOB`: reads a running job's figures from the coordinator twice, a few
 //! seconds apart, and names each pathology it finds with its evidence and the fix: the
 //! back-pressure cascade (the first busy task downstream of back-pressured ones), data
-//! skew on `key_by`, watermark starvation, checkpoint alignment growing toward the
-//! timeout and, given a state node's `/metrics`, state memory near its budget. A table
+//! skew on `key_by`, watermark starvation, source subtasks drifting apart in event time,
+//! checkpoint alignment growing toward the timeout and, given a state node's
+//! `/metrics`, state memory near its budget. A table
 //! for people, `--json` for scripts; exit code 1 when something is found.
 //!
 //! The diagnosis ([`diagnose`]) is a pure function of the two samples, so each rule is
@@ -59,10 +60,13 @@ pub const CHECKED: [&str; 6] = [
     "back-pressure cascade",
     "data skew on key_by",
     "watermark starvation",
+    "source drift",
     "checkpoint alignment timeout",
     "state memory growth",
-    "sink transaction timeout",
 ];
+
+/// Source subtasks this far apart in event time (ms) drift.
+const DRIFT_MS: i64 = 60_000;
 
 /// Status samples taken over `--sample-ms`: the first and last give rates and progress,
 /// all of them the average shares of time.
@@ -173,6 +177,8 @@ struct Task {
     idle: f64,
     records_in: u64,
     held_by: String,
+    watermark: Option<i64>,
+    alignment_paused: f64,
 }
 
 impl Task {
@@ -207,6 +213,8 @@ fn tasks(sample: &Value) -> Vec<Task> {
                             .and_then(Value::as_str)
                             .unwrap_or("")
                             .to_owned(),
+                        watermark: t.get("watermark").and_then(Value::as_i64),
+                        alignment_paused: ratio(t, "alignment_paused_ms_per_s"),
                         name,
                     }
                 })
@@ -262,8 +270,45 @@ pub fn diagnose(samples: &[Value], elapsed: f64) -> Vec<Finding> {
     found.extend(cascade(after, &now));
     found.extend(skew(after, &then, &now, elapsed));
     found.extend(starvation(before, after, &now, elapsed));
+    found.extend(drift(after, &all));
     found.extend(alignment(after));
     found
+}
+
+/// Source subtasks far apart in event time while none is held back by alignment.
+fn drift(after: &Value, all: &[Vec<Task>]) -> Option<Finding> {
+    let now = all.last()?;
+    let order = node_order(after, now);
+    let source = order.first()?;
+    let watermarks: Vec<(&str, i64)> = of(now, source)
+        .filter_map(|t| Some((t.name.as_str(), t.watermark?)))
+        // A finished subtask's watermark is the end of time.
+        .filter(|(_, w)| *w < i64::MAX)
+        .collect();
+    let (slow, low) = *watermarks.iter().min_by_key(|(_, w)| *w)?;
+    let (fast, high) = *watermarks.iter().max_by_key(|(_, w)| *w)?;
+    let aligned = all
+        .iter()
+        .flatten()
+        .any(|t| t.node == *source && t.alignment_paused > 0.0);
+    if high - low < DRIFT_MS || aligned {
+        return None;
+    }
+    Some(Finding {
+        pathology: "source drift",
+        subject: format!("{fast} ahead of {slow}"),
+        evidence: format!(
+            "{fast}'s watermark is {:.0} s of event time ahead of {slow}'s ({} source \
+             subtasks): windows downstream keep every pane of that span open, and each \
+             checkpoint writes all of it",
+            (high - low) as f64 / 1000.0,
+            watermarks.len()
+        ),
+        fix: "align the sources: `watermark: { alignment: { max_drift: 10s } }` pauses a \
+              subtask that runs ahead of the slowest, so state holds about max_drift of \
+              panes; or balance the splits' data between subtasks"
+            .into(),
+    })
 }
 
 /// The tasks of `node`.
@@ -563,6 +608,50 @@ mod tests {
         );
         assert!(diagnose(&[before.clone(), moving.clone()], 3.0).is_empty());
         assert!(diagnose(&[before.clone(), before.clone()], 3.0).is_empty());
+    }
+
+    #[test]
+    fn source_subtasks_far_apart_in_event_time_drift_unless_aligned() {
+        let at = |name: &str, wm: i64, paused: u64| {
+            let mut t = task(name, 500, 0, 10, "");
+            t["watermark"] = json!(wm);
+            t["alignment_paused_ms_per_s"] = json!(paused);
+            t
+        };
+        let s = sample(
+            vec![
+                at("source[0]", 500_000, 0),
+                at("source[1]", 1_000, 0),
+                at("window[0]", 1_000, 0),
+            ],
+            10,
+            Some(1_000),
+        );
+        let found = diagnose(&[s.clone(), s.clone()], 3.0);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].pathology, "source drift");
+        assert_eq!(found[0].subject, "source[0] ahead of source[1]");
+        assert!(found[0].evidence.contains("499 s"), "{found:?}");
+        assert!(found[0].fix.contains("alignment"), "{found:?}");
+        // Aligned (a subtask paused for it), close together, or finished: nothing.
+        let aligned = sample(
+            vec![at("source[0]", 500_000, 300), at("source[1]", 1_000, 0)],
+            10,
+            Some(1_000),
+        );
+        assert!(diagnose(&[aligned.clone(), aligned], 3.0).is_empty());
+        let close = sample(
+            vec![at("source[0]", 50_000, 0), at("source[1]", 1_000, 0)],
+            10,
+            Some(1_000),
+        );
+        assert!(diagnose(&[close.clone(), close], 3.0).is_empty());
+        let finished = sample(
+            vec![at("source[0]", i64::MAX, 0), at("source[1]", 1_000, 0)],
+            10,
+            Some(1_000),
+        );
+        assert!(diagnose(&[finished.clone(), finished], 3.0).is_empty());
     }
 
     #[test]
