@@ -256,8 +256,8 @@ pub fn diagnose(samples: &[Value], elapsed: f64) -> Vec<Finding> {
     };
     let then = tasks(before);
     let mut now = tasks(after);
-    // Shares of time averaged over the samples: one second alone can end inside a long
-    // wait for credit that is accounted only when it ends.
+    // Shares of time averaged over the samples: one second alone is noisy (a task's
+    // time moves between busy and back-pressured from one batch to the next).
     let all: Vec<Vec<Task>> = samples.iter().map(tasks).collect();
     for t in &mut now {
         let same: Vec<&Task> = all.iter().flatten().filter(|s| s.name == t.name).collect();

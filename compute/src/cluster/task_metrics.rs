@@ -7,21 +7,45 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
 
 use sluice_common::pb::cluster as pbc;
 use sluice_telemetry::{Collect, Metric, Snapshot};
 
 use crate::network::environment::NetworkProbes;
-use crate::runtime::metrics::TaskMetrics;
+use crate::runtime::metrics::{TaskMetrics, now_ns};
 
 #[derive(Debug, Clone, Copy)]
 struct Prev {
-    at: Instant,
+    /// When the last sample was taken ([`now_ns`]).
+    at: u64,
     work: u64,
     bp: u64,
     idle: u64,
     paused: u64,
+    /// The send blocked at the last sample: its start and the time counted for it.
+    blocked: Option<(u64, u64)>,
+    /// The same for a wait for input.
+    waiting: Option<(u64, u64)>,
+}
+
+/// How much of an [`Ongoing`](crate::runtime::metrics::Ongoing) span to count in a
+/// sample at `now`, and how much of what its counter gained was counted before: a span
+/// open at the last sample had its time up to then counted already, and its counter
+/// holds all of it once it ended. Returns (to add, to take off the counter's delta).
+fn ongoing(prev: &mut Option<(u64, u64)>, open: Option<u64>, last: u64, now: u64) -> (u64, u64) {
+    match (*prev, open) {
+        (Some((start, counted)), Some(s)) if s == start => {
+            let add = now.saturating_sub(start.max(last));
+            *prev = Some((start, counted + add));
+            (add, 0)
+        }
+        (before, open) => {
+            let counted = before.map_or(0, |(_, c)| c);
+            let add = open.map_or(0, |s| now.saturating_sub(s.max(last)));
+            *prev = open.map(|s| (s, add));
+            (add, counted)
+        }
+    }
 }
 
 /// Turns counters into rates between calls.
@@ -35,7 +59,7 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler over `tasks` and their remote channels.
     pub fn new(tasks: Vec<Arc<TaskMetrics>>, probes: NetworkProbes) -> Self {
-        let now = Instant::now();
+        let now = now_ns();
         let prev = tasks
             .iter()
             .map(|_| Prev {
@@ -44,6 +68,8 @@ impl Sampler {
                 bp: 0,
                 idle: 0,
                 paused: 0,
+                blocked: None,
+                waiting: None,
             })
             .collect();
         Self {
@@ -55,26 +81,37 @@ impl Sampler {
 
     /// The figures of every task since the last call.
     pub fn sample(&mut self) -> Vec<pbc::TaskMetrics> {
-        let now = Instant::now();
+        self.sample_at(now_ns())
+    }
+
+    /// [`Self::sample`] at `now` ([`now_ns`]; tests drive the clock).
+    fn sample_at(&mut self, now: u64) -> Vec<pbc::TaskMetrics> {
         let mut out = Vec::with_capacity(self.tasks.len());
         for (t, prev) in self.tasks.iter().zip(self.prev.iter_mut()) {
+            // Open spans first, counters second: a span that ends in between is in
+            // its counter, and counted twice rather than not at all (the next sample
+            // takes it off).
+            let blocked = t.blocked.since();
+            let waiting = t.waiting.since();
             let work = t.work_ns.load(Ordering::Relaxed);
             let bp = t.backpressured_ns.load(Ordering::Relaxed);
             let idle = t.idle_ns.load(Ordering::Relaxed);
             let paused = t.alignment_paused_ns.load(Ordering::Relaxed);
-            let secs = now.duration_since(prev.at).as_secs_f64().max(1e-3);
+            let secs = (now.saturating_sub(prev.at) as f64 / 1e9).max(1e-3);
             let per_s = |ns: u64| ((ns as f64 / 1e6) / secs).min(1000.0) as u64;
-            let d_work = work.saturating_sub(prev.work);
-            let d_bp = bp.saturating_sub(prev.bp);
-            let d_idle = idle.saturating_sub(prev.idle);
+            // A blocked send is inside the work of pushing an element: both counters
+            // get it when it ends.
+            let (add_bp, counted_bp) = ongoing(&mut prev.blocked, blocked, prev.at, now);
+            let (add_idle, counted_idle) = ongoing(&mut prev.waiting, waiting, prev.at, now);
+            let d_work = work.saturating_sub(prev.work).saturating_sub(counted_bp) + add_bp;
+            let d_bp = bp.saturating_sub(prev.bp).saturating_sub(counted_bp) + add_bp;
+            let d_idle = idle.saturating_sub(prev.idle).saturating_sub(counted_idle) + add_idle;
             let d_paused = paused.saturating_sub(prev.paused);
-            *prev = Prev {
-                at: now,
-                work,
-                bp,
-                idle,
-                paused,
-            };
+            prev.at = now;
+            prev.work = work;
+            prev.bp = bp;
+            prev.idle = idle;
+            prev.paused = paused;
             let watermark = t.watermark.load(Ordering::Relaxed);
             let o = self.probes.output_stats(&t.name);
             let i = self.probes.input_stats(&t.name);
@@ -295,5 +332,41 @@ impl Sampler {
             prev: self.prev.clone(),
         };
         copy.sample()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn figures(s: &mut Sampler, at: u64) -> (u64, u64, u64) {
+        let m = &s.sample_at(at)[0];
+        (m.busy_ms_per_s, m.backpressured_ms_per_s, m.idle_ms_per_s)
+    }
+
+    #[test]
+    fn a_long_wait_for_credit_is_back_pressure_while_it_lasts_and_counted_once() {
+        let t = Arc::new(TaskMetrics::new("source[0]"));
+        let mut s = Sampler::new(vec![t.clone()], NetworkProbes::default());
+        let t0 = s.prev[0].at;
+        // 200 ms of work, then a send that blocks for 2.8 s, across three samples.
+        t.work_ns.fetch_add(200 * MS, Ordering::Relaxed);
+        t.blocked.begin_at(t0 + 200 * MS);
+        assert_eq!(figures(&mut s, t0 + 1000 * MS), (200, 800, 0));
+        assert_eq!(figures(&mut s, t0 + 2000 * MS), (0, 1000, 0));
+        // It ends at 3 s: the whole push lands in the counters now, of which 1.8 s was
+        // counted already.
+        t.work_ns.fetch_add(2800 * MS, Ordering::Relaxed);
+        t.backpressured_ns.fetch_add(2800 * MS, Ordering::Relaxed);
+        t.blocked.end();
+        assert_eq!(figures(&mut s, t0 + 3000 * MS), (0, 1000, 0));
+        // Then a wait for input that has not ended.
+        t.waiting.begin_at(t0 + 3500 * MS);
+        assert_eq!(figures(&mut s, t0 + 4000 * MS), (0, 0, 500));
+        t.idle_ns.fetch_add(1000 * MS, Ordering::Relaxed);
+        t.waiting.end();
+        assert_eq!(figures(&mut s, t0 + 5000 * MS), (0, 0, 500));
     }
 }

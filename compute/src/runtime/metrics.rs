@@ -85,6 +85,11 @@ pub struct TaskMetrics {
     pub backpressured_ns: AtomicU64,
     /// Nanoseconds waiting for input.
     pub idle_ns: AtomicU64,
+    /// A send waiting for room downstream now (counted in `backpressured_ns` and
+    /// `work_ns` only when it ends).
+    pub blocked: Ongoing,
+    /// A wait for input at the task's gate now (counted in `idle_ns` when it ends).
+    pub waiting: Ongoing,
     /// Records taken in (read by a source or received).
     pub records_in: AtomicU64,
     /// Records sent downstream.
@@ -104,6 +109,51 @@ pub struct TaskMetrics {
     /// Nanoseconds a source task paused because it was ahead of its alignment group
     /// (counted in `idle_ns` too).
     pub alignment_paused_ns: AtomicU64,
+}
+
+/// Nanoseconds since this process first asked, plus one (never 0): the clock of
+/// [`Ongoing`] spans and of the samplers that read them.
+pub fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+        + 1
+}
+
+/// A span of time a task is in right now, so that a sampler can count it before it
+/// ends: a send that waits five seconds for credit is back pressure during those
+/// seconds, not only once it is over.
+#[derive(Debug, Default)]
+pub struct Ongoing(AtomicU64);
+
+impl Ongoing {
+    /// The span starts now; returns when ([`now_ns`]).
+    pub fn begin(&self) -> u64 {
+        let t = now_ns();
+        self.0.store(t, Ordering::Relaxed);
+        t
+    }
+
+    /// The span started at `t` ([`now_ns`]; tests drive the clock).
+    #[cfg(test)]
+    pub(crate) fn begin_at(&self, t: u64) {
+        self.0.store(t, Ordering::Relaxed);
+    }
+
+    /// The span ended (after its time was added to its counter).
+    pub fn end(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// When the current span started, if one is open.
+    pub fn since(&self) -> Option<u64> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(t),
+        }
+    }
 }
 
 /// Sends slower than this count as waiting for room downstream.

@@ -14,8 +14,8 @@ use arrow::compute::take_record_batch;
 use arrow::record_batch::RecordBatch;
 use sluice_common::key_group::{key_group_of, subtask_for_key_group};
 
+use crate::runtime::metrics::now_ns;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -38,7 +38,7 @@ pub enum ChannelSender {
 impl ChannelSender {
     async fn send(&mut self, element: StreamElement, metrics: &TaskMetrics) -> Result<()> {
         let rows = element.num_rows() as u64;
-        let start = Instant::now();
+        let start = metrics.blocked.begin();
         let r = match self {
             ChannelSender::Local(q) => {
                 let bytes = element.size_bytes() as u64;
@@ -48,7 +48,9 @@ impl ChannelSender {
             }
             ChannelSender::Remote(w) => w.write(&element).await,
         };
-        metrics.add_send(rows, start.elapsed());
+        let took = std::time::Duration::from_nanos(now_ns().saturating_sub(start));
+        metrics.add_send(rows, took);
+        metrics.blocked.end();
         r
     }
 

@@ -218,6 +218,9 @@ impl Task {
             let waiting = Instant::now();
             let element = match &mut self.input {
                 TaskInput::Gate(gate) => {
+                    // Ends the open wait once its time was counted, whichever way the
+                    // wait ends.
+                    let _waiting = OpenWhile::begin(&self.metrics.waiting);
                     let completed = self.link.as_mut().map(|l| &mut l.completed);
                     let next = tokio::select! {
                         biased;
@@ -610,6 +613,22 @@ impl Task {
             self.chain.push(w, &mut self.output).await?;
         }
         Ok(SourceProgress::Read)
+    }
+}
+
+/// Marks a span open while it lives.
+struct OpenWhile<'a>(&'a crate::runtime::metrics::Ongoing);
+
+impl<'a> OpenWhile<'a> {
+    fn begin(span: &'a crate::runtime::metrics::Ongoing) -> Self {
+        span.begin();
+        Self(span)
+    }
+}
+
+impl Drop for OpenWhile<'_> {
+    fn drop(&mut self) {
+        self.0.end();
     }
 }
 
