@@ -211,6 +211,11 @@ impl Proc {
         }
     }
 
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Everything it printed so far.
     pub fn output(&self) -> String {
         self.output

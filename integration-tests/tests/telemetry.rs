@@ -15,7 +15,7 @@ use serde_json::Value;
 use sluice_integration_tests::cluster::{MiniCluster, START_TIMEOUT, free_port};
 use sluice_integration_tests::http::{http_request, promtool_check};
 use sluice_integration_tests::{
-    Outcome, run_sluice_env, tempdir, workspace_root, write_job, yaml_path,
+    Outcome, run_sluice, run_sluice_env, tempdir, workspace_root, write_job, yaml_path,
 };
 use sluice_test_support::otlp::{OtlpReceiver, Point, ReceivedSpan};
 
@@ -394,9 +394,10 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
         ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
         ("OTEL_BSP_SCHEDULE_DELAY", "500"),
     ];
-    let cluster = MiniCluster::start(
+    // Three workers: the job runs on two, and fails over to the third.
+    let mut cluster = MiniCluster::start(
         dir,
-        2,
+        3,
         |role| {
             let mut args = vec!["--otlp-endpoint".to_owned(), endpoint.clone()];
             if role != "coordinator" {
@@ -444,7 +445,8 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
     );
     assert!(sample(&state_text, "process_memory_usage_bytes").is_some_and(|m| m > 1e6));
     promtool_check(&state_text);
-    for addr in &worker_metrics {
+    for i in job_workers(&cluster, &id) {
+        let addr = &worker_metrics[i];
         let text = cluster.wait_until("the worker's tasks in its /metrics", SETTLE, || {
             let text = scrape(addr);
             text.contains(&format!(
@@ -542,7 +544,11 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
             .iter()
             .filter_map(|p| p.resource.get("service.instance.id"))
             .collect();
-    assert_eq!(worker_instances.len(), 2, "{worker_instances:?}");
+    assert_eq!(
+        worker_instances.len(),
+        cluster.workers.len(),
+        "{worker_instances:?}"
+    );
     let node = of(&points, "state-service", "sluice.state.commits");
     assert!(
         node.iter()
@@ -623,7 +629,134 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
         assert!(s.start_ns <= s.end_ns, "{s:?}");
     }
 
+    // One trace per deploy, rescale and failover: a root from the coordinator with a
+    // span per lifecycle phase and the state calls made in it.
+    let deploy = lifecycle(
+        &cluster,
+        &receiver,
+        &id,
+        "deploy",
+        &["scheduling"],
+        &["open state"],
+    );
+    assert_eq!(role(&deploy), "coordinator");
+
+    let url = cluster.url();
+    let out = run_sluice(
+        &["rescale", &id, "--parallelism", "1", "--coordinator", &url],
+        dir,
+    );
+    out.assert_success();
+    let rescale = lifecycle(
+        &cluster,
+        &receiver,
+        &id,
+        "rescale",
+        &["rescaling"],
+        &["roll back state"],
+    );
+    assert_eq!(
+        rescale
+            .attributes
+            .get("sluice.running_parallelism")
+            .map(String::as_str),
+        Some("1"),
+        "{rescale:?}"
+    );
+
+    // Kill a worker the job runs on: it fails over to the idle third one.
+    cluster.wait_until("the job running again", SETTLE, || {
+        (cluster.status(&id)["state"] == "running").then_some(())
+    });
+    let victim = job_workers(&cluster, &id)[0];
+    let victim = &mut cluster.workers[victim];
+    victim.kill();
+    let failover = lifecycle(
+        &cluster,
+        &receiver,
+        &id,
+        "failover",
+        &["scheduling"],
+        &["roll back state"],
+    );
+    assert!(
+        failover.attributes.contains_key("sluice.failure"),
+        "{failover:?}"
+    );
+
     cluster.cancel(dir, &id);
+}
+
+/// Indexes in `cluster.workers` of the worker processes job `id` runs on.
+fn job_workers(cluster: &MiniCluster, id: &str) -> Vec<usize> {
+    let status = cluster.status(id);
+    let (_, listed) = http_request(&cluster.http, "GET", "/v1/workers", None);
+    let pids: Vec<u64> = status["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| {
+            listed
+                .as_array()?
+                .iter()
+                .find(|l| l["id"] == *w)
+                .and_then(|l| l["pid"].as_u64())
+        })
+        .collect();
+    let found: Vec<usize> = cluster
+        .workers
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.pid().is_some_and(|p| pids.contains(&u64::from(p))))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        !found.is_empty(),
+        "no worker process of {status} in {listed}"
+    );
+    found
+}
+
+/// Job `id`'s root span `kind` (a deploy, rescale or failover from the coordinator)
+/// with the lifecycle `phases` under it and the state `calls` under those.
+fn lifecycle(
+    cluster: &MiniCluster,
+    receiver: &OtlpReceiver,
+    id: &str,
+    kind: &str,
+    phases: &[&str],
+    calls: &[&str],
+) -> ReceivedSpan {
+    let what = format!("a {kind} trace with {phases:?} and {calls:?}");
+    cluster.wait_until(&what, SETTLE, || {
+        let spans = receiver.spans();
+        spans
+            .iter()
+            .filter(|s| {
+                s.name == kind
+                    && s.parent_span_id.is_empty()
+                    && s.attributes.get("sluice.job_id").map(String::as_str) == Some(id)
+            })
+            .find_map(|root| {
+                let under = |parent: &str| -> Vec<ReceivedSpan> {
+                    spans
+                        .iter()
+                        .filter(|s| s.trace_id == root.trace_id && s.parent_span_id == parent)
+                        .cloned()
+                        .collect()
+                };
+                let phase_spans = under(&root.span_id);
+                let named: Vec<&str> = phase_spans.iter().map(|s| s.name.as_str()).collect();
+                let inner: Vec<String> = phase_spans
+                    .iter()
+                    .flat_map(|p| under(&p.span_id))
+                    .map(|s| s.name)
+                    .collect();
+                (phases.iter().all(|p| named.contains(p))
+                    && calls.iter().all(|c| inner.iter().any(|i| i == c)))
+                .then(|| root.clone())
+            })
+    })
 }
 
 #[test]

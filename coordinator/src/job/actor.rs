@@ -24,6 +24,7 @@ use super::driver::{Action, Driver, End, Event, Failure};
 use super::lifecycle::JobState;
 use super::ports::{StateConnector, StateStore, WorkerLauncher};
 use super::status::JobStatus;
+use super::trace::LifecycleTraces;
 use crate::checkpoint::metadata;
 use crate::checkpoint::store::{self, MetadataStore};
 use crate::checkpoint::trace::CheckpointTraces;
@@ -72,6 +73,8 @@ pub(crate) struct JobActor {
     next_reply: u64,
     /// The open checkpoints' spans.
     traces: CheckpointTraces,
+    /// The trace of a deploy, failover or rescale under way.
+    lifecycle: LifecycleTraces,
 }
 
 impl JobActor {
@@ -99,6 +102,7 @@ impl JobActor {
             replies: HashMap::new(),
             next_reply: 0,
             traces: CheckpointTraces::default(),
+            lifecycle: LifecycleTraces::default(),
         }
     }
 
@@ -192,10 +196,13 @@ impl JobActor {
     async fn execute(&mut self, actions: Vec<Action>) {
         let mut queue: VecDeque<Action> = actions.into();
         while let Some(action) = queue.pop_front() {
+            // The I/O an action does is traced under the phase the job is in.
+            self.lifecycle.observe(self.driver.status());
             if let Some(event) = self.perform(action).await {
                 queue.extend(self.driver.on_event(now_ms(), event));
             }
         }
+        self.lifecycle.observe(self.driver.status());
         self.publish(false);
     }
 
@@ -230,19 +237,33 @@ impl JobActor {
                 }
                 None
             }
-            Action::OpenState => Some(Event::StateOpened(match &self.shards {
-                Some(s) => s.open().await.map_err(|e| e.to_string()),
-                None => Err("the job has no state connection".into()),
-            })),
+            Action::OpenState => {
+                let span = self.lifecycle.child("open state");
+                let opened = match &self.shards {
+                    Some(s) => s.open().await.map_err(|e| e.to_string()),
+                    None => Err("the job has no state connection".into()),
+                };
+                end_span(span, opened.as_ref().err());
+                Some(Event::StateOpened(opened))
+            }
             Action::RollbackState { checkpoint, fence } => {
-                Some(Event::StateRolledBack(match &self.shards {
+                let span = self.lifecycle.child("roll back state");
+                if let Some(cx) = &span {
+                    trace::set_attribute(
+                        cx,
+                        opentelemetry::KeyValue::new("sluice.checkpoint_id", checkpoint as i64),
+                    );
+                }
+                let rolled = match &self.shards {
                     Some(s) => s
                         .restore(checkpoint, fence)
                         .await
                         .map(|_| ())
                         .map_err(|e| e.to_string()),
                     None => Err("the job has no state connection".into()),
-                }))
+                };
+                end_span(span, rolled.as_ref().err());
+                Some(Event::StateRolledBack(rolled))
             }
             Action::CommitState { id, retained } => {
                 let span = self.traces.child(id, "commit shards");
@@ -266,6 +287,7 @@ impl JobActor {
                 None => 0,
             })),
             Action::ReadLatestCheckpoint => {
+                let span = self.lifecycle.child("find restore point");
                 let latest = match store::latest_valid(self.ports.store.as_ref(), &self.id).await {
                     Ok(m) => m,
                     Err(e) => {
@@ -273,6 +295,16 @@ impl JobActor {
                         None
                     }
                 };
+                if let (Some(cx), Some(m)) = (&span, &latest) {
+                    trace::set_attribute(
+                        cx,
+                        opentelemetry::KeyValue::new(
+                            "sluice.checkpoint_id",
+                            m.checkpoint_id as i64,
+                        ),
+                    );
+                }
+                end_span(span, None);
                 Some(Event::LatestCheckpoint(latest.map(Box::new)))
             }
             Action::WriteMetadata { path, metadata } => {
@@ -361,6 +393,13 @@ impl JobActor {
                 })
             }
         }
+    }
+}
+
+/// Ends `span` (if traced), failed with `error`.
+fn end_span(span: Option<opentelemetry::Context>, error: Option<&String>) {
+    if let Some(cx) = span {
+        trace::end(&cx, None, error.cloned());
     }
 }
 

@@ -12,7 +12,8 @@
 //!   checkpoint protocol. Its module essay tells a job's life.
 //! - `actor`: the one mailbox loop per job that carries the driver's actions out
 //!   (workers, slots, the `_metadata` store, the state service) and feeds their results
-//!   back. The only place a job's I/O happens.
+//!   back. The only place a job's I/O happens. `trace`: one trace per deploy, failover
+//!   and rescale, from the lifecycle states the actor sees.
 //! - [`master`]: how a job's master is configured and started; [`ports`]: the traits
 //!   it reaches the state service and worker processes through.
 //! - [`command`]: user requests and their answers; [`status`]: what the REST API shows;
@@ -34,6 +35,7 @@ pub mod master;
 pub mod ports;
 pub mod restart;
 pub mod status;
+mod trace;
 
 pub use command::{Command, RescaleOutcome, StopOutcome};
 pub use lifecycle::{IllegalTransition, JobEvent, JobState};
