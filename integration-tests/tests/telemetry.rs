@@ -565,7 +565,8 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
 
     // One trace per checkpoint across the roles: the coordinator's root with its
     // `_metadata` write and shard commit, each task's span from the workers (alignment and
-    // snapshot inside), each shard's commit from the state node under the coordinator's.
+    // snapshot inside), each shard's flush of the epoch (called by the workers) and
+    // commit (under the coordinator's) from the state node.
     let trace = cluster.wait_until("a checkpoint traced across every role", SETTLE, || {
         let spans = receiver.spans();
         spans
@@ -579,6 +580,7 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
                 let named = |name: &str| in_trace.iter().filter(|s| s.name == name).count();
                 (named("task checkpoint") >= 4
                     && named("shard commit") == 4
+                    && named("shard flush") >= 1
                     && named("write _metadata") == 1
                     && named("commit shards") == 1)
                     .then(|| {
@@ -610,6 +612,15 @@ fn every_role_of_a_cluster_exports_over_otlp_and_is_scraped_by_prometheus() {
                 assert!(
                     children.contains(&"barrier alignment") && children.contains(&"snapshot"),
                     "{children:?}"
+                );
+            }
+            "shard flush" => {
+                // A worker's flush of the checkpoint's epoch, on the state node.
+                assert_eq!(role(s), "state-service", "{s:?}");
+                assert_eq!(s.parent_span_id, root.span_id, "{s:?}");
+                assert_eq!(
+                    s.attributes.get("sluice.checkpoint_id"),
+                    root.attributes.get("sluice.checkpoint_id")
                 );
             }
             "shard commit" => {

@@ -251,6 +251,32 @@ impl Node {
         })
     }
 
+    /// Span `name` of a call on `shard` for checkpoint (or epoch) `id`, under the
+    /// caller's span.
+    fn shard_span(
+        &self,
+        name: &'static str,
+        parent: &opentelemetry::Context,
+        shard: Option<&sluice_common::pb::state::ShardId>,
+        id: u64,
+    ) -> opentelemetry::Context {
+        let shard = shard.cloned().unwrap_or_default();
+        trace::start(
+            name,
+            parent,
+            vec![
+                KeyValue::new("sluice.node_id", self.config.node_id.clone()),
+                KeyValue::new("sluice.job_id", shard.job_id),
+                KeyValue::new(
+                    "sluice.key_groups",
+                    format!("{}-{}", shard.key_group_start, shard.key_group_end),
+                ),
+                KeyValue::new("sluice.checkpoint_id", id as i64),
+            ],
+            None,
+        )
+    }
+
     async fn flush(&self, req: FlushRequest) -> Result<FlushResponse> {
         let shard = self.shard(req.shard.as_ref())?;
         self.check_fence(&shard.id, req.fence)?;
@@ -389,33 +415,31 @@ impl StateService for StateServer {
     }
 
     async fn flush(&self, r: Request<FlushRequest>) -> Result<Response<FlushResponse>, Status> {
-        Ok(Response::new(self.0.flush(r.into_inner()).await?))
+        let parent = caller_span(&r);
+        let req = r.into_inner();
+        let span = parent.map(|p| {
+            self.0
+                .shard_span("shard flush", &p, req.shard.as_ref(), req.epoch)
+        });
+        let result = self.0.flush(req).await;
+        if let Some(cx) = span {
+            if let Ok(f) = &result {
+                trace::set_attribute(
+                    &cx,
+                    KeyValue::new("sluice.durable_bytes", f.durable_bytes as i64),
+                );
+            }
+            trace::end(&cx, None, result.as_ref().err().map(ToString::to_string));
+        }
+        Ok(Response::new(result?))
     }
 
     async fn commit(&self, r: Request<CommitRequest>) -> Result<Response<CommitResponse>, Status> {
-        // A span in the caller's checkpoint trace, when the caller sent one.
-        let parent = r
-            .metadata()
-            .get(trace::TRACEPARENT)
-            .and_then(|v| v.to_str().ok())
-            .map(trace::remote_parent);
+        let parent = caller_span(&r);
         let req = r.into_inner();
         let span = parent.map(|p| {
-            let shard = req.shard.clone().unwrap_or_default();
-            trace::start(
-                "shard commit",
-                &p,
-                vec![
-                    KeyValue::new("sluice.node_id", self.0.config.node_id.clone()),
-                    KeyValue::new("sluice.job_id", shard.job_id),
-                    KeyValue::new(
-                        "sluice.key_groups",
-                        format!("{}-{}", shard.key_group_start, shard.key_group_end),
-                    ),
-                    KeyValue::new("sluice.checkpoint_id", req.checkpoint_id as i64),
-                ],
-                None,
-            )
+            self.0
+                .shard_span("shard commit", &p, req.shard.as_ref(), req.checkpoint_id)
         });
         let result = self.0.commit(req).await;
         if let Some(cx) = span {
@@ -441,4 +465,12 @@ impl StateService for StateServer {
     async fn status(&self, _r: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         Ok(Response::new(self.0.status()))
     }
+}
+
+/// The caller's span, when its request carries a `traceparent` (a checkpoint's trace).
+fn caller_span<T>(r: &Request<T>) -> Option<opentelemetry::Context> {
+    r.metadata()
+        .get(trace::TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .map(trace::remote_parent)
 }

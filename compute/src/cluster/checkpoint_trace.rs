@@ -1,7 +1,9 @@
 //! A worker's part of a checkpoint's trace: for each task's acknowledgement, a span
 //! under the coordinator's checkpoint span (whose `traceparent` came with the trigger),
 //! split into the task's barrier alignment and its snapshot, timed as the task measured
-//! them. Without a `traceparent` (tracing off at the coordinator) nothing is recorded.
+//! them; the state client's flushes of the checkpoint's epoch are traced under the same
+//! span on the state nodes. Without a `traceparent` (tracing off at the coordinator)
+//! nothing is recorded.
 //!
 //! It watches the control messages of one attempt and must not change them.
 
@@ -74,5 +76,14 @@ impl TaskTraces {
         trace::record("barrier alignment", &cx, Vec::new(), start, aligned_at);
         trace::record("snapshot", &cx, Vec::new(), aligned_at, now);
         trace::end(&cx, Some(now), None);
+    }
+}
+
+impl crate::state_client::CheckpointTraces for TaskTraces {
+    fn traceparent(&self, id: u64) -> String {
+        self.parents()
+            .get(&id)
+            .map(trace::traceparent)
+            .unwrap_or_default()
     }
 }

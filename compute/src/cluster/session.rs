@@ -253,14 +253,15 @@ fn start_attempt(
     let (events_tx, mut events_rx) = mpsc::unbounded_channel();
     let metrics = Arc::new(JobMetrics::default());
     let alignment = Arc::new(Alignment::default());
+    let traces = Arc::new(TaskTraces::default());
     let link = AttemptLink {
         triggers: triggers_rx,
         completed: completed_rx,
         events: events_tx,
         metrics: metrics.clone(),
         alignment: alignment.clone(),
+        traces: traces.clone(),
     };
-    let traces = Arc::new(TaskTraces::default());
     let acks = traces.clone();
     let alignment_out = alignment.clone();
     let handle = tokio::spawn(async move {

@@ -32,7 +32,7 @@ use crate::runtime::build::{self, BuildOptions, Placement, RestoreFrom};
 use crate::runtime::metrics::JobMetrics;
 use crate::runtime::task::{CheckpointEvent, CheckpointLink, Task};
 use crate::runtime::tasks::run_tasks;
-use crate::state_client::{RemoteState, RemoteStateConfig, RemoteStore};
+use crate::state_client::{CheckpointTraces, RemoteState, RemoteStateConfig, RemoteStore};
 
 /// What a deployment attempt tells its coordinator.
 #[derive(Debug)]
@@ -55,6 +55,8 @@ pub struct AttemptLink {
     pub metrics: Arc<JobMetrics>,
     /// The attempt's aligned sources (watermark alignment across workers).
     pub alignment: Arc<Alignment>,
+    /// The checkpoints' traces, for the state nodes' flush spans.
+    pub traces: Arc<dyn CheckpointTraces>,
 }
 
 /// What this worker process offers the jobs it runs.
@@ -171,6 +173,7 @@ fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDropHandle<()>
         events,
         metrics: _,
         alignment: _,
+        traces: _,
     } = link;
     let (checkpoint_tx, mut checkpoint_rx) = mpsc::unbounded_channel();
     let (final_tx, final_rx) = watch::channel(0u64);
@@ -280,6 +283,9 @@ async fn run(
             config.shards = r.shards.max(1);
             config.fence = r.fence;
             let remote = RemoteState::connect(config).await?;
+            if let Some(l) = &link {
+                remote.trace_flushes(l.traces.clone());
+            }
             *remote_slot = Some(remote.clone());
             options.state = Some(Arc::new(RemoteStore(remote)));
             options.first_epoch = r.first_epoch.max(1);

@@ -105,6 +105,14 @@ impl RemoteStateConfig {
     }
 }
 
+/// Where the state client finds the trace a checkpoint's flush belongs to: the
+/// coordinator's checkpoint span, whose `traceparent` came with the trigger (epoch `N`
+/// ends at checkpoint `N`'s barrier).
+pub trait CheckpointTraces: Send + Sync {
+    /// The `traceparent` of checkpoint `id`'s span; empty when it is not traced.
+    fn traceparent(&self, id: u64) -> String;
+}
+
 /// A job's connection to the state service, shared by the subtasks of one process.
 pub struct RemoteState {
     client: StateServiceClient<Channel>,
@@ -114,6 +122,8 @@ pub struct RemoteState {
     ttl_states: Mutex<Vec<pb::TtlState>>,
     /// The highest epoch any subtask made durable (0: none).
     flushed: AtomicU64,
+    /// The checkpoints' traces, under which flushes are traced on the state nodes.
+    traces: std::sync::OnceLock<Arc<dyn CheckpointTraces>>,
 }
 
 impl std::fmt::Debug for RemoteState {
@@ -155,7 +165,14 @@ impl RemoteState {
             opened,
             ttl_states: Mutex::new(Vec::new()),
             flushed: AtomicU64::new(0),
+            traces: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Traces each shard's flush of epoch `N` under checkpoint `N`'s span from `traces`
+    /// (set once; later calls change nothing).
+    pub fn trace_flushes(&self, traces: Arc<dyn CheckpointTraces>) {
+        let _ = self.traces.set(traces);
     }
 
     /// The highest epoch a subtask of this process made durable, if any.
@@ -388,11 +405,19 @@ impl RemoteState {
 
     async fn flush(&self, shard: usize, epoch: u64) -> StateResult<String> {
         self.open(shard).await?;
-        let req = pb::FlushRequest {
-            shard: Some(self.layout.id(shard)),
-            epoch,
-            fence: self.config.fence,
-        };
+        let parent = self
+            .traces
+            .get()
+            .map(|t| t.traceparent(epoch))
+            .unwrap_or_default();
+        let req = with_traceparent(
+            pb::FlushRequest {
+                shard: Some(self.layout.id(shard)),
+                epoch,
+                fence: self.config.fence,
+            },
+            &parent,
+        );
         let resp = self
             .client
             .clone()
@@ -825,8 +850,12 @@ fn status_error(call: &str, status: &tonic::Status) -> StateError {
 /// `req` with the current span's `traceparent` in its metadata, so that the state node's
 /// spans join the caller's trace (nothing is added when no span is current).
 fn traced<T>(req: T) -> tonic::Request<T> {
+    with_traceparent(req, &sluice_telemetry::trace::current_traceparent())
+}
+
+/// `req` with `parent` (a `traceparent`; nothing when empty) in its metadata.
+fn with_traceparent<T>(req: T, parent: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(req);
-    let parent = sluice_telemetry::trace::current_traceparent();
     if !parent.is_empty()
         && let Ok(value) = parent.parse()
     {
