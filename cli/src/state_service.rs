@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use sluice_state_service::metrics::NodeMetrics;
+use sluice_state_service::registration;
 
 use crate::telemetry::TelemetryArgs;
 use sluice_common::byte_size;
@@ -39,6 +40,13 @@ pub struct StateServiceArgs {
     /// Size of the local-disk cache tier.
     #[arg(long, default_value = "4GiB", value_parser = byte_size::parse)]
     disk_cache: u64,
+    /// Register with the coordinator at this URL (its gRPC API, `http://host:6123`) and
+    /// heartbeat this node's shards to it, so `sluice cluster` lists it.
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// The URL others reach this node at (default: `http://` and the listen address).
+    #[arg(long)]
+    advertise: Option<String>,
     #[command(flatten)]
     telemetry: TelemetryArgs,
 }
@@ -62,6 +70,22 @@ pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::from(anyhow::anyhow!("state service: {e}")))?;
         // Scripts and tests read the bound address from this line.
         outln!("state-service listening on {}", service.local_addr());
+        let _registration = args.coordinator.map(|coordinator| {
+            let endpoint = args
+                .advertise
+                .clone()
+                .unwrap_or_else(|| format!("http://{}", service.local_addr()));
+            registration::start(
+                registration::Registration {
+                    coordinator,
+                    node_id: node_id.clone(),
+                    endpoint,
+                    memory_bytes: args.memory,
+                    disk_cache_bytes: args.disk_cache,
+                },
+                service.node().clone(),
+            )
+        });
         let node = NodeMetrics(service.node().clone());
         let telemetry = args
             .telemetry

@@ -40,10 +40,14 @@ pub mod pb {
         include!(concat!(env!("OUT_DIR"), "/sluice.state.rs"));
     }
 
-    /// Messages between the coordinator and its workers (the `Attach` stream), generated
-    /// from `proto/cluster.proto`.
+    /// Messages between the coordinator and its workers (the `Attach` stream) and state
+    /// nodes (`AttachStateNode`), generated from `proto/cluster.proto`.
     pub mod cluster {
         include!(concat!(env!("OUT_DIR"), "/sluice.cluster.rs"));
+
+        /// Version of the control protocol; a coordinator refuses workers and state
+        /// nodes that speak another.
+        pub const PROTOCOL_VERSION: u32 = 2;
     }
 
     /// The path `cluster` uses for `sluice.job` types.

@@ -268,6 +268,18 @@ async fn workers(State(c): State<Arc<Coordinator>>) -> ApiResult {
     ok(c.workers())
 }
 
+async fn state_nodes(State(c): State<Arc<Coordinator>>) -> ApiResult {
+    ok(c.state_nodes())
+}
+
+async fn cluster(State(c): State<Arc<Coordinator>>) -> ApiResult {
+    ok(serde_json::json!({
+        "coordinator": { "pid": std::process::id() },
+        "workers": c.workers(),
+        "state_nodes": c.state_nodes(),
+    }))
+}
+
 async fn metrics(State(c): State<Arc<Coordinator>>) -> Response {
     let collector = sluice_telemetry::family::Merged(vec![
         Arc::new(crate::prometheus::CoordinatorMetrics(c)),
@@ -313,6 +325,8 @@ pub fn router(c: Arc<Coordinator>) -> Router {
         .route("/v1/jobs/{id}/stop", post(stop))
         .route("/v1/jobs/{id}/rescale", post(rescale))
         .route("/v1/workers", get(workers))
+        .route("/v1/state-nodes", get(state_nodes))
+        .route("/v1/cluster", get(cluster))
         .route("/v1/openapi.yaml", get(openapi))
         .route("/metrics", get(metrics))
         .route("/", get(ui_root))

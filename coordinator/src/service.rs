@@ -24,6 +24,7 @@ use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::store::{self, MetadataStore};
 use crate::cluster::grpc::ControlService;
 use crate::cluster::registry::{Registry, WorkerView};
+use crate::cluster::state_nodes::{StateNodeView, StateNodes};
 use crate::job::command::{Command, RescaleOutcome, StopOutcome};
 use crate::job::graph::{max_parallelism, set_parallelism, uses_remote_state};
 use crate::job::lifecycle::JobState;
@@ -114,6 +115,7 @@ pub struct SubmitOptions {
 /// The coordinator: a registry of workers and a master per job.
 pub struct Coordinator {
     registry: Arc<Registry>,
+    state_nodes: Arc<StateNodes>,
     options: CoordinatorOptions,
     jobs: Mutex<BTreeMap<String, JobEntry>>,
 }
@@ -123,6 +125,7 @@ impl Coordinator {
     pub fn new(options: CoordinatorOptions) -> Arc<Self> {
         Arc::new(Self {
             registry: Arc::new(Registry::new(options.heartbeat_timeout)),
+            state_nodes: Arc::new(StateNodes::new(options.heartbeat_timeout)),
             options,
             jobs: Mutex::new(BTreeMap::new()),
         })
@@ -137,16 +140,21 @@ impl Coordinator {
     pub fn serve_workers(self: &Arc<Self>, listener: TcpListener) -> AbortOnDropHandle<()> {
         let registry = self.registry.clone();
         let reaper = registry.clone();
+        let nodes = self.state_nodes.clone();
         let period = self.options.heartbeat_interval;
         let reaping = AbortOnDropHandle::new(tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             loop {
                 tick.tick().await;
                 reaper.reap();
+                nodes.reap();
             }
         }));
-        let service =
-            ControlService::new(registry, self.options.heartbeat_interval.as_millis() as u64);
+        let service = ControlService::new(
+            registry,
+            self.state_nodes.clone(),
+            self.options.heartbeat_interval.as_millis() as u64,
+        );
         AbortOnDropHandle::new(tokio::spawn(async move {
             let _reaping = reaping;
             // Without TCP_NODELAY a small control message waits out the peer's delayed
@@ -166,6 +174,11 @@ impl Coordinator {
     /// The attached workers.
     pub fn workers(&self) -> Vec<WorkerView> {
         self.registry.view()
+    }
+
+    /// The registered state nodes.
+    pub fn state_nodes(&self) -> Vec<StateNodeView> {
+        self.state_nodes.view()
     }
 
     /// Accepts `graph` as a new job and starts it; returns its id.

@@ -37,9 +37,10 @@ pub fn free_port() -> u16 {
 }
 
 impl MiniCluster {
-    /// Starts a state node, a coordinator and `workers` workers in `dir`, each with the
-    /// extra arguments `role_args(role)` gives (`state-service`, `coordinator`, `worker`)
-    /// and environment `env`, and waits until the workers are attached.
+    /// Starts a state node (registered with the coordinator), a coordinator and `workers`
+    /// workers in `dir`, each with the extra arguments `role_args(role)` gives
+    /// (`state-service`, `coordinator`, `worker`) and environment `env`, and waits until
+    /// the workers are attached.
     ///
     /// # Panics
     /// When a role does not start or the workers do not attach in time.
@@ -51,6 +52,9 @@ impl MiniCluster {
     ) -> Self {
         let objects = dir.join("state-objects");
         std::fs::create_dir_all(&objects).expect("objects dir");
+        // The coordinator's gRPC port is chosen first: the state node registers there
+        // (retrying until the coordinator is up).
+        let grpc = format!("127.0.0.1:{}", free_port());
         let mut args: Vec<String> = [
             "state-service",
             "--listen",
@@ -65,11 +69,11 @@ impl MiniCluster {
         args.push("--object-store".into());
         args.push(format!("file://{}", objects.display()));
         args.extend(["--memory", "256MiB"].map(String::from));
+        args.extend(["--coordinator".to_owned(), format!("http://{grpc}")]);
         args.extend(role_args("state-service"));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let state = ServiceProcess::start(&args, dir, env);
 
-        let grpc = format!("127.0.0.1:{}", free_port());
         let store = dir.join("coordinator-store");
         let mut args: Vec<String> = vec![
             "coordinator".into(),

@@ -255,3 +255,91 @@ fn killed_node_loses_nothing_acknowledged_s3() {
         ],
     );
 }
+
+/// `sluice state-service --coordinator URL` registers the node: `sluice cluster` lists it
+/// with its endpoint and budget, then a job's shards on it with their sizes; a node
+/// killed leaves the list.
+#[test]
+fn a_state_node_registers_with_the_coordinator_and_reports_its_shards() {
+    use sluice_integration_tests::cluster::MiniCluster;
+    use sluice_integration_tests::{run_sluice, write_job};
+    use std::time::Duration;
+
+    let dir = tempdir();
+    let dir = dir.path();
+    let mut cluster = MiniCluster::start(dir, 1, |_| Vec::new(), &[]);
+    let url = cluster.url();
+    let listed = |cluster: &MiniCluster| -> serde_json::Value {
+        let out = run_sluice(&["cluster", "--coordinator", &url, "--json"], dir);
+        out.assert_success();
+        serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", out.stdout, cluster.logs()))
+    };
+    let node = cluster.wait_until("the state node registered", Duration::from_secs(30), || {
+        listed(&cluster)["state_nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["node_id"] == "node-a")
+            .cloned()
+    });
+    assert_eq!(
+        node["endpoint"].as_str(),
+        Some(cluster.state.url().as_str())
+    );
+    assert_eq!(node["memory_bytes"].as_u64(), Some(256 << 20));
+
+    let job = write_job(
+        dir,
+        "counts.yaml",
+        "name: counts\nparallelism: 2\ncheckpoint: { interval: 200ms }\n\
+         state: { backend: remote, shards: 4 }\n\
+         source:\n  nexmark: { stream: bid, events: 100000000, seed: 3, max_events_per_second: 20000 }\n\
+         watermark: { column: date_time, max_out_of_orderness: 4s }\n\
+         pipeline:\n  - key_by: [auction]\n  - window: { tumbling: 10s }\n    aggregate: [\"count(*) AS bids\"]\n\
+         sink:\n  blackhole: {}\n",
+    );
+    let id = cluster.submit(dir, &job, 1);
+    let shards = cluster.wait_until(
+        "the job's four shards on the node, with a commit",
+        Duration::from_secs(60),
+        || {
+            let nodes = listed(&cluster)["state_nodes"].as_array()?.clone();
+            let shards: Vec<serde_json::Value> = nodes[0]["shards"]
+                .as_array()?
+                .iter()
+                .filter(|s| s["job_id"] == id.as_str())
+                .cloned()
+                .collect();
+            (shards.len() == 4
+                && shards
+                    .iter()
+                    .all(|s| s["committed_checkpoint"].as_u64() > Some(0)))
+            .then_some(shards)
+        },
+    );
+    assert!(
+        shards.iter().any(|s| s["key_groups"] == "0-32"),
+        "{shards:?}"
+    );
+    // People get a table.
+    let out = run_sluice(&["cluster", "--coordinator", &url], dir);
+    out.assert_success();
+    assert!(
+        out.stdout.contains("state nodes:") && out.stdout.contains("node-a"),
+        "{}",
+        out.stdout
+    );
+    cluster.cancel(dir, &id);
+
+    cluster.state.kill();
+    cluster.wait_until(
+        "the killed node gone from the list",
+        Duration::from_secs(30),
+        || {
+            listed(&cluster)["state_nodes"]
+                .as_array()?
+                .is_empty()
+                .then_some(())
+        },
+    );
+}

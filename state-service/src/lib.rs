@@ -4,6 +4,7 @@
 //!
 //! # Parts
 //! - [`server`]: the gRPC service, request limits and the map of open shards.
+//! - [`registration`]: registering with a coordinator and heartbeating the open shards.
 //! - [`shard`]: one key-group range of one job in one RocksDB instance; writes held in
 //!   memory per uncommitted epoch ([`pending`]) until their checkpoint commits, reads
 //!   through them and the cache ([`cache`]), flush and commit.
@@ -47,6 +48,7 @@ pub mod lock;
 pub mod manifest;
 pub mod metrics;
 pub mod pending;
+pub mod registration;
 pub mod restore;
 pub mod rocks;
 pub mod server;

@@ -54,6 +54,12 @@ pub enum JobCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// The cluster: the coordinator, its workers and the state nodes registered with it
+    /// (`sluice state-service --coordinator URL`), with their load.
+    Cluster {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// One job's status.
     Status {
         #[command(flatten)]
@@ -161,6 +167,7 @@ fn request(
             (client, "POST", "/v1/jobs".to_string(), Some(body))
         }
         JobCommand::Jobs { client } => (client, "GET", "/v1/jobs".into(), None),
+        JobCommand::Cluster { client } => (client, "GET", "/v1/cluster".into(), None),
         JobCommand::Status { client, job } => (client, "GET", format!("/v1/jobs/{job}"), None),
         JobCommand::Cancel { client, job } => {
             (client, "POST", format!("/v1/jobs/{job}/cancel"), None)
@@ -277,6 +284,72 @@ pub(crate) fn table(header: &[&str], rows: Vec<Vec<String>>) {
 }
 
 fn print_human(path: &str, v: &Value) {
+    if path == "/v1/cluster" {
+        let mib = |x: &Value, k: &str| {
+            x.get(k)
+                .and_then(Value::as_u64)
+                .map_or("-".into(), |b| format!("{}", b >> 20))
+        };
+        let list = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        outln!("workers:");
+        table(
+            &["ID", "PID", "HOST", "SLOTS", "JOBS", "RSS_MIB"],
+            list("workers")
+                .iter()
+                .map(|w| {
+                    vec![
+                        s(w, "id"),
+                        s(w, "pid"),
+                        s(w, "host"),
+                        s(w, "slots"),
+                        w.get("jobs")
+                            .and_then(Value::as_array)
+                            .map_or(0, Vec::len)
+                            .to_string(),
+                        mib(w, "rss_bytes"),
+                    ]
+                })
+                .collect(),
+        );
+        outln!("state nodes:");
+        table(
+            &[
+                "NODE",
+                "ENDPOINT",
+                "SHARDS",
+                "STATE_MIB",
+                "RSS_MIB",
+                "MEMORY_MIB",
+                "SEEN_MS",
+            ],
+            list("state_nodes")
+                .iter()
+                .map(|n| {
+                    let shards = n.get("shards").and_then(Value::as_array);
+                    let bytes: u64 = shards
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|s| s.get("bytes").and_then(Value::as_u64))
+                        .sum();
+                    vec![
+                        s(n, "node_id"),
+                        s(n, "endpoint"),
+                        shards.map_or(0, Vec::len).to_string(),
+                        format!("{}", bytes >> 20),
+                        mib(n, "rss_bytes"),
+                        mib(n, "memory_bytes"),
+                        s(n, "last_seen_ms"),
+                    ]
+                })
+                .collect(),
+        );
+        return;
+    }
     if path == "/v1/jobs" {
         if let Some(id) = v.get("id") {
             outln!("{}", id.as_str().unwrap_or_default());

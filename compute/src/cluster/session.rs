@@ -37,7 +37,7 @@ const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 const FIRST_RECORD_POLL: Duration = Duration::from_millis(10);
 
 /// Version of the control protocol (`Register.protocol_version`).
-pub const PROTOCOL_VERSION: u32 = 2;
+pub use sluice_common::pb::cluster::PROTOCOL_VERSION;
 
 /// How a worker finds and serves its coordinator.
 #[derive(Debug, Clone)]

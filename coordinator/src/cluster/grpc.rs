@@ -1,5 +1,5 @@
-//! The coordinator's gRPC API for workers: `Coordinator.Attach` (see
-//! `common/proto/cluster.proto`).
+//! The coordinator's gRPC API for workers and state nodes: `Coordinator.Attach` and
+//! `Coordinator.AttachStateNode` (see `common/proto/cluster.proto`).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -13,13 +13,14 @@ use tokio::task::JoinSet;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::registry::Registry;
+use super::state_nodes::StateNodes;
 
-/// Version of the control protocol this coordinator speaks.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub use sluice_common::pb::cluster::PROTOCOL_VERSION;
 
 /// The `Coordinator` gRPC service over a [`Registry`].
 pub struct ControlService {
     registry: Arc<Registry>,
+    state_nodes: Arc<StateNodes>,
     heartbeat_interval_ms: u64,
     /// One reader per attached worker's stream; aborted when the service (the server
     /// that owns it) goes.
@@ -27,10 +28,16 @@ pub struct ControlService {
 }
 
 impl ControlService {
-    /// Workers attach to `registry` and heartbeat every `heartbeat_interval_ms`.
-    pub fn new(registry: Arc<Registry>, heartbeat_interval_ms: u64) -> Self {
+    /// Workers attach to `registry`, state nodes to `state_nodes`; both heartbeat every
+    /// `heartbeat_interval_ms`.
+    pub fn new(
+        registry: Arc<Registry>,
+        state_nodes: Arc<StateNodes>,
+        heartbeat_interval_ms: u64,
+    ) -> Self {
         Self {
             registry,
+            state_nodes,
             heartbeat_interval_ms,
             readers: Mutex::new(JoinSet::new()),
         }
@@ -38,10 +45,68 @@ impl ControlService {
 }
 
 type Outbound = Pin<Box<dyn Stream<Item = Result<pbc::CoordinatorMessage, Status>> + Send>>;
+type ToStateNode = Pin<Box<dyn Stream<Item = Result<pbc::StateNodeCommand, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Coordinator for ControlService {
     type AttachStream = Outbound;
+    type AttachStateNodeStream = ToStateNode;
+
+    async fn attach_state_node(
+        &self,
+        request: Request<Streaming<pbc::StateNodeMessage>>,
+    ) -> Result<Response<Self::AttachStateNodeStream>, Status> {
+        use pbc::state_node_message::Msg;
+        let mut inbound = request.into_inner();
+        let first = inbound.next().await.ok_or_else(|| {
+            Status::invalid_argument("the state node's stream closed before `register`")
+        })??;
+        let Some(Msg::Register(reg)) = first.msg else {
+            return Err(Status::invalid_argument(
+                "the first message of a state node's stream must be `register`",
+            ));
+        };
+        if reg.protocol_version != PROTOCOL_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "the state node speaks control protocol {}, this coordinator {PROTOCOL_VERSION}",
+                reg.protocol_version
+            )));
+        }
+        if reg.node_id.is_empty() || reg.endpoint.is_empty() {
+            return Err(Status::invalid_argument(
+                "a state node registers with its node id and endpoint",
+            ));
+        }
+        let generation = self.state_nodes.attach(&reg);
+        tracing::info!(node = %reg.node_id, endpoint = %reg.endpoint, "state node registered");
+        let nodes = self.state_nodes.clone();
+        let node = reg.node_id.clone();
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        while readers.try_join_next().is_some() {}
+        readers.spawn(async move {
+            let reason = loop {
+                match inbound.next().await {
+                    None => break "its stream closed".to_string(),
+                    Some(Err(s)) => break format!("its stream broke: {}", s.message()),
+                    Some(Ok(pbc::StateNodeMessage {
+                        msg: Some(Msg::Heartbeat(hb)),
+                    })) => nodes.heartbeat(&node, generation, &hb),
+                    Some(Ok(_)) => {}
+                }
+            };
+            nodes.lost(&node, generation, &reason);
+        });
+        let registered = pbc::StateNodeCommand {
+            msg: Some(pbc::state_node_command::Msg::Registered(
+                pbc::StateNodeRegistered {
+                    heartbeat_interval_ms: self.heartbeat_interval_ms,
+                },
+            )),
+        };
+        // The stream stays open (pending) after the greeting: its end is the node's.
+        let outbound = futures::stream::iter([Ok(registered)]).chain(futures::stream::pending());
+        Ok(Response::new(Box::pin(outbound)))
+    }
 
     async fn attach(
         &self,

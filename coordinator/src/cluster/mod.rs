@@ -1,5 +1,7 @@
-//! The coordinator's side of its workers: who is attached ([`registry`]) and the gRPC
-//! control API they attach through ([`grpc`]).
+//! The coordinator's side of its workers and state nodes: who is attached
+//! ([`registry`], [`state_nodes`]) and the gRPC control API they attach through
+//! ([`grpc`]).
 
 pub mod grpc;
 pub mod registry;
+pub mod state_nodes;

@@ -1,0 +1,214 @@
+//! The state nodes that registered with this coordinator (`sluice state-service
+//! --coordinator URL`): where each serves, its budget, its open shards and their sizes,
+//! and when it was last heard from. A node whose stream ends or that misses heartbeats
+//! is dropped from the list.
+//!
+//! It knows nothing of jobs: which node holds a job's shards is still the job's
+//! `--state-service`; this is what `sluice cluster` and `GET /v1/state-nodes` show.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sluice_common::pb::cluster as pbc;
+
+/// A registered state node, as the REST API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StateNodeView {
+    /// Its name.
+    pub node_id: String,
+    /// `http://host:port` of its state service.
+    pub endpoint: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Its memory budget.
+    pub memory_bytes: u64,
+    /// Its disk cache.
+    pub disk_cache_bytes: u64,
+    /// Resident memory at its last heartbeat.
+    pub rss_bytes: u64,
+    /// Its open shards at its last heartbeat.
+    pub shards: Vec<ShardView>,
+    /// Milliseconds since it was last heard from.
+    pub last_seen_ms: u64,
+}
+
+/// One open shard of a state node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ShardView {
+    /// The job whose state it holds.
+    pub job_id: String,
+    /// Its key groups, `start-end` (end exclusive).
+    pub key_groups: String,
+    /// Approximate bytes of its data.
+    pub bytes: u64,
+    /// The newest checkpoint it committed.
+    pub committed_checkpoint: u64,
+}
+
+struct Entry {
+    view: StateNodeView,
+    last_seen: Instant,
+    /// Which registration of the name this is: a stale stream's end must not drop a
+    /// node that registered again.
+    generation: u64,
+}
+
+/// The registered state nodes.
+pub struct StateNodes {
+    nodes: Mutex<BTreeMap<String, Entry>>,
+    timeout: Duration,
+    next: Mutex<u64>,
+}
+
+impl StateNodes {
+    /// Nodes silent for `timeout` are dropped.
+    pub fn new(timeout: Duration) -> Self {
+        Self {
+            nodes: Mutex::new(BTreeMap::new()),
+            timeout,
+            next: Mutex::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers `reg` (replacing an earlier registration of the same name, a node
+    /// that restarted); returns the registration's generation.
+    pub fn attach(&self, reg: &pbc::StateNodeRegister) -> u64 {
+        let generation = {
+            let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+            *next += 1;
+            *next
+        };
+        let view = StateNodeView {
+            node_id: reg.node_id.clone(),
+            endpoint: reg.endpoint.clone(),
+            pid: reg.pid,
+            memory_bytes: reg.memory_bytes,
+            disk_cache_bytes: reg.disk_cache_bytes,
+            rss_bytes: 0,
+            shards: Vec::new(),
+            last_seen_ms: 0,
+        };
+        let replaced = self
+            .lock()
+            .insert(
+                reg.node_id.clone(),
+                Entry {
+                    view,
+                    last_seen: Instant::now(),
+                    generation,
+                },
+            )
+            .is_some();
+        if replaced {
+            tracing::warn!(node = %reg.node_id, "state node registered again: the earlier registration is replaced");
+        }
+        generation
+    }
+
+    /// A heartbeat of registration `generation` of `node`.
+    pub fn heartbeat(&self, node: &str, generation: u64, hb: &pbc::StateNodeHeartbeat) {
+        let mut nodes = self.lock();
+        let Some(e) = nodes.get_mut(node).filter(|e| e.generation == generation) else {
+            return;
+        };
+        e.last_seen = Instant::now();
+        e.view.rss_bytes = hb.rss_bytes;
+        e.view.shards = hb
+            .shards
+            .iter()
+            .map(|s| ShardView {
+                job_id: s.job_id.clone(),
+                key_groups: format!("{}-{}", s.key_group_start, s.key_group_end),
+                bytes: s.bytes,
+                committed_checkpoint: s.committed_checkpoint,
+            })
+            .collect();
+    }
+
+    /// Registration `generation` of `node` ended (its stream closed or broke).
+    pub fn lost(&self, node: &str, generation: u64, reason: &str) {
+        let mut nodes = self.lock();
+        if nodes.get(node).is_some_and(|e| e.generation == generation) {
+            nodes.remove(node);
+            tracing::warn!(node, "state node gone: {reason}");
+        }
+    }
+
+    /// Drops the nodes that missed their heartbeats.
+    pub fn reap(&self) {
+        let timeout = self.timeout;
+        self.lock().retain(|node, e| {
+            let alive = e.last_seen.elapsed() < timeout;
+            if !alive {
+                tracing::warn!(node = %node, "state node gone: no heartbeat for {timeout:?}");
+            }
+            alive
+        });
+    }
+
+    /// The registered nodes, by name.
+    pub fn view(&self) -> Vec<StateNodeView> {
+        self.lock()
+            .values()
+            .map(|e| StateNodeView {
+                last_seen_ms: e.last_seen.elapsed().as_millis() as u64,
+                ..e.view.clone()
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(node: &str) -> pbc::StateNodeRegister {
+        pbc::StateNodeRegister {
+            protocol_version: 2,
+            node_id: node.into(),
+            endpoint: format!("http://{node}:7071"),
+            pid: 7,
+            memory_bytes: 1 << 30,
+            disk_cache_bytes: 4 << 30,
+        }
+    }
+
+    #[test]
+    fn nodes_register_report_their_shards_and_go_when_their_stream_ends_or_they_fall_silent() {
+        let nodes = StateNodes::new(Duration::from_millis(50));
+        let a = nodes.attach(&reg("a"));
+        nodes.attach(&reg("b"));
+        nodes.heartbeat(
+            "a",
+            a,
+            &pbc::StateNodeHeartbeat {
+                rss_bytes: 5,
+                shards: vec![pbc::ShardLoad {
+                    job_id: "j".into(),
+                    key_group_start: 0,
+                    key_group_end: 64,
+                    bytes: 100,
+                    committed_checkpoint: 3,
+                }],
+            },
+        );
+        let view = nodes.view();
+        assert_eq!(view.len(), 2);
+        assert_eq!(view[0].shards[0].key_groups, "0-64");
+        assert_eq!(view[0].rss_bytes, 5);
+        // a restarts: its old stream's end must not drop the new registration.
+        let a2 = nodes.attach(&reg("a"));
+        nodes.lost("a", a, "old stream closed");
+        assert_eq!(nodes.view().len(), 2);
+        nodes.lost("a", a2, "closed");
+        assert_eq!(nodes.view().len(), 1);
+        std::thread::sleep(Duration::from_millis(60));
+        nodes.reap();
+        assert!(nodes.view().is_empty(), "b fell silent");
+    }
+}
