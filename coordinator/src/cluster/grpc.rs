@@ -44,6 +44,26 @@ impl ControlService {
     }
 }
 
+/// Refuses a `who` that speaks another control protocol.
+fn same_protocol(who: &str, version: u32) -> Result<(), Status> {
+    if version == PROTOCOL_VERSION {
+        return Ok(());
+    }
+    Err(Status::failed_precondition(format!(
+        "the {who} speaks control protocol {version}, this coordinator {PROTOCOL_VERSION}"
+    )))
+}
+
+impl ControlService {
+    /// Runs the reader of an attached stream (aborted with the service).
+    fn read(&self, reader: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget the readers of streams that ended.
+        while readers.try_join_next().is_some() {}
+        readers.spawn(reader);
+    }
+}
+
 type Outbound = Pin<Box<dyn Stream<Item = Result<pbc::CoordinatorMessage, Status>> + Send>>;
 type ToStateNode = Pin<Box<dyn Stream<Item = Result<pbc::StateNodeCommand, Status>> + Send>>;
 
@@ -66,12 +86,7 @@ impl Coordinator for ControlService {
                 "the first message of a state node's stream must be `register`",
             ));
         };
-        if reg.protocol_version != PROTOCOL_VERSION {
-            return Err(Status::failed_precondition(format!(
-                "the state node speaks control protocol {}, this coordinator {PROTOCOL_VERSION}",
-                reg.protocol_version
-            )));
-        }
+        same_protocol("state node", reg.protocol_version)?;
         if reg.node_id.is_empty() || reg.endpoint.is_empty() {
             return Err(Status::invalid_argument(
                 "a state node registers with its node id and endpoint",
@@ -81,9 +96,7 @@ impl Coordinator for ControlService {
         tracing::info!(node = %reg.node_id, endpoint = %reg.endpoint, "state node registered");
         let nodes = self.state_nodes.clone();
         let node = reg.node_id.clone();
-        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
-        while readers.try_join_next().is_some() {}
-        readers.spawn(async move {
+        self.read(async move {
             let reason = loop {
                 match inbound.next().await {
                     None => break "its stream closed".to_string(),
@@ -121,12 +134,7 @@ impl Coordinator for ControlService {
                 "the first message of a control stream must be `register`",
             ));
         };
-        if reg.protocol_version != PROTOCOL_VERSION {
-            return Err(Status::failed_precondition(format!(
-                "the worker speaks control protocol {}, this coordinator {PROTOCOL_VERSION}",
-                reg.protocol_version
-            )));
-        }
+        same_protocol("worker", reg.protocol_version)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let heartbeat_interval_ms = self.heartbeat_interval_ms;
         let id = self
@@ -139,10 +147,7 @@ impl Coordinator for ControlService {
             });
         tracing::info!(worker = %id, pid = reg.pid, host = %reg.host, slots = reg.slots, "worker attached");
         let registry = self.registry.clone();
-        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
-        // Forget the readers of streams that ended.
-        while readers.try_join_next().is_some() {}
-        readers.spawn(async move {
+        self.read(async move {
             let reason = loop {
                 match inbound.next().await {
                     None => break "its control stream closed".to_string(),
