@@ -336,6 +336,7 @@ mod tests {
             watermark_held_by: String::new(),
             watermark: None,
             alignment_paused_ms_per_s: 0,
+            hot_keys: Vec::new(),
         });
         let w = WorkerView {
             id: "w1".into(),

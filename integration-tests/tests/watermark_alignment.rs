@@ -224,6 +224,20 @@ fn a_source_ahead_of_its_group_pauses_until_the_other_catches_up_on_one_worker_o
         let fast = source_task(&s, &topic, 0)?;
         (fast["records_in"].as_i64()? >= 10 + AHEAD).then_some(())
     });
+    // The window's tasks name the keys they see most (sampled batches).
+    let status = cluster.status(&id);
+    let hot: Vec<&str> = status["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["task"].as_str().is_some_and(|n| n.starts_with("window")))
+        .flat_map(|t| t["hot_keys"].as_array().into_iter().flatten())
+        .filter_map(|h| h["key"].as_str())
+        .collect();
+    assert!(
+        !hot.is_empty() && hot.iter().all(|k| k.starts_with("auction=")),
+        "hot keys: {hot:?}\n{status:#}"
+    );
     // The doctor names the drift and alignment as its fix.
     let found = doctor(&cluster, dir, &id);
     assert!(

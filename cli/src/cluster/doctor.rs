@@ -179,6 +179,8 @@ struct Task {
     held_by: String,
     watermark: Option<i64>,
     alignment_paused: f64,
+    /// The keys it sees most: `column=value` and percent of its records.
+    hot_keys: Vec<(String, u64)>,
 }
 
 impl Task {
@@ -215,6 +217,18 @@ fn tasks(sample: &Value) -> Vec<Task> {
                             .to_owned(),
                         watermark: t.get("watermark").and_then(Value::as_i64),
                         alignment_paused: ratio(t, "alignment_paused_ms_per_s"),
+                        hot_keys: t
+                            .get("hot_keys")
+                            .and_then(Value::as_array)
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|h| {
+                                Some((
+                                    h.get("key")?.as_str()?.to_owned(),
+                                    h.get("share_pct")?.as_u64()?,
+                                ))
+                            })
+                            .collect(),
                         name,
                     }
                 })
@@ -385,11 +399,26 @@ fn skew(after: &Value, then: &[Task], now: &[Task], elapsed: f64) -> Vec<Finding
         let cold: Vec<&&Task> = siblings.iter().filter(|t| t.name != hot.0).collect();
         let cold_idle = cold.iter().map(|t| t.idle).sum::<f64>() / cold.len().max(1) as f64;
         if total >= 1000.0 && hot.1 >= 3.0 * others.max(1.0) && hot.2 >= BUSY && cold_idle >= 0.5 {
+            let keys: Vec<String> = siblings
+                .iter()
+                .find(|t| t.name == hot.0)
+                .map(|t| {
+                    t.hot_keys
+                        .iter()
+                        .map(|(k, p)| format!("{k} ({p}%)"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let keys = if keys.is_empty() {
+                String::new()
+            } else {
+                format!("; its hottest keys: {}", keys.join(", "))
+            };
             found.push(Finding {
                 pathology: "data skew on key_by",
                 subject: hot.0.clone(),
                 evidence: format!(
-                    "{} takes {:.0} records/s ({} of {node}'s), busy {}; its {} siblings average {:.0}/s",
+                    "{} takes {:.0} records/s ({} of {node}'s), busy {}; its {} siblings average {:.0}/s{keys}",
                     hot.0,
                     hot.1,
                     pct(hot.1 / total),
@@ -559,9 +588,11 @@ mod tests {
             0,
             Some(1),
         );
+        let mut hot = task("window[0]", 950, 0, 90_000, "");
+        hot["hot_keys"] = json!([{ "key": "auction=7", "share_pct": 81 }, { "key": "auction=9", "share_pct": 2 }]);
         let after = sample(
             vec![
-                task("window[0]", 950, 0, 90_000, ""),
+                hot,
                 task("window[1]", 100, 0, 5_000, ""),
                 task("window[2]", 100, 0, 5_000, ""),
             ],
@@ -572,6 +603,12 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].pathology, "data skew on key_by");
         assert_eq!(found[0].subject, "window[0]");
+        assert!(
+            found[0]
+                .evidence
+                .contains("its hottest keys: auction=7 (81%), auction=9 (2%)"),
+            "{found:?}"
+        );
         // Even shares are not skew.
         let even = sample(
             vec![

@@ -48,6 +48,9 @@ fn ongoing(prev: &mut Option<(u64, u64)>, open: Option<u64>, last: u64, now: u64
     }
 }
 
+/// Hot keys reported per keyed task.
+const HOT_KEYS: usize = 3;
+
 /// Turns counters into rates between calls.
 #[derive(Debug)]
 pub struct Sampler {
@@ -139,6 +142,15 @@ impl Sampler {
                     .unwrap_or_else(|e| e.into_inner())
                     .clone(),
                 watermark: (watermark != i64::MIN).then_some(watermark),
+                hot_keys: t
+                    .cache
+                    .hot_keys
+                    .get()
+                    .map(|h| h.top(HOT_KEYS))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(key, share)| pbc::HotKey { key, share })
+                    .collect(),
                 alignment_paused_ms_per_s: per_s(d_paused),
             });
         }

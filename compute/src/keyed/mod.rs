@@ -10,12 +10,14 @@
 //!   parallelism) brings back exactly the timers pending at the checkpoint.
 //!
 //! - [`cache_counters`]: what an operator's cache of decoded state counts.
+//! - [`hot_keys`]: the keys a keyed subtask sees most, from sampled batches.
 //! - [`memory_stores`]: the memory stores of the jobs a process runs, shared by its
 //!   in-process workers and the coordinator beside them.
 //!
 //! Nothing here knows the network, barriers' alignment, or what an operator computes.
 
 pub mod cache_counters;
+pub mod hot_keys;
 pub mod memory_stores;
 pub mod state;
 pub mod timers;

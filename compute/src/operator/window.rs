@@ -52,6 +52,7 @@ use crate::element::{Barrier, Timestamp};
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
 use crate::expr::aggregate::AggregateCall;
+use crate::keyed::hot_keys::{HotKeys, key_format};
 use crate::keyed::{CacheCounters, KeyedTimers};
 use crate::keys::{EncodedKeys, KeyEncoder, decode_keys};
 use crate::window::accumulator::{self, Acc, evaluate_args};
@@ -114,6 +115,8 @@ pub struct WindowOperator {
     late_to_side: bool,
     schema: SchemaRef,
     counters: Arc<WindowCounters>,
+    /// The keys this subtask sees most (keyed windows).
+    hot_keys: Option<Arc<HotKeys>>,
     max_parallelism: u32,
     watermark: Timestamp,
     /// The key groups this subtask owns (set at `open`).
@@ -168,6 +171,13 @@ impl WindowOperator {
             }
         };
         let key_encoder = KeyEncoder::new(input, &spec.key_columns)?;
+        let hot_keys = (!spec.key_columns.is_empty()).then(|| {
+            counters
+                .cache
+                .hot_keys
+                .get_or_init(|| Arc::new(HotKeys::new(key_format(key_encoder.fields().to_vec()))))
+                .clone()
+        });
         if spec.aggregates.is_empty() {
             return Err(Error::Plan("a window needs at least one aggregate".into()));
         }
@@ -203,6 +213,7 @@ impl WindowOperator {
             late_to_side: spec.late() == pb::LatePolicy::SideOutput,
             schema: Arc::new(Schema::new(fields)),
             counters,
+            hot_keys,
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
             watermark: Timestamp::MIN,
             firing: None,
@@ -599,6 +610,9 @@ impl Operator for WindowOperator {
         let times = self.times(&batch)?;
         let times = times.values();
         self.key_encoder.encode(&batch, &mut self.keys)?;
+        if let Some(h) = &self.hot_keys {
+            h.observe(&self.keys);
+        }
         let late = if matches!(self.assigner, WindowAssigner::Session { .. }) {
             self.process_sessions(&batch, times, out).await?
         } else {

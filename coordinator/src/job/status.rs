@@ -142,6 +142,18 @@ pub struct TaskStatus {
     pub watermark: Option<i64>,
     /// Milliseconds per second a source task paused, ahead of its alignment group.
     pub alignment_paused_ms_per_s: u64,
+    /// The keys a keyed task sees most, hottest first (sampled).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hot_keys: Vec<HotKey>,
+}
+
+/// A key a keyed task sees often.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HotKey {
+    /// `column=value, ...`.
+    pub key: String,
+    /// Estimated share of the task's records, in percent (rounded).
+    pub share_pct: u32,
 }
 
 impl TaskStatus {
@@ -162,6 +174,14 @@ impl TaskStatus {
             watermark_held_by: t.watermark_held_by.clone(),
             watermark: t.watermark,
             alignment_paused_ms_per_s: t.alignment_paused_ms_per_s,
+            hot_keys: t
+                .hot_keys
+                .iter()
+                .map(|h| HotKey {
+                    key: h.key.clone(),
+                    share_pct: (h.share * 100.0).round().clamp(0.0, 100.0) as u32,
+                })
+                .collect(),
         }
     }
 }
