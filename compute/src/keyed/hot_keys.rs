@@ -73,7 +73,11 @@ impl HotKeys {
 
     /// Takes note of a batch's keys (one batch in [`SAMPLE_EVERY`]).
     pub fn observe(&self, keys: &EncodedKeys) {
-        if self.batches.fetch_add(1, Ordering::Relaxed) % SAMPLE_EVERY != 0 {
+        if !self
+            .batches
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SAMPLE_EVERY)
+        {
             return;
         }
         let mut s = self.summary.lock().unwrap_or_else(|e| e.into_inner());
@@ -101,7 +105,7 @@ impl HotKeys {
             return Vec::new();
         }
         let mut counters: Vec<&(Vec<u8>, u64)> = s.counters.iter().collect();
-        counters.sort_by(|a, b| b.1.cmp(&a.1));
+        counters.sort_by_key(|c| std::cmp::Reverse(c.1));
         counters
             .into_iter()
             .take(n)
