@@ -1,7 +1,8 @@
 //! `sluice doctor` on the destruction labs (`examples/labs/`), each run on a cluster of
 //! separate processes: the lab's symptom is shown by the job's figures, the doctor names
 //! its cause (exit code 1), and with the fix the lab names applied the doctor finds
-//! nothing (exit code 0).
+//! nothing (exit code 0). The hot-key lab checks the diagnosis only (its fixes change the
+//! job, not a setting).
 //!
 //! Tests run one at a time: each starts a cluster on a 2-core machine.
 
@@ -131,6 +132,53 @@ fn doctor_names_a_slow_sink_as_the_bottleneck_and_nothing_once_it_keeps_up() {
     ended.assert_code(2).assert_stderr_contains("not running");
     let missing = doctor(&cluster, dir, "no-such-job", false);
     missing.assert_code(2).assert_no_panic();
+}
+
+#[test]
+fn doctor_names_the_subtask_a_hot_key_lands_on_and_the_key() {
+    let _serial = serial();
+    let dir = tempdir();
+    let dir = dir.path();
+    let cluster = MiniCluster::start(dir, 1, |_| Vec::new(), &[]);
+    let job = write_job(dir, "hot.yaml", &lab("hot-key.yaml"));
+    let id = cluster.submit(dir, &job, 1);
+    // The symptom: one window subtask takes most records.
+    cluster.wait_until("one window subtask taking most records", SYMPTOM, || {
+        let s = cluster.status(&id);
+        let windows: Vec<u64> = s["tasks"]
+            .as_array()?
+            .iter()
+            .filter(|t| t["task"].as_str().is_some_and(|n| n.starts_with("window")))
+            .filter_map(|t| t["records_in"].as_u64())
+            .collect();
+        let max = *windows.iter().max()?;
+        (windows.len() == 2 && max > 100_000 && max > 3 * windows.iter().min()?).then_some(())
+    });
+    let out = doctor(&cluster, dir, &id, true);
+    let found = findings(&out);
+    let skew = found
+        .iter()
+        .find(|f| f["pathology"] == "data skew on key_by")
+        .unwrap_or_else(|| {
+            panic!(
+                "no skew in {found:?}; tasks: {}\n{}",
+                cluster.status(&id)["tasks"],
+                cluster.logs()
+            )
+        });
+    assert!(
+        skew["subject"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("window[")),
+        "{skew}"
+    );
+    assert!(
+        skew["evidence"]
+            .as_str()
+            .is_some_and(|e| e.contains("its hottest keys: auction=0 (")),
+        "{skew}"
+    );
+    cluster.cancel(dir, &id);
 }
 
 /// Writes bids to partitions 0..3 of `topic` every 100 ms, event time advancing a

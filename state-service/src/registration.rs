@@ -38,14 +38,22 @@ pub struct Registration {
 /// Keeps `node` registered with the coordinator until the handle is dropped.
 pub fn start(registration: Registration, node: Arc<Node>) -> AbortOnDropHandle<()> {
     AbortOnDropHandle::new(tokio::spawn(async move {
+        // The same failure once a second (a coordinator that is down) is said once.
+        let mut last = String::new();
         loop {
-            match attach(&registration, &node).await {
-                Ok(()) => tracing::warn!(
+            let why = match attach(&registration, &node).await {
+                Ok(()) => format!(
                     "the coordinator at {} closed this node's stream; registering again",
                     registration.coordinator
                 ),
-                Err(e) => tracing::warn!("cannot stay registered with the coordinator: {e}"),
+                Err(e) => format!("cannot stay registered with the coordinator: {e}"),
+            };
+            if why != last {
+                tracing::warn!("{why}");
+            } else {
+                tracing::debug!("{why}");
             }
+            last = why;
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }))
