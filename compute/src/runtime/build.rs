@@ -392,6 +392,7 @@ pub async fn build_tasks(
                         )?),
                         None => None,
                     };
+                    metrics.add_source(task_metrics.clone());
                     let alignment = match (
                         spec.watermark.as_ref().and_then(|w| w.alignment.as_ref()),
                         &options.alignment,
@@ -412,7 +413,6 @@ pub async fn build_tasks(
                         reader,
                         watermarks,
                         alignment,
-                        watermark_cell: metrics.source_watermark(),
                         records_in: metrics.records_in.clone(),
                         skipped: metrics.skipped_records.clone(),
                         holder: None,

@@ -18,8 +18,8 @@ pub struct JobMetrics {
     pub skipped_records: Arc<AtomicU64>,
     /// Barriers that reached sinks (in order; a sink fails otherwise).
     pub sink_barriers: Arc<AtomicU64>,
-    /// Watermark of each source subtask (`i64::MIN` before the first).
-    pub source_watermarks: std::sync::Mutex<Vec<Arc<AtomicI64>>>,
+    /// Every source subtask's counters (their `watermark` is the job's progress).
+    pub sources: std::sync::Mutex<Vec<Arc<TaskMetrics>>>,
     /// Late-record counters of every window subtask.
     pub windows: std::sync::Mutex<Vec<Arc<WindowCounters>>>,
     /// Every task's counters, once deployed (the progress reports sample them).
@@ -27,14 +27,12 @@ pub struct JobMetrics {
 }
 
 impl JobMetrics {
-    /// Registers a source subtask's watermark cell.
-    pub fn source_watermark(&self) -> Arc<AtomicI64> {
-        let cell = Arc::new(AtomicI64::new(Timestamp::MIN));
-        self.source_watermarks
+    /// Registers a source subtask, whose watermark counts for the job's progress.
+    pub fn add_source(&self, task: Arc<TaskMetrics>) {
+        self.sources
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(cell.clone());
-        cell
+            .push(task);
     }
 
     /// Registers the counters of a window subtask whose cache reports to `cache`.
@@ -52,11 +50,11 @@ impl JobMetrics {
 
     /// The job's event-time progress: the minimum source watermark, if all have one.
     pub fn watermark(&self) -> Option<Timestamp> {
-        let cells = self
-            .source_watermarks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let min = cells.iter().map(|c| c.load(Ordering::Relaxed)).min()?;
+        let sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        let min = sources
+            .iter()
+            .map(|t| t.watermark.load(Ordering::Relaxed))
+            .min()?;
         (min != Timestamp::MIN).then_some(min)
     }
 

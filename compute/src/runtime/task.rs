@@ -19,7 +19,7 @@
 //! spends its time into its [`TaskMetrics`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -53,8 +53,6 @@ pub struct SourceInput {
     pub watermarks: Option<WatermarkGenerator>,
     /// The source's alignment group, when its watermark spec asks for alignment.
     pub alignment: Option<SourceAlignment>,
-    /// Where the source publishes its watermark for the progress line.
-    pub watermark_cell: Arc<AtomicI64>,
     /// Job-wide count of records read.
     pub records_in: Arc<AtomicU64>,
     /// Job-wide count of malformed records skipped.
@@ -535,7 +533,7 @@ impl Task {
             let element = src.watermarks.as_mut().and_then(|w| w.on_tick());
             note_holder(src, &self.metrics);
             if let Some(element) = &element {
-                publish(src, element, &self.metrics);
+                publish(element, &self.metrics);
             }
             src.tell_alignment();
             if let Some(element) = element {
@@ -571,7 +569,6 @@ impl Task {
             }
             if src.watermarks.is_some() {
                 // End of a bounded input: the final watermark closes every window.
-                src.watermark_cell.store(Timestamp::MAX, Ordering::Relaxed);
                 self.metrics
                     .watermark
                     .store(Timestamp::MAX, Ordering::Relaxed);
@@ -602,7 +599,7 @@ impl Task {
             }
         }
         if let Some(w) = &wm {
-            publish(src, w, &self.metrics);
+            publish(w, &self.metrics);
         }
         src.tell_alignment();
         note_holder(src, &self.metrics);
@@ -687,9 +684,9 @@ fn note_holder(src: &mut SourceInput, metrics: &TaskMetrics) {
         .unwrap_or_else(|e| e.into_inner()) = name;
 }
 
-fn publish(src: &SourceInput, element: &StreamElement, metrics: &TaskMetrics) {
+/// The task's watermark, for its figures and the job's progress.
+fn publish(element: &StreamElement, metrics: &TaskMetrics) {
     if let StreamElement::Watermark(ts) = element {
-        src.watermark_cell.store(*ts, Ordering::Relaxed);
         metrics.watermark.store(*ts, Ordering::Relaxed);
     }
 }
