@@ -354,13 +354,16 @@ async fn report_watermarks(
     alignment: Arc<Alignment>,
     out: mpsc::UnboundedSender<pbc::WorkerMessage>,
 ) {
-    // Until the tasks are built (or when none is aligned) there is nothing to say.
-    const UNTIL_BUILT: Duration = Duration::from_millis(100);
     // Reports sent early (a task paused, or moved half its drift) come at most this often.
     const EARLY: Duration = Duration::from_millis(5);
     let mut last = tokio::time::Instant::now();
     loop {
-        let every = alignment.update_interval().unwrap_or(UNTIL_BUILT);
+        let Some(every) = alignment.update_interval() else {
+            // Nothing to say until a task is aligned (never, in most jobs): the first
+            // to join wakes this.
+            alignment.due().await;
+            continue;
+        };
         tokio::select! {
             () = tokio::time::sleep_until(last + every) => {}
             () = alignment.due() => tokio::time::sleep_until(last + EARLY).await,

@@ -107,8 +107,12 @@ impl Alignment {
         });
         lock(&group.members).push(member.clone());
         let every = Duration::from_millis(spec.update_interval_ms.max(1));
-        let mut interval = lock(&self.interval);
-        *interval = Some(interval.map_or(every, |i| i.min(every)));
+        {
+            let mut interval = lock(&self.interval);
+            *interval = Some(interval.map_or(every, |i| i.min(every)));
+        }
+        // The reporter sleeps until a task is aligned.
+        self.due.notify_one();
         SourceAlignment {
             member,
             others: group.others.subscribe(),
@@ -125,8 +129,8 @@ impl Alignment {
         *lock(&self.interval)
     }
 
-    /// Resolves when a report is due before the interval: a task paused, or one moved
-    /// half its drift since the last report.
+    /// Resolves when a report is due before the interval: a task joined, paused, or
+    /// moved half its drift since the last report.
     pub async fn due(&self) {
         self.due.notified().await
     }
@@ -301,6 +305,7 @@ mod tests {
         let hub = Alignment::default();
         let mut a = hub.join((0, 0), &spec("g", 100, 60_000));
         let due = |hub: &Alignment| futures::FutureExt::now_or_never(hub.due()).is_some();
+        assert!(due(&hub), "a task joined: the reporter starts");
         a.set(Some(1_000));
         assert!(due(&hub), "a first watermark");
         hub.report();

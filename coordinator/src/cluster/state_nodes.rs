@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_common::pb::cluster as pbc;
@@ -58,7 +59,8 @@ struct Entry {
 pub struct StateNodes {
     nodes: Mutex<BTreeMap<String, Entry>>,
     timeout: Duration,
-    next: Mutex<u64>,
+    /// The last registration's generation.
+    generations: AtomicU64,
 }
 
 impl StateNodes {
@@ -67,7 +69,7 @@ impl StateNodes {
         Self {
             nodes: Mutex::new(BTreeMap::new()),
             timeout,
-            next: Mutex::new(0),
+            generations: AtomicU64::new(0),
         }
     }
 
@@ -78,11 +80,7 @@ impl StateNodes {
     /// Registers `reg` (replacing an earlier registration of the same name, a node
     /// that restarted); returns the registration's generation.
     pub fn attach(&self, reg: &pbc::StateNodeRegister) -> u64 {
-        let generation = {
-            let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
-            *next += 1;
-            *next
-        };
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let view = StateNodeView {
             node_id: reg.node_id.clone(),
             endpoint: reg.endpoint.clone(),
