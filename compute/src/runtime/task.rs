@@ -237,8 +237,8 @@ impl Task {
                             self.channel_state = Some(state);
                         }
                     }
-                    if let Some(StreamElement::Watermark(ts)) = &next {
-                        self.metrics.watermark.store(*ts, Ordering::Relaxed);
+                    if let Some(e) = &next {
+                        publish(e, &self.metrics);
                     }
                     if let Some(StreamElement::Batch(b)) = &next {
                         self.metrics
@@ -569,12 +569,9 @@ impl Task {
             }
             if src.watermarks.is_some() {
                 // End of a bounded input: the final watermark closes every window.
-                self.metrics
-                    .watermark
-                    .store(Timestamp::MAX, Ordering::Relaxed);
-                self.chain
-                    .push(StreamElement::Watermark(Timestamp::MAX), &mut self.output)
-                    .await?;
+                let last = StreamElement::Watermark(Timestamp::MAX);
+                publish(&last, &self.metrics);
+                self.chain.push(last, &mut self.output).await?;
             }
             return Ok(SourceProgress::Ended);
         };
