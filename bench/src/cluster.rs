@@ -1,7 +1,8 @@
 //! `sluice bench cluster`: checkpoint duration, rescale time and recovery time of a job
 //! under the coordinator, with a given amount of keyed state in the state service.
 //!
-//! Per state size: a state-service node starts as a child process and is loaded with
+//! Per state size: a state-service node starts as a child process (with a spare node,
+//! both registered with the coordinator) and is loaded with
 //! that many bytes of state under the job's id (other keys of the same shards, so the
 //! node's RocksDB and object store hold the full size); a coordinator starts in this
 //! process with worker child processes; a windowed count per auction runs on Nexmark
@@ -12,7 +13,9 @@
 //!   new parallelism, and the state bytes the node downloaded meanwhile;
 //! - recovery after one worker is SIGKILLed: kill to the first record read again by the
 //!   new attempt (deployed from the last checkpoint, state restored, timers rebuilt),
-//!   as reported by a worker within 10 ms of reading it.
+//!   as reported by a worker within 10 ms of reading it;
+//! - recovery after the state node is SIGKILLed: the same, with the job's shards
+//!   reopened on a second (spare) node from the object store at the last checkpoint.
 //!
 //! The coordinator is the real one (`sluice_coordinator::service::Coordinator`) with
 //! the binary's master settings and state connector ([`Host`]); the workers are
@@ -22,7 +25,8 @@
 //! its epoch's delta, and a rescale should move no state (`rescale_state_bytes` 0).
 //!
 //! Output: the header `state_mb checkpoints p50_ms p99_ms max_ms rescale_to rescale_ms
-//! rescale_state_bytes recovery_ms`, then one line per state size; progress on stderr.
+//! rescale_state_bytes recovery_ms node_recovery_ms`, then one line per state size;
+//! progress on stderr.
 
 use sluice_common::outln;
 use std::path::PathBuf;
@@ -61,6 +65,7 @@ const TABLE: Table = Table::new(
         "rescale_ms",
         "rescale_state_bytes",
         "recovery_ms",
+        "node_recovery_ms",
     ],
     " ",
 );
@@ -119,7 +124,14 @@ async fn run_one(args: &Args, host: &dyn Host, size: u64) -> anyhow::Result<Stri
         .unwrap_or_else(|| temp.path().to_path_buf());
     std::fs::create_dir_all(dir.join("objects"))?;
     let objects = format!("file://{}", dir.join("objects").display());
-    let node = StateServiceNode::start(&dir, "node", &objects, args.memory)?;
+    // The coordinator's gRPC address comes first: the state nodes register there.
+    let (listener, addr) = service::bind("127.0.0.1:0", "workers")
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let grpc = format!("http://{addr}");
+    let node = StateServiceNode::start_registered(&dir, "node", &objects, args.memory, &grpc)?;
+    // The spare takes the node's shards when it is killed.
+    let spare = StateServiceNode::start_registered(&dir, "spare", &objects, args.memory, &grpc)?;
     let layout = ShardLayout::new(JOB_ID, sluice_common::DEFAULT_MAX_PARALLELISM, SHARDS);
     let loaded = Instant::now();
     let epoch = preload(
@@ -140,10 +152,7 @@ async fn run_one(args: &Args, host: &dyn Host, size: u64) -> anyhow::Result<Stri
     std::fs::create_dir_all(dir.join("coordinator"))?;
     let store =
         ObjectMetadataStore::from_url(&format!("file://{}", dir.join("coordinator").display()))?;
-    let (listener, addr) = service::bind("127.0.0.1:0", "workers")
-        .await
-        .map_err(|e| anyhow!("{e}"))?;
-    let launcher = Arc::new(Workers::new(format!("http://{addr}"), &dir)?);
+    let launcher = Arc::new(Workers::new(grpc, &dir)?);
     let workers = args.workers as usize;
     let coordinator = Coordinator::new(CoordinatorOptions {
         store: Arc::new(store),
@@ -154,6 +163,16 @@ async fn run_one(args: &Args, host: &dyn Host, size: u64) -> anyhow::Result<Stri
         master: host.master_config(workers, &NetworkConfig::default(), 0),
     });
     let server = coordinator.serve_workers(listener);
+    // The preloaded shards stay where they are open: wait until the node says so.
+    wait_for(
+        "the state nodes' registration",
+        Duration::from_secs(60),
+        || {
+            let nodes = coordinator.state_nodes();
+            nodes.len() == 2 && nodes.iter().any(|n| n.shards.len() == SHARDS as usize)
+        },
+    )
+    .await?;
     let yaml = format!(
         "name: bench-cluster\nparallelism: {p}\ncheckpoint: {{ interval: {i}ms }}\n\
          state: {{ backend: remote, shards: {SHARDS} }}\n\
@@ -176,11 +195,11 @@ async fn run_one(args: &Args, host: &dyn Host, size: u64) -> anyhow::Result<Stri
         )
         .await
         .map_err(|e| anyhow!("{e}"))?;
-    let result = measure(args, &coordinator, &launcher, &id, size).await;
+    let result = measure(args, &coordinator, &launcher, &id, size, node).await;
     let _ = coordinator.cancel(&id).await;
     server.abort();
     drop(launcher);
-    drop(node);
+    drop(spare);
     result
 }
 
@@ -190,9 +209,10 @@ async fn measure(
     launcher: &Workers,
     id: &str,
     size: u64,
+    node: StateServiceNode,
 ) -> anyhow::Result<String> {
     let status = || c.status(id).map_err(|e| anyhow!("{e}"));
-    let limit = Duration::from_secs(120);
+    let limit = RECOVERY_LIMIT;
     wait_for("the first checkpoint", limit, || {
         c.status(id)
             .is_ok_and(|s| s.last_checkpoint.is_some() || s.state == JobState::Failed)
@@ -217,30 +237,25 @@ async fn measure(
         .map_err(|e| anyhow!("rescale: {e}"))?;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    let before = status()?.attempt;
     let victim = *launcher
         .pids()
         .first()
         .ok_or_else(|| anyhow!("no worker to kill"))?;
-    let killed = Instant::now();
-    if !launcher.kill(victim) {
-        bail!("worker {victim} could not be killed");
-    }
-    wait_for("recovery", limit, || {
-        c.status(id).is_ok_and(|s| {
-            (s.attempt > before && s.state == JobState::Running && s.records_in > 0)
-                || s.state == JobState::Failed
-        })
+    let recovery = recovery_after(c, id, "a worker", || {
+        launcher
+            .kill(victim)
+            .then_some(())
+            .ok_or_else(|| anyhow!("worker {victim} could not be killed"))
     })
     .await?;
-    let recovery = killed.elapsed();
-    let st = status()?;
-    if st.state == JobState::Failed {
-        bail!(
-            "the job failed after the kill: {}",
-            st.failure.unwrap_or_default()
-        );
-    }
+
+    // The state node goes: its shards reopen on the spare from the object store.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let node_recovery = recovery_after(c, id, "the state node", || {
+        node.kill();
+        Ok(())
+    })
+    .await?;
     Ok(TABLE.row(&[
         (size / 1_000_000).to_string(),
         durations.len().to_string(),
@@ -251,5 +266,41 @@ async fn measure(
         rescale.millis.to_string(),
         rescale.state_bytes_restored.to_string(),
         recovery.as_millis().to_string(),
+        node_recovery.as_millis().to_string(),
     ]))
+}
+
+/// How long the job may take to get going again.
+const RECOVERY_LIMIT: Duration = Duration::from_secs(120);
+
+/// The time from `kill` (the loss of `what`) to the first record read by a new attempt.
+async fn recovery_after(
+    c: &Arc<Coordinator>,
+    id: &str,
+    what: &str,
+    kill: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<Duration> {
+    let before = c.status(id).map_err(|e| anyhow!("{e}"))?.attempt;
+    let killed = Instant::now();
+    kill()?;
+    wait_for(
+        &format!("recovery from the loss of {what}"),
+        RECOVERY_LIMIT,
+        || {
+            c.status(id).is_ok_and(|s| {
+                (s.attempt > before && s.state == JobState::Running && s.records_in > 0)
+                    || s.state == JobState::Failed
+            })
+        },
+    )
+    .await?;
+    let took = killed.elapsed();
+    let st = c.status(id).map_err(|e| anyhow!("{e}"))?;
+    if st.state == JobState::Failed {
+        bail!(
+            "the job failed after the loss of {what}: {}",
+            st.failure.unwrap_or_default()
+        );
+    }
+    Ok(took)
 }

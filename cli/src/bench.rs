@@ -148,7 +148,9 @@ impl sluice_bench::Host for Wiring {
     }
 
     fn state_connector(&self, endpoint: String) -> Arc<dyn StateConnector> {
-        Arc::new(StateServiceConnector { endpoint })
+        Arc::new(StateServiceConnector {
+            endpoint: Some(endpoint),
+        })
     }
 
     fn master_config(

@@ -107,4 +107,14 @@ impl Error {
             _ => false,
         }
     }
+
+    /// Whether it is a dependency out of reach (a state node that does not answer),
+    /// which the job waits for rather than counting as a failure of its own.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::State(StateError::Unavailable(_)) => true,
+            Error::Task { source, .. } => source.is_unavailable(),
+            _ => false,
+        }
+    }
 }

@@ -311,6 +311,7 @@ impl Coordinator {
             self.registry.clone(),
             self.options.store.clone(),
             self.options.state.clone(),
+            self.state_nodes.clone(),
             self.options.launcher.clone(),
             resume,
         );

@@ -149,6 +149,7 @@ fn job(coordinator: &str) -> JobInfo {
         max_parallelism: 128,
         parallelism: BTreeMap::from([(1, 2)]),
         shards: vec![],
+        placement: BTreeMap::new(),
         tasks: [TaskId::new(1, 0), TaskId::new(1, 1)].into_iter().collect(),
     }
 }

@@ -1,5 +1,5 @@
-//! A cluster of separate processes for tests that act on a running job: a state-service
-//! node, a coordinator and workers, each a `sluice` process on 127.0.0.1, killed when the
+//! A cluster of separate processes for tests that act on a running job: state-service
+//! nodes, a coordinator and workers, each a `sluice` process on 127.0.0.1, killed when the
 //! handle drops.
 
 use std::net::TcpListener;
@@ -20,6 +20,11 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct MiniCluster {
     /// The state node (`--node-id node-a`, 256 MiB).
     pub state: ServiceProcess,
+    /// Further state nodes (`node-b`, `node-c`, ...), on the same object store.
+    pub more_state: Vec<ServiceProcess>,
+    /// Each state node's command line and the environment, to start it again.
+    state_commands: Vec<Vec<String>>,
+    env: Vec<(String, String)>,
     /// The coordinator.
     pub coordinator: Proc,
     /// The coordinator's REST `host:port`.
@@ -36,6 +41,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The name of the `i`th state node: `node-a`, `node-b`, ...
+pub fn node_name(i: usize) -> String {
+    format!("node-{}", (b'a' + i as u8) as char)
+}
+
 impl MiniCluster {
     /// Starts a state node (registered with the coordinator), a coordinator and `workers`
     /// workers in `dir`, each with the extra arguments `role_args(role)` gives
@@ -50,29 +60,60 @@ impl MiniCluster {
         role_args: impl Fn(&str) -> Vec<String>,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_nodes(dir, workers, 1, role_args, env)
+    }
+
+    /// [`MiniCluster::start`] with `state_nodes` state nodes (`node-a`, `node-b`, ...,
+    /// one object store), waiting until every one is registered too.
+    ///
+    /// # Panics
+    /// When a role does not start, or the workers and nodes do not attach in time.
+    pub fn start_nodes(
+        dir: &Path,
+        workers: usize,
+        state_nodes: usize,
+        role_args: impl Fn(&str) -> Vec<String>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let objects = dir.join("state-objects");
         std::fs::create_dir_all(&objects).expect("objects dir");
-        // The coordinator's gRPC port is chosen first: the state node registers there
+        // The coordinator's gRPC port is chosen first: the state nodes register there
         // (retrying until the coordinator is up).
         let grpc = format!("127.0.0.1:{}", free_port());
-        let mut args: Vec<String> = [
-            "state-service",
-            "--listen",
-            "127.0.0.1:0",
-            "--node-id",
-            "node-a",
-            "--data-dir",
-        ]
-        .map(String::from)
-        .to_vec();
-        args.push(dir.join("state-data").display().to_string());
-        args.push("--object-store".into());
-        args.push(format!("file://{}", objects.display()));
-        args.extend(["--memory", "256MiB"].map(String::from));
-        args.extend(["--coordinator".to_owned(), format!("http://{grpc}")]);
-        args.extend(role_args("state-service"));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let state = ServiceProcess::start(&args, dir, env);
+        let commands: Vec<Vec<String>> = (0..state_nodes.max(1))
+            .map(|i| {
+                let name = node_name(i);
+                let data = match i {
+                    0 => dir.join("state-data"),
+                    _ => dir.join(format!("state-data-{name}")),
+                };
+                let mut args: Vec<String> = [
+                    "state-service",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--node-id",
+                    &name,
+                ]
+                .map(String::from)
+                .to_vec();
+                args.push("--data-dir".into());
+                args.push(data.display().to_string());
+                args.push("--object-store".into());
+                args.push(format!("file://{}", objects.display()));
+                args.extend(["--memory", "256MiB"].map(String::from));
+                args.extend(["--coordinator".to_owned(), format!("http://{grpc}")]);
+                args.extend(role_args("state-service"));
+                args
+            })
+            .collect();
+        let mut nodes: Vec<ServiceProcess> = commands
+            .iter()
+            .map(|args| {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                ServiceProcess::start(&args, dir, env)
+            })
+            .collect();
+        let state = nodes.remove(0);
 
         let store = dir.join("coordinator-store");
         let mut args: Vec<String> = vec![
@@ -106,6 +147,12 @@ impl MiniCluster {
         }
         let cluster = Self {
             state,
+            more_state: nodes,
+            state_commands: commands,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             coordinator,
             http,
             workers: procs,
@@ -118,7 +165,36 @@ impl MiniCluster {
                 (code == 200 && body.as_array().is_some_and(|w| w.len() >= workers)).then_some(())
             },
         );
+        if state_nodes > 1 {
+            cluster.wait_until(
+                &format!("{state_nodes} state nodes registered"),
+                START_TIMEOUT,
+                || {
+                    let (code, body) = http_request(&cluster.http, "GET", "/v1/state-nodes", None);
+                    (code == 200 && body.as_array().is_some_and(|n| n.len() >= state_nodes))
+                        .then_some(())
+                },
+            );
+        }
         cluster
+    }
+
+    /// Starts state node `i` (0: `node-a`) again with the same name, data directory and
+    /// object store (it listens on a new port and registers again), killing it first if
+    /// it still runs.
+    pub fn restart_state_node(&mut self, dir: &Path, i: usize) {
+        let args: Vec<&str> = self.state_commands[i].iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let slot = match i {
+            0 => &mut self.state,
+            i => &mut self.more_state[i - 1],
+        };
+        slot.kill();
+        *slot = ServiceProcess::start(&args, dir, &env);
     }
 
     /// `--coordinator http://HTTP`.
@@ -173,7 +249,10 @@ impl MiniCluster {
         for (i, w) in self.workers.iter().enumerate() {
             s.push_str(&format!("--- worker {i}\n{}\n", w.output()));
         }
-        s.push_str(&format!("--- state\n{}", self.state.stderr()));
+        s.push_str(&format!("--- state node-a\n{}", self.state.stderr()));
+        for (i, n) in self.more_state.iter().enumerate() {
+            s.push_str(&format!("\n--- state {}\n{}", node_name(i + 1), n.stderr()));
+        }
         s
     }
 

@@ -65,6 +65,34 @@ impl StateServiceNode {
     /// durable tier at `store_url` and a budget of `memory` bytes, and waits for the
     /// address it prints.
     pub fn start(dir: &Path, name: &str, store_url: &str, memory: u64) -> anyhow::Result<Self> {
+        Self::start_with(dir, name, store_url, memory, &[])
+    }
+
+    /// [`StateServiceNode::start`] registering with the coordinator at `coordinator`
+    /// (`http://host:port` of its gRPC API) as `--node-id name`.
+    pub fn start_registered(
+        dir: &Path,
+        name: &str,
+        store_url: &str,
+        memory: u64,
+        coordinator: &str,
+    ) -> anyhow::Result<Self> {
+        Self::start_with(
+            dir,
+            name,
+            store_url,
+            memory,
+            &["--coordinator", coordinator, "--node-id", name],
+        )
+    }
+
+    fn start_with(
+        dir: &Path,
+        name: &str,
+        store_url: &str,
+        memory: u64,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let exe = sluice_exe()?;
         let data_dir = dir.join(name);
         let log_path = dir.join(format!("{name}.log"));
@@ -74,6 +102,7 @@ impl StateServiceNode {
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&data_dir)
             .args(["--object-store", store_url, "--memory", &memory.to_string()])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))

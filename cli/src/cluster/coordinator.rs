@@ -36,9 +36,15 @@ pub struct CoordinatorArgs {
     /// `s3://bucket/prefix` (AWS_* variables; AWS_ENDPOINT_URL for a compatible server).
     #[arg(long, default_value = "sluice-coordinator")]
     store: String,
-    /// The state service jobs with `state: { backend: remote }` use (`http://host:port`).
+    /// The state-service node jobs with `state: { backend: remote }` use while no state
+    /// node is registered (`http://host:port`); registered nodes take every new
+    /// placement.
     #[arg(long, env = "SLUICE_STATE_SERVICE")]
     state_service: Option<String>,
+    /// Restarts after failures of a job's own making before the job fails (an
+    /// unreachable state node or object store is waited for and not counted).
+    #[arg(long, default_value_t = 10)]
+    max_restarts: u32,
     /// Worker processes a job runs on unless its submission says.
     #[arg(long, default_value_t = 1)]
     workers: usize,
@@ -72,17 +78,18 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
     let store = ObjectMetadataStore::from_url(&url)
         .map_err(|e| Failure::usage(format!("--store {}: {e}", args.store)))?;
     runtime()?.block_on(async move {
-        let connector: Option<Arc<dyn StateConnector>> = args.state_service.as_ref().map(|e| {
-            Arc::new(StateServiceConnector {
-                endpoint: e.clone(),
-            }) as Arc<dyn StateConnector>
-        });
+        // Jobs with remote state go to the registered state nodes, or to
+        // --state-service while none is registered.
+        let connector: Option<Arc<dyn StateConnector>> = Some(Arc::new(StateServiceConnector {
+            endpoint: args.state_service.clone(),
+        }));
         let mut master = master_config(
             args.workers.max(1),
             &NetworkConfig::default(),
             args.metrics_interval_ms,
         );
         master.deploy_timeout = Duration::from_millis(args.deploy_timeout_ms.max(1));
+        master.restart.max_restarts = args.max_restarts;
         let coordinator = Coordinator::new(CoordinatorOptions {
             store: Arc::new(store),
             state: connector,

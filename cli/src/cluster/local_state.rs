@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use clap::Args;
-use sluice_common::state::{StateConnector, StateResult, StateStore};
+use sluice_common::state::{PlacementHints, StateConnector, StateResult, StateStore};
 use sluice_common::{byte_size, pb};
 use sluice_compute::keyed::{InProcessState, MemoryStores};
 use sluice_compute::state_client::StateServiceConnector;
@@ -90,7 +90,9 @@ impl LocalState {
             }
         };
         Ok(Self {
-            remote: Some(StateServiceConnector { endpoint }),
+            remote: Some(StateServiceConnector {
+                endpoint: Some(endpoint),
+            }),
             memory,
             embedded,
             _temp_dir: temp,
@@ -132,14 +134,15 @@ impl StateConnector for LocalConnector {
         &self,
         job_id: &str,
         graph: &pb::JobGraph,
+        hints: &PlacementHints,
     ) -> StateResult<Option<Arc<dyn StateStore>>> {
         if let Some(r) = &self.remote
-            && let Some(store) = r.connect(job_id, graph).await?
+            && let Some(store) = r.connect(job_id, graph, hints).await?
         {
             return Ok(Some(store));
         }
         match &self.memory {
-            Some(m) => m.connect(job_id, graph).await,
+            Some(m) => m.connect(job_id, graph, hints).await,
             None => Ok(None),
         }
     }

@@ -19,6 +19,7 @@
 //! - [`net_writes`]: the net effect of a run of writes (latest operation per key,
 //!   merged deleted ranges), what the remote client buffers and the state service holds
 //!   per uncommitted epoch.
+//! - [`placement`]: which registered state node holds each shard of a job.
 //! - [`ttl`]: the expiry header a value may carry, which the state service's compaction
 //!   drops expired values by (no operator writes one yet; SQL joins will).
 //!
@@ -42,6 +43,7 @@ mod error;
 pub mod key;
 mod memory;
 pub mod net_writes;
+pub mod placement;
 mod store;
 mod table;
 pub mod ttl;
@@ -53,6 +55,6 @@ pub use key::{
     prefix_end,
 };
 pub use memory::{MemoryStateBackend, MemoryStateStore};
-pub use store::{StateConnector, StateStore};
+pub use store::{PlacementHints, StateConnector, StateStore};
 pub use table::{Row, StateTable};
 pub use ttl::{TtlConfig, TtlUpdate};

@@ -21,6 +21,7 @@ use async_trait::async_trait;
 
 use super::backend::KeyedStateBackend;
 use super::error::StateResult;
+use super::placement::LiveStateNode;
 use crate::pb;
 
 /// One job's keyed state, as one process reaches it.
@@ -71,14 +72,26 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// What the coordinator knows of the state nodes when it connects a job to its state.
+#[derive(Clone, Debug, Default)]
+pub struct PlacementHints {
+    /// The registered, live state nodes (empty: none registered).
+    pub nodes: Vec<LiveStateNode>,
+    /// Where the job's shards were: the last attempt's placement, or that of the
+    /// checkpoint it restores.
+    pub previous: Vec<(Range<u32>, String)>,
+}
+
 /// Finds the state of jobs.
 #[async_trait]
 pub trait StateConnector: Send + Sync {
-    /// The state of job `job_id`, whose graph is `graph`; `None` when this connector does
-    /// not hold the backend the graph asks for.
+    /// The state of job `job_id`, whose graph is `graph`, its shards placed by `hints`
+    /// where the connector places shards; `None` when this connector does not hold the
+    /// backend the graph asks for.
     async fn connect(
         &self,
         job_id: &str,
         graph: &pb::JobGraph,
+        hints: &PlacementHints,
     ) -> StateResult<Option<Arc<dyn StateStore>>>;
 }

@@ -404,6 +404,7 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
                 .collect(),
             error: String::new(),
             user_error: false,
+            unavailable: false,
         }),
         AttemptEvent::Checkpoint(CheckpointEvent::Ack {
             checkpoint_id,

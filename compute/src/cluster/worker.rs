@@ -134,11 +134,12 @@ pub async fn run_attempt(
         }
         None => Vec::new(),
     };
-    let (error, user_error) = match &result {
-        Ok(()) => (String::new(), false),
+    let (error, user_error, unavailable) = match &result {
+        Ok(()) => (String::new(), false, false),
         Err(e) => (
             e.to_string(),
             e.is_user_error() || matches!(e, Error::Plan(_)),
+            e.is_unavailable(),
         ),
     };
     pbc::Report {
@@ -147,6 +148,7 @@ pub async fn run_attempt(
         r#final: true,
         error,
         user_error,
+        unavailable,
         records_in: metrics.records_in.load(Ordering::Relaxed),
         records_out: metrics.records_out.load(Ordering::Relaxed),
         watermark: metrics.watermark(),
@@ -282,6 +284,7 @@ async fn run(
             let mut config = RemoteStateConfig::new(&r.endpoint, &r.job_id, plan.max_parallelism);
             config.shards = r.shards.max(1);
             config.fence = r.fence;
+            config.place(&r.placement)?;
             let remote = RemoteState::connect(config).await?;
             if let Some(l) = &link {
                 remote.trace_flushes(l.traces.clone());

@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex, Weak};
 
 use async_trait::async_trait;
 use sluice_common::pb;
-use sluice_common::state::{MemoryStateStore, StateConnector, StateResult, StateStore};
+use sluice_common::state::{
+    MemoryStateStore, PlacementHints, StateConnector, StateResult, StateStore,
+};
 
 /// The jobs' memory stores of this process, by job id.
 #[derive(Debug, Default)]
@@ -55,6 +57,7 @@ impl StateConnector for InProcessState {
         &self,
         job_id: &str,
         graph: &pb::JobGraph,
+        _hints: &PlacementHints,
     ) -> StateResult<Option<Arc<dyn StateStore>>> {
         let remote = graph
             .state

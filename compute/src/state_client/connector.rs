@@ -1,21 +1,26 @@
 //! The coordinator's way to a job's shards in the state service: a [`StateConnector`]
 //! over the client in this module, so the coordinator restores and commits shards
 //! without knowing gRPC or the shard layout.
+//!
+//! It places the job's shards over the state nodes registered with the coordinator
+//! ([`placement::place`]); with none registered, every shard is on the node the
+//! coordinator was started with (`--state-service`), if any.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use sluice_common::pb;
-use sluice_common::state::{StateConnector, StateResult, StateStore};
+use sluice_common::state::placement;
+use sluice_common::state::{PlacementHints, StateConnector, StateError, StateResult, StateStore};
 
-use super::{RemoteState, RemoteStateConfig, RemoteStore};
+use super::{RemoteState, RemoteStateConfig, RemoteStore, ShardLayout};
 
-/// Connects jobs with `state: { backend: remote }` to the state-service node at
-/// `endpoint`.
-#[derive(Debug, Clone)]
+/// Connects jobs with `state: { backend: remote }` to the registered state nodes, or to
+/// the node at `endpoint` when none is registered.
+#[derive(Debug, Clone, Default)]
 pub struct StateServiceConnector {
-    /// `http://host:port` of the node.
-    pub endpoint: String,
+    /// `http://host:port` of the node used when no node is registered.
+    pub endpoint: Option<String>,
 }
 
 #[async_trait]
@@ -24,6 +29,7 @@ impl StateConnector for StateServiceConnector {
         &self,
         job_id: &str,
         graph: &pb::JobGraph,
+        hints: &PlacementHints,
     ) -> StateResult<Option<Arc<dyn StateStore>>> {
         let Some(state) = graph
             .state
@@ -36,9 +42,25 @@ impl StateConnector for StateServiceConnector {
             0 => sluice_common::DEFAULT_MAX_PARALLELISM,
             n => n,
         };
-        let mut config = RemoteStateConfig::new(self.endpoint.clone(), job_id, max_parallelism);
+        let mut config = RemoteStateConfig::new(String::new(), job_id, max_parallelism);
         if state.shards > 0 {
             config.shards = state.shards;
+        }
+        if hints.nodes.is_empty() {
+            config.endpoint = self.endpoint.clone().ok_or_else(|| {
+                StateError::Unavailable(
+                    "no state node is registered with the coordinator (start `sluice \
+                     state-service --coordinator URL`), and it names none with \
+                     --state-service"
+                        .into(),
+                )
+            })?;
+        } else {
+            let layout = ShardLayout::new(job_id, max_parallelism, config.shards);
+            let ranges: Vec<_> = (0..layout.len()).map(|i| layout.range(i)).collect();
+            config.placement = placement::place(job_id, &ranges, &hints.nodes, &hints.previous)
+                .map_err(StateError::Unavailable)?;
+            config.endpoint = config.placement[0].clone();
         }
         let remote = RemoteState::connect(config).await?;
         Ok(Some(Arc::new(RemoteStore(remote))))

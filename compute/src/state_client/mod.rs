@@ -63,7 +63,8 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// How a worker reaches the state service and how much it keeps locally.
 #[derive(Clone, Debug)]
 pub struct RemoteStateConfig {
-    /// `http://host:port` of a state-service node.
+    /// `http://host:port` of the state-service node of every shard, unless `placement`
+    /// names one per shard.
     pub endpoint: String,
     /// The job whose shards are used.
     pub job_id: String,
@@ -82,6 +83,9 @@ pub struct RemoteStateConfig {
     /// This writer's fence (its deployment attempt; 0: unfenced): once a newer attempt
     /// restored the shards, writes and flushes of this one are refused.
     pub fence: u64,
+    /// The endpoint of each shard's node, by shard index (the coordinator's placement);
+    /// empty: every shard is at `endpoint`.
+    pub placement: Vec<String>,
 }
 
 impl RemoteStateConfig {
@@ -101,7 +105,39 @@ impl RemoteStateConfig {
             max_keys_per_rpc: 8192,
             restore_checkpoint: 0,
             fence: 0,
+            placement: Vec::new(),
         }
+    }
+}
+
+impl RemoteStateConfig {
+    /// Takes the coordinator's `placement` of the job's shards (matched to this
+    /// configuration's shards by key-group range; empty: every shard at `endpoint`).
+    pub fn place(
+        &mut self,
+        placement: &[sluice_common::pb::cluster::ShardPlacement],
+    ) -> StateResult<()> {
+        if placement.is_empty() {
+            self.placement.clear();
+            return Ok(());
+        }
+        let layout = ShardLayout::new(&self.job_id, self.max_parallelism, self.shards);
+        self.placement = (0..layout.len())
+            .map(|i| {
+                let range = layout.range(i);
+                placement
+                    .iter()
+                    .find(|p| p.key_group_start == range.start && p.key_group_end == range.end)
+                    .map(|p| p.endpoint.clone())
+                    .ok_or_else(|| {
+                        StateError::Rejected(format!(
+                            "the coordinator placed no state node for shard {}-{} of job {}",
+                            range.start, range.end, self.job_id
+                        ))
+                    })
+            })
+            .collect::<StateResult<_>>()?;
+        Ok(())
     }
 }
 
@@ -115,7 +151,12 @@ pub trait CheckpointTraces: Send + Sync {
 
 /// A job's connection to the state service, shared by the subtasks of one process.
 pub struct RemoteState {
-    client: StateServiceClient<Channel>,
+    /// The client of each shard's node, by shard index.
+    clients: Vec<StateServiceClient<Channel>>,
+    /// Every node of the job's shards, by endpoint.
+    nodes: Vec<(String, StateServiceClient<Channel>)>,
+    /// The endpoint of each shard's node.
+    placement: Vec<String>,
     layout: ShardLayout,
     config: RemoteStateConfig,
     opened: Vec<OnceCell<u64>>,
@@ -135,31 +176,39 @@ impl std::fmt::Debug for RemoteState {
 }
 
 impl RemoteState {
-    /// Connects to the service at `config.endpoint`.
+    /// Connects to the nodes of the job's shards (`config.placement`, or
+    /// `config.endpoint` for all of them).
     pub async fn connect(config: RemoteStateConfig) -> StateResult<Arc<Self>> {
-        let endpoint = Endpoint::from_shared(config.endpoint.clone())
-            .map_err(|e| {
-                StateError::Rejected(format!(
-                    "state service address `{}` is not a valid URL: {e}",
-                    config.endpoint
-                ))
-            })?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .http2_adaptive_window(true);
-        let channel = endpoint.connect().await.map_err(|e| {
-            StateError::Unavailable(format!(
-                "cannot connect to the state service at {}: {e}",
-                config.endpoint
-            ))
-        })?;
-        let client = StateServiceClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let layout = ShardLayout::new(&config.job_id, config.max_parallelism, config.shards);
+        let placement = if config.placement.is_empty() {
+            vec![config.endpoint.clone(); layout.len()]
+        } else if config.placement.len() == layout.len() {
+            config.placement.clone()
+        } else {
+            return Err(StateError::Rejected(format!(
+                "the job's state has {} shards and its placement names {} nodes",
+                layout.len(),
+                config.placement.len()
+            )));
+        };
+        let mut endpoints: Vec<String> = placement.clone();
+        endpoints.sort();
+        endpoints.dedup();
+        let nodes = try_join_all(endpoints.iter().map(|e| connect_node(e))).await?;
+        let nodes: Vec<(String, StateServiceClient<Channel>)> =
+            endpoints.into_iter().zip(nodes).collect();
+        let clients = placement
+            .iter()
+            .map(|e| {
+                let i = nodes.partition_point(|(n, _)| n < e);
+                nodes[i].1.clone()
+            })
+            .collect();
         let opened = (0..layout.len()).map(|_| OnceCell::new()).collect();
         Ok(Arc::new(Self {
-            client,
+            clients,
+            nodes,
+            placement,
             layout,
             config,
             opened,
@@ -167,6 +216,16 @@ impl RemoteState {
             flushed: AtomicU64::new(0),
             traces: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// The client of shard `index`'s node.
+    fn client(&self, index: usize) -> StateServiceClient<Channel> {
+        self.clients[index].clone()
+    }
+
+    /// The endpoint of the node holding each shard, by shard index.
+    pub fn placement(&self) -> &[String] {
+        &self.placement
     }
 
     /// Traces each shard's flush of epoch `N` under checkpoint `N`'s span from `traces`
@@ -260,8 +319,7 @@ impl RemoteState {
             .get_or_try_init(|| async {
                 let req = self.open_request(index, self.config.restore_checkpoint, 0);
                 let resp = self
-                    .client
-                    .clone()
+                    .client(index)
                     .open_shard(req)
                     .await
                     .map_err(|s| status_error("open shard", &s))?;
@@ -288,8 +346,7 @@ impl RemoteState {
                 retained: retained.to_vec(),
             });
             let resp = self
-                .client
-                .clone()
+                .client(i)
                 .commit(req)
                 .await
                 .map_err(|s| status_error("commit", &s))?;
@@ -309,8 +366,7 @@ impl RemoteState {
                 fence,
             };
             let resp = self
-                .client
-                .clone()
+                .client(i)
                 .rollback(req)
                 .await
                 .map_err(|s| status_error("rollback", &s))?;
@@ -329,8 +385,7 @@ impl RemoteState {
         let calls = (0..self.layout.len()).map(|i| async move {
             let req = self.open_request(i, checkpoint, fence);
             let resp = self
-                .client
-                .clone()
+                .client(i)
                 .open_shard(req)
                 .await
                 .map_err(|s| status_error("open shard", &s))?
@@ -348,15 +403,17 @@ impl RemoteState {
         Ok(try_join_all(calls).await?.into_iter().sum())
     }
 
-    /// The service node's status.
-    pub async fn status(&self) -> StateResult<pb::StatusResponse> {
-        let resp = self
-            .client
-            .clone()
-            .status(pb::StatusRequest {})
-            .await
-            .map_err(|s| status_error("status", &s))?;
-        Ok(resp.into_inner())
+    /// The status of each node of the job's shards.
+    pub async fn status(&self) -> StateResult<Vec<pb::StatusResponse>> {
+        try_join_all(self.nodes.iter().map(|(_, client)| async move {
+            let resp = client
+                .clone()
+                .status(pb::StatusRequest {})
+                .await
+                .map_err(|s| status_error("status", &s))?;
+            Ok::<_, StateError>(resp.into_inner())
+        }))
+        .await
     }
 
     async fn multi_get(&self, shard: usize, keys: Vec<Bytes>) -> StateResult<Vec<Option<Bytes>>> {
@@ -367,8 +424,7 @@ impl RemoteState {
             keys,
         };
         let resp = self
-            .client
-            .clone()
+            .client(shard)
             .multi_get(req)
             .await
             .map_err(|s| status_error("multi-get", &s))?
@@ -395,8 +451,7 @@ impl RemoteState {
             ops,
             fence: self.config.fence,
         };
-        self.client
-            .clone()
+        self.client(shard)
             .write(req)
             .await
             .map_err(|s| status_error("write", &s))?;
@@ -419,8 +474,7 @@ impl RemoteState {
             &parent,
         );
         let resp = self
-            .client
-            .clone()
+            .client(shard)
             .flush(req)
             .await
             .map_err(|s| status_error("flush", &s))?;
@@ -450,8 +504,7 @@ impl RemoteState {
                 limit: u32::try_from(page).unwrap_or(u32::MAX),
             };
             let resp = self
-                .client
-                .clone()
+                .client(shard)
                 .scan(req)
                 .await
                 .map_err(|s| status_error("scan", &s))?
@@ -473,6 +526,29 @@ impl RemoteState {
             from = resp.resume_key;
         }
     }
+}
+
+/// A channel to the state-service node at `endpoint`.
+async fn connect_node(endpoint: &str) -> StateResult<StateServiceClient<Channel>> {
+    let channel = Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|e| {
+            StateError::Rejected(format!(
+                "state service address `{endpoint}` is not a valid URL: {e}"
+            ))
+        })?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_adaptive_window(true)
+        .connect()
+        .await
+        .map_err(|e| {
+            StateError::Unavailable(format!(
+                "cannot connect to the state service at {endpoint}: {e}"
+            ))
+        })?;
+    Ok(StateServiceClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
 
 /// A job's state in the service, as the runtime and the coordinator use it.
@@ -515,7 +591,8 @@ impl StateStore for RemoteStore {
     }
 
     async fn restored_bytes(&self) -> StateResult<u64> {
-        Ok(self.0.status().await?.restore_bytes_total)
+        let nodes = self.0.status().await?;
+        Ok(nodes.iter().map(|n| n.restore_bytes_total).sum())
     }
 
     fn reference(&self) -> sluice_common::pb::cluster::RemoteStateRef {
@@ -525,6 +602,16 @@ impl StateStore for RemoteStore {
             shards: self.0.layout.len() as u32,
             first_epoch: 0,
             fence: 0,
+            placement: (0..self.0.layout.len())
+                .map(|i| {
+                    let range = self.0.layout.range(i);
+                    sluice_common::pb::cluster::ShardPlacement {
+                        key_group_start: range.start,
+                        key_group_end: range.end,
+                        endpoint: self.0.placement[i].clone(),
+                    }
+                })
+                .collect(),
         }
     }
 }

@@ -72,6 +72,8 @@ pub struct ShardState {
     pub range: ShardRange,
     /// Handles returned by its writers' `Flush` (one per writer).
     pub handles: Vec<String>,
+    /// `http://host:port` of the state node that held it (empty: not recorded).
+    pub node: String,
 }
 
 /// One task's part of a checkpoint.
@@ -207,6 +209,7 @@ fn to_proto(m: &CheckpointMetadata) -> pb::CheckpointMetadata {
                 key_group_start: s.range.start,
                 key_group_end: s.range.end,
                 handles: s.handles.clone(),
+                node_endpoint: s.node.clone(),
             })
             .collect(),
         tasks: m
@@ -258,6 +261,7 @@ fn from_proto(m: pb::CheckpointMetadata) -> CheckpointMetadata {
                     end: s.key_group_end,
                 },
                 handles: s.handles,
+                node: s.node_endpoint,
             })
             .collect(),
         tasks: m
@@ -306,6 +310,7 @@ pub(crate) mod tests {
                 ShardState {
                     range: ShardRange { start: 0, end: 64 },
                     handles: vec!["jobs/q5/shards/0-64/deltas/7".into()],
+                    node: "http://127.0.0.1:7071".into(),
                 },
                 ShardState {
                     range: ShardRange {
@@ -313,6 +318,7 @@ pub(crate) mod tests {
                         end: 128,
                     },
                     handles: vec![],
+                    node: String::new(),
                 },
             ],
             tasks: vec![TaskCheckpoint {

@@ -104,6 +104,9 @@ pub struct JobInfo {
     pub parallelism: BTreeMap<u32, u32>,
     /// The job's state shards (empty without remote state).
     pub shards: Vec<ShardRange>,
+    /// The state node of each shard (`http://host:port`), recorded in every checkpoint
+    /// so that a restore finds the shards where they were.
+    pub placement: BTreeMap<ShardRange, String>,
     /// Every task that must acknowledge.
     pub tasks: BTreeSet<TaskId>,
 }
@@ -300,6 +303,11 @@ impl CheckpointProtocol {
             periodic: true,
             fenced: false,
         })
+    }
+
+    /// Where the job's shards are from now on (an attempt connected to its state).
+    pub fn set_placement(&mut self, placement: BTreeMap<ShardRange, String>) {
+        self.job.placement = placement;
     }
 
     /// Records a checkpoint committed before this protocol started (found in the
@@ -573,8 +581,13 @@ impl CheckpointProtocol {
     }
 
     fn metadata(&self, id: u64, now: u64, p: Pending) -> CheckpointMetadata {
-        let mut shards: BTreeMap<ShardRange, Vec<String>> =
-            self.job.shards.iter().map(|&r| (r, Vec::new())).collect();
+        let mut shards: BTreeMap<ShardRange, Vec<String>> = self
+            .job
+            .shards
+            .iter()
+            .chain(self.job.placement.keys())
+            .map(|&r| (r, Vec::new()))
+            .collect();
         let mut tasks = Vec::with_capacity(p.acks.len());
         for (task, ack) in p.acks {
             for h in ack.shard_handles {
@@ -601,7 +614,11 @@ impl CheckpointProtocol {
             parallelism: self.job.parallelism.clone(),
             shards: shards
                 .into_iter()
-                .map(|(range, handles)| ShardState { range, handles })
+                .map(|(range, handles)| ShardState {
+                    node: self.job.placement.get(&range).cloned().unwrap_or_default(),
+                    range,
+                    handles,
+                })
                 .collect(),
             tasks,
         }
@@ -774,6 +791,10 @@ mod tests {
                     end: 128,
                 },
             ],
+            placement: BTreeMap::from([(
+                ShardRange { start: 0, end: 64 },
+                "http://127.0.0.1:7071".to_owned(),
+            )]),
             tasks: tasks().into_iter().collect(),
         }
     }
@@ -881,6 +902,11 @@ mod tests {
         assert_eq!(meta.shards.len(), 2);
         assert_eq!(meta.shards[0].handles.len(), 3);
         assert!(meta.shards[1].handles.is_empty());
+        assert_eq!(
+            meta.shards[0].node, "http://127.0.0.1:7071",
+            "the placement"
+        );
+        assert_eq!(meta.shards[1].node, "", "a shard placed nowhere says so");
         assert_eq!(meta.job_graph, Bytes::from_static(b"graph"));
         assert_eq!(p.in_flight(), vec![1]);
         // Still committing: nothing else is triggered (one in flight).

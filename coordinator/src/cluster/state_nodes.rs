@@ -3,8 +3,9 @@
 //! and when it was last heard from. A node whose stream ends or that misses heartbeats
 //! is dropped from the list.
 //!
-//! It knows nothing of jobs: which node holds a job's shards is still the job's
-//! `--state-service`; this is what `sluice cluster` and `GET /v1/state-nodes` show.
+//! It knows nothing of jobs: a job's actor asks it for the live nodes when it connects
+//! the job to its state, and placement (`sluice_common::state::placement`) decides over
+//! them; it is also what `sluice cluster` and `GET /v1/state-nodes` show.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -12,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_common::pb::cluster as pbc;
+use sluice_common::state::placement::{LiveStateNode, OpenShard};
 
 /// A registered state node, as the REST API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -53,6 +55,8 @@ struct Entry {
     /// Which registration of the name this is: a stale stream's end must not drop a
     /// node that registered again.
     generation: u64,
+    /// Its open shards at its last heartbeat, as placement reads them.
+    open: Vec<OpenShard>,
 }
 
 /// The registered state nodes.
@@ -99,6 +103,7 @@ impl StateNodes {
                     view,
                     last_seen: Instant::now(),
                     generation,
+                    open: Vec::new(),
                 },
             )
             .is_some();
@@ -116,6 +121,16 @@ impl StateNodes {
         };
         e.last_seen = Instant::now();
         e.view.rss_bytes = hb.rss_bytes;
+        e.open = hb
+            .shards
+            .iter()
+            .map(|s| OpenShard {
+                job_id: s.job_id.clone(),
+                key_groups: s.key_group_start..s.key_group_end,
+                bytes: s.bytes,
+                committed_checkpoint: s.committed_checkpoint,
+            })
+            .collect();
         e.view.shards = hb
             .shards
             .iter()
@@ -126,6 +141,19 @@ impl StateNodes {
                 committed_checkpoint: s.committed_checkpoint,
             })
             .collect();
+    }
+
+    /// The nodes alive now, with the shards each reported open, for placement.
+    pub fn live(&self) -> Vec<LiveStateNode> {
+        self.lock()
+            .values()
+            .filter(|e| e.last_seen.elapsed() < self.timeout)
+            .map(|e| LiveStateNode {
+                node_id: e.view.node_id.clone(),
+                endpoint: e.view.endpoint.clone(),
+                shards: e.open.clone(),
+            })
+            .collect()
     }
 
     /// Registration `generation` of `node` ended (its stream closed or broke).
@@ -199,6 +227,9 @@ mod tests {
         assert_eq!(view.len(), 2);
         assert_eq!(view[0].shards[0].key_groups, "0-64");
         assert_eq!(view[0].rss_bytes, 5);
+        let live = nodes.live();
+        assert_eq!(live[0].endpoint, "http://a:7071");
+        assert_eq!(live[0].shards[0].key_groups, 0..64);
         // a restarts: its old stream's end must not drop the new registration.
         let a2 = nodes.attach(&reg("a"));
         nodes.lost("a", a, "old stream closed");

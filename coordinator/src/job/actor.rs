@@ -29,7 +29,9 @@ use crate::checkpoint::metadata;
 use crate::checkpoint::store::{self, MetadataStore};
 use crate::checkpoint::trace::CheckpointTraces;
 use crate::cluster::registry::{Registry, WorkerEvent, WorkerHandle};
+use crate::cluster::state_nodes::StateNodes;
 use opentelemetry::context::FutureExt as _;
+use sluice_common::state::PlacementHints;
 use sluice_telemetry::trace;
 
 /// How often a job waiting for slots looks again even without news from the registry.
@@ -48,6 +50,8 @@ pub(crate) struct Ports {
     pub registry: Arc<Registry>,
     pub store: Arc<dyn MetadataStore>,
     pub state_connector: Option<Arc<dyn StateConnector>>,
+    /// The registered state nodes, over which the connector places shards.
+    pub state_nodes: Arc<StateNodes>,
     pub launcher: Option<Arc<dyn WorkerLauncher>>,
     /// Whose shards in the state service the job uses.
     pub state_id: String,
@@ -240,10 +244,10 @@ impl JobActor {
             Action::OpenState => {
                 let span = self.lifecycle.child("open state");
                 let opened = match &self.shards {
-                    Some(s) => s.open().await.map_err(|e| e.to_string()),
-                    None => Err("the job has no state connection".into()),
+                    Some(s) => s.open().await.map_err(state_failure),
+                    None => Err(Failure::system("the job has no state connection")),
                 };
-                end_span(span, opened.as_ref().err());
+                end_span(span, opened.as_ref().err().map(|f| &f.reason));
                 Some(Event::StateOpened(opened))
             }
             Action::RollbackState { checkpoint, fence } => {
@@ -259,10 +263,10 @@ impl JobActor {
                         .restore(checkpoint, fence)
                         .await
                         .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    None => Err("the job has no state connection".into()),
+                        .map_err(state_failure),
+                    None => Err(Failure::system("the job has no state connection")),
                 };
-                end_span(span, rolled.as_ref().err());
+                end_span(span, rolled.as_ref().err().map(|f| &f.reason));
                 Some(Event::StateRolledBack(rolled))
             }
             Action::CommitState { id, retained } => {
@@ -355,17 +359,23 @@ impl JobActor {
                          knows none (--state-service)"
                     .into(),
                 user: true,
+                unavailable: false,
             });
         };
+        let hints = PlacementHints {
+            nodes: self.ports.state_nodes.live(),
+            previous: self.driver.placement(),
+        };
         let shards = connector
-            .connect(&self.ports.state_id, self.driver.graph())
+            .connect(&self.ports.state_id, self.driver.graph(), &hints)
             .await
-            .map_err(|e| Failure::system(format!("state service: {e}")))?
+            .map_err(|e| state_failure(e).context("state service"))?
             .ok_or_else(|| Failure {
                 reason: "the job's keyed state is kept where this coordinator has no \
                          connection to (start it with --state-service for remote state)"
                     .into(),
                 user: true,
+                unavailable: false,
             })?;
         let reference = shards.reference();
         self.shards = Some(shards);
@@ -393,6 +403,14 @@ impl JobActor {
                 })
             }
         }
+    }
+}
+
+/// A state store's error as a failure: an unreachable service is waited for.
+fn state_failure(e: sluice_common::state::StateError) -> Failure {
+    match e {
+        sluice_common::state::StateError::Unavailable(_) => Failure::unavailable(e.to_string()),
+        e => Failure::system(e.to_string()),
     }
 }
 

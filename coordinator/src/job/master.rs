@@ -27,6 +27,7 @@ use super::status::JobStatus;
 use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::store::{self, MetadataStore};
 use crate::cluster::registry::Registry;
+use crate::cluster::state_nodes::StateNodes;
 
 pub use super::graph::{graph_parallelism, max_parallelism, set_parallelism};
 pub use super::ports::{StateConnector, StateStore, WorkerLauncher};
@@ -84,6 +85,7 @@ impl JobMaster {
         registry: Arc<Registry>,
         store: Arc<dyn MetadataStore>,
         state_connector: Option<Arc<dyn StateConnector>>,
+        state_nodes: Arc<StateNodes>,
         launcher: Option<Arc<dyn WorkerLauncher>>,
         resume: Option<CheckpointMetadata>,
     ) -> JobHandle {
@@ -109,6 +111,7 @@ impl JobMaster {
             registry,
             store,
             state_connector,
+            state_nodes,
             launcher,
             state_id: config.state_id.clone().unwrap_or_else(|| id.clone()),
         };

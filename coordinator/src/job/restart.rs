@@ -3,9 +3,14 @@
 //! Attempt `n` (0-based: the first restart is attempt 0) waits
 //! `min(initial_backoff * 2^n, max_backoff)`; once `max_restarts` restarts were made the
 //! policy gives up and the job fails. The driver counts attempts; a job that ran long
-//! enough may reset its count (not decided here).
+//! enough may reset its count (not decided here). A dependency out of reach (a state
+//! node, an object store) is not the job's failure: the driver retries it with the same
+//! back-off, capped at [`DEPENDENCY_RETRY_CAP`], without counting restarts.
 
 use std::time::Duration;
+
+/// The longest wait between two tries to reach an unavailable dependency.
+pub const DEPENDENCY_RETRY_CAP: Duration = Duration::from_secs(5);
 
 /// How a failing job is restarted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,13 +49,23 @@ impl RestartPolicy {
         if attempt >= self.max_restarts {
             return Decision::GiveUp;
         }
+        Decision::Restart(self.backoff(attempt))
+    }
+
+    /// The wait before try `attempt` (0-based) of anything retried with this back-off.
+    pub fn backoff(&self, attempt: u32) -> Duration {
         let factor = 1u32.checked_shl(attempt).unwrap_or(u32::MAX);
-        let wait = self
-            .initial_backoff
+        self.initial_backoff
             .checked_mul(factor)
             .unwrap_or(self.max_backoff)
-            .min(self.max_backoff);
-        Decision::Restart(wait)
+            .min(self.max_backoff)
+    }
+
+    /// The wait before try `attempt` to reach a dependency that is out of reach: the
+    /// back-off, but never above [`DEPENDENCY_RETRY_CAP`], so that a job notices soon
+    /// that its dependency is back.
+    pub fn dependency_backoff(&self, attempt: u32) -> Duration {
+        self.backoff(attempt).min(DEPENDENCY_RETRY_CAP)
     }
 }
 

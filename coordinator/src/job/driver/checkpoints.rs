@@ -176,6 +176,9 @@ impl Driver {
 
     /// Checkpoint `id` is committed everywhere (metadata and shards).
     pub(super) fn checkpoint_done(&mut self, now: u64, id: u64, acts: &mut Vec<Action>) {
+        // The job's dependencies answer again: a later outage waits from the start.
+        self.unavailable_tries = 0;
+        self.unavailable_since = None;
         if let Some(sp) = self.savepoints.get_mut(&id) {
             sp.committed = true;
             self.maybe_savepoint_done(now, id, acts);

@@ -15,10 +15,44 @@ impl Driver {
         }
         match r {
             Ok(reference) => {
+                if let Some(p) = &mut self.protocol {
+                    p.set_placement(
+                        reference
+                            .placement
+                            .iter()
+                            .map(|s| {
+                                let range = ShardRange {
+                                    start: s.key_group_start,
+                                    end: s.key_group_end,
+                                };
+                                (range, s.endpoint.clone())
+                            })
+                            .collect(),
+                    );
+                }
                 self.state_ref = Some(reference);
                 self.schedule(acts);
             }
             Err(f) => self.fail_unattempted(now, f),
+        }
+    }
+
+    /// Where the job's shards are, by key-group range: this attempt's placement, else
+    /// that of the checkpoint the next attempt restores (empty: not known).
+    pub fn placement(&self) -> Vec<(std::ops::Range<u32>, String)> {
+        let current = self.state_ref.as_ref().map(|r| &r.placement);
+        match current.or(self.last_placement.as_ref()) {
+            Some(placement) if !placement.is_empty() => placement
+                .iter()
+                .map(|s| (s.key_group_start..s.key_group_end, s.endpoint.clone()))
+                .collect(),
+            _ => self
+                .restore
+                .iter()
+                .flat_map(|m| &m.shards)
+                .filter(|s| !s.node.is_empty())
+                .map(|s| (s.range.start..s.range.end, s.node.clone()))
+                .collect(),
         }
     }
 
@@ -97,6 +131,7 @@ impl Driver {
                     let f = Failure {
                         reason: format!("worker {worker}: {}", dep.error),
                         user: dep.user_error,
+                        unavailable: dep.unavailable,
                     };
                     return self.fail_attempt(now, f, None, acts);
                 }
@@ -114,6 +149,7 @@ impl Driver {
                     let f = Failure {
                         reason: format!("worker {worker}: {}", r.error),
                         user: r.user_error,
+                        unavailable: r.unavailable,
                     };
                     return self.fail_attempt(now, f, None, acts);
                 }
@@ -155,7 +191,7 @@ impl Driver {
     pub(super) fn on_state_opened(
         &mut self,
         now: u64,
-        r: Result<u64, String>,
+        r: Result<u64, Failure>,
         acts: &mut Vec<Action>,
     ) {
         let Phase::Deploying(Deploying {
@@ -169,8 +205,7 @@ impl Driver {
         let held = match r {
             Ok(held) => held,
             Err(e) => {
-                let f = Failure::system(format!("state service: {e}"));
-                return self.fail_attempt(now, f, None, acts);
+                return self.fail_attempt(now, e.context("state service"), None, acts);
             }
         };
         if let Some(p) = self.protocol.as_mut()
@@ -208,7 +243,7 @@ impl Driver {
     pub(super) fn on_rolled_back(
         &mut self,
         now: u64,
-        r: Result<(), String>,
+        r: Result<(), Failure>,
         acts: &mut Vec<Action>,
     ) {
         let Phase::Deploying(Deploying {
@@ -223,7 +258,7 @@ impl Driver {
             Ok(()) => self.send_deploy(now, peers, Some(reference), acts),
             Err(e) => {
                 let c = self.restore.as_ref().map_or(0, |m| m.checkpoint_id);
-                let f = Failure::system(format!("state rollback to checkpoint {c}: {e}"));
+                let f = e.context(&format!("state rollback to checkpoint {c}"));
                 self.fail_attempt(now, f, None, acts)
             }
         }

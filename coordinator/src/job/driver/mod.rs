@@ -95,6 +95,7 @@ use super::graph;
 use super::lifecycle::{IllegalTransition, JobEvent, JobState};
 use super::restart::{Decision, RestartPolicy};
 use super::status::{CheckpointRecord, JobStatus, TaskStatus};
+use crate::checkpoint::ack::ShardRange;
 use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::store::{self, CreateOutcome};
 use crate::checkpoint::{
@@ -162,6 +163,9 @@ pub struct Failure {
     pub reason: String,
     /// The job itself is at fault (retrying does not help).
     pub user: bool,
+    /// Something the job depends on is out of reach (a state node, an object store):
+    /// the job waits for it with back-off and spends no restart of its policy on it.
+    pub unavailable: bool,
 }
 
 impl Failure {
@@ -170,6 +174,23 @@ impl Failure {
         Self {
             reason: reason.into(),
             user: false,
+            unavailable: false,
+        }
+    }
+
+    /// A dependency out of reach (see [`Failure::unavailable`]).
+    pub fn unavailable(reason: impl Into<String>) -> Self {
+        Self {
+            unavailable: true,
+            ..Self::system(reason)
+        }
+    }
+
+    /// The same failure, its reason prefixed with `context`.
+    pub fn context(self, context: &str) -> Self {
+        Self {
+            reason: format!("{context}: {}", self.reason),
+            ..self
         }
     }
 }
@@ -206,9 +227,9 @@ pub enum Event {
         reason: String,
     },
     /// The answer to [`Action::OpenState`]: the checkpoint the shards hold.
-    StateOpened(Result<u64, String>),
+    StateOpened(Result<u64, Failure>),
     /// The answer to [`Action::RollbackState`].
-    StateRolledBack(Result<(), String>),
+    StateRolledBack(Result<(), Failure>),
     /// The answer to [`Action::CommitState`].
     StateCommitted {
         /// The checkpoint.
@@ -456,13 +477,20 @@ pub struct Driver {
     managed_state: bool,
     /// How workers reach the shards, once connected.
     state_ref: Option<pbc::RemoteStateRef>,
+    /// The placement of the last connection, while the shards are placed again.
+    last_placement: Option<Vec<pbc::ShardPlacement>>,
     not_restorable: Option<String>,
     /// Where the next attempt resumes from.
     restore: Option<CheckpointMetadata>,
     /// The newest checkpoint this driver committed.
     latest: Option<CheckpointMetadata>,
     attempt: u64,
+    /// Restarts the restart policy counts.
     restarts: u32,
+    /// Tries to reach an unavailable dependency since the job last ran.
+    unavailable_tries: u32,
+    /// When the dependency was first found out of reach (ms), until the job runs again.
+    unavailable_since: Option<u64>,
     fence: u64,
     fenced: bool,
     /// `_metadata` writes whose outcome is not known yet, by path.
@@ -506,6 +534,7 @@ impl Driver {
                     max_parallelism: graph::max_parallelism(&graph),
                     parallelism: graph::node_parallelism(&graph),
                     shards: Vec::new(),
+                    placement: BTreeMap::new(),
                     tasks: BTreeSet::new(),
                 };
                 match CheckpointProtocol::new(cfg, info, first_checkpoint_id, now) {
@@ -530,10 +559,13 @@ impl Driver {
             protocol,
             protocol_error,
             state_ref: None,
+            last_placement: None,
             restore: resume,
             latest: None,
             attempt: 0,
             restarts: 0,
+            unavailable_tries: 0,
+            unavailable_since: None,
             fence: 0,
             fenced: false,
             writes: BTreeMap::new(),
@@ -608,6 +640,7 @@ impl Driver {
                 Failure {
                     reason: e,
                     user: true,
+                    unavailable: false,
                 },
             );
         } else if self.managed_state {

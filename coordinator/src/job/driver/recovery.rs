@@ -144,6 +144,26 @@ impl Driver {
             Some(None)
         } else if let Some(why) = &self.not_restorable {
             Some(Some(format!("{}; not restarted: {why}", f.reason)))
+        } else if f.unavailable {
+            // Not the job's doing: wait for the dependency, spending no restart.
+            let wait = self
+                .config
+                .restart
+                .dependency_backoff(self.unavailable_tries);
+            self.unavailable_tries = self.unavailable_tries.saturating_add(1);
+            let since = *self.unavailable_since.get_or_insert(now);
+            self.status.restarts += 1;
+            self.transition(JobEvent::Restart);
+            self.phase = Phase::BackingOff {
+                until: now + ms(wait),
+            };
+            self.waiting_for(&format!(
+                "{} (out of reach for {} s; trying again in {wait:?}; restarts for this do not \
+                 count against the restart policy)",
+                f.reason,
+                now.saturating_sub(since) / 1000
+            ));
+            None
         } else {
             match self.config.restart.decide(self.restarts) {
                 Decision::GiveUp => Some(Some(format!(
@@ -152,7 +172,7 @@ impl Driver {
                 ))),
                 Decision::Restart(wait) => {
                     self.restarts += 1;
-                    self.status.restarts = self.restarts;
+                    self.status.restarts += 1;
                     self.transition(JobEvent::Restart);
                     self.phase = Phase::BackingOff {
                         until: now + ms(wait),
@@ -189,8 +209,18 @@ impl Driver {
             None => {}
         }
         self.transition(JobEvent::Restarted);
+        if self
+            .state_ref
+            .as_ref()
+            .is_some_and(|r| !r.placement.is_empty())
+        {
+            // Shards placed over registered state nodes are placed again: a node the
+            // last attempt used may be gone, and its shards reopen on the survivors.
+            self.last_placement = self.state_ref.take().map(|r| r.placement);
+        }
         if self.managed_state && self.state_ref.is_none() {
-            // The state service was not reached the first time.
+            // The state service was not reached the first time, or the shards are
+            // placed again.
             self.phase = Phase::Connecting;
             self.waiting_for("the state service");
             return acts.push(Action::ConnectState);

@@ -107,6 +107,7 @@ impl Driver {
             let f = Failure {
                 reason: format!("worker {worker}: {}", r.error),
                 user: r.user_error,
+                unavailable: r.unavailable,
             };
             return self.fail_attempt(now, f, None, acts);
         }

@@ -67,6 +67,8 @@ fn config(workers: usize) -> DriverConfig {
 struct Hold {
     rollback: bool,
     commit: bool,
+    /// `ConnectState`s answered with an unavailable state service.
+    unavailable_connects: u32,
 }
 
 /// The driver with a pretend actor around it.
@@ -79,6 +81,8 @@ struct H {
     hold: Hold,
     /// I/O held back, to be answered by the test.
     held: Vec<Action>,
+    /// The placement the driver had at each `ConnectState`.
+    placements_asked: Vec<Vec<(std::ops::Range<u32>, String)>>,
 }
 
 impl H {
@@ -107,6 +111,7 @@ impl H {
             store,
             hold: Hold::default(),
             held: Vec::new(),
+            placements_asked: Vec::new(),
         };
         let first = h.d.start(T0);
         let acts = h.run(first);
@@ -134,12 +139,28 @@ impl H {
         let mut all = Vec::new();
         while let Some(a) = queue.pop_front() {
             let event = match &a {
-                Action::ConnectState => Some(Event::StateConnected(Ok(pbc::RemoteStateRef {
-                    endpoint: "http://state".into(),
-                    job_id: "q-1".into(),
-                    shards: 4,
-                    ..Default::default()
-                }))),
+                Action::ConnectState if self.hold.unavailable_connects > 0 => {
+                    self.hold.unavailable_connects -= 1;
+                    Some(Event::StateConnected(Err(Failure::unavailable(
+                        "state service: no state node is registered with the coordinator",
+                    ))))
+                }
+                Action::ConnectState => {
+                    self.placements_asked.push(self.d.placement());
+                    Some(Event::StateConnected(Ok(pbc::RemoteStateRef {
+                        endpoint: "http://state".into(),
+                        job_id: "q-1".into(),
+                        shards: 2,
+                        placement: [(0, 64, "http://s1"), (64, 128, "http://s2")]
+                            .map(|(start, end, node)| pbc::ShardPlacement {
+                                key_group_start: start,
+                                key_group_end: end,
+                                endpoint: node.into(),
+                            })
+                            .to_vec(),
+                        ..Default::default()
+                    })))
+                }
                 Action::OpenState => Some(Event::StateOpened(Ok(0))),
                 Action::RollbackState { .. } if self.hold.rollback => {
                     self.held.push(a.clone());
@@ -733,6 +754,78 @@ fn a_worker_lost_during_deploy_restarts_from_the_last_checkpoint() {
     assert_eq!(h.d.status().restarts, 2);
     // The back-off doubled.
     assert_eq!(h.d.next_deadline(), Some(h.now + 2 * BACKOFF));
+}
+
+#[test]
+fn checkpoints_record_the_shards_placement_and_a_restart_places_them_again() {
+    let mut h = running(true);
+    assert_eq!(h.placements_asked, vec![vec![]], "nothing placed before");
+    let id = next_checkpoint(&mut h);
+    h.ack_all(id, &["a", "b"], 2);
+    let meta = h.store[&checkpoint_path("q-1", id).expect("valid")].clone();
+    let nodes: Vec<(u32, &str)> = meta
+        .shards
+        .iter()
+        .map(|s| (s.range.start, s.node.as_str()))
+        .collect();
+    assert_eq!(nodes, vec![(0, "http://s1"), (64, "http://s2")]);
+    // A state node's loss fails a task: the next attempt connects again, from where the
+    // shards were, so that the placement keeps what lives and moves what died.
+    h.from("a", error_report(1, "state service unavailable", false));
+    h.confirm_cancel(&["a", "b"]);
+    h.tick();
+    assert_eq!(h.placements_asked.len(), 2, "connected again");
+    assert_eq!(
+        h.placements_asked[1],
+        vec![
+            (0..64, "http://s1".to_owned()),
+            (64..128, "http://s2".to_owned())
+        ]
+    );
+    // A new coordinator resuming from the checkpoint starts from its placement.
+    let (h2, _) = H::resume(2, graph(2, true, true), Some(meta), id + 1, h.store.clone());
+    assert_eq!(h2.placements_asked[0].len(), 2, "{:?}", h2.placements_asked);
+}
+
+#[test]
+fn an_unreachable_state_service_is_waited_for_without_spending_restarts() {
+    let mut h = running(true);
+    let id = next_checkpoint(&mut h);
+    h.ack_all(id, &["a", "b"], 2);
+    let policy = config(2).restart.max_restarts;
+    // The state node dies: a task fails with the service out of reach, and no node is
+    // registered for longer than the policy has restarts.
+    h.hold.unavailable_connects = policy + 5;
+    h.from(
+        "a",
+        wm::Msg::Report(pbc::Report {
+            attempt: 1,
+            r#final: true,
+            error: "state service write: connection refused".into(),
+            unavailable: true,
+            ..Default::default()
+        }),
+    );
+    h.confirm_cancel(&["a", "b"]);
+    let mut waits = Vec::new();
+    for _ in 0..=policy + 5 {
+        assert_eq!(h.state(), JobState::Restarting);
+        let waiting = h.d.status().waiting_for.clone().unwrap_or_default();
+        assert!(waiting.contains("out of reach"), "{waiting}");
+        let before = h.now;
+        h.tick();
+        waits.push(h.now - before);
+    }
+    assert!(
+        waits.iter().all(|&w| w <= 5_000),
+        "retries are at most 5 s apart: {waits:?}"
+    );
+    // The node is back: the job deploys, with every restart shown and none charged.
+    assert_eq!(h.state(), JobState::Scheduling, "{:?}", h.d.status());
+    h.deploy(&["a", "b"], 2);
+    assert_eq!(h.state(), JobState::Running);
+    assert_eq!(h.d.status().restarts, policy + 6);
+    assert_eq!(h.d.restarts, 0, "nothing charged to the restart policy");
 }
 
 #[test]

@@ -1,0 +1,206 @@
+//! Keyed state over several state nodes, across real processes: three `sluice
+//! state-service` nodes register with a coordinator, which places a job's shards over
+//! them (`sluice cluster` shows where); one node is killed with SIGKILL mid-run, its
+//! shards reopen on the survivors from the object store at the last checkpoint, and the
+//! job's committed output (the exactly-once file sink) equals the output of the same job
+//! run without failures. And an outage of the only state node, longer than the restart
+//! policy allows restarts, is waited for and survived.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_integration_tests::cluster::{MiniCluster, node_name};
+use sluice_integration_tests::{
+    assert_same_rows, read_jsonl_dir, run_sluice, tempdir, write_job, yaml_path,
+};
+
+const SHARDS: usize = 6;
+
+/// A windowed count per auction on remote state into the exactly-once file sink, at
+/// `rate` events per second (0: unthrottled).
+fn job(out: &Path, rate: u64) -> String {
+    format!(
+        "name: placed\nparallelism: 2\ncheckpoint: {{ interval: 300ms }}\n\
+         state: {{ backend: remote, shards: {SHARDS} }}\n\
+         source:\n  nexmark: {{ stream: bid, events: 150000, seed: 23, splits: 4, max_events_per_second: {rate} }}\n\
+         watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
+         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    \
+         aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        yaml_path(out)
+    )
+}
+
+/// `sluice cluster --json`.
+fn cluster_view(cluster: &MiniCluster, dir: &Path) -> Value {
+    let out = run_sluice(&["cluster", "--coordinator", &cluster.url(), "--json"], dir);
+    out.assert_success();
+    serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", out.stdout, cluster.logs()))
+}
+
+/// The job's open shards per state node, by node name.
+fn shards_by_node(view: &Value, job: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for n in view["state_nodes"].as_array().into_iter().flatten() {
+        let shards: Vec<String> = n["shards"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["job_id"] == job)
+            .filter_map(|s| s["key_groups"].as_str().map(str::to_owned))
+            .collect();
+        if !shards.is_empty() {
+            out.insert(n["node_id"].as_str().unwrap_or("?").to_owned(), shards);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_killed_state_nodes_shards_reopen_on_the_survivors_and_the_output_is_exactly_once() {
+    let dir = tempdir();
+    let dir = dir.path();
+    let expected = reference(dir);
+    let mut cluster = MiniCluster::start_nodes(dir, 2, 3, |_| Vec::new(), &[]);
+    let out = dir.join("out");
+    let path = write_job(dir, "placed.yaml", &job(&out, 9_000));
+    let id = cluster.submit(dir, &path, 2);
+
+    // The coordinator spreads the six shards over the three nodes, two each.
+    let before = cluster.wait_until(
+        "the job's shards open on every node, with a checkpoint",
+        Duration::from_secs(60),
+        || {
+            let placed = shards_by_node(&cluster_view(&cluster, dir), &id);
+            let committed = cluster.status(&id)["last_checkpoint"].as_u64().unwrap_or(0) > 0;
+            (committed && placed.len() == 3 && placed.values().all(|s| s.len() == 2))
+                .then_some(placed)
+        },
+    );
+    eprintln!("placement before: {before:?}");
+    let victim = node_name(1);
+    let moved = before[&victim].clone();
+    let restarts = cluster.status(&id)["restarts"].as_u64().unwrap_or(0);
+    cluster.more_state[0].kill();
+
+    // The job restarts from its last checkpoint with node-b's shards on node-a and
+    // node-c, opened there from the object store.
+    let after = cluster.wait_until(
+        "every shard open on the two surviving nodes",
+        Duration::from_secs(60),
+        || {
+            let status = cluster.status(&id);
+            if status["state"] == "finished" {
+                return Some(BTreeMap::new());
+            }
+            let placed = shards_by_node(&cluster_view(&cluster, dir), &id);
+            let restarted = status["restarts"].as_u64().unwrap_or(0) > restarts;
+            let all: usize = placed.values().map(Vec::len).sum();
+            (restarted && !placed.contains_key(&victim) && all == SHARDS).then_some(placed)
+        },
+    );
+    eprintln!("placement after {victim} was killed: {after:?}");
+    if !after.is_empty() {
+        for shard in &moved {
+            let holders: Vec<&String> = after
+                .iter()
+                .filter(|(_, s)| s.contains(shard))
+                .map(|(n, _)| n)
+                .collect();
+            assert_eq!(holders.len(), 1, "shard {shard} on one node: {after:?}");
+        }
+        let a = after.get("node-a").map_or(0, Vec::len);
+        let c = after.get("node-c").map_or(0, Vec::len);
+        assert_eq!((a, c), (3, 3), "the lost shards spread: {after:?}");
+    }
+
+    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
+        let s = cluster.status(&id);
+        matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
+    });
+    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    assert!(
+        status["restarts"].as_u64().unwrap_or(0) > restarts,
+        "the node's loss restarted the job: {status}"
+    );
+    assert_same_rows(
+        "output after a state node was killed",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+}
+
+/// The job run without failures, into `dir/reference`.
+fn reference(dir: &Path) -> Vec<sluice_integration_tests::Row> {
+    let reference = dir.join("reference");
+    let ref_job = write_job(dir, "ref.yaml", &job(&reference, 0));
+    run_sluice(&["run", ref_job.to_str().unwrap()], dir)
+        .assert_success()
+        .assert_no_panic();
+    let rows = read_jsonl_dir(&reference);
+    assert!(!rows.is_empty());
+    rows
+}
+
+/// The only state node is down for longer than the restart policy's budget
+/// (`--max-restarts 1`): the job waits for it, saying so, spends no restart, and
+/// resumes by itself when the node is back, with exactly-once output.
+#[test]
+fn a_state_service_outage_is_waited_for_without_spending_restarts() {
+    let dir = tempdir();
+    let dir = dir.path();
+    let expected = reference(dir);
+    let mut cluster = MiniCluster::start(
+        dir,
+        2,
+        |role| match role {
+            "coordinator" => vec!["--max-restarts".into(), "1".into()],
+            _ => Vec::new(),
+        },
+        &[],
+    );
+    let out = dir.join("out");
+    let path = write_job(dir, "outage.yaml", &job(&out, 9_000));
+    let id = cluster.submit(dir, &path, 2);
+    cluster.wait_until("a checkpoint", Duration::from_secs(60), || {
+        (cluster.status(&id)["last_checkpoint"].as_u64().unwrap_or(0) > 0).then_some(())
+    });
+    cluster.state.kill();
+    let waiting = cluster.wait_until(
+        "the job to say it waits for the state service",
+        Duration::from_secs(30),
+        || {
+            let s = cluster.status(&id);
+            assert_ne!(s["state"], "failed", "{s}\n{}", cluster.logs());
+            let w = s["waiting_for"].as_str().unwrap_or("").to_owned();
+            w.contains("out of reach").then_some(w)
+        },
+    );
+    assert!(waiting.contains("state"), "{waiting}");
+    // Several tries pass, more than the policy's one restart.
+    let tries = cluster.wait_until(
+        "three tries to reach the state service",
+        Duration::from_secs(30),
+        || {
+            let s = cluster.status(&id);
+            assert_ne!(s["state"], "failed", "{s}\n{}", cluster.logs());
+            let restarts = s["restarts"].as_u64().unwrap_or(0);
+            (restarts >= 3).then_some(restarts)
+        },
+    );
+    eprintln!("{tries} tries while the node was down: {waiting}");
+    cluster.restart_state_node(dir, 0);
+    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
+        let s = cluster.status(&id);
+        matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
+    });
+    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    assert_same_rows(
+        "output after a state service outage",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+}
