@@ -233,7 +233,10 @@ impl Coordinator {
             records.push(("state", s.clone()));
         }
         if let Some(p) = &options.from_savepoint {
-            records.push(("from", p.trim_start_matches('/').to_string()));
+            let rel = store
+                .relative(p)
+                .map_err(|e| ApiError::bad("from_savepoint", e))?;
+            records.push(("from", rel));
         }
         for (name, value) in records {
             store
@@ -259,8 +262,10 @@ impl Coordinator {
         path: &str,
         graph: &pb::JobGraph,
     ) -> Result<(CheckpointMetadata, Option<String>), ApiError> {
-        let path = path.trim_start_matches('/');
         let store = self.options.store.as_ref();
+        let path = &store
+            .relative(path)
+            .map_err(|e| ApiError::bad("from_savepoint", e))?;
         let meta = store::read_metadata(store, path)
             .await
             .map_err(|e| match e {

@@ -103,6 +103,9 @@ async function jobPage(id) {
     ` · parallelism ${job.parallelism} · restarts <b id="restarts">${job.restarts}</b>` +
     ` · records in ${job.records_in}, out ${job.records_out}</p>` +
     (job.failure ? `<p class="failure">Last failure: ${esc(job.failure)}</p>` : "") +
+    (job.failures.length ? `<details><summary>Failures (${job.failures.length})</summary><ul>` +
+      job.failures.slice().reverse().map(f => `<li>attempt ${f.attempt}, ${new Date(f.at_ms).toLocaleTimeString()}` +
+        `${f.unavailable ? " (waited for)" : ""}: ${esc(f.reason)}</li>`).join("") + `</ul></details>` : "") +
     (job.waiting_for ? `<p>Waiting for ${esc(job.waiting_for)}</p>` : "") +
     `<h2>Graph</h2><p class="legend"><span style="background:hsl(220,70%,45%)">idle</span>` +
     `<span style="background:hsl(0,70%,45%)">busy</span><span style="background:hsl(0,0%,25%)">back-pressured</span></p>` +

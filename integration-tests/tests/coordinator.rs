@@ -725,6 +725,9 @@ fn sluice_run_resumes_a_clusters_savepoint() {
     );
     let store = cluster.store.to_str().expect("UTF-8 path").to_owned();
     let state = cluster.state.url();
+    // The savepoint named as a user finds it on disk: absolute, inside the store.
+    let absolute = format!("{store}/{path}");
+    assert!(absolute.starts_with('/'), "{absolute}");
     let args = [
         "run",
         job.to_str().expect("UTF-8 path"),
@@ -733,7 +736,7 @@ fn sluice_run_resumes_a_clusters_savepoint() {
         "--state-service",
         &state,
         "--from-savepoint",
-        &path,
+        &absolute,
     ];
     run_sluice(&args, dir.path())
         .assert_success()

@@ -51,9 +51,15 @@ impl Rocks {
     /// Builds the shared cache and write buffer manager for `split`.
     pub fn new(split: MemorySplit) -> Self {
         let cache = Cache::new_lru_cache(split.block_cache);
+        // No stall: the manager is shared by every shard's database, and a stalled
+        // write waits for memory that only a flush frees, but RocksDB flushes only the
+        // database being written to. A write to a shard whose memtables are empty,
+        // while idle shards hold the memory, then waited forever (a preload's commit
+        // hung for 600 s). Without the stall, each write over the limit flushes its own
+        // database's largest memtable.
         let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
             split.write_buffers,
-            true,
+            false,
             cache.clone(),
         );
         Self {

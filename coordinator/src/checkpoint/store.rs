@@ -64,6 +64,13 @@ pub trait MetadataStore: Send + Sync + fmt::Debug {
     async fn list(&self, prefix: &str) -> Result<Vec<String>>;
     /// Removes the object at `path` (a checkpoint retention let go); absent is fine.
     async fn delete(&self, path: &str) -> Result<()>;
+
+    /// The store-relative path a user's `path` names: relative paths as they are, and
+    /// an absolute one (a local path, `file://`, or a URL of the store) when it is inside
+    /// the store; the error says where the store is otherwise.
+    fn relative(&self, path: &str) -> std::result::Result<String, String> {
+        Ok(path.trim_start_matches('/').to_owned())
+    }
 }
 
 /// Checks that `value` can be one path segment: ASCII letters, digits, `.`, `_`, `-`,
@@ -265,6 +272,22 @@ impl ObjectMetadataStore {
         &self.display
     }
 
+    /// See [`MetadataStore::relative`].
+    fn relative_to_root(&self, path: &str) -> std::result::Result<String, String> {
+        let path = path.strip_prefix("file://").unwrap_or(path);
+        if !path.starts_with('/') && !path.contains("://") {
+            return Ok(path.to_owned());
+        }
+        let root = self.display.trim_end_matches('/');
+        match path.strip_prefix(root) {
+            Some(rest) if rest.starts_with('/') => Ok(rest.trim_start_matches('/').to_owned()),
+            _ => Err(format!(
+                "`{path}` is not in the coordinator's store ({root}): give a path inside it, \
+                 absolute or relative to it (jobs/<job>/...)"
+            )),
+        }
+    }
+
     fn location(&self, rel: &str) -> Path {
         sluice_storage::child(&self.root, rel)
     }
@@ -283,6 +306,10 @@ impl ObjectMetadataStore {
 
 #[async_trait]
 impl MetadataStore for ObjectMetadataStore {
+    fn relative(&self, path: &str) -> std::result::Result<String, String> {
+        self.relative_to_root(path)
+    }
+
     async fn create_if_absent(&self, path: &str, bytes: Bytes) -> Result<CreateOutcome> {
         let location = self.location(path);
         let put =
@@ -477,6 +504,26 @@ mod tests {
         // Exactly the objects written, no staging leftovers.
         let all = store.list("jobs").await.unwrap();
         assert_eq!(all.len(), 4, "{all:?}");
+    }
+
+    #[test]
+    fn an_absolute_path_inside_the_store_names_the_same_object_as_a_relative_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("meta");
+        let store = ObjectMetadataStore::from_url(&root.display().to_string()).unwrap();
+        let rel = "jobs/q5/checkpoints/00000000000000000007/_metadata";
+        let abs = format!("{}/{rel}", root.display());
+        assert_eq!(store.relative(rel).unwrap(), rel);
+        assert_eq!(store.relative(&abs).unwrap(), rel);
+        assert_eq!(store.relative(&format!("file://{abs}")).unwrap(), rel);
+        let err = store.relative("/elsewhere/jobs/q5/_metadata").unwrap_err();
+        assert!(
+            err.contains("not in the coordinator's store")
+                && err.contains(&*root.to_string_lossy()),
+            "{err}"
+        );
+        let err = store.relative("s3://bucket/jobs/q5/_metadata").unwrap_err();
+        assert!(err.contains("not in the coordinator's store"), "{err}");
     }
 
     #[tokio::test]

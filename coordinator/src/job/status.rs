@@ -10,6 +10,22 @@ use crate::job::lifecycle::JobState;
 /// How many completed checkpoints a status lists.
 pub const CHECKPOINT_HISTORY: usize = 100;
 
+/// How many failures a status lists.
+pub const FAILURE_HISTORY: usize = 20;
+
+/// A failed attempt, as the job's history keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FailureRecord {
+    /// The attempt that failed.
+    pub attempt: u64,
+    /// When (ms since the Unix epoch).
+    pub at_ms: u64,
+    /// Why.
+    pub reason: String,
+    /// A dependency was out of reach (not counted against the restart policy).
+    pub unavailable: bool,
+}
+
 /// A completed checkpoint, as `sluice checkpoints` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct CheckpointRecord {
@@ -93,8 +109,11 @@ pub struct JobStatus {
     pub checkpoints: Vec<CheckpointRecord>,
     /// Checkpoints aborted so far.
     pub checkpoints_aborted: u64,
-    /// Why the last attempt failed.
+    /// Why the job is failing, failed, or restarts (the last attempt's failure);
+    /// cleared when the job finishes successfully. History is in `failures`.
     pub failure: Option<String>,
+    /// Failed attempts, oldest first (the last [`FAILURE_HISTORY`]).
+    pub failures: Vec<FailureRecord>,
     /// The error was in the job itself (not retried).
     pub user_error: bool,
     /// Milliseconds since the Unix epoch when it was submitted.
@@ -208,11 +227,22 @@ impl JobStatus {
             checkpoints: Vec::new(),
             checkpoints_aborted: 0,
             failure: None,
+            failures: Vec::new(),
             user_error: false,
             submitted_at_ms: now,
             tasks: Vec::new(),
             nodes: Vec::new(),
             checkpoint_timeout_ms: None,
+        }
+    }
+
+    /// Records a failed attempt as the current failure and in the history (keeping
+    /// the last [`FAILURE_HISTORY`]).
+    pub fn record_failure(&mut self, record: FailureRecord) {
+        self.failure = Some(record.reason.clone());
+        self.failures.push(record);
+        if self.failures.len() > FAILURE_HISTORY {
+            self.failures.remove(0);
         }
     }
 

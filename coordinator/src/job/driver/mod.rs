@@ -94,7 +94,7 @@ use super::control::{self, DeploySettings};
 use super::graph;
 use super::lifecycle::{IllegalTransition, JobEvent, JobState};
 use super::restart::{Decision, RestartPolicy};
-use super::status::{CheckpointRecord, JobStatus, TaskStatus};
+use super::status::{CheckpointRecord, FailureRecord, JobStatus, TaskStatus};
 use crate::checkpoint::ack::ShardRange;
 use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::store::{self, CreateOutcome};
@@ -761,6 +761,10 @@ impl Driver {
 
     /// The job ends in `state` (a transition to it must be legal).
     fn finish(&mut self, event: JobEvent) {
+        if event == JobEvent::AllFinished {
+            // A failure the job recovered from is history (`failures`), not its state.
+            self.status.failure = None;
+        }
         self.transition(event);
         self.phase = Phase::Done;
         self.status.waiting_for = None;
@@ -768,6 +772,16 @@ impl Driver {
         self.end = Some(End {
             state: self.lifecycle,
             record: !self.fenced,
+        });
+    }
+
+    /// `f` failed the current attempt at `now`.
+    fn record_failure(&mut self, now: u64, f: &Failure) {
+        self.status.record_failure(FailureRecord {
+            attempt: self.attempt,
+            at_ms: now,
+            reason: f.reason.clone(),
+            unavailable: f.unavailable,
         });
     }
 

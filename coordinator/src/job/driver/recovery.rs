@@ -47,7 +47,7 @@ impl Driver {
             };
             return self.cancel_attempt(now, lost, then, acts);
         }
-        self.status.failure = Some(f.reason.clone());
+        self.record_failure(now, &f);
         self.status.user_error = f.user;
         self.answer_requests(&format!("the job's attempt failed: {}", f.reason), acts);
         self.transition(JobEvent::TaskFailed);
@@ -62,7 +62,7 @@ impl Driver {
     /// A failure before any attempt (the state service, the job's settings).
     pub(super) fn fail_unattempted(&mut self, now: u64, f: Failure) {
         self.transition(JobEvent::TaskFailed);
-        self.status.failure = Some(f.reason.clone());
+        self.record_failure(now, &f);
         self.status.user_error = f.user;
         self.settle(now, f);
     }

@@ -10,6 +10,7 @@ use sluice_common::pb::cluster::worker_message as wm;
 
 use super::*;
 use crate::checkpoint::store::{checkpoint_path, savepoint_path};
+use crate::job::status::FAILURE_HISTORY;
 
 const T0: u64 = 1_000_000;
 const INTERVAL: u64 = 100;
@@ -826,6 +827,23 @@ fn an_unreachable_state_service_is_waited_for_without_spending_restarts() {
     assert_eq!(h.state(), JobState::Running);
     assert_eq!(h.d.status().restarts, policy + 6);
     assert_eq!(h.d.restarts, 0, "nothing charged to the restart policy");
+    let failures = &h.d.status().failures;
+    assert_eq!(failures.len(), (policy as usize + 6).min(FAILURE_HISTORY));
+    assert!(failures.iter().all(|f| f.unavailable), "{failures:?}");
+    assert_eq!(failures[0].attempt, 1);
+
+    // It finishes: the failure it recovered from is history, not its state.
+    let attempt = h.attempt();
+    for t in 0..4 {
+        h.from(if t < 2 { "a" } else { "b" }, finished(attempt, t));
+    }
+    let last = h.d.status().last_checkpoint.unwrap_or(0) + 1;
+    h.ack_all(last, &["a", "b"], 2);
+    h.from("a", final_report(attempt, 1));
+    h.from("b", final_report(attempt, 1));
+    assert_eq!(h.state(), JobState::Finished);
+    assert_eq!(h.d.status().failure, None);
+    assert!(!h.d.status().failures.is_empty());
 }
 
 #[test]
