@@ -272,6 +272,17 @@ async fn state_nodes(State(c): State<Arc<Coordinator>>) -> ApiResult {
     ok(c.state_nodes())
 }
 
+async fn drain_state_node(
+    State(c): State<Arc<Coordinator>>,
+    Path(node): Path<String>,
+) -> ApiResult {
+    ok(c.drain_state_node(&node).await?)
+}
+
+async fn rebalance(State(c): State<Arc<Coordinator>>) -> ApiResult {
+    ok(c.rebalance_state().await)
+}
+
 async fn cluster(State(c): State<Arc<Coordinator>>) -> ApiResult {
     ok(serde_json::json!({
         "coordinator": { "pid": std::process::id() },
@@ -326,6 +337,8 @@ pub fn router(c: Arc<Coordinator>) -> Router {
         .route("/v1/jobs/{id}/rescale", post(rescale))
         .route("/v1/workers", get(workers))
         .route("/v1/state-nodes", get(state_nodes))
+        .route("/v1/state-nodes/{node}/drain", post(drain_state_node))
+        .route("/v1/state-nodes/rebalance", post(rebalance))
         .route("/v1/cluster", get(cluster))
         .route("/v1/openapi.yaml", get(openapi))
         .route("/metrics", get(metrics))

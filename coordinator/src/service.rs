@@ -99,6 +99,17 @@ struct JobEntry {
     done: Option<AbortOnDropHandle<JobState>>,
 }
 
+/// What a drain or a rebalance did to one job.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ShardMove {
+    /// The job.
+    pub job: String,
+    /// What it did, when it could.
+    pub outcome: Option<RescaleOutcome>,
+    /// Why it could not move its shards (it keeps running where it was).
+    pub error: Option<String>,
+}
+
 /// What `submit` needs besides the graph.
 #[derive(Debug, Clone, Default)]
 pub struct SubmitOptions {
@@ -464,6 +475,49 @@ impl Coordinator {
         }
         self.ask(id, |reply| Command::Rescale { parallelism, reply })
             .await
+    }
+
+    /// Drains state node `node`: no shard is placed on it any more, and every job with
+    /// shards on it moves them to the other nodes (a checkpoint, then a redeploy that
+    /// reopens them there); returns what each job did, by job id.
+    pub async fn drain_state_node(&self, node: &str) -> Result<Vec<ShardMove>, ApiError> {
+        let endpoint = self.state_nodes.drain(node).map_err(ApiError::NotFound)?;
+        Ok(self.move_shards(Some(endpoint)).await)
+    }
+
+    /// Spreads every job's shards evenly over the live state nodes (after nodes joined),
+    /// moving only what must; returns what each job did.
+    pub async fn rebalance_state(&self) -> Vec<ShardMove> {
+        self.move_shards(None).await
+    }
+
+    async fn move_shards(&self, off: Option<String>) -> Vec<ShardMove> {
+        let live: Vec<String> = self
+            .state_nodes
+            .live()
+            .into_iter()
+            .filter(|n| !n.draining)
+            .map(|n| n.endpoint)
+            .collect();
+        let jobs: Vec<String> = self
+            .lock()
+            .iter()
+            .filter(|(_, e)| e.state_id.is_some() && !e.status.borrow().state.is_terminal())
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut moves = Vec::new();
+        for job in jobs {
+            let (off, live) = (off.clone(), live.clone());
+            let outcome = self
+                .ask(&job, |reply| Command::MoveShards { off, live, reply })
+                .await;
+            moves.push(ShardMove {
+                job,
+                outcome: outcome.as_ref().ok().cloned(),
+                error: outcome.err().map(|e| e.to_string()),
+            });
+        }
+        moves
     }
 
     /// Waits for job `id` to end; returns its final status.

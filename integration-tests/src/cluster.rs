@@ -25,6 +25,10 @@ pub struct MiniCluster {
     /// Each state node's command line and the environment, to start it again.
     state_commands: Vec<Vec<String>>,
     env: Vec<(String, String)>,
+    /// The coordinator's gRPC address and the state nodes' extra arguments, for nodes
+    /// added later.
+    grpc: String,
+    node_args: Vec<String>,
     /// The coordinator.
     pub coordinator: Proc,
     /// The coordinator's REST `host:port`.
@@ -39,6 +43,33 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("binding an ephemeral port")
         .port()
+}
+
+/// The command line of state node `i` registering at `grpc`, all nodes on the object
+/// store in `dir/state-objects`.
+fn state_node_command(dir: &Path, i: usize, grpc: &str, extra: &[String]) -> Vec<String> {
+    let name = node_name(i);
+    let data = match i {
+        0 => dir.join("state-data"),
+        _ => dir.join(format!("state-data-{name}")),
+    };
+    let mut args: Vec<String> = [
+        "state-service",
+        "--listen",
+        "127.0.0.1:0",
+        "--node-id",
+        &name,
+    ]
+    .map(String::from)
+    .to_vec();
+    args.push("--data-dir".into());
+    args.push(data.display().to_string());
+    args.push("--object-store".into());
+    args.push(format!("file://{}", dir.join("state-objects").display()));
+    args.extend(["--memory", "256MiB"].map(String::from));
+    args.extend(["--coordinator".to_owned(), format!("http://{grpc}")]);
+    args.extend(extra.iter().cloned());
+    args
 }
 
 /// The name of the `i`th state node: `node-a`, `node-b`, ...
@@ -80,31 +111,9 @@ impl MiniCluster {
         // The coordinator's gRPC port is chosen first: the state nodes register there
         // (retrying until the coordinator is up).
         let grpc = format!("127.0.0.1:{}", free_port());
+        let node_args = role_args("state-service");
         let commands: Vec<Vec<String>> = (0..state_nodes.max(1))
-            .map(|i| {
-                let name = node_name(i);
-                let data = match i {
-                    0 => dir.join("state-data"),
-                    _ => dir.join(format!("state-data-{name}")),
-                };
-                let mut args: Vec<String> = [
-                    "state-service",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--node-id",
-                    &name,
-                ]
-                .map(String::from)
-                .to_vec();
-                args.push("--data-dir".into());
-                args.push(data.display().to_string());
-                args.push("--object-store".into());
-                args.push(format!("file://{}", objects.display()));
-                args.extend(["--memory", "256MiB"].map(String::from));
-                args.extend(["--coordinator".to_owned(), format!("http://{grpc}")]);
-                args.extend(role_args("state-service"));
-                args
-            })
+            .map(|i| state_node_command(dir, i, &grpc, &node_args))
             .collect();
         let mut nodes: Vec<ServiceProcess> = commands
             .iter()
@@ -149,6 +158,8 @@ impl MiniCluster {
             state,
             more_state: nodes,
             state_commands: commands,
+            grpc: grpc.clone(),
+            node_args,
             env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -195,6 +206,23 @@ impl MiniCluster {
         };
         slot.kill();
         *slot = ServiceProcess::start(&args, dir, &env);
+    }
+
+    /// Starts one more state node (`node-d` after three), registering with the
+    /// coordinator; its index for [`MiniCluster::restart_state_node`].
+    pub fn add_state_node(&mut self, dir: &Path) -> usize {
+        let i = self.state_commands.len();
+        let args = state_node_command(dir, i, &self.grpc, &self.node_args);
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.more_state
+            .push(ServiceProcess::start(&argv, dir, &env));
+        self.state_commands.push(args);
+        i
     }
 
     /// `--coordinator http://HTTP`.

@@ -3,8 +3,9 @@
 //! them (`sluice cluster` shows where); one node is killed with SIGKILL mid-run, its
 //! shards reopen on the survivors from the object store at the last checkpoint, and the
 //! job's committed output (the exactly-once file sink) equals the output of the same job
-//! run without failures. And an outage of the only state node, longer than the restart
-//! policy allows restarts, is waited for and survived.
+//! run without failures. An outage of the only state node, longer than the restart
+//! policy allows restarts, is waited for and survived. And `sluice cluster drain` /
+//! `rebalance` move shards off a node and onto a new one while the job runs.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -200,6 +201,129 @@ fn a_state_service_outage_is_waited_for_without_spending_restarts() {
     assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
     assert_same_rows(
         "output after a state service outage",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+}
+
+/// `sluice cluster drain`: every shard leaves the drained node at a checkpoint; a node
+/// added afterwards takes its share at `sluice cluster rebalance`; the job runs on and
+/// its output equals the failure-free run's.
+#[test]
+fn a_drained_node_gives_up_its_shards_and_a_new_node_takes_its_share_at_a_rebalance() {
+    let dir = tempdir();
+    let dir = dir.path();
+    let expected = reference(dir);
+    let mut cluster = MiniCluster::start_nodes(dir, 2, 3, |_| Vec::new(), &[]);
+    let out = dir.join("out");
+    let path = write_job(dir, "moved.yaml", &job(&out, 7_000));
+    let id = cluster.submit(dir, &path, 2);
+    let url = cluster.url();
+    let before = cluster.wait_until(
+        "the job's shards on the three nodes, with a checkpoint",
+        Duration::from_secs(60),
+        || {
+            let placed = shards_by_node(&cluster_view(&cluster, dir), &id);
+            let committed = cluster.status(&id)["last_checkpoint"].as_u64().unwrap_or(0) > 0;
+            (committed && placed.len() == 3).then_some(placed)
+        },
+    );
+    eprintln!("placement before: {before:?}");
+
+    let drained = run_sluice(
+        &[
+            "cluster",
+            "drain",
+            "node-b",
+            "--coordinator",
+            &url,
+            "--json",
+        ],
+        dir,
+    );
+    drained.assert_success();
+    let moves: Value = serde_json::from_str(&drained.stdout).expect("JSON");
+    let outcome = &moves[0]["outcome"];
+    assert_eq!(moves[0]["job"], id.as_str(), "{moves}");
+    assert_eq!(outcome["unchanged"], false, "{moves}\n{}", cluster.logs());
+    assert!(
+        outcome["state_bytes_restored"].as_u64().unwrap_or(0) > 0,
+        "node-b's shards were read back from the object store: {moves}"
+    );
+    let view = cluster_view(&cluster, dir);
+    let b = view["state_nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["node_id"] == "node-b"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(b["draining"], true, "{view}");
+    let after_drain = cluster.wait_until(
+        "node-b's shards open on node-a and node-c, and closed on node-b",
+        Duration::from_secs(30),
+        || {
+            let placed = shards_by_node(&cluster_view(&cluster, dir), &id);
+            let on_others: usize = ["node-a", "node-c"]
+                .iter()
+                .map(|n| placed.get(*n).map_or(0, Vec::len))
+                .sum();
+            (on_others == SHARDS && !placed.contains_key("node-b")).then_some(placed)
+        },
+    );
+    eprintln!("placement after draining node-b: {after_drain:?}");
+    // Draining again moves nothing, and says so; an unknown node is a clear error.
+    let again = run_sluice(&["cluster", "drain", "node-b", "--coordinator", &url], dir);
+    again.assert_success();
+    assert!(
+        again.stdout.contains("nothing was moved"),
+        "{}",
+        again.stdout
+    );
+    let unknown = run_sluice(&["cluster", "drain", "node-x", "--coordinator", &url], dir);
+    unknown.assert_code(2);
+    assert!(
+        unknown.stderr.contains("no state node `node-x`"),
+        "{}",
+        unknown.stderr
+    );
+
+    // A fourth node joins; a rebalance gives it its share of the job's shards.
+    let d = cluster.add_state_node(dir);
+    let name = node_name(d);
+    cluster.wait_until("the new node registered", Duration::from_secs(30), || {
+        let view = cluster_view(&cluster, dir);
+        view["state_nodes"]
+            .as_array()?
+            .iter()
+            .any(|n| n["node_id"] == name.as_str())
+            .then_some(())
+    });
+    let rebalanced = run_sluice(
+        &["cluster", "rebalance", "--coordinator", &url, "--json"],
+        dir,
+    );
+    rebalanced.assert_success();
+    let moves: Value = serde_json::from_str(&rebalanced.stdout).expect("JSON");
+    assert_eq!(moves[0]["outcome"]["unchanged"], false, "{moves}");
+    let after_join = cluster.wait_until(
+        "the new node holding its share",
+        Duration::from_secs(30),
+        || {
+            let placed = shards_by_node(&cluster_view(&cluster, dir), &id);
+            let open: usize = placed.values().map(Vec::len).sum();
+            // Each shard open on one node: the moved ones' old copies were closed.
+            (placed.get(&name).map_or(0, Vec::len) == 2 && open == SHARDS).then_some(placed)
+        },
+    );
+    eprintln!("placement after {name} joined: {after_join:?}");
+
+    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
+        let s = cluster.status(&id);
+        matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
+    });
+    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    assert_eq!(status["restarts"], 0, "moves are not failures: {status}");
+    assert_same_rows(
+        "output after a drain and a rebalance",
         &read_jsonl_dir(&out),
         &expected,
     );

@@ -55,10 +55,13 @@ pub enum JobCommand {
         client: ClientArgs,
     },
     /// The cluster: the coordinator, its workers and the state nodes registered with it
-    /// (`sluice state-service --coordinator URL`), with their load.
+    /// (`sluice state-service --coordinator URL`), with their load; `drain` and
+    /// `rebalance` move jobs' state shards between the nodes.
     Cluster {
         #[command(flatten)]
         client: ClientArgs,
+        #[command(subcommand)]
+        action: Option<ClusterAction>,
     },
     /// One job's status.
     Status {
@@ -111,6 +114,20 @@ pub enum JobCommand {
         #[arg(long)]
         parallelism: u32,
     },
+}
+
+/// What `sluice cluster` does besides listing.
+#[derive(Subcommand)]
+pub enum ClusterAction {
+    /// Take a state node out of placement: every job with shards on it checkpoints and
+    /// redeploys with them reopened on the other nodes (then the node can be stopped).
+    Drain {
+        /// The node's name (`--node-id`).
+        node: String,
+    },
+    /// Spread every job's shards evenly over the live state nodes (after nodes joined),
+    /// moving only the shards beyond each node's share.
+    Rebalance,
 }
 
 fn default_savepoint_name() -> String {
@@ -167,7 +184,23 @@ fn request(
             (client, "POST", "/v1/jobs".to_string(), Some(body))
         }
         JobCommand::Jobs { client } => (client, "GET", "/v1/jobs".into(), None),
-        JobCommand::Cluster { client } => (client, "GET", "/v1/cluster".into(), None),
+        JobCommand::Cluster {
+            client,
+            action: None,
+        } => (client, "GET", "/v1/cluster".into(), None),
+        JobCommand::Cluster {
+            client,
+            action: Some(ClusterAction::Drain { node }),
+        } => (
+            client,
+            "POST",
+            format!("/v1/state-nodes/{node}/drain"),
+            None,
+        ),
+        JobCommand::Cluster {
+            client,
+            action: Some(ClusterAction::Rebalance),
+        } => (client, "POST", "/v1/state-nodes/rebalance".into(), None),
         JobCommand::Status { client, job } => (client, "GET", format!("/v1/jobs/{job}"), None),
         JobCommand::Cancel { client, job } => {
             (client, "POST", format!("/v1/jobs/{job}/cancel"), None)
@@ -336,8 +369,13 @@ fn print_human(path: &str, v: &Value) {
                         .flatten()
                         .filter_map(|s| s.get("bytes").and_then(Value::as_u64))
                         .sum();
+                    let draining = n.get("draining").and_then(Value::as_bool) == Some(true);
                     vec![
-                        s(n, "node_id"),
+                        format!(
+                            "{}{}",
+                            s(n, "node_id"),
+                            if draining { " (drained)" } else { "" }
+                        ),
                         s(n, "endpoint"),
                         shards.map_or(0, Vec::len).to_string(),
                         format!("{}", bytes >> 20),
@@ -348,6 +386,24 @@ fn print_human(path: &str, v: &Value) {
                 })
                 .collect(),
         );
+        return;
+    }
+    if path.starts_with("/v1/state-nodes/") {
+        // What a drain or a rebalance did, per job.
+        let rows = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                let o = m.get("outcome").cloned().unwrap_or(Value::Null);
+                let what = match m.get("error").and_then(Value::as_str) {
+                    Some(e) => format!("not moved: {e}"),
+                    None => s(&o, "message"),
+                };
+                vec![s(m, "job"), s(&o, "state_bytes_restored"), what]
+            })
+            .collect();
+        table(&["JOB", "BYTES_READ", "WHAT"], rows);
         return;
     }
     if path == "/v1/jobs" {

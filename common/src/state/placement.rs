@@ -22,6 +22,8 @@ pub struct LiveStateNode {
     pub endpoint: String,
     /// The shards it reported open at its last heartbeat.
     pub shards: Vec<OpenShard>,
+    /// Drained: it takes no shard (the copies it still has open are closed).
+    pub draining: bool,
 }
 
 /// A shard a node has open.
@@ -41,15 +43,20 @@ pub struct OpenShard {
 ///
 /// `previous` is where shards were (the last attempt's placement, or a checkpoint's),
 /// by key-group range; a shard stays there while that node is live, or else where a live
-/// node reports it open. Errors when no node is live.
+/// node reports it open. With `balance`, a node keeps at most its even share of the
+/// job's shards (rounded up) and the rest move to the least loaded nodes: what a node
+/// that joined gets. Errors when no node is live.
 pub fn place(
     job_id: &str,
     shards: &[Range<u32>],
     nodes: &[LiveStateNode],
     previous: &[(Range<u32>, String)],
+    balance: bool,
 ) -> Result<Vec<String>, String> {
+    let usable: Vec<LiveStateNode> = nodes.iter().filter(|n| !n.draining).cloned().collect();
+    let nodes = &usable[..];
     if nodes.is_empty() {
-        return Err("no state node is registered with the coordinator".into());
+        return Err("no state node that is not drained is registered with the coordinator".into());
     }
     // Load per live endpoint: (shards, bytes) of every job but this one, plus what this
     // placement gives it.
@@ -85,12 +92,20 @@ pub fn place(
             })
         })
         .collect();
-    for (endpoint, range) in placed.iter().zip(shards) {
-        if let Some(e) = endpoint
-            && let Some(l) = load.get_mut(e.as_str())
-        {
-            l.0 += 1;
-            l.1 += bytes_of(nodes, job_id, range);
+    let share = shards.len().div_ceil(nodes.len());
+    let mut kept: BTreeMap<String, usize> = BTreeMap::new();
+    for (endpoint, range) in placed.iter_mut().zip(shards) {
+        if let Some(e) = endpoint.as_ref() {
+            let n = kept.entry(e.clone()).or_default();
+            if balance && *n >= share {
+                *endpoint = None;
+                continue;
+            }
+            *n += 1;
+            if let Some(l) = load.get_mut(e.as_str()) {
+                l.0 += 1;
+                l.1 += bytes_of(nodes, job_id, range);
+            }
         }
     }
     for (slot, range) in placed.iter_mut().zip(shards) {
@@ -128,6 +143,7 @@ mod tests {
             node_id: id.into(),
             endpoint: format!("http://{id}"),
             shards,
+            draining: false,
         }
     }
 
@@ -155,7 +171,7 @@ mod tests {
             node("b", vec![]),
             node("c", vec![]),
         ];
-        let placed = place("j", &ranges(8), &nodes, &[]).unwrap();
+        let placed = place("j", &ranges(8), &nodes, &[], false).unwrap();
         assert_eq!(placed.len(), 8);
         assert_eq!(count(&placed, "http://b"), 3);
         assert_eq!(count(&placed, "http://c"), 3);
@@ -170,8 +186,13 @@ mod tests {
             .zip(["a", "b", "c", "a", "b", "c"])
             .map(|(r, n)| (r.clone(), format!("http://{n}")))
             .collect();
-        let nodes = [node("a", vec![]), node("c", vec![])];
-        let placed = place("j", &shards, &nodes, &previous).unwrap();
+        let drained = LiveStateNode {
+            draining: true,
+            ..node("b", vec![])
+        };
+        let nodes = [node("a", vec![]), drained, node("c", vec![])];
+        let placed = place("j", &shards, &nodes, &previous, false).unwrap();
+        assert!(!placed.contains(&"http://b".to_owned()), "b is drained");
         assert_eq!(placed[0], "http://a");
         assert_eq!(placed[2], "http://c");
         assert_eq!(placed[3], "http://a");
@@ -183,16 +204,39 @@ mod tests {
     }
 
     #[test]
+    fn balancing_moves_a_nodes_shards_beyond_its_share_to_a_node_that_joined() {
+        let shards = ranges(6);
+        let previous: Vec<(Range<u32>, String)> = shards
+            .iter()
+            .zip(["a", "b", "a", "b", "a", "b"])
+            .map(|(r, n)| (r.clone(), format!("http://{n}")))
+            .collect();
+        let nodes = [node("a", vec![]), node("b", vec![]), node("d", vec![])];
+        let sticky = place("j", &shards, &nodes, &previous, false).unwrap();
+        assert_eq!(
+            count(&sticky, "http://d"),
+            0,
+            "without balancing nothing moves"
+        );
+        let placed = place("j", &shards, &nodes, &previous, true).unwrap();
+        for n in ["http://a", "http://b", "http://d"] {
+            assert_eq!(count(&placed, n), 2, "{placed:?}");
+        }
+        let moved = placed.iter().zip(&sticky).filter(|(a, b)| a != b).count();
+        assert_eq!(moved, 2, "only what d takes moves: {placed:?}");
+    }
+
+    #[test]
     fn without_a_previous_placement_a_shard_goes_where_it_is_open_at_the_newest_checkpoint() {
         let shards = ranges(2);
         let nodes = [
             node("a", vec![open("j", 0..16, 10, 4)]),
             node("b", vec![open("j", 0..16, 10, 7)]),
         ];
-        let placed = place("j", &shards, &nodes, &[]).unwrap();
+        let placed = place("j", &shards, &nodes, &[], false).unwrap();
         assert_eq!(placed[0], "http://b");
         assert_eq!(placed[1], "http://a", "the other shard balances");
-        let err = place("j", &shards, &[], &[]).unwrap_err();
+        let err = place("j", &shards, &[], &[], false).unwrap_err();
         assert!(err.contains("no state node"), "{err}");
     }
 }

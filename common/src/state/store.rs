@@ -58,8 +58,8 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
     /// The newest epoch a subtask of this process sealed (0: none).
     fn last_sealed(&self) -> u64;
 
-    /// Bytes read back from durable storage to restore state so far (a rescale must add
-    /// none).
+    /// Bytes read back from durable storage to open or restore this store's state so
+    /// far (a rescale must add none; moving shards to other nodes adds what they read).
     async fn restored_bytes(&self) -> StateResult<u64> {
         Ok(0)
     }
@@ -80,6 +80,9 @@ pub struct PlacementHints {
     /// Where the job's shards were: the last attempt's placement, or that of the
     /// checkpoint it restores.
     pub previous: Vec<(Range<u32>, String)>,
+    /// Spread the shards evenly over the nodes, moving some off nodes holding more than
+    /// their share (a rebalance), rather than keeping every shard where it is.
+    pub balance: bool,
 }
 
 /// Finds the state of jobs.

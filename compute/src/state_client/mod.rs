@@ -163,6 +163,9 @@ pub struct RemoteState {
     ttl_states: Mutex<Vec<pb::TtlState>>,
     /// The highest epoch any subtask made durable (0: none).
     flushed: AtomicU64,
+    /// Bytes the nodes read back from the object store to open shards for this
+    /// connection.
+    restored: AtomicU64,
     /// The checkpoints' traces, under which flushes are traced on the state nodes.
     traces: std::sync::OnceLock<Arc<dyn CheckpointTraces>>,
 }
@@ -214,6 +217,7 @@ impl RemoteState {
             opened,
             ttl_states: Mutex::new(Vec::new()),
             flushed: AtomicU64::new(0),
+            restored: AtomicU64::new(0),
             traces: std::sync::OnceLock::new(),
         }))
     }
@@ -322,8 +326,11 @@ impl RemoteState {
                     .client(index)
                     .open_shard(req)
                     .await
-                    .map_err(|s| status_error("open shard", &s))?;
-                Ok(resp.into_inner().checkpoint_id)
+                    .map_err(|s| status_error("open shard", &s))?
+                    .into_inner();
+                self.restored
+                    .fetch_add(resp.restore_bytes, Ordering::Relaxed);
+                Ok(resp.checkpoint_id)
             })
             .await
             .copied()
@@ -398,9 +405,33 @@ impl RemoteState {
                     resp.checkpoint_id
                 )));
             }
+            self.restored
+                .fetch_add(resp.restore_bytes, Ordering::Relaxed);
             Ok::<_, StateError>(resp.restore_bytes)
         });
         Ok(try_join_all(calls).await?.into_iter().sum())
+    }
+
+    /// Closes the copy of shard `index` that the node at `endpoint` still has open
+    /// although the shard is placed elsewhere now (it moved): the node frees its memory
+    /// and disk, and no one can read or write the stale copy. A copy already gone is
+    /// fine.
+    pub async fn close_stale_copy(&self, index: usize, endpoint: &str) -> StateResult<()> {
+        let mut client = connect_node(endpoint).await?;
+        let req = pb::CloseShardRequest {
+            shard: Some(self.layout.id(index)),
+        };
+        match client.close_shard(req).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+            Err(s) => Err(status_error("close shard", &s)),
+        }
+    }
+
+    /// Bytes the nodes read back from the object store to open this connection's
+    /// shards.
+    pub fn restored_bytes(&self) -> u64 {
+        self.restored.load(Ordering::Relaxed)
     }
 
     /// The status of each node of the job's shards.
@@ -591,8 +622,7 @@ impl StateStore for RemoteStore {
     }
 
     async fn restored_bytes(&self) -> StateResult<u64> {
-        let nodes = self.0.status().await?;
-        Ok(nodes.iter().map(|n| n.restore_bytes_total).sum())
+        Ok(self.0.restored_bytes())
     }
 
     fn reference(&self) -> sluice_common::pb::cluster::RemoteStateRef {

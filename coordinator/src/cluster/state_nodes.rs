@@ -34,6 +34,8 @@ pub struct StateNodeView {
     pub shards: Vec<ShardView>,
     /// Milliseconds since it was last heard from.
     pub last_seen_ms: u64,
+    /// Drained (`sluice cluster drain`): no shard is placed on it any more.
+    pub draining: bool,
 }
 
 /// One open shard of a state node.
@@ -94,6 +96,11 @@ impl StateNodes {
             rss_bytes: 0,
             shards: Vec::new(),
             last_seen_ms: 0,
+            // A drained node that restarts stays drained: draining is by name.
+            draining: self
+                .lock()
+                .get(&reg.node_id)
+                .is_some_and(|e| e.view.draining),
         };
         let replaced = self
             .lock()
@@ -143,7 +150,24 @@ impl StateNodes {
             .collect();
     }
 
-    /// The nodes alive now, with the shards each reported open, for placement.
+    /// Takes `node` out of placement (its shards move at the jobs' next placement);
+    /// returns its endpoint, or an error naming the registered nodes.
+    pub fn drain(&self, node: &str) -> Result<String, String> {
+        let mut nodes = self.lock();
+        match nodes.get_mut(node) {
+            Some(e) => {
+                e.view.draining = true;
+                Ok(e.view.endpoint.clone())
+            }
+            None => Err(format!(
+                "no state node `{node}` is registered (registered: {})",
+                nodes.keys().cloned().collect::<Vec<_>>().join(", ")
+            )),
+        }
+    }
+
+    /// The nodes alive now (drained ones marked), with the shards each reported open,
+    /// for placement.
     pub fn live(&self) -> Vec<LiveStateNode> {
         self.lock()
             .values()
@@ -152,6 +176,7 @@ impl StateNodes {
                 node_id: e.view.node_id.clone(),
                 endpoint: e.view.endpoint.clone(),
                 shards: e.open.clone(),
+                draining: e.view.draining,
             })
             .collect()
     }
@@ -230,6 +255,17 @@ mod tests {
         let live = nodes.live();
         assert_eq!(live[0].endpoint, "http://a:7071");
         assert_eq!(live[0].shards[0].key_groups, 0..64);
+        assert_eq!(nodes.drain("a"), Ok("http://a:7071".to_owned()));
+        assert!(
+            nodes.live()[0].draining,
+            "a drained node takes no placement"
+        );
+        assert!(nodes.view()[0].draining);
+        let err = nodes.drain("x").unwrap_err();
+        assert!(
+            err.contains("no state node `x`") && err.contains("a, b"),
+            "{err}"
+        );
         // a restarts: its old stream's end must not drop the new registration.
         let a2 = nodes.attach(&reg("a"));
         nodes.lost("a", a, "old stream closed");

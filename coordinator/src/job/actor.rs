@@ -365,6 +365,7 @@ impl JobActor {
         let hints = PlacementHints {
             nodes: self.ports.state_nodes.live(),
             previous: self.driver.placement(),
+            balance: self.driver.balancing(),
         };
         let shards = connector
             .connect(&self.ports.state_id, self.driver.graph(), &hints)

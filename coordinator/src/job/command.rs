@@ -42,6 +42,17 @@ pub enum Command {
         /// Answered once the job runs at the new parallelism.
         reply: Reply<RescaleOutcome>,
     },
+    /// Checkpoint, then place the job's state shards again and run on (see
+    /// [`Request::MoveShards`]).
+    MoveShards {
+        /// Move the shards off the node at this endpoint (a drain); `None`: spread them
+        /// evenly over `live` (a rebalance).
+        off: Option<String>,
+        /// The endpoints of the live state nodes that take placement.
+        live: Vec<String>,
+        /// Answered once the job runs again (or at once when nothing needs to move).
+        reply: Reply<RescaleOutcome>,
+    },
 }
 
 /// A [`Command`] without its channel: what the driver decides on.
@@ -63,6 +74,14 @@ pub enum Request {
     Rescale {
         /// The new parallelism.
         parallelism: u32,
+    },
+    /// Checkpoint, then place the shards again (off the node at `off`, or spread evenly
+    /// over `live`), reopening the moved ones on their new nodes at that checkpoint.
+    MoveShards {
+        /// The endpoint of a drained node.
+        off: Option<String>,
+        /// The endpoints of the nodes that take placement.
+        live: Vec<String>,
     },
 }
 
@@ -96,6 +115,9 @@ impl Command {
             }
             Command::Rescale { parallelism, reply } => {
                 (Request::Rescale { parallelism }, Responder::Rescale(reply))
+            }
+            Command::MoveShards { off, live, reply } => {
+                (Request::MoveShards { off, live }, Responder::Rescale(reply))
             }
         }
     }

@@ -13,6 +13,7 @@ impl Driver {
         if !matches!(self.phase, Phase::Connecting) {
             return;
         }
+        self.balance = false;
         match r {
             Ok(reference) => {
                 if let Some(p) = &mut self.protocol {
@@ -33,8 +34,31 @@ impl Driver {
                 self.state_ref = Some(reference);
                 self.schedule(acts);
             }
-            Err(f) => self.fail_unattempted(now, f),
+            Err(f) => {
+                if let Some(r) = self.rescale.take() {
+                    acts.push(refuse(r.reply, format!("the job's state: {}", f.reason)));
+                }
+                self.fail_unattempted(now, f)
+            }
         }
+    }
+
+    /// Connects to the job's state again, so that its shards are placed again (off
+    /// nodes that are gone or drained; evenly over the nodes with `balance`) before the
+    /// next attempt is scheduled.
+    pub(super) fn place_again(&mut self, balance: bool, acts: &mut Vec<Action>) {
+        if let Some(r) = self.state_ref.take() {
+            self.last_placement = Some(r.placement);
+        }
+        self.balance = balance;
+        self.phase = Phase::Connecting;
+        self.waiting_for("the state service");
+        acts.push(Action::ConnectState);
+    }
+
+    /// Whether the next connection spreads the shards evenly (a rebalance).
+    pub fn balancing(&self) -> bool {
+        self.balance
     }
 
     /// Where the job's shards are, by key-group range: this attempt's placement, else

@@ -450,6 +450,8 @@ struct RescaleRequest {
     started_at: u64,
     bytes_before: Option<u64>,
     stage: RescaleStage,
+    /// The shards are placed again (`Some(balance)`): a drain or a rebalance.
+    place: Option<bool>,
 }
 
 #[derive(Debug)]
@@ -479,6 +481,8 @@ pub struct Driver {
     state_ref: Option<pbc::RemoteStateRef>,
     /// The placement of the last connection, while the shards are placed again.
     last_placement: Option<Vec<pbc::ShardPlacement>>,
+    /// The next connection spreads the shards evenly (a rebalance).
+    balance: bool,
     not_restorable: Option<String>,
     /// Where the next attempt resumes from.
     restore: Option<CheckpointMetadata>,
@@ -560,6 +564,7 @@ impl Driver {
             protocol_error,
             state_ref: None,
             last_placement: None,
+            balance: false,
             restore: resume,
             latest: None,
             attempt: 0,

@@ -209,21 +209,15 @@ impl Driver {
             None => {}
         }
         self.transition(JobEvent::Restarted);
-        if self
+        let placed = self
             .state_ref
             .as_ref()
-            .is_some_and(|r| !r.placement.is_empty())
-        {
-            // Shards placed over registered state nodes are placed again: a node the
-            // last attempt used may be gone, and its shards reopen on the survivors.
-            self.last_placement = self.state_ref.take().map(|r| r.placement);
-        }
-        if self.managed_state && self.state_ref.is_none() {
-            // The state service was not reached the first time, or the shards are
-            // placed again.
-            self.phase = Phase::Connecting;
-            self.waiting_for("the state service");
-            return acts.push(Action::ConnectState);
+            .is_some_and(|r| !r.placement.is_empty());
+        if placed || (self.managed_state && self.state_ref.is_none()) {
+            // Shards placed over registered state nodes are placed again (a node the
+            // last attempt used may be gone: its shards reopen on the survivors), or
+            // the state service was not reached the first time.
+            return self.place_again(false, acts);
         }
         self.schedule(acts);
     }

@@ -24,6 +24,7 @@ impl Driver {
             } => self.on_savepoint(now, reply, name, true, acts),
             Request::Savepoint { name } => self.on_savepoint(now, reply, name, false, acts),
             Request::Rescale { parallelism } => self.on_rescale(now, reply, parallelism, acts),
+            Request::MoveShards { off, live } => self.on_move_shards(now, reply, off, live, acts),
         }
     }
 
@@ -98,6 +99,58 @@ impl Driver {
         self.protocol_actions(now, out, acts);
     }
 
+    /// A drain or a rebalance of the state nodes: when the job's shards need to move,
+    /// a checkpoint, then a redeploy whose connection places them again.
+    pub(super) fn on_move_shards(
+        &mut self,
+        now: u64,
+        reply: ReplyId,
+        off: Option<String>,
+        live: Vec<String>,
+        acts: &mut Vec<Action>,
+    ) {
+        let placement = self
+            .state_ref
+            .as_ref()
+            .map(|r| r.placement.clone())
+            .unwrap_or_default();
+        let mut held: BTreeMap<&str, usize> = live.iter().map(|e| (e.as_str(), 0)).collect();
+        for p in &placement {
+            *held.entry(p.endpoint.as_str()).or_default() += 1;
+        }
+        let why_not = if placement.is_empty() {
+            Some("the job's state is not placed over registered state nodes".to_owned())
+        } else {
+            match &off {
+                Some(node) if !held.contains_key(node.as_str()) => {
+                    Some(format!("none of the job's shards is on {node}"))
+                }
+                Some(_) => None,
+                None => {
+                    let counts = live.iter().map(|e| held[e.as_str()]);
+                    let (min, max) = (counts.clone().min(), counts.max());
+                    let elsewhere = held.keys().any(|e| !live.iter().any(|l| l == e));
+                    (!elsewhere && max.unwrap_or(0) - min.unwrap_or(0) <= 1).then(|| {
+                        "the job's shards are spread evenly over the state nodes already".into()
+                    })
+                }
+            }
+        };
+        if let Some(why) = why_not {
+            let outcome = RescaleOutcome {
+                checkpoint_id: self.status.last_checkpoint.unwrap_or(0),
+                millis: 0,
+                state_bytes_restored: 0,
+                parallelism: graph::graph_parallelism(&self.graph),
+                unchanged: true,
+                message: format!("{why}; nothing was moved"),
+            };
+            return acts.push(reply_to(reply, Answer::Rescaled(outcome)));
+        }
+        let current = graph::graph_parallelism(&self.graph);
+        self.start_redeploy(now, reply, current, Some(off.is_none()), acts);
+    }
+
     pub(super) fn on_rescale(
         &mut self,
         now: u64,
@@ -127,14 +180,32 @@ impl Driver {
             };
             return acts.push(reply_to(reply, Answer::Rescaled(outcome)));
         }
+        self.start_redeploy(now, reply, parallelism, None, acts);
+    }
+
+    /// A checkpoint at once, after which the job redeploys at `parallelism`, its shards
+    /// placed again when `place` says so (`Some(balance)`).
+    fn start_redeploy(
+        &mut self,
+        now: u64,
+        reply: ReplyId,
+        parallelism: u32,
+        place: Option<bool>,
+        acts: &mut Vec<Action>,
+    ) {
         if let Some(why) = self.busy() {
             let why = if self.protocol.is_none() {
-                format!("rescaling resumes from a checkpoint; {why}")
+                let what = match place {
+                    Some(_) => "moving the job's state shards",
+                    None => "rescaling",
+                };
+                format!("{what} resumes from a checkpoint; {why}")
             } else {
                 why
             };
             return acts.push(refuse(reply, why));
         }
+        let current = graph::graph_parallelism(&self.graph);
         let p = self.protocol.as_mut().expect("busy() checks it");
         // An ordinary checkpoint, at once: retained like any other, not a savepoint.
         let out = p.trigger_now(now);
@@ -153,6 +224,7 @@ impl Driver {
             started_at: now,
             bytes_before: None,
             stage: RescaleStage::Checkpoint { id },
+            place,
         });
         if self.managed_state {
             acts.push(Action::ReadRestoreBytes);
@@ -207,11 +279,16 @@ impl Driver {
         graph::set_parallelism(&mut self.graph, r.parallelism);
         self.status.parallelism = r.parallelism;
         self.restore = Some((**from).clone());
+        let place = r.place;
         if let Some(p) = self.protocol.as_mut() {
             p.set_job_graph(
                 Bytes::from(self.graph.encode_to_vec()),
                 graph::node_parallelism(&self.graph),
             );
+        }
+        if let Some(balance) = place {
+            // Placed again, off a drained node or evenly (see `Driver::place_again`).
+            return self.place_again(balance, acts);
         }
         self.schedule(acts);
     }
@@ -244,16 +321,27 @@ impl Driver {
             return;
         };
         let millis = now.saturating_sub(r.started_at);
+        let restored = match r.place {
+            // A new connection to the state: all it read is the move's.
+            Some(_) => bytes_after,
+            None => bytes_after.saturating_sub(r.bytes_before.unwrap_or(bytes_after)),
+        };
         let outcome = RescaleOutcome {
             checkpoint_id,
             millis,
-            state_bytes_restored: bytes_after.saturating_sub(r.bytes_before.unwrap_or(bytes_after)),
+            state_bytes_restored: restored,
             parallelism: r.parallelism,
             unchanged: false,
-            message: format!(
-                "rescaled from parallelism {} to {}: resumed from checkpoint {checkpoint_id} in {millis} ms",
-                r.from_parallelism, r.parallelism
-            ),
+            message: match r.place {
+                Some(_) => format!(
+                    "moved the job's state shards: resumed from checkpoint {checkpoint_id} in \
+                     {millis} ms, {restored} bytes read from the object store"
+                ),
+                None => format!(
+                    "rescaled from parallelism {} to {}: resumed from checkpoint {checkpoint_id} in {millis} ms",
+                    r.from_parallelism, r.parallelism
+                ),
+            },
         };
         acts.push(reply_to(r.reply, Answer::Rescaled(outcome)));
     }

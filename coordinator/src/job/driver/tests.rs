@@ -1510,3 +1510,53 @@ fn each_worker_hears_the_alignment_minimum_of_the_other_workers() {
     // b's source finished: nothing holds a back.
     assert_eq!(aligned(&h.from("b", report(2, None))), [(one("a"), None)]);
 }
+
+#[test]
+fn moving_shards_checkpoints_and_places_them_again_only_when_something_must_move() {
+    let mut h = running(true);
+    let live = |nodes: &[&str]| nodes.iter().map(|n| format!("http://{n}")).collect();
+    let unchanged = |h: &mut H, off: Option<&str>, nodes: &[&str], why: &str| {
+        let (r, acts) = h.request(Request::MoveShards {
+            off: off.map(|n| format!("http://{n}")),
+            live: live(nodes),
+        });
+        match answer(&acts, r) {
+            Ok(Answer::Rescaled(o)) => {
+                assert!(o.unchanged && o.message.contains(why), "{o:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(triggers(&acts).is_empty(), "no checkpoint for nothing");
+    };
+    unchanged(
+        &mut h,
+        Some("s3"),
+        &["s1", "s2"],
+        "none of the job's shards is on",
+    );
+    unchanged(&mut h, None, &["s1", "s2"], "spread evenly");
+    unchanged(&mut h, None, &["s1", "s2", "s3"], "spread evenly");
+
+    // s2 is drained: a checkpoint, then a redeploy that connects again from where the
+    // shards were (and the placement moves s2's shard).
+    let (r, acts) = h.request(Request::MoveShards {
+        off: Some("http://s2".into()),
+        live: live(&["s1"]),
+    });
+    let id = triggers(&acts)[0].0;
+    h.ack_all(id, &["a", "b"], 2);
+    h.confirm_cancel(&["a", "b"]);
+    assert_eq!(h.placements_asked.len(), 2, "connected again");
+    assert_eq!(h.placements_asked[1][1], (64..128, "http://s2".to_owned()));
+    assert!(!h.d.balancing(), "a drain keeps what may stay");
+    // (The harness answers the new connection's restored bytes with 0.)
+    let acts = h.deploy(&["a", "b"], 2);
+    match answer(&acts, r) {
+        Ok(Answer::Rescaled(o)) => {
+            assert!(!o.unchanged, "{o:?}");
+            assert!(o.message.contains("moved the job's state shards"), "{o:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.d.status().restarts, 0, "a move is not a failure");
+}
