@@ -9,6 +9,8 @@
 //!   a fresh node on a fresh disk restores every shard from the object store, at the last
 //!   committed checkpoint, or at a later one whose writes were all flushed. Run against a
 //!   local directory and against the S3 server the test services start (SeaweedFS).
+//! - A node restarted on its data directory refuses a writer of a superseded attempt:
+//!   fences are durable.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -342,4 +344,68 @@ fn a_state_node_registers_with_the_coordinator_and_reports_its_shards() {
                 .then_some(())
         },
     );
+}
+
+/// A state node killed with SIGKILL and started again on the same data directory still
+/// refuses a writer of a superseded attempt (its fence is in the object store), while
+/// the attempt that superseded it writes on.
+#[test]
+fn a_restarted_node_refuses_a_superseded_writer() {
+    let dir = tempdir();
+    let store = file_store(dir.path());
+    let rt = rt();
+    let job = "fence-test";
+    let mut node = start_state_node(dir.path(), "node", &store, &[]);
+    rt.block_on(async {
+        // Attempt 100 writes and checkpoints; attempt 200 restores checkpoint 1.
+        let old = connect(&node, job, |c| c.fence = 100).await;
+        let backend = whole_key_space(&old, 1);
+        let put = |epoch: u64| {
+            (0..KEYS)
+                .map(|i| WriteOp::Put {
+                    key: key(i),
+                    value: value(epoch, i),
+                })
+                .collect::<Vec<_>>()
+        };
+        backend.write(put(1)).await.expect("epoch 1");
+        backend.flush_epoch(1).await.expect("epoch 1 durable");
+        let coordinator = connect(&node, job, |_| {}).await;
+        coordinator.commit(1, &[1]).await.expect("checkpoint 1");
+        coordinator
+            .restore_to(1, 200)
+            .await
+            .expect("attempt 200 restores");
+    });
+    node.kill();
+    let node = start_state_node(dir.path(), "node", &store, &[]);
+    rt.block_on(async {
+        let zombie = connect(&node, job, |c| c.fence = 100).await;
+        let backend = whole_key_space(&zombie, 2);
+        let ops = (0..KEYS)
+            .map(|i| WriteOp::Put {
+                key: key(i),
+                value: value(2, i),
+            })
+            .collect();
+        let refused = match backend.write(ops).await {
+            Err(e) => e.to_string(),
+            Ok(()) => backend
+                .flush_epoch(2)
+                .await
+                .expect_err("the superseded writer's epoch is refused")
+                .to_string(),
+        };
+        assert!(refused.contains("fenced at 200"), "{refused}");
+        let current = connect(&node, job, |c| c.fence = 200).await;
+        let backend = whole_key_space(&current, 2);
+        backend
+            .write(vec![WriteOp::Put {
+                key: key(0),
+                value: value(2, 0),
+            }])
+            .await
+            .expect("the current attempt writes");
+        backend.flush_epoch(2).await.expect("and flushes");
+    });
 }

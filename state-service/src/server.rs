@@ -56,9 +56,13 @@ pub struct Node {
     restore_bytes_total: AtomicU64,
     /// Data-path counters since start, for the node's metrics.
     pub(crate) io: IoCounters,
-    /// Each shard's fence: writers of an older attempt are refused (in memory: a fresh
-    /// node starts unfenced).
+    /// Each shard's fence: writers of an older attempt are refused. The fence is
+    /// durable (`<shard root>/fence` in the object store, written before the request
+    /// that raised it is answered); this is its copy, loaded when a shard opens, so a
+    /// node that restarted refuses a superseded writer as the one before it did.
     fences: std::sync::Mutex<HashMap<ShardKey, u64>>,
+    /// Serializes fence raises, so that the durable fence only grows.
+    fence_lock: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Node {
@@ -80,6 +84,7 @@ impl Node {
             restore_bytes_total: AtomicU64::new(0),
             io: IoCounters::default(),
             fences: std::sync::Mutex::new(HashMap::new()),
+            fence_lock: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -106,7 +111,7 @@ impl Node {
     /// Opens (or re-targets) a shard.
     pub async fn open_shard(&self, req: OpenShardRequest) -> Result<OpenShardResponse> {
         let key = ShardKey::from_pb(req.shard.as_ref())?;
-        self.raise_fence(&key, req.fence);
+        self.raise_fence(&key, req.fence).await?;
         let _open = self.open_lock.lock().await;
         let existing = lock(&self.shards).get(&key).cloned();
         if let Some(shard) = existing {
@@ -139,13 +144,47 @@ impl Node {
         })
     }
 
-    /// Raises `key`'s fence to `fence` (kept across reopenings of the shard here).
-    fn raise_fence(&self, key: &ShardKey, fence: u64) {
-        if fence > 0 {
+    /// `key`'s fence, read from the object store the first time this node needs it.
+    async fn load_fence(&self, key: &ShardKey) -> Result<u64> {
+        if let Some(&f) = lock(&self.fences).get(key) {
+            return Ok(f);
+        }
+        let location = fence_location(&self.parts.durable, key);
+        let durable = match self.parts.durable.get(&location).await {
+            Ok(bytes) => std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| Error::Corrupt {
+                    object: location.to_string(),
+                    reason: "not a fence (a decimal number)".into(),
+                })?,
+            Err(Error::NotFound(_)) => 0,
+            Err(e) => return Err(e),
+        };
+        let mut fences = lock(&self.fences);
+        let f = fences.entry(key.clone()).or_default();
+        *f = (*f).max(durable);
+        Ok(*f)
+    }
+
+    /// Raises `key`'s fence to `fence` (0: leaves it, but loads it), durably before it
+    /// returns.
+    async fn raise_fence(&self, key: &ShardKey, fence: u64) -> Result<()> {
+        if fence == 0 {
+            return self.load_fence(key).await.map(|_| ());
+        }
+        let _raising = self.fence_lock.lock().await;
+        if fence > self.load_fence(key).await? {
+            let location = fence_location(&self.parts.durable, key);
+            self.parts
+                .durable
+                .put(&location, bytes::Bytes::from(fence.to_string()))
+                .await?;
             let mut fences = lock(&self.fences);
             let f = fences.entry(key.clone()).or_default();
             *f = (*f).max(fence);
         }
+        Ok(())
     }
 
     /// Refuses a writer whose fence a newer attempt superseded.
@@ -305,7 +344,7 @@ impl Node {
 
     async fn rollback(&self, req: RollbackRequest) -> Result<RollbackResponse> {
         let shard = self.shard(req.shard.as_ref())?;
-        self.raise_fence(&shard.id, req.fence);
+        self.raise_fence(&shard.id, req.fence).await?;
         let c = req.checkpoint_id;
         let undone = tokio::task::spawn_blocking(move || shard.rollback(c)).await??;
         Ok(RollbackResponse { undone })
@@ -473,4 +512,9 @@ fn caller_span<T>(r: &Request<T>) -> Option<opentelemetry::Context> {
         .get(trace::TRACEPARENT)
         .and_then(|v| v.to_str().ok())
         .map(trace::remote_parent)
+}
+
+/// Where a shard's fence is kept: `<shard root>/fence`, a decimal number.
+fn fence_location(durable: &crate::store::Durable, key: &ShardKey) -> object_store::path::Path {
+    crate::store::child(&durable.shard_root(key), "fence")
 }

@@ -85,6 +85,16 @@ async fn writers_of_a_superseded_attempt_are_fenced_off() {
     let e = c.write(write_as(10, 2, "zombie")).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
     node.shutdown().await.unwrap();
+
+    // The fence is durable: the node restarted on the same data directory (or any node
+    // on the object store) still refuses the superseded writer once the shard opens.
+    let (node, mut c) = start(config(data.path(), &store_url(&store))).await;
+    open(&mut c, &s, 0).await;
+    let e = c.write(write_as(10, 2, "zombie")).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("fenced at 20"), "{}", e.message());
+    c.write(write_as(20, 2, "b")).await.unwrap();
+    node.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
