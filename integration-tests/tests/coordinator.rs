@@ -604,6 +604,20 @@ fn coordinator_restart_resumes_the_job_from_its_last_checkpoint() {
     );
     cluster.kill_coordinator();
     cluster.restart_coordinator_expecting(&id);
+    // The new coordinator shows the job's history: the checkpoint it resumes from (and
+    // any other one still retained) is listed before any new one completes.
+    let resumed = cluster.json(&["status", &id]);
+    let listed: Vec<u64> = resumed["checkpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["id"].as_u64())
+        .collect();
+    let last = before["last_checkpoint"].as_u64().unwrap_or(0);
+    assert!(
+        listed.first().is_some_and(|&c| c <= last),
+        "checkpoints from before the restart (up to {last}) are listed: {listed:?}"
+    );
 
     // Once more, after the first windows' output is committed: the new coordinator must
     // neither lose nor repeat what is already visible.

@@ -199,6 +199,27 @@ fn a_state_service_outage_is_waited_for_without_spending_restarts() {
         matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
     });
     assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    assert_eq!(
+        status["failure"],
+        Value::Null,
+        "recovered: history, not state"
+    );
+    // The failures are in the job's history, in the status and in the store (where a
+    // coordinator resuming the job reads them).
+    let failures = status["failures"].as_array().cloned().unwrap_or_default();
+    assert!(failures.len() >= 3, "{status}");
+    assert!(
+        failures.iter().all(|f| f["unavailable"] == true),
+        "{status}"
+    );
+    let recorded = std::fs::read_dir(dir.join(format!("coordinator-store/jobs/{id}/failures")))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(
+        recorded,
+        failures.len(),
+        "each failure recorded in the store"
+    );
     assert_same_rows(
         "output after a state service outage",
         &read_jsonl_dir(&out),

@@ -118,6 +118,35 @@ pub fn savepoint_path(job: &str, name: &str) -> Result<String> {
     Ok(format!("jobs/{job}/savepoints/{name}/_metadata"))
 }
 
+/// `jobs/<job>/failures/<at_ms>-<attempt>`: one failed attempt of the job's history
+/// (the job's id was validated when it was submitted).
+pub fn failure_path(job: &str, at_ms: u64, attempt: u64) -> String {
+    format!("{}/{at_ms:020}-{attempt:020}", failures_dir(job))
+}
+
+/// `jobs/<job>/failures`.
+pub fn failures_dir(job: &str) -> String {
+    format!("jobs/{job}/failures")
+}
+
+/// The job's recorded failures (see [`failure_path`]), oldest first; unreadable ones are
+/// skipped with a warning.
+pub async fn failure_history<T: serde::de::DeserializeOwned>(
+    store: &dyn MetadataStore,
+    job: &str,
+) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    for path in store.list(&failures_dir(job)).await? {
+        if let Some(bytes) = store.get(&path).await? {
+            match serde_json::from_slice(&bytes) {
+                Ok(f) => out.push(f),
+                Err(e) => tracing::warn!(%path, "a failure record that does not parse: {e}"),
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The checkpoint id of a path made by [`checkpoint_path`] (below `dir`), if it is one.
 fn checkpoint_id_of(dir: &str, path: &str) -> Option<u64> {
     let rest = path.strip_prefix(dir)?.strip_prefix('/')?;

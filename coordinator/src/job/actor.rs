@@ -23,7 +23,7 @@ use super::command::{Command, ReplyId, Responder};
 use super::driver::{Action, Driver, End, Event, Failure};
 use super::lifecycle::JobState;
 use super::ports::{StateConnector, StateStore, WorkerLauncher};
-use super::status::JobStatus;
+use super::status::{FailureRecord, JobStatus};
 use super::trace::LifecycleTraces;
 use crate::checkpoint::metadata;
 use crate::checkpoint::store::{self, MetadataStore};
@@ -77,6 +77,8 @@ pub(crate) struct JobActor {
     next_reply: u64,
     /// The open checkpoints' spans.
     traces: CheckpointTraces,
+    /// The newest failure written to the store, as (time, attempt).
+    persisted_failure: Option<(u64, u64)>,
     /// The trace of a deploy, failover or rescale under way.
     lifecycle: LifecycleTraces,
 }
@@ -106,6 +108,7 @@ impl JobActor {
             replies: HashMap::new(),
             next_reply: 0,
             traces: CheckpointTraces::default(),
+            persisted_failure: None,
             lifecycle: LifecycleTraces::default(),
         }
     }
@@ -208,6 +211,37 @@ impl JobActor {
         }
         self.lifecycle.observe(self.driver.status());
         self.publish(false);
+        self.persist_failures().await;
+    }
+
+    /// Writes the failures recorded since the last call to the store, so that a
+    /// coordinator resuming the job shows its history.
+    async fn persist_failures(&mut self) {
+        let new: Vec<FailureRecord> = self
+            .driver
+            .status()
+            .failures
+            .iter()
+            .filter(|f| Some((f.at_ms, f.attempt)) > self.persisted_failure)
+            .cloned()
+            .collect();
+        for f in new {
+            self.persisted_failure = Some((f.at_ms, f.attempt));
+            let path = store::failure_path(&self.id, f.at_ms, f.attempt);
+            let written = match serde_json::to_vec(&f) {
+                Ok(json) => self
+                    .ports
+                    .store
+                    .create_if_absent(&path, Bytes::from(json))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = written {
+                tracing::warn!(job = %self.id, "cannot record a failure in the job's history: {e}");
+            }
+        }
     }
 
     /// Carries out one action; the event that answers it, if any.

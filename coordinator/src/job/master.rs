@@ -20,10 +20,10 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::actor::{JobActor, Ports, now_ms};
 use super::command::Command;
-use super::driver::{Driver, DriverConfig, Setup};
+use super::driver::{Driver, DriverConfig, JobHistory, Setup};
 use super::lifecycle::JobState;
 use super::restart::RestartPolicy;
-use super::status::JobStatus;
+use super::status::{CHECKPOINT_HISTORY, JobStatus};
 use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::store::{self, MetadataStore};
 use crate::cluster::registry::Registry;
@@ -126,6 +126,7 @@ impl JobMaster {
                 resume,
                 first_checkpoint_id: existing.last().map_or(1, |l| l + 1),
                 now,
+                history: history(ports.store.as_ref(), &id, &existing).await,
             });
             status_tx.send_replace(driver.status().clone());
             JobActor::new(id, driver, ports, commands, events, status_tx)
@@ -137,5 +138,35 @@ impl JobMaster {
             status,
             done,
         }
+    }
+}
+
+/// What the store holds of job `id`'s past (its checkpoints `existing`): the newest
+/// checkpoints' metadata and the recorded failures. What cannot be read is left out
+/// with a warning: history never stops a job from resuming.
+async fn history(store: &dyn MetadataStore, id: &str, existing: &[u64]) -> JobHistory {
+    let mut checkpoints = Vec::new();
+    let newest = existing.len().saturating_sub(CHECKPOINT_HISTORY);
+    for &c in &existing[newest..] {
+        let read = match store::checkpoint_path(id, c) {
+            Ok(path) => store::read_metadata(store, &path).await,
+            Err(e) => Err(e),
+        };
+        match read {
+            Ok(m) => checkpoints.push(m),
+            Err(e) => tracing::warn!(
+                job = id,
+                checkpoint = c,
+                "checkpoint left out of the job's history: {e}"
+            ),
+        }
+    }
+    let failures = store::failure_history(store, id).await.unwrap_or_else(|e| {
+        tracing::warn!(job = id, "cannot read the job's failures: {e}");
+        Vec::new()
+    });
+    JobHistory {
+        checkpoints,
+        failures,
     }
 }

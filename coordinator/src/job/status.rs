@@ -13,8 +13,9 @@ pub const CHECKPOINT_HISTORY: usize = 100;
 /// How many failures a status lists.
 pub const FAILURE_HISTORY: usize = 20;
 
-/// A failed attempt, as the job's history keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// A failed attempt, as the job's history keeps it (and the store, as JSON at
+/// `jobs/<job>/failures/<at_ms>-<attempt>`, so a new coordinator shows it too).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FailureRecord {
     /// The attempt that failed.
     pub attempt: u64,

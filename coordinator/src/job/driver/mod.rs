@@ -154,6 +154,17 @@ pub struct Setup {
     pub first_checkpoint_id: u64,
     /// When the job was submitted (ms since the Unix epoch).
     pub now: u64,
+    /// What earlier coordinators recorded of the job (empty for a new job).
+    pub history: JobHistory,
+}
+
+/// A job's history from the store: what a coordinator resuming it shows.
+#[derive(Debug, Clone, Default)]
+pub struct JobHistory {
+    /// Its newest completed checkpoints, oldest first.
+    pub checkpoints: Vec<CheckpointMetadata>,
+    /// Its failed attempts, oldest first.
+    pub failures: Vec<FailureRecord>,
 }
 
 /// Why an attempt or the job failed.
@@ -518,6 +529,7 @@ impl Driver {
             resume,
             first_checkpoint_id,
             now,
+            history,
         } = setup;
         let mut status = JobStatus::new(
             &config.job_id,
@@ -525,6 +537,22 @@ impl Driver {
             graph::graph_parallelism(&graph),
             now,
         );
+        // What earlier coordinators saw: checkpoints, failures, restarts (each recorded
+        // failure of a job still running was followed by a restart).
+        for m in &history.checkpoints {
+            status.record_checkpoint(CheckpointRecord::of(m, m.completed_at_ms));
+        }
+        let attempts = history
+            .failures
+            .iter()
+            .map(|f| f.attempt)
+            .max()
+            .unwrap_or(0);
+        status.restarts = history.failures.len() as u32;
+        for f in history.failures {
+            status.record_failure(f);
+        }
+        status.failure = None;
         status.last_checkpoint = resume.as_ref().map(|m| m.checkpoint_id);
         status.nodes = graph.nodes.iter().map(|n| n.name.clone()).collect();
         let (protocol, protocol_error) = match graph::checkpoint_config(&config.job_id, &graph) {
@@ -567,7 +595,8 @@ impl Driver {
             balance: false,
             restore: resume,
             latest: None,
-            attempt: 0,
+            // Attempts continue after the newest one that failed.
+            attempt: attempts,
             restarts: 0,
             unavailable_tries: 0,
             unavailable_since: None,

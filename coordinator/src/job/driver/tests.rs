@@ -104,6 +104,7 @@ impl H {
             resume,
             first_checkpoint_id,
             now: T0,
+            history: JobHistory::default(),
         });
         let mut h = Self {
             d,
@@ -1559,4 +1560,48 @@ fn moving_shards_checkpoints_and_places_them_again_only_when_something_must_move
         other => panic!("{other:?}"),
     }
     assert_eq!(h.d.status().restarts, 0, "a move is not a failure");
+}
+
+#[test]
+fn a_resumed_job_shows_the_history_earlier_coordinators_recorded() {
+    let mut h = running(true);
+    let id = next_checkpoint(&mut h);
+    h.ack_all(id, &["a", "b"], 2);
+    let meta = h.store[&checkpoint_path("q-1", id).expect("valid")].clone();
+    let failures = vec![
+        FailureRecord {
+            attempt: 1,
+            at_ms: T0 + 5,
+            reason: "worker a: disk full".into(),
+            unavailable: false,
+        },
+        FailureRecord {
+            attempt: 2,
+            at_ms: T0 + 9,
+            reason: "state service: out of reach".into(),
+            unavailable: true,
+        },
+    ];
+    let d = Driver::new(Setup {
+        config: config(2),
+        graph: graph(2, true, true),
+        resume: Some(meta.clone()),
+        first_checkpoint_id: id + 1,
+        now: T0 + 100,
+        history: JobHistory {
+            checkpoints: vec![meta],
+            failures: failures.clone(),
+        },
+    });
+    let status = d.status();
+    assert_eq!(status.checkpoints.len(), 1);
+    assert_eq!(status.checkpoints[0].id, id);
+    assert_eq!(status.last_checkpoint, Some(id));
+    assert_eq!(status.failures, failures);
+    assert_eq!(status.restarts, 2);
+    assert_eq!(status.failure, None, "the job is not failing now");
+    assert_eq!(
+        d.attempt, 2,
+        "attempts continue after the newest failed one"
+    );
 }
