@@ -9,6 +9,9 @@
 //! - [`checkpoint`]: epoch commit latency, memory and shard open time of state-service
 //!   nodes run as child processes.
 //! - [`cluster`]: checkpoint, rescale and recovery times of a job under the coordinator.
+//! - [`scale`]: the coordinator with hundreds of simulated workers and state nodes
+//!   speaking the real protocols: checkpoint coordination time, re-placement after a
+//!   node loss.
 //! - [`exchange`]: data-plane throughput between two worker processes next to raw TCP
 //!   on the same loopback in the same run, and producer memory under a slow consumer.
 //! - [`kafka`]: the Kafka source's throughput next to a plain librdkafka consumer
@@ -42,6 +45,7 @@ pub mod harness;
 mod host;
 pub mod kafka;
 pub mod nexmark;
+pub mod scale;
 pub mod state;
 pub mod state_workload;
 pub mod telemetry;

@@ -37,6 +37,10 @@ pub enum BenchCommand {
     /// Checkpoint duration, rescale time and recovery time of a job under the
     /// coordinator, with a given amount of state.
     Cluster(sluice_bench::cluster::Args),
+    /// The coordinator with hundreds of simulated workers and state nodes (real gRPC
+    /// protocols, no operators): checkpoint coordination time and CPU, and the time to
+    /// place a lost node's shards again.
+    Scale(sluice_bench::scale::Args),
     /// Exchange throughput between two worker processes next to a raw TCP pair; with
     /// --slow-consumer, the producer's RSS under back pressure.
     Exchange(sluice_bench::exchange::Args),
@@ -67,6 +71,7 @@ pub fn run(command: BenchCommand) -> Result<(), Failure> {
         BenchCommand::State(args) => sluice_bench::state::run(args, &Wiring::default()),
         BenchCommand::Checkpoint(args) => sluice_bench::checkpoint::run(args),
         BenchCommand::Cluster(args) => sluice_bench::cluster::run(args, &Wiring::default()),
+        BenchCommand::Scale(args) => sluice_bench::scale::run(args, &Wiring::default()),
         BenchCommand::Exchange(args) => sluice_bench::exchange::run(args, &Wiring::default()),
         BenchCommand::Kafka(args) => sluice_bench::kafka::run(args, &Wiring::default()),
         BenchCommand::Telemetry(args) => sluice_bench::telemetry::run(args, &Wiring::default()),
