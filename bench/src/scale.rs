@@ -440,6 +440,7 @@ async fn register(grpc: String, name: String, endpoint: String, open: Arc<Mutex<
             pid: std::process::id(),
             memory_bytes: 1 << 30,
             disk_cache_bytes: 1 << 30,
+            object_store: "sim://nowhere".into(),
         })),
     });
     let outbound =

@@ -63,6 +63,7 @@ pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
         object_store_url: object_store_url("--object-store", &args.object_store)?,
         ..StateServiceConfig::default()
     };
+    let object_store = config.object_store_url.clone();
     let rt = runtime()?;
     rt.block_on(async {
         let service = sluice_state_service::start(config)
@@ -82,6 +83,7 @@ pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
                     endpoint,
                     memory_bytes: args.memory,
                     disk_cache_bytes: args.disk_cache,
+                    object_store,
                 },
                 service.node().clone(),
             )

@@ -225,6 +225,11 @@ impl MiniCluster {
         i
     }
 
+    /// The coordinator's gRPC API, which workers and state nodes attach to.
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
     /// `--coordinator http://HTTP`.
     pub fn url(&self) -> String {
         format!("http://{}", self.http)

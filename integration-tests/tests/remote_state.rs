@@ -333,6 +333,38 @@ fn a_state_node_registers_with_the_coordinator_and_reports_its_shards() {
     );
     cluster.cancel(dir, &id);
 
+    // A node on another object store is refused, and says why.
+    let other = dir.join("other-objects");
+    std::fs::create_dir_all(&other).expect("dir");
+    let stranger = ServiceProcess::start(
+        &[
+            "state-service",
+            "--listen",
+            "127.0.0.1:0",
+            "--node-id",
+            "node-z",
+            "--data-dir",
+            dir.join("state-z").to_str().expect("UTF-8"),
+            "--object-store",
+            &format!("file://{}", other.display()),
+            "--coordinator",
+            &cluster.grpc_url(),
+        ],
+        dir,
+        &[],
+    );
+    cluster.wait_until("node-z refused", Duration::from_secs(30), || {
+        stranger
+            .stderr()
+            .contains("every state node of a cluster must use one object store")
+            .then_some(())
+    });
+    assert!(
+        !listed(&cluster).to_string().contains("node-z"),
+        "a refused node is not listed"
+    );
+    drop(stranger);
+
     cluster.state.kill();
     cluster.wait_until(
         "the killed node gone from the list",

@@ -33,6 +33,8 @@ pub struct Registration {
     pub memory_bytes: u64,
     /// See above.
     pub disk_cache_bytes: u64,
+    /// Its object store's URL.
+    pub object_store: String,
 }
 
 /// Keeps `node` registered with the coordinator until the handle is dropped.
@@ -78,6 +80,7 @@ async fn attach(r: &Registration, node: &Node) -> Result<(), String> {
         pid: std::process::id(),
         memory_bytes: r.memory_bytes,
         disk_cache_bytes: r.disk_cache_bytes,
+        object_store: r.object_store.clone(),
     }));
     let outbound =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });

@@ -92,7 +92,10 @@ impl Coordinator for ControlService {
                 "a state node registers with its node id and endpoint",
             ));
         }
-        let generation = self.state_nodes.attach(&reg);
+        let generation = self
+            .state_nodes
+            .attach(&reg)
+            .map_err(Status::failed_precondition)?;
         tracing::info!(node = %reg.node_id, endpoint = %reg.endpoint, "state node registered");
         let nodes = self.state_nodes.clone();
         let node = reg.node_id.clone();

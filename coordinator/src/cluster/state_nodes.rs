@@ -59,6 +59,8 @@ struct Entry {
     generation: u64,
     /// Its open shards at its last heartbeat, as placement reads them.
     open: Vec<OpenShard>,
+    /// Its object store's URL (empty: not said).
+    object_store: String,
 }
 
 /// The registered state nodes.
@@ -84,8 +86,34 @@ impl StateNodes {
     }
 
     /// Registers `reg` (replacing an earlier registration of the same name, a node
-    /// that restarted); returns the registration's generation.
-    pub fn attach(&self, reg: &pbc::StateNodeRegister) -> u64 {
+    /// that restarted); returns the registration's generation, or why it is refused: an
+    /// address another node registered, or an object store other than the registered
+    /// nodes' (shards move between nodes through it).
+    pub fn attach(&self, reg: &pbc::StateNodeRegister) -> Result<u64, String> {
+        {
+            let nodes = self.lock();
+            let others = nodes.values().filter(|e| e.view.node_id != reg.node_id);
+            for e in others {
+                if e.view.endpoint == reg.endpoint {
+                    return Err(format!(
+                        "state node `{}` claims {}, where node `{}` is registered: give each \
+                         node its own address (--listen, --advertise)",
+                        reg.node_id, reg.endpoint, e.view.node_id
+                    ));
+                }
+                if !reg.object_store.is_empty()
+                    && !e.object_store.is_empty()
+                    && e.object_store != reg.object_store
+                {
+                    return Err(format!(
+                        "state node `{}` keeps its shards in {}, and node `{}` in {}: every \
+                         state node of a cluster must use one object store (shards move \
+                         between nodes through it)",
+                        reg.node_id, reg.object_store, e.view.node_id, e.object_store
+                    ));
+                }
+            }
+        }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let view = StateNodeView {
             node_id: reg.node_id.clone(),
@@ -111,13 +139,14 @@ impl StateNodes {
                     last_seen: Instant::now(),
                     generation,
                     open: Vec::new(),
+                    object_store: reg.object_store.clone(),
                 },
             )
             .is_some();
         if replaced {
             tracing::warn!(node = %reg.node_id, "state node registered again: the earlier registration is replaced");
         }
-        generation
+        Ok(generation)
     }
 
     /// A heartbeat of registration `generation` of `node`.
@@ -226,14 +255,15 @@ mod tests {
             pid: 7,
             memory_bytes: 1 << 30,
             disk_cache_bytes: 4 << 30,
+            object_store: "s3://state/prod".into(),
         }
     }
 
     #[test]
     fn nodes_register_report_their_shards_and_go_when_their_stream_ends_or_they_fall_silent() {
         let nodes = StateNodes::new(Duration::from_millis(50));
-        let a = nodes.attach(&reg("a"));
-        nodes.attach(&reg("b"));
+        let a = nodes.attach(&reg("a")).unwrap();
+        nodes.attach(&reg("b")).unwrap();
         nodes.heartbeat(
             "a",
             a,
@@ -267,11 +297,32 @@ mod tests {
             "{err}"
         );
         // a restarts: its old stream's end must not drop the new registration.
-        let a2 = nodes.attach(&reg("a"));
+        let a2 = nodes.attach(&reg("a")).unwrap();
         nodes.lost("a", a, "old stream closed");
         assert_eq!(nodes.view().len(), 2);
         nodes.lost("a", a2, "closed");
         assert_eq!(nodes.view().len(), 1);
+        // Another node on b's address, or on another object store, is refused.
+        let err = nodes
+            .attach(&pbc::StateNodeRegister {
+                endpoint: "http://b:7071".into(),
+                ..reg("c")
+            })
+            .unwrap_err();
+        assert!(
+            err.contains("claims http://b:7071") && err.contains("node `b`"),
+            "{err}"
+        );
+        let err = nodes
+            .attach(&pbc::StateNodeRegister {
+                object_store: "s3://other".into(),
+                ..reg("c")
+            })
+            .unwrap_err();
+        assert!(
+            err.contains("one object store") && err.contains("s3://other"),
+            "{err}"
+        );
         std::thread::sleep(Duration::from_millis(60));
         nodes.reap();
         assert!(nodes.view().is_empty(), "b fell silent");
