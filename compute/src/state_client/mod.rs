@@ -108,9 +108,7 @@ impl RemoteStateConfig {
             placement: Vec::new(),
         }
     }
-}
 
-impl RemoteStateConfig {
     /// Takes the coordinator's `placement` of the job's shards (matched to this
     /// configuration's shards by key-group range; empty: every shard at `endpoint`).
     pub fn place(
@@ -417,7 +415,11 @@ impl RemoteState {
     /// and disk, and no one can read or write the stale copy. A copy already gone is
     /// fine.
     pub async fn close_stale_copy(&self, index: usize, endpoint: &str) -> StateResult<()> {
-        let mut client = connect_node(endpoint).await?;
+        // The old copy is often on a node this connection uses for other shards.
+        let mut client = match self.nodes.iter().find(|(e, _)| e == endpoint) {
+            Some((_, client)) => client.clone(),
+            None => connect_node(endpoint).await?,
+        };
         let req = pb::CloseShardRequest {
             shard: Some(self.layout.id(index)),
         };

@@ -122,7 +122,7 @@ impl Driver {
             Some("the job's state is not placed over registered state nodes".to_owned())
         } else {
             match &off {
-                Some(node) if !held.contains_key(node.as_str()) => {
+                Some(node) if !placement.iter().any(|p| &p.endpoint == node) => {
                     Some(format!("none of the job's shards is on {node}"))
                 }
                 Some(_) => None,
@@ -137,14 +137,8 @@ impl Driver {
             }
         };
         if let Some(why) = why_not {
-            let outcome = RescaleOutcome {
-                checkpoint_id: self.status.last_checkpoint.unwrap_or(0),
-                millis: 0,
-                state_bytes_restored: 0,
-                parallelism: graph::graph_parallelism(&self.graph),
-                unchanged: true,
-                message: format!("{why}; nothing was moved"),
-            };
+            let parallelism = graph::graph_parallelism(&self.graph);
+            let outcome = self.unchanged(parallelism, format!("{why}; nothing was moved"));
             return acts.push(reply_to(reply, Answer::Rescaled(outcome)));
         }
         let current = graph::graph_parallelism(&self.graph);
@@ -170,14 +164,7 @@ impl Driver {
             let message = format!(
                 "the job runs at parallelism {parallelism} already; nothing was redeployed"
             );
-            let outcome = RescaleOutcome {
-                checkpoint_id: self.status.last_checkpoint.unwrap_or(0),
-                millis: 0,
-                state_bytes_restored: 0,
-                parallelism,
-                unchanged: true,
-                message,
-            };
+            let outcome = self.unchanged(parallelism, message);
             return acts.push(reply_to(reply, Answer::Rescaled(outcome)));
         }
         self.start_redeploy(now, reply, parallelism, None, acts);
@@ -226,10 +213,23 @@ impl Driver {
             stage: RescaleStage::Checkpoint { id },
             place,
         });
-        if self.managed_state {
+        // A move reads its bytes from the new connection alone (see `rescaled`).
+        if self.managed_state && place.is_none() {
             acts.push(Action::ReadRestoreBytes);
         }
         self.protocol_actions(now, out, acts);
+    }
+
+    /// The answer to a rescale or a move that had nothing to do.
+    fn unchanged(&self, parallelism: u32, message: String) -> RescaleOutcome {
+        RescaleOutcome {
+            checkpoint_id: self.status.last_checkpoint.unwrap_or(0),
+            millis: 0,
+            state_bytes_restored: 0,
+            parallelism,
+            unchanged: true,
+            message,
+        }
     }
 
     pub(super) fn on_restore_bytes(&mut self, now: u64, bytes: u64, acts: &mut Vec<Action>) {
