@@ -134,6 +134,12 @@ pub async fn open(
             0,
         )
         .await?;
+        // The first flush then uploads a delta even when nothing was written, so a
+        // checkpoint committed before this shard's first manifest is told apart from a
+        // shard this object store never had (see `beyond` below).
+        let s = Arc::clone(&shard);
+        tokio::task::spawn_blocking(move || lock(&s.live).spool.append(&Record::Rollback(0)))
+            .await??;
         return Ok(Opened {
             shard,
             checkpoint: 0,
@@ -167,14 +173,22 @@ pub async fn open(
             .max()
             .unwrap_or(0);
         let later: Vec<u64> = deltas.iter().copied().filter(|&s| s > covered).collect();
-        if later.is_empty() {
-            // Nothing was flushed after the newest manifest: checkpoint C never existed.
+        if base.is_none() && later.is_empty() {
+            // Every shard's first flush leaves a delta (its spool starts with a marker),
+            // so a checkpoint whose writers flushed this shard left something here.
             return Err(Error::NotFound(format!(
-                "checkpoint {target} of {id} has no manifest in {} (committed: \
-                 {manifests:?}) and no delta was flushed after the newest one",
+                "checkpoint {target} of {id} has nothing in {}: no manifest and no delta",
                 node.durable.display()
             )));
         }
+        // No later delta is fine: the checkpoint's epochs wrote nothing to this shard,
+        // so its state at C is that of the newest manifest.
+        tracing::info!(
+            "{id}: checkpoint {target} committed without a manifest here (the node died \
+             before hearing of it); restoring it from manifest {} and {} later deltas",
+            manifest.checkpoint,
+            later.len()
+        );
         for seq in later {
             manifest.deltas.push(DeltaRef { seq, bytes: 0 });
         }
@@ -252,6 +266,7 @@ pub async fn open(
         s.drop_after(target);
         s.mark_committed(target)?;
         s.last_durable_epoch.store(target, Ordering::SeqCst);
+        s.flushed_epoch.store(target, Ordering::SeqCst);
         lock(&s.live).spool.append(&Record::Rollback(target))
     })
     .await??;

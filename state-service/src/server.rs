@@ -117,7 +117,12 @@ impl Node {
         if let Some(shard) = existing {
             shard.ttl.extend(&req.ttl_states);
             let c = req.checkpoint_id;
-            if c == 0 || c >= shard.committed() {
+            // A rollback keeps checkpoint `c` only when this instance received its
+            // flushes: after a restart (or a move) the shard here was opened at an
+            // older checkpoint, and `c`'s writes are in deltas only the object store has.
+            let holds = c == shard.committed()
+                || (c > shard.committed() && c <= shard.flushed_epoch.load(Ordering::SeqCst));
+            if c == 0 || holds {
                 if c > 0 {
                     let s = Arc::clone(&shard);
                     tokio::task::spawn_blocking(move || s.rollback(c)).await??;
@@ -128,7 +133,8 @@ impl Node {
                     restore_bytes: 0,
                 });
             }
-            // Older than what is committed here: only the object store has it.
+            // Older than what is committed here, or newer than what was flushed here:
+            // only the object store has it.
             self.close_locked(&key).await;
         }
         let ttl = TtlStates::default();
@@ -320,6 +326,7 @@ impl Node {
         let shard = self.shard(req.shard.as_ref())?;
         self.check_fence(&shard.id, req.fence)?;
         let (handle, durable_bytes) = shard.flush().await?;
+        shard.flushed_epoch.fetch_max(req.epoch, Ordering::SeqCst);
         self.io.flushes.fetch_add(1, Ordering::Relaxed);
         self.io
             .flushed_bytes

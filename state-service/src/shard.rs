@@ -111,6 +111,11 @@ pub struct Shard {
     pub(crate) uploaded_sst: Mutex<UploadedSsts>,
     pub(crate) committed: AtomicU64,
     pub(crate) last_durable_epoch: AtomicU64,
+    /// The newest epoch a writer flushed to this instance of the shard (or the
+    /// checkpoint it was opened at): a checkpoint newer than this one completed
+    /// elsewhere (on this node before it restarted, or on another node), so only the
+    /// object store has its writes.
+    pub(crate) flushed_epoch: AtomicU64,
     pub(crate) restore_bytes: AtomicU64,
     /// The background snapshot upload, aborted when the shard goes.
     pub(crate) snapshot_task: Mutex<Option<AbortOnDropHandle<()>>>,
@@ -161,6 +166,7 @@ impl Shard {
             uploaded_sst: Mutex::new(parts.uploaded_sst),
             committed: AtomicU64::new(0),
             last_durable_epoch: AtomicU64::new(0),
+            flushed_epoch: AtomicU64::new(0),
             restore_bytes: AtomicU64::new(parts.restore_bytes),
             snapshot_task: Mutex::new(None),
             id: parts.id,
@@ -174,6 +180,7 @@ impl Shard {
         let committed = shard.read_committed()?;
         shard.committed.store(committed, Ordering::SeqCst);
         shard.last_durable_epoch.store(committed, Ordering::SeqCst);
+        shard.flushed_epoch.store(committed, Ordering::SeqCst);
         shard.check_no_undo_log()?;
         shard.load_pending()?;
         Ok(shard)

@@ -28,6 +28,12 @@ async fn snapshots_and_gc() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_committed_while_its_node_was_down_is_restored() {
+    let store = tempfile::tempdir().unwrap();
+    scenarios::checkpoint_committed_while_its_node_was_down(&store_url(&store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_of_a_superseded_attempt_are_fenced_off() {
     let store = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();

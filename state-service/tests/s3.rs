@@ -21,6 +21,13 @@ async fn s3_commit_rollback_restore() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_a_checkpoint_committed_while_its_node_was_down_is_restored() {
+    if let Some(url) = s3_url("committed_while_down") {
+        scenarios::checkpoint_committed_while_its_node_was_down(&url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_snapshots_and_gc() {
     if let Some(url) = s3_url("snapshots_and_gc") {
         scenarios::snapshots_and_gc(&url).await;

@@ -395,8 +395,9 @@ impl RemoteState {
                 .await
                 .map_err(|s| status_error("open shard", &s))?
                 .into_inner();
-            // Lower is fine: the shard was open with `checkpoint`'s epochs flushed but
-            // its commit not yet received, and rolling back kept exactly them.
+            // Lower is fine: the node had the shard open with `checkpoint`'s epochs
+            // flushed to it but its commit not yet received, and rolling back kept
+            // exactly them (a node that did not receive them restores from the store).
             if resp.checkpoint_id > checkpoint {
                 return Err(StateError::Internal(format!(
                     "shard {i} opened at checkpoint {} instead of {checkpoint}",

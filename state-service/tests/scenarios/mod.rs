@@ -143,6 +143,69 @@ pub async fn commit_rollback_restore(url: &str) {
     node3.shutdown().await.unwrap();
 }
 
+/// A checkpoint completes (every writer flushed it) but its node dies before the
+/// commit reaches it; the node comes back on its data directory, something opens the
+/// shard at "the latest" first (its newest manifest), and the coordinator then restores
+/// the completed checkpoint: the shard must hold that checkpoint's writes, which only
+/// the deltas flushed after the newest manifest have. Also for a shard whose first
+/// checkpoint was never committed here, and for one whose checkpoint wrote nothing.
+pub async fn checkpoint_committed_while_its_node_was_down(url: &str) {
+    let later = shard("job-down", 0, 4);
+    let first = shard("job-down", 4, 8);
+    let quiet = shard("job-down", 8, 12);
+    let data = tempfile::tempdir().unwrap();
+    let (node, mut c) = start(config(data.path(), url)).await;
+    for s in [&later, &first, &quiet] {
+        open(&mut c, s, 0).await;
+    }
+    write(&mut c, &later, 1, vec![put(0, "a", "1")]).await;
+    flush(&mut c, &later, 1).await;
+    commit(&mut c, &later, 1, vec![1]).await;
+    write(&mut c, &later, 2, vec![put(0, "a", "2"), put(1, "b", "2")]).await;
+    write(&mut c, &first, 1, vec![put(4, "x", "1")]).await;
+    for s in [&later, &first, &quiet] {
+        flush(&mut c, s, 2).await;
+    }
+    // Checkpoint 2 completed; the node dies before any shard hears of it.
+    node.shutdown().await.unwrap();
+
+    let (node, mut c) = start(config(data.path(), url)).await;
+    assert_eq!(open(&mut c, &later, 0).await.0, 1, "the newest manifest");
+    assert_eq!(
+        get(&mut c, &later, &[(0, "a"), (1, "b")]).await,
+        vec![some("1"), None]
+    );
+    assert_eq!(open(&mut c, &first, 0).await.0, 0, "no manifest yet");
+    open(&mut c, &quiet, 0).await;
+    for s in [&later, &first, &quiet] {
+        let (cp, restored, _) = open(&mut c, s, 2).await;
+        assert_eq!((cp, restored), (2, true), "{s:?}");
+    }
+    assert_eq!(
+        get(&mut c, &later, &[(0, "a"), (1, "b")]).await,
+        vec![some("2"), some("2")]
+    );
+    assert_eq!(get(&mut c, &first, &[(4, "x")]).await, vec![some("1")]);
+    assert_eq!(get(&mut c, &quiet, &[(8, "x")]).await, vec![None]);
+    // The commit arrives now, and the next epoch builds on it.
+    for s in [&later, &first, &quiet] {
+        commit(&mut c, s, 2, vec![2]).await;
+    }
+    write(&mut c, &later, 3, vec![put(1, "b", "3")]).await;
+    flush(&mut c, &later, 3).await;
+    commit(&mut c, &later, 3, vec![2, 3]).await;
+    node.shutdown().await.unwrap();
+
+    let other = tempfile::tempdir().unwrap();
+    let (node, mut c) = start(config(other.path(), url)).await;
+    assert_eq!(open(&mut c, &later, 3).await.0, 3);
+    assert_eq!(
+        get(&mut c, &later, &[(0, "a"), (1, "b")]).await,
+        vec![some("2"), some("3")]
+    );
+    node.shutdown().await.unwrap();
+}
+
 /// Many checkpoints: snapshots get taken and uploaded, GC keeps only what the retained
 /// checkpoints need, and a restore from snapshot + deltas is exact.
 pub async fn snapshots_and_gc(url: &str) {
