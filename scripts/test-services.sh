@@ -17,6 +17,9 @@
 # promtool: Debian's `prometheus` package, installed with service starts refused (no
 # Prometheus server is left running); the coordinator's /metrics test checks its output
 # with `promtool check metrics`; its server binary is started by the telemetry tests.
+# etcd: Debian's `etcd-server`, installed with service starts refused; the
+# coordinator-HA tests start their own etcd (127.0.0.1, ports and data of their own)
+# from it, since they stop and restart it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="$PWD/.test-services"
@@ -61,6 +64,19 @@ ensure_promtool() {
   command -v promtool >/dev/null 2>&1 || echo "warning: promtool could not be installed" >&2
 }
 
+# Installs Debian's etcd server when missing, without letting the package start it.
+ensure_etcd() {
+  command -v etcd >/dev/null 2>&1 && return
+  echo "installing etcd (apt-get install etcd-server, server not started)" >&2
+  local policy=/usr/sbin/policy-rc.d created=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && created=1
+  fi
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server; } >&2 || true
+  [ "$created" = 1 ] && rm -f "$policy"
+  command -v etcd >/dev/null 2>&1 || echo "warning: etcd could not be installed" >&2
+}
+
 # Installs Debian's Chromium when missing: the web UI's test renders the coordinator's
 # pages in it, headless (it starts no server of its own).
 ensure_chromium() {
@@ -84,6 +100,9 @@ print_env() {
   fi
   if command -v chromium >/dev/null 2>&1; then
     echo "export SLUICE_TEST_CHROMIUM=$(command -v chromium)"
+  fi
+  if command -v etcd >/dev/null 2>&1; then
+    echo "export SLUICE_TEST_ETCD=$(command -v etcd)"
   fi
   if az_up; then
     echo "export SLUICE_TEST_AZURE_ENDPOINT=http://127.0.0.1:${az_port}/${az_account}"
@@ -221,7 +240,7 @@ stop_kafka() { stop_pid tansu "Kafka (tansu)"; }
 stop_s3() { stop_pid seaweedfs "S3 (SeaweedFS)"; }
 
 case "${1:-}" in
-  start) start_s3; start_azurite; start_kafka; ensure_promtool; ensure_chromium; print_env ;;
+  start) start_s3; start_azurite; start_kafka; ensure_promtool; ensure_chromium; ensure_etcd; print_env ;;
   stop) stop_s3; stop_azurite; stop_kafka ;;
   env) print_env ;;
   *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

@@ -96,6 +96,19 @@ impl Failure {
         }
     }
 
+    /// What it says.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// A coordinator that lost the lead (exit code 3).
+    pub fn deposed(message: impl Into<String>) -> Self {
+        Self {
+            code: 3,
+            message: message.into(),
+        }
+    }
+
     /// A failure already reported elsewhere: exit with `code`, print nothing.
     pub fn quiet(code: u8) -> Self {
         Self {

@@ -14,6 +14,8 @@
 //!   absent", which fences two coordinators racing to commit one checkpoint.
 //! - [`cluster`]: the workers' gRPC `Attach` service and the registry of attached
 //!   workers, their slots and heartbeats.
+//! - [`ha`]: leader election among coordinators through etcd (`--ha`): one leads,
+//!   the others stand by and refuse with the leader's address.
 //! - [`service`]: the coordinator itself: submission, job records in the store, resuming
 //!   jobs after a restart, the operations behind [`rest`], the REST API, and
 //!   [`prometheus`], its `GET /metrics`.
@@ -34,6 +36,7 @@
 pub mod checkpoint;
 pub mod cluster;
 pub mod error;
+pub mod ha;
 pub mod job;
 pub mod prometheus;
 pub mod rest;

@@ -286,6 +286,7 @@ async fn rebalance(State(c): State<Arc<Coordinator>>) -> ApiResult {
 async fn cluster(State(c): State<Arc<Coordinator>>) -> ApiResult {
     ok(serde_json::json!({
         "coordinator": { "pid": std::process::id() },
+        "coordinators": c.coordinators().await,
         "workers": c.workers(),
         "state_nodes": c.state_nodes(),
     }))
@@ -354,7 +355,31 @@ pub fn router(c: Arc<Coordinator>) -> Router {
         )
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            c.clone(),
+            standby_refuses,
+        ))
         .with_state(c)
+}
+
+/// A standby answers 503 naming the leader (clients given every coordinator try the
+/// next); its own `/metrics` stays readable.
+async fn standby_refuses(
+    State(c): State<Arc<Coordinator>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match c.serving() {
+        Err(why) if request.uri().path() != "/metrics" => {
+            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, &why, None);
+            r.headers_mut().insert(
+                "x-sluice-standby",
+                axum::http::HeaderValue::from_static("1"),
+            );
+            r
+        }
+        _ => next.run(request).await,
+    }
 }
 
 /// Serves the API on `listener` until the returned handle is dropped.

@@ -25,6 +25,7 @@ use crate::checkpoint::store::{self, MetadataStore};
 use crate::cluster::grpc::ControlService;
 use crate::cluster::registry::{Registry, WorkerView};
 use crate::cluster::state_nodes::{StateNodeView, StateNodes};
+use crate::ha::Elector;
 use crate::job::command::{Command, RescaleOutcome, StopOutcome};
 use crate::job::graph::{max_parallelism, set_parallelism, uses_remote_state};
 use crate::job::lifecycle::JobState;
@@ -129,6 +130,8 @@ pub struct Coordinator {
     state_nodes: Arc<StateNodes>,
     options: CoordinatorOptions,
     jobs: Mutex<BTreeMap<String, JobEntry>>,
+    /// The election this coordinator takes part in (`--ha`); without one it leads.
+    elector: std::sync::OnceLock<Arc<Elector>>,
 }
 
 impl Coordinator {
@@ -139,7 +142,46 @@ impl Coordinator {
             state_nodes: Arc::new(StateNodes::new(options.heartbeat_timeout)),
             options,
             jobs: Mutex::new(BTreeMap::new()),
+            elector: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Makes this coordinator serve only while `elector` says it leads: until then its
+    /// gRPC and REST APIs refuse with the leader's address.
+    pub fn set_elector(&self, elector: Arc<Elector>) {
+        let _ = self.elector.set(elector);
+    }
+
+    /// Whether this coordinator serves now; otherwise why not (a standby, naming the
+    /// leader).
+    pub fn serving(&self) -> Result<(), String> {
+        self.elector.get().map_or(Ok(()), |e| e.check())
+    }
+
+    /// The coordinators of this cluster, each with its role (`leader` or `standby`):
+    /// from etcd under `--ha`, otherwise this one.
+    pub async fn coordinators(&self) -> Vec<serde_json::Value> {
+        let Some(elector) = self.elector.get() else {
+            return vec![
+                serde_json::json!({ "id": "-", "role": "leader", "pid": std::process::id() }),
+            ];
+        };
+        match elector.members().await {
+            Ok((members, leader)) => members
+                .into_iter()
+                .map(|m| {
+                    let role = if leader.as_ref().is_some_and(|l| l.id == m.id) {
+                        "leader"
+                    } else {
+                        "standby"
+                    };
+                    serde_json::json!({ "id": m.id, "http": m.http, "grpc": m.grpc, "role": role })
+                })
+                .collect(),
+            Err(e) => vec![serde_json::json!({
+                "id": elector.me().id, "role": "unknown", "error": e
+            })],
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, JobEntry>> {
@@ -161,6 +203,8 @@ impl Coordinator {
                 nodes.reap();
             }
         }));
+        // A standby refuses workers and state nodes, naming the leader they should try.
+        let gate = Arc::clone(self);
         let service = ControlService::new(
             registry,
             self.state_nodes.clone(),
@@ -173,7 +217,13 @@ impl Coordinator {
             let incoming =
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             let served = tonic::transport::Server::builder()
-                .add_service(CoordinatorServer::new(service))
+                .add_service(CoordinatorServer::with_interceptor(
+                    service,
+                    move |request: tonic::Request<()>| match gate.serving() {
+                        Ok(()) => Ok(request),
+                        Err(why) => Err(tonic::Status::unavailable(why)),
+                    },
+                ))
                 .serve_with_incoming(incoming)
                 .await;
             if let Err(e) = served {

@@ -25,8 +25,8 @@ pub struct MiniCluster {
     /// Each state node's command line and the environment, to start it again.
     state_commands: Vec<Vec<String>>,
     env: Vec<(String, String)>,
-    /// The coordinator's gRPC address and the state nodes' extra arguments, for nodes
-    /// added later.
+    /// The coordinators' gRPC URLs (comma-separated) and the state nodes' extra
+    /// arguments, for nodes added later.
     grpc: String,
     node_args: Vec<String>,
     /// The coordinator.
@@ -35,6 +35,8 @@ pub struct MiniCluster {
     pub http: String,
     /// The workers.
     pub workers: Vec<Proc>,
+    /// With [`MiniCluster::start_ha`]: the standby coordinator and its REST `host:port`.
+    pub standby: Option<(Proc, String)>,
 }
 
 /// A port that was free a moment ago.
@@ -45,8 +47,8 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// The command line of state node `i` registering at `grpc`, all nodes on the object
-/// store in `dir/state-objects`.
+/// The command line of state node `i` registering at `grpc` (the coordinators' gRPC
+/// URLs), all nodes on the object store in `dir/state-objects`.
 fn state_node_command(dir: &Path, i: usize, grpc: &str, extra: &[String]) -> Vec<String> {
     let name = node_name(i);
     let data = match i {
@@ -67,7 +69,7 @@ fn state_node_command(dir: &Path, i: usize, grpc: &str, extra: &[String]) -> Vec
     args.push("--object-store".into());
     args.push(format!("file://{}", dir.join("state-objects").display()));
     args.extend(["--memory", "256MiB"].map(String::from));
-    args.extend(["--coordinator".to_owned(), format!("http://{grpc}")]);
+    args.extend(["--coordinator".to_owned(), grpc.to_owned()]);
     args.extend(extra.iter().cloned());
     args
 }
@@ -75,6 +77,26 @@ fn state_node_command(dir: &Path, i: usize, grpc: &str, extra: &[String]) -> Vec
 /// The name of the `i`th state node: `node-a`, `node-b`, ...
 pub fn node_name(i: usize) -> String {
     format!("node-{}", (b'a' + i as u8) as char)
+}
+
+/// Starts `sluice ARGS` (a coordinator), waits for the line containing `ready`; the
+/// process and its REST `host:port`.
+fn start_coordinator(
+    args: &[String],
+    dir: &Path,
+    env: &[(&str, &str)],
+    ready: &str,
+) -> (Proc, String) {
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut coordinator = Proc::start_env(&argv, dir, env);
+    let line = coordinator.wait_for_line("coordinator listening:", START_TIMEOUT);
+    let http = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http="))
+        .unwrap_or_else(|| panic!("no http= in {line:?}"))
+        .to_owned();
+    coordinator.wait_for_line(ready, START_TIMEOUT);
+    (coordinator, http)
 }
 
 impl MiniCluster {
@@ -106,14 +128,59 @@ impl MiniCluster {
         role_args: impl Fn(&str) -> Vec<String>,
         env: &[(&str, &str)],
     ) -> Self {
+        let grpc = format!("127.0.0.1:{}", free_port());
+        let store = dir.join("coordinator-store").display().to_string();
+        let coordinator = |state_url: &str| {
+            let mut args: Vec<String> = [
+                "coordinator",
+                "--http",
+                "127.0.0.1:0",
+                "--grpc",
+                &grpc,
+                "--store",
+                &store,
+                "--state-service",
+                state_url,
+            ]
+            .map(String::from)
+            .to_vec();
+            args.extend(role_args("coordinator"));
+            args
+        };
+        Self::start_with(
+            dir,
+            workers,
+            state_nodes,
+            &format!("http://{grpc}"),
+            &role_args,
+            &coordinator,
+            "coordinator listening:",
+            env,
+        )
+    }
+
+    /// Starts `state_nodes` state nodes and `workers` workers given the coordinators'
+    /// gRPC URLs `grpc`, and the coordinator whose command line `coordinator(state
+    /// URL)` gives, ready when it prints `ready`; waits until the workers (and several
+    /// state nodes) are attached.
+    #[allow(clippy::too_many_arguments)]
+    fn start_with(
+        dir: &Path,
+        workers: usize,
+        state_nodes: usize,
+        grpc: &str,
+        role_args: &dyn Fn(&str) -> Vec<String>,
+        coordinator: &dyn Fn(&str) -> Vec<String>,
+        ready: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let objects = dir.join("state-objects");
         std::fs::create_dir_all(&objects).expect("objects dir");
-        // The coordinator's gRPC port is chosen first: the state nodes register there
-        // (retrying until the coordinator is up).
-        let grpc = format!("127.0.0.1:{}", free_port());
+        // The coordinators' gRPC ports are chosen first: the state nodes register there
+        // (retrying until a coordinator is up).
         let node_args = role_args("state-service");
         let commands: Vec<Vec<String>> = (0..state_nodes.max(1))
-            .map(|i| state_node_command(dir, i, &grpc, &node_args))
+            .map(|i| state_node_command(dir, i, grpc, &node_args))
             .collect();
         let mut nodes: Vec<ServiceProcess> = commands
             .iter()
@@ -123,33 +190,11 @@ impl MiniCluster {
             })
             .collect();
         let state = nodes.remove(0);
+        let (coordinator, http) = start_coordinator(&coordinator(&state.url()), dir, env, ready);
 
-        let store = dir.join("coordinator-store");
-        let mut args: Vec<String> = vec![
-            "coordinator".into(),
-            "--http".into(),
-            "127.0.0.1:0".into(),
-            "--grpc".into(),
-            grpc.clone(),
-            "--store".into(),
-            store.display().to_string(),
-            "--state-service".into(),
-            state.url(),
-        ];
-        args.extend(role_args("coordinator"));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut coordinator = Proc::start_env(&args, dir, env);
-        let line = coordinator.wait_for_line("coordinator listening:", START_TIMEOUT);
-        let http = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("http="))
-            .unwrap_or_else(|| panic!("no http= in {line:?}"))
-            .to_owned();
-
-        let url = format!("http://{grpc}");
         let mut procs = Vec::new();
         for _ in 0..workers {
-            let mut args: Vec<String> = vec!["worker".into(), "--coordinator".into(), url.clone()];
+            let mut args: Vec<String> = vec!["worker".into(), "--coordinator".into(), grpc.into()];
             args.extend(role_args("worker"));
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             procs.push(Proc::start_env(&args, dir, env));
@@ -158,7 +203,7 @@ impl MiniCluster {
             state,
             more_state: nodes,
             state_commands: commands,
-            grpc: grpc.clone(),
+            grpc: grpc.to_owned(),
             node_args,
             env: env
                 .iter()
@@ -167,6 +212,7 @@ impl MiniCluster {
             coordinator,
             http,
             workers: procs,
+            standby: None,
         };
         cluster.wait_until(
             &format!("{workers} workers attached"),
@@ -188,6 +234,127 @@ impl MiniCluster {
             );
         }
         cluster
+    }
+
+    /// Two coordinators electing a leader through the etcd at `etcd` (`etcd://…`;
+    /// leases of 3 s), sharing one store: `coord-1` is started first and leads,
+    /// `coord-2` stands by. The state nodes and `workers` workers are given both
+    /// coordinators' addresses.
+    ///
+    /// # Panics
+    /// When a role does not start, or the workers do not attach in time.
+    pub fn start_ha(
+        dir: &Path,
+        workers: usize,
+        state_nodes: usize,
+        etcd: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let grpcs = [
+            format!("127.0.0.1:{}", free_port()),
+            format!("127.0.0.1:{}", free_port()),
+        ];
+        let both = grpcs
+            .iter()
+            .map(|g| format!("http://{g}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let coordinator_args = |i: usize| -> Vec<String> {
+            [
+                "coordinator",
+                "--http",
+                "127.0.0.1:0",
+                "--grpc",
+                &grpcs[i],
+                "--store",
+                &dir.join("coordinator-store").display().to_string(),
+                "--ha",
+                etcd,
+                "--ha-id",
+                &format!("coord-{}", i + 1),
+                "--ha-lease-ttl-ms",
+                "3000",
+            ]
+            .map(String::from)
+            .to_vec()
+        };
+        let mut cluster = Self::start_with(
+            dir,
+            workers,
+            state_nodes,
+            &both,
+            &|_| Vec::new(),
+            &|state_url| {
+                let mut args = coordinator_args(0);
+                args.extend(["--state-service".to_owned(), state_url.to_owned()]);
+                args
+            },
+            "coordinator leading:",
+            env,
+        );
+        let standby = start_coordinator(&coordinator_args(1), dir, env, "coordinator standing by:");
+        cluster.standby = Some(standby);
+        cluster
+    }
+
+    /// `--coordinator` with both coordinators' REST addresses (leader first).
+    pub fn urls(&self) -> String {
+        match &self.standby {
+            Some((_, http)) => format!("http://{},http://{http}", self.http),
+            None => self.url(),
+        }
+    }
+
+    /// The standby's REST `host:port`.
+    ///
+    /// # Panics
+    /// Without a standby.
+    pub fn standby_http(&self) -> &str {
+        &self.standby.as_ref().expect("a standby coordinator").1
+    }
+
+    /// Kills the leader with SIGKILL and waits until the standby serves (it becomes
+    /// [`MiniCluster::coordinator`]); how long that took.
+    ///
+    /// # Panics
+    /// When the standby does not take over within a minute.
+    pub fn fail_over(&mut self) -> Duration {
+        self.coordinator.kill();
+        let killed = std::time::Instant::now();
+        self.promote_standby(START_TIMEOUT);
+        killed.elapsed()
+    }
+
+    /// Waits until the standby serves, then makes it [`MiniCluster::coordinator`].
+    ///
+    /// # Panics
+    /// When it does not within `timeout`.
+    pub fn promote_standby(&mut self, timeout: Duration) {
+        let http = self.standby_http().to_owned();
+        self.wait_until("the standby to lead", timeout, || {
+            let (code, _) = http_request(&http, "GET", "/v1/workers", None);
+            (code == 200).then_some(())
+        });
+        let (proc, http) = self.standby.take().expect("a standby");
+        self.coordinator = proc;
+        self.http = http;
+    }
+
+    /// Waits until the leader exits by itself; what it printed.
+    ///
+    /// # Panics
+    /// When it still runs after `timeout`.
+    pub fn wait_leader_exit(&mut self, timeout: Duration) -> String {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.coordinator.running() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the leader still runs after {timeout:?}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.coordinator.output()
     }
 
     /// Starts state node `i` (0: `node-a`) again with the same name, data directory and
@@ -227,7 +394,7 @@ impl MiniCluster {
 
     /// The coordinator's gRPC API, which workers and state nodes attach to.
     pub fn grpc_url(&self) -> String {
-        format!("http://{}", self.grpc)
+        self.grpc.clone()
     }
 
     /// `--coordinator http://HTTP`.
@@ -279,6 +446,9 @@ impl MiniCluster {
     /// Everything the roles printed, for failure messages.
     pub fn logs(&self) -> String {
         let mut s = format!("--- coordinator\n{}\n", self.coordinator.output());
+        if let Some((standby, _)) = &self.standby {
+            s.push_str(&format!("--- standby coordinator\n{}\n", standby.output()));
+        }
         for (i, w) in self.workers.iter().enumerate() {
             s.push_str(&format!("--- worker {i}\n{}\n", w.output()));
         }

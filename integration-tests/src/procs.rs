@@ -256,6 +256,13 @@ impl Proc {
         }
     }
 
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// Kills it with SIGKILL and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

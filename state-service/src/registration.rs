@@ -23,7 +23,8 @@ use crate::server::Node;
 /// Who a node says it is.
 #[derive(Debug, Clone)]
 pub struct Registration {
-    /// `http://host:port` of the coordinator's gRPC API.
+    /// `http://host:port` of the coordinator's gRPC API; several, comma-separated, for
+    /// coordinators electing a leader.
     pub coordinator: String,
     /// The node's name.
     pub node_id: String,
@@ -42,33 +43,43 @@ pub fn start(registration: Registration, node: Arc<Node>) -> AbortOnDropHandle<(
     AbortOnDropHandle::new(tokio::spawn(async move {
         // The same failure once a second (a coordinator that is down) is said once.
         let mut last = String::new();
-        loop {
-            let why = match attach(&registration, &node).await {
-                Ok(()) => format!(
-                    "the coordinator at {} closed this node's stream; registering again",
-                    registration.coordinator
-                ),
+        // Several coordinators (a leader and standbys) are tried in turn.
+        let urls: Vec<String> = registration
+            .coordinator
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        for turn in 0usize.. {
+            let url = &urls[turn % urls.len().max(1)];
+            let why = match attach(&registration, url, &node).await {
+                Ok(()) => {
+                    format!("the coordinator at {url} closed this node's stream; registering again")
+                }
                 Err(e) => format!("cannot stay registered with the coordinator: {e}"),
             };
-            if why != last {
+            if why != last && !why.contains("is a standby") {
                 tracing::warn!("{why}");
             } else {
                 tracing::debug!("{why}");
             }
             last = why;
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            if turn % urls.len().max(1) == urls.len().max(1) - 1 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
         }
     }))
 }
 
 /// One registration: returns when its stream ends.
-async fn attach(r: &Registration, node: &Node) -> Result<(), String> {
-    let channel = Endpoint::from_shared(r.coordinator.clone())
-        .map_err(|e| format!("coordinator address `{}` is not a URL: {e}", r.coordinator))?
+async fn attach(r: &Registration, url: &str, node: &Node) -> Result<(), String> {
+    let channel = Endpoint::from_shared(url.to_owned())
+        .map_err(|e| format!("coordinator address `{url}` is not a URL: {e}"))?
         .connect_timeout(Duration::from_secs(3))
         .connect()
         .await
-        .map_err(|e| format!("cannot reach {}: {e}", r.coordinator))?;
+        .map_err(|e| format!("cannot reach {url}: {e}"))?;
     let (tx, rx) = mpsc::unbounded_channel();
     let send = |msg| {
         let _ = tx.send(pbc::StateNodeMessage { msg: Some(msg) });
@@ -87,13 +98,7 @@ async fn attach(r: &Registration, node: &Node) -> Result<(), String> {
     let mut inbound = CoordinatorClient::new(channel)
         .attach_state_node(outbound)
         .await
-        .map_err(|s| {
-            format!(
-                "{} refused the registration: {}",
-                r.coordinator,
-                s.message()
-            )
-        })?
+        .map_err(|s| format!("{url} refused the registration: {}", s.message()))?
         .into_inner();
     let every = match inbound.next().await {
         Some(Ok(pbc::StateNodeCommand {
@@ -102,7 +107,7 @@ async fn attach(r: &Registration, node: &Node) -> Result<(), String> {
         Some(Err(s)) => return Err(format!("registration failed: {}", s.message())),
         _ => return Err("the coordinator's first message was not `registered`".into()),
     };
-    tracing::info!(node = %r.node_id, "registered with {}", r.coordinator);
+    tracing::info!(node = %r.node_id, "registered with {url}");
     let mut tick = tokio::time::interval(every);
     loop {
         tokio::select! {

@@ -141,9 +141,7 @@ fn default_savepoint_name() -> String {
 /// Runs a job command.
 pub fn run(command: JobCommand) -> Result<(), Failure> {
     let (args, method, path, body) = request(command)?;
-    let base = args.coordinator.trim_end_matches('/').to_string();
-    let url = format!("{base}{path}");
-    let value = runtime()?.block_on(call(method, &url, body))?;
+    let value = runtime()?.block_on(call_any(method, &args.coordinator, &path, body))?;
     if args.json {
         outln!(
             "{}",
@@ -246,26 +244,69 @@ fn request(
     })
 }
 
-/// One REST call; the answer's JSON, or the API's error as a failure.
-pub(crate) async fn call(method: &str, url: &str, body: Option<Value>) -> Result<Value, Failure> {
+/// One REST call at `path` of the first of the coordinators `bases` (`URL1,URL2`)
+/// that serves: one out of reach, or a standby (which answers 503 naming the leader),
+/// gives way to the next; the last one's answer is the result.
+pub(crate) async fn call_any(
+    method: &str,
+    bases: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Value, Failure> {
+    let bases: Vec<&str> = bases
+        .split(',')
+        .map(|b| b.trim().trim_end_matches('/'))
+        .filter(|b| !b.is_empty())
+        .collect();
+    let mut refused = Vec::new();
+    for (i, base) in bases.iter().enumerate() {
+        let url = format!("{base}{path}");
+        match attempt(method, &url, body.clone()).await {
+            Ok(v) => return Ok(v),
+            Err((true, f)) if i + 1 < bases.len() => refused.push(f.message().to_owned()),
+            Err((_, f)) if refused.is_empty() => return Err(f),
+            Err((_, f)) => {
+                refused.push(f.message().to_owned());
+                return Err(Failure::from(anyhow::anyhow!(
+                    "no coordinator serves: {}",
+                    refused.join("; ")
+                )));
+            }
+        }
+    }
+    Err(Failure::usage(
+        "no coordinator address given (set --coordinator or SLUICE_COORDINATOR)",
+    ))
+}
+
+/// One REST call; on failure, also whether another coordinator may serve it (this
+/// one is out of reach or a standby).
+async fn attempt(method: &str, url: &str, body: Option<Value>) -> Result<Value, (bool, Failure)> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(300))
         .build()
-        .map_err(|e| Failure::from(anyhow::anyhow!("HTTP client: {e}")))?;
+        .map_err(|e| (false, Failure::from(anyhow::anyhow!("HTTP client: {e}"))))?;
     let request = match method {
         "POST" => client.post(url).json(&body.unwrap_or(json!({}))),
         _ => client.get(url),
     };
     let response = request.send().await.map_err(|e| {
-        Failure::from(anyhow::anyhow!(
-            "cannot reach the coordinator at {url}: {e} (set --coordinator or SLUICE_COORDINATOR)"
-        ))
+        (
+            e.is_connect(),
+            Failure::from(anyhow::anyhow!(
+                "cannot reach the coordinator at {url}: {e} (set --coordinator or \
+                 SLUICE_COORDINATOR)"
+            )),
+        )
     })?;
     let status = response.status();
-    let text = response
-        .text()
-        .await
-        .map_err(|e| Failure::from(anyhow::anyhow!("reading the answer of {url}: {e}")))?;
+    let standby = response.headers().contains_key("x-sluice-standby");
+    let text = response.text().await.map_err(|e| {
+        (
+            false,
+            Failure::from(anyhow::anyhow!("reading the answer of {url}: {e}")),
+        )
+    })?;
     let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
     if status.is_success() {
         return Ok(value);
@@ -279,11 +320,14 @@ pub(crate) async fn call(method: &str, url: &str, body: Option<Value>) -> Result
         Some(f) if !f.is_empty() => format!("{message} (field `{f}`)"),
         _ => message,
     };
-    Err(if status.as_u16() == 400 || status.as_u16() == 404 {
-        Failure::usage(message)
-    } else {
-        Failure::from(anyhow::anyhow!("{message}"))
-    })
+    Err((
+        standby,
+        if status.as_u16() == 400 || status.as_u16() == 404 {
+            Failure::usage(message)
+        } else {
+            Failure::from(anyhow::anyhow!("{message}"))
+        },
+    ))
 }
 
 fn s(v: &Value, key: &str) -> String {
@@ -329,6 +373,17 @@ fn print_human(path: &str, v: &Value) {
                 .cloned()
                 .unwrap_or_default()
         };
+        let coordinators = list("coordinators");
+        if coordinators.len() > 1 || coordinators.iter().any(|c| c.get("http").is_some()) {
+            outln!("coordinators:");
+            table(
+                &["ID", "ROLE", "REST", "GRPC"],
+                coordinators
+                    .iter()
+                    .map(|c| vec![s(c, "id"), s(c, "role"), s(c, "http"), s(c, "grpc")])
+                    .collect(),
+            );
+        }
         outln!("workers:");
         table(
             &["ID", "PID", "HOST", "SLOTS", "JOBS", "RSS_MIB"],

@@ -5,6 +5,12 @@
 //! `s3://bucket/prefix`), reaches keyed state through `--state-service`, and on start
 //! resumes every job the store records as not ended, from its newest valid checkpoint.
 //! It prints `coordinator listening: http=ADDR grpc=ADDR` once both are bound.
+//!
+//! With `--ha etcd://host:port[,…]` several coordinators (one `--store`) elect a leader
+//! through etcd: the leader serves and resumes the jobs, standbys refuse with the
+//! leader's address until they are elected; a leader that loses its lease exits (exit
+//! code 3), so that only one coordinator ever acts. Workers, state nodes and the CLI
+//! take every coordinator's address (`--coordinator URL1,URL2`).
 
 use crate::telemetry::TelemetryArgs;
 use sluice_coordinator::prometheus::CoordinatorMetrics;
@@ -15,6 +21,7 @@ use clap::Args;
 use sluice_compute::network::NetworkConfig;
 use sluice_compute::state_client::StateServiceConnector;
 use sluice_coordinator::checkpoint::store::ObjectMetadataStore;
+use sluice_coordinator::ha::{Elector, HaOptions, Member, parse_etcd_url};
 use sluice_coordinator::job::master::StateConnector;
 use sluice_coordinator::rest;
 use sluice_coordinator::service::{self, Coordinator, CoordinatorOptions};
@@ -62,6 +69,19 @@ pub struct CoordinatorArgs {
     /// Waiting for free slots has no limit.
     #[arg(long, default_value_t = 30_000)]
     deploy_timeout_ms: u64,
+    /// Elect a leader among coordinators through etcd: `etcd://host:port[,host:port]`.
+    #[arg(long, value_name = "etcd://HOST:PORT")]
+    ha: Option<String>,
+    /// This coordinator's name in the election (default: its gRPC address).
+    #[arg(long)]
+    ha_id: Option<String>,
+    /// The key prefix of this cluster in etcd.
+    #[arg(long, default_value = "sluice")]
+    ha_prefix: String,
+    /// The leader's etcd lease (ms, whole seconds, at least 2000): a dead leader is
+    /// replaced after about this long.
+    #[arg(long, default_value_t = 5000)]
+    ha_lease_ttl_ms: u64,
     #[command(flatten)]
     telemetry: TelemetryArgs,
 }
@@ -72,6 +92,18 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
         return Err(Failure::usage(format!(
             "--heartbeat-timeout-ms ({}) must be longer than --heartbeat-interval-ms ({})",
             args.heartbeat_timeout_ms, args.heartbeat_interval_ms
+        )));
+    }
+    let ha = args
+        .ha
+        .as_deref()
+        .map(parse_etcd_url)
+        .transpose()
+        .map_err(|e| Failure::usage(format!("--ha: {e}")))?;
+    if ha.is_some() && args.ha_lease_ttl_ms < 2000 {
+        return Err(Failure::usage(format!(
+            "--ha-lease-ttl-ms {} is too short: at least 2000",
+            args.ha_lease_ttl_ms
         )));
     }
     let url = object_store_url("--store", &args.store)?;
@@ -104,6 +136,29 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
         let (http, http_addr) = service::bind(&args.http, "the REST API")
             .await
             .map_err(|e| Failure::usage(e.to_string()))?;
+        // Joined before anything serves: an etcd that does not answer stops the start.
+        let elector = match &ha {
+            Some(endpoints) => {
+                let me = Member {
+                    id: args.ha_id.clone().unwrap_or_else(|| grpc_addr.to_string()),
+                    http: format!("http://{http_addr}"),
+                    grpc: format!("http://{grpc_addr}"),
+                };
+                let elector = Elector::join(HaOptions {
+                    endpoints: endpoints.clone(),
+                    prefix: args.ha_prefix.trim_end_matches('/').to_string(),
+                    lease_ttl: Duration::from_secs(args.ha_lease_ttl_ms.div_ceil(1000)),
+                    me,
+                })
+                .await
+                .map_err(|e| {
+                    Failure::usage(format!("--ha {}: {e}", args.ha.as_deref().unwrap_or("")))
+                })?;
+                coordinator.set_elector(Arc::clone(&elector));
+                Some(elector)
+            }
+            None => None,
+        };
         // Both servers run until these handles go at the end of this function.
         let _workers = coordinator.serve_workers(grpc);
         let _rest = rest::serve(coordinator.clone(), http);
@@ -117,12 +172,46 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
                 vec![Arc::new(metrics)],
             )
             .await?;
-        match coordinator.resume_jobs().await {
-            Ok(ids) if !ids.is_empty() => eprintln!("resumed jobs: {}", ids.join(", ")),
-            Ok(_) => {}
-            Err(e) => eprintln!("warning: could not resume jobs: {e}"),
+        let Some(elector) = elector else {
+            resume(&coordinator).await;
+            shutdown_signal().await;
+            return Ok(());
+        };
+        eprintln!(
+            "coordinator standing by: campaigning through etcd as {}",
+            elector.me().id
+        );
+        tokio::select! {
+            () = elector.elected() => {}
+            () = shutdown_signal() => {
+                elector.resign().await;
+                return Ok(());
+            }
         }
-        shutdown_signal().await;
-        Ok(())
+        eprintln!(
+            "coordinator leading: {} (lease {} ms)",
+            elector.me().id,
+            args.ha_lease_ttl_ms
+        );
+        resume(&coordinator).await;
+        tokio::select! {
+            reason = elector.deposed() => Err(Failure::deposed(format!(
+                "{reason}; this coordinator exits so that only one acts (a standby leads \
+                 once etcd answers; start this one again to stand by)"
+            ))),
+            () = shutdown_signal() => {
+                elector.resign().await;
+                Ok(())
+            }
+        }
     })
+}
+
+/// Resumes every job the store records as not ended.
+async fn resume(coordinator: &Arc<Coordinator>) {
+    match coordinator.resume_jobs().await {
+        Ok(ids) if !ids.is_empty() => eprintln!("resumed jobs: {}", ids.join(", ")),
+        Ok(_) => {}
+        Err(e) => eprintln!("warning: could not resume jobs: {e}"),
+    }
 }

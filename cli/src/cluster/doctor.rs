@@ -15,7 +15,7 @@ use clap::Args;
 use serde_json::{Value, json};
 use sluice_common::outln;
 
-use crate::cluster::client::{call, table};
+use crate::cluster::client::{call_any, table};
 use crate::{Failure, runtime};
 
 /// Arguments of `sluice doctor`.
@@ -79,15 +79,15 @@ const BACKPRESSURED: f64 = 0.5;
 
 /// Runs `sluice doctor`.
 pub fn run(args: DoctorArgs) -> Result<(), Failure> {
-    let base = args.coordinator.trim_end_matches('/').to_owned();
-    let url = format!("{base}/v1/jobs/{}", args.job);
+    let path = format!("/v1/jobs/{}", args.job);
+    let bases = args.coordinator.as_str();
     let rt = runtime()?;
     let (samples, elapsed, memory) = rt.block_on(async {
-        let mut samples = vec![call("GET", &url, None).await?];
+        let mut samples = vec![call_any("GET", bases, &path, None).await?];
         let start = Instant::now();
         for _ in 0..SAMPLES - 1 {
             tokio::time::sleep(Duration::from_millis(args.sample_ms / (SAMPLES - 1))).await;
-            samples.push(call("GET", &url, None).await?);
+            samples.push(call_any("GET", bases, &path, None).await?);
         }
         let mut memory = Vec::new();
         for m in &args.state_metrics {

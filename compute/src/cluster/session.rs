@@ -42,7 +42,8 @@ pub use sluice_common::pb::cluster::PROTOCOL_VERSION;
 /// How a worker finds and serves its coordinator.
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
-    /// `http://host:port` of the coordinator's gRPC API.
+    /// `http://host:port` of the coordinator's gRPC API; several, comma-separated,
+    /// for coordinators electing a leader.
     pub coordinator: String,
     /// Host to bind data ports on and to advertise.
     pub host: String,
@@ -61,21 +62,42 @@ pub struct SessionOptions {
 /// Serves the coordinator until it goes away for good (with `exit_with_coordinator`),
 /// attaching again after every broken stream otherwise.
 pub async fn serve(options: SessionOptions) -> Result<()> {
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match attach(&options).await {
-            Ok(()) => tracing::warn!("the coordinator closed the control stream"),
+    // Several coordinators (`URL1,URL2`: a leader and standbys) are tried in turn; a
+    // standby refuses, naming the leader.
+    let urls: Vec<String> = options
+        .coordinator
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let first = Duration::from_millis(200);
+    let mut delay = first;
+    for turn in 0usize.. {
+        let url = &urls[turn % urls.len().max(1)];
+        let attached = std::time::Instant::now();
+        match attach(&options, url).await {
+            Ok(()) => tracing::warn!("the coordinator at {url} closed the control stream"),
+            // A standby says so on every turn until it leads: not worth a warning.
+            Err(e) if e.to_string().contains("is a standby") => {
+                tracing::debug!("control stream: {e}");
+            }
             Err(e) => tracing::warn!("control stream: {e}"),
         }
         if options.exit_with_coordinator {
-            return Err(Error::Internal(format!(
-                "lost the coordinator at {}",
-                options.coordinator
-            )));
+            return Err(Error::Internal(format!("lost the coordinator at {url}")));
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(5));
+        // After a session that lasted, the next coordinator is tried at once: it is
+        // a standby taking over, or this one restarting.
+        if attached.elapsed() > Duration::from_secs(5) {
+            delay = first;
+        }
+        if turn % urls.len().max(1) == urls.len().max(1) - 1 {
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
     }
+    unreachable!("the turns never end")
 }
 
 /// A running attempt.
@@ -91,24 +113,14 @@ struct Attempt {
 }
 
 /// One attached session; returns when the stream ends.
-async fn attach(options: &SessionOptions) -> Result<()> {
-    let channel = Endpoint::from_shared(options.coordinator.clone())
-        .map_err(|e| {
-            Error::Plan(format!(
-                "coordinator address `{}` is not a URL: {e}",
-                options.coordinator
-            ))
-        })?
+async fn attach(options: &SessionOptions, url: &str) -> Result<()> {
+    let channel = Endpoint::from_shared(url.to_owned())
+        .map_err(|e| Error::Plan(format!("coordinator address `{url}` is not a URL: {e}")))?
         .connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|e| {
-            Error::Internal(format!(
-                "cannot reach the coordinator at {}: {e}",
-                options.coordinator
-            ))
-        })?;
+        .map_err(|e| Error::Internal(format!("cannot reach the coordinator at {url}: {e}")))?;
     let (out_tx, out_rx) = mpsc::unbounded_channel::<pbc::WorkerMessage>();
     let send = move |tx: &mpsc::UnboundedSender<pbc::WorkerMessage>, msg: wm::Msg| {
         let _ = tx.send(pbc::WorkerMessage { msg: Some(msg) });
@@ -143,11 +155,7 @@ async fn attach(options: &SessionOptions) -> Result<()> {
             "the coordinator's first message was not `registered`".into(),
         ));
     };
-    tracing::info!(
-        "registered with {} as {}",
-        options.coordinator,
-        registered.worker_id
-    );
+    tracing::info!("registered with {url} as {}", registered.worker_id);
     let mut heartbeat = tokio::time::interval(Duration::from_millis(
         registered.heartbeat_interval_ms.clamp(50, 10_000),
     ));
