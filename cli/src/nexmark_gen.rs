@@ -120,6 +120,7 @@ pub fn generate(args: GenArgs) -> Result<(), Failure> {
             let info = SubtaskInfo {
                 index,
                 parallelism: args.files,
+                fence: 0,
             };
             let mut reader =
                 NexmarkReader::new(&spec, info, 8192).map_err(Failure::from_compute)?;

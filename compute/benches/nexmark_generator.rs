@@ -32,6 +32,7 @@ fn generate(c: &mut Criterion) {
         let subtask = SubtaskInfo {
             index: 0,
             parallelism: 1,
+            fence: 0,
         };
         // Unbounded, so each iteration generates the next 8192 rows of the stream.
         let mut reader = NexmarkReader::new(&spec, subtask, ROWS).expect("nexmark reader");

@@ -46,6 +46,7 @@ fn bid_batches(rt: &Runtime) -> Vec<(RecordBatch, Timestamp)> {
     let subtask = SubtaskInfo {
         index: 0,
         parallelism: 1,
+        fence: 0,
     };
     let mut reader = NexmarkReader::new(&spec, subtask, ROWS).expect("nexmark reader");
     rt.block_on(async {

@@ -166,6 +166,10 @@ pub struct SubtaskInfo {
     pub index: usize,
     /// Number of subtasks of the node.
     pub parallelism: usize,
+    /// The deployment attempt's fence (growing across attempts; 0: unfenced): sinks tag
+    /// what they leave behind with it, so a later attempt tells a zombie's leftovers
+    /// from its own.
+    pub fence: u64,
 }
 
 /// Default rows per source batch.

@@ -173,6 +173,7 @@ impl S3 {
             SubtaskInfo {
                 index,
                 parallelism: 1,
+                fence: 0,
             },
         )
         .await
@@ -210,6 +211,7 @@ impl S3 {
         let sub = SubtaskInfo {
             index: 0,
             parallelism: 1,
+            fence: 0,
         };
         let mut reader = FileReader::open(&source, &[], sub, BATCH)
             .await

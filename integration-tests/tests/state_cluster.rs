@@ -349,3 +349,93 @@ fn a_drained_node_gives_up_its_shards_and_a_new_node_takes_its_share_at_a_rebala
         &expected,
     );
 }
+
+/// A zombie: a worker of the job is paused (SIGSTOP) past its heartbeat timeout, the job
+/// recovers on the other workers, then the paused one resumes (SIGCONT) and runs on for
+/// a moment as if nothing happened. Nothing it writes reaches the state (the shards'
+/// fences refuse its attempt) or the sink (its parts are tagged with its attempt, and
+/// the recovery's fence mark voids what it leaves after it): the committed output
+/// equals the failure-free run's.
+#[test]
+fn a_paused_worker_that_resumes_after_the_job_recovered_writes_nothing_that_counts() {
+    let dir = tempdir();
+    let dir = dir.path();
+    let expected = reference(dir);
+    let cluster = MiniCluster::start(
+        dir,
+        3,
+        |role| match role {
+            "coordinator" => [
+                "--heartbeat-timeout-ms",
+                "1500",
+                "--heartbeat-interval-ms",
+                "300",
+            ]
+            .map(String::from)
+            .to_vec(),
+            _ => Vec::new(),
+        },
+        &[],
+    );
+    let out = dir.join("out");
+    let path = write_job(dir, "zombie.yaml", &job(&out, 9_000));
+    let id = cluster.submit(dir, &path, 2);
+    cluster.wait_until("a checkpoint", Duration::from_secs(60), || {
+        (cluster.status(&id)["last_checkpoint"].as_u64().unwrap_or(0) > 0).then_some(())
+    });
+    let workers = cluster_view(&cluster, dir)["workers"].clone();
+    let busy: Vec<u64> = workers
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|w| w["jobs"].as_array().is_some_and(|j| !j.is_empty()))
+        .filter_map(|w| w["pid"].as_u64())
+        .collect();
+    assert_eq!(busy.len(), 2, "{workers}");
+    let zombie = busy[0].to_string();
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &zombie])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {sig} {zombie}");
+    };
+    signal("-STOP");
+    let restarts = cluster.status(&id)["restarts"].as_u64().unwrap_or(0);
+    // The job recovers without it and completes a checkpoint of the new attempt.
+    let recovered_at = cluster.wait_until("the job to recover", Duration::from_secs(60), || {
+        let s = cluster.status(&id);
+        (s["restarts"].as_u64().unwrap_or(0) > restarts && s["state"] == "running")
+            .then(|| s["last_checkpoint"].as_u64().unwrap_or(0))
+    });
+    cluster.wait_until(
+        "a checkpoint after the recovery",
+        Duration::from_secs(60),
+        || {
+            let s = cluster.status(&id);
+            (s["last_checkpoint"].as_u64().unwrap_or(0) > recovered_at
+                || matches!(s["state"].as_str(), Some("finished" | "failed")))
+            .then_some(())
+        },
+    );
+    signal("-CONT");
+    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
+        let s = cluster.status(&id);
+        matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
+    });
+    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    // The recovery left its fence mark beside the parts.
+    let marks = std::fs::read_dir(&out)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with(".fence-"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert!(marks > 0, "no fence mark in {}", out.display());
+    assert_same_rows(
+        "output after a zombie worker resumed",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+}

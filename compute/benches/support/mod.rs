@@ -21,6 +21,7 @@ pub fn bids() -> RecordBatch {
     let subtask = SubtaskInfo {
         index: 0,
         parallelism: 1,
+        fence: 0,
     };
     let mut reader = NexmarkReader::new(&spec, subtask, ROWS).expect("nexmark reader");
     let batch = reader.next_batch_sync().expect("an unbounded stream").batch;

@@ -296,6 +296,7 @@ async fn run(
         None => {}
     }
     options.coordinated_checkpoints = deployment.coordinated_checkpoints;
+    options.fence = deployment.fence;
     options.alignment = link.as_ref().map(|l| l.alignment.clone());
     options.restore = deployment.restore.as_ref().map(|r| RestoreFrom {
         checkpoint_id: r.checkpoint_id,

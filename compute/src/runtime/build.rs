@@ -94,6 +94,8 @@ pub struct BuildOptions {
     /// Where aligned sources join their groups (watermark alignment); without it (no
     /// coordinator to align across workers) sources never pause.
     pub alignment: Option<Arc<Alignment>>,
+    /// The deployment attempt's fence (0: unfenced), given to sinks.
+    pub fence: u64,
 }
 
 /// A checkpoint to resume from.
@@ -114,6 +116,7 @@ impl Default for BuildOptions {
             restore: None,
             coordinated_checkpoints: false,
             alignment: None,
+            fence: 0,
         }
     }
 }
@@ -260,6 +263,7 @@ pub async fn build_tasks(
             let info = SubtaskInfo {
                 index: subtask,
                 parallelism: chain.parallelism,
+                fence: options.fence,
             };
             let mut operators: Vec<Box<dyn Operator>> = Vec::new();
             let mut contexts = Vec::new();

@@ -14,6 +14,7 @@
 //! delete is idempotent: a crash between the two leaves both, and doing it again copies
 //! the same bytes once more. `CopyObject` takes at most 5 GiB, which bounds one part.
 
+use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -108,6 +109,20 @@ impl PartDir {
                     .filter_map(|meta| meta.location.filename().map(str::to_owned))
                     .collect())
             }
+        }
+    }
+
+    /// Creates the empty file or object `name` (a marker), durably: a local file is
+    /// synced with its directory.
+    pub async fn touch(&self, name: &str) -> Result<()> {
+        match self {
+            PartDir::Local(dir) => {
+                let path = dir.join(name);
+                let io = |e| Error::io(path.display().to_string(), e);
+                File::create(&path).and_then(|f| f.sync_all()).map_err(io)?;
+                self.sync()
+            }
+            PartDir::Remote { .. } => self.upload(name, Vec::new()).await,
         }
     }
 

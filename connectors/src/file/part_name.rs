@@ -4,11 +4,16 @@
 //! sequence number within that subtask, its format, and its stage. Hidden names (a
 //! leading `.`) are skipped by every listing, so readers see committed parts only.
 //!
-//! | stage        | name                                   |
-//! |--------------|----------------------------------------|
-//! | in progress  | `.part-<i>-<seq>.<ext>.inprogress`     |
-//! | pending      | `.part-<i>-<seq>.<ext>.pending-<N>`    |
-//! | committed    | `part-<i>-<seq>.<ext>`                 |
+//! | stage        | name                                        |
+//! |--------------|---------------------------------------------|
+//! | in progress  | `.part-<i>-<seq>.<ext>.inprogress[-<F>]`    |
+//! | pending      | `.part-<i>-<seq>.<ext>.pending-<N>[-<F>]`   |
+//! | committed    | `part-<i>-<seq>.<ext>`                      |
+//!
+//! `F` is the fence of the deployment attempt that wrote the part (absent: unfenced).
+//! A recovering attempt leaves a [`FenceMark`], `.fence-<A>-<C>`: parts that attempts
+//! older than `A` leave in progress, or pending for checkpoints after `C`, are void (a
+//! zombie's, written after that recovery) and are never committed.
 //!
 //! A job that never checkpoints keeps one part per subtask with no sequence number,
 //! `part-<i>.<ext>` (written as `.part-<i>.<ext>.inprogress`), as before the two-phase
@@ -40,6 +45,8 @@ pub struct PartName {
     pub ext: String,
     /// Its stage.
     pub stage: Stage,
+    /// The fence of the attempt that wrote it (0: unfenced; not in committed names).
+    pub fence: u64,
 }
 
 impl PartName {
@@ -50,7 +57,13 @@ impl PartName {
             seq,
             ext: ext.to_owned(),
             stage,
+            fence: 0,
         }
+    }
+
+    /// The same part, written by the attempt with `fence`.
+    pub fn fenced(self, fence: u64) -> Self {
+        Self { fence, ..self }
     }
 
     /// The same part in another stage.
@@ -73,16 +86,26 @@ impl PartName {
             Some((i, seq)) => (number(i)?, Some(number(seq)?)),
             None => (number(ids)?, None),
         };
-        let (ext, stage) = if hidden {
+        let (ext, stage, fence) = if hidden {
             let (ext, suffix) = rest.split_once('.')?;
-            let stage = if suffix == "inprogress" {
-                Stage::InProgress
+            let (stage, fence) = if let Some(f) = suffix.strip_prefix("inprogress") {
+                let fence = match f.strip_prefix('-') {
+                    Some(f) => number(f)?,
+                    None if f.is_empty() => 0,
+                    None => return None,
+                };
+                (Stage::InProgress, fence)
             } else {
-                Stage::Pending(number(suffix.strip_prefix("pending-")?)?)
+                let rest = suffix.strip_prefix("pending-")?;
+                let (n, fence) = match rest.split_once('-') {
+                    Some((n, f)) => (number(n)?, number(f)?),
+                    None => (number(rest)?, 0),
+                };
+                (Stage::Pending(n), fence)
             };
-            (ext, stage)
+            (ext, stage, fence)
         } else {
-            (rest, Stage::Committed)
+            (rest, Stage::Committed, 0)
         };
         if ext.is_empty() || !ext.chars().all(|c| c.is_ascii_alphanumeric()) {
             return None;
@@ -90,7 +113,46 @@ impl PartName {
         if matches!(stage, Stage::Pending(_)) && seq.is_none() {
             return None;
         }
-        Some(Self::new(subtask, seq, ext, stage))
+        Some(Self::new(subtask, seq, ext, stage).fenced(fence))
+    }
+}
+
+/// What a recovering attempt leaves in the sink's directory: `.fence-<A>-<C>`, attempt
+/// `A` restored checkpoint `C`. From then on an older attempt still running (a zombie
+/// worker) can only leave void parts: in progress, or pending for checkpoints after `C`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceMark {
+    /// The recovering attempt's fence.
+    pub attempt: u64,
+    /// The checkpoint it restored.
+    pub committed: u64,
+}
+
+impl FenceMark {
+    /// Parses a file name; `None` when it is not a fence mark.
+    pub fn parse(name: &str) -> Option<Self> {
+        let (a, c) = name.strip_prefix(".fence-")?.split_once('-')?;
+        Some(Self {
+            attempt: number(a)?,
+            committed: number(c)?,
+        })
+    }
+
+    /// Whether this mark makes `part` void: written by an older attempt, and either
+    /// in progress or pending for a checkpoint after the restored one.
+    pub fn voids(&self, part: &PartName) -> bool {
+        part.fence < self.attempt
+            && match part.stage {
+                Stage::InProgress => true,
+                Stage::Pending(n) => n > self.committed,
+                Stage::Committed => false,
+            }
+    }
+}
+
+impl fmt::Display for FenceMark {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, ".fence-{}-{}", self.attempt, self.committed)
     }
 }
 
@@ -107,9 +169,13 @@ impl fmt::Display for PartName {
         }
         write!(f, ".{}", self.ext)?;
         match self.stage {
-            Stage::InProgress => write!(f, ".inprogress"),
-            Stage::Pending(checkpoint) => write!(f, ".pending-{checkpoint}"),
-            Stage::Committed => Ok(()),
+            Stage::InProgress => write!(f, ".inprogress")?,
+            Stage::Pending(checkpoint) => write!(f, ".pending-{checkpoint}")?,
+            Stage::Committed => return Ok(()),
+        }
+        match self.fence {
+            0 => Ok(()),
+            fence => write!(f, "-{fence}"),
         }
     }
 }
@@ -166,6 +232,59 @@ mod tests {
         ] {
             assert_eq!(PartName::parse(name), None, "{name}");
         }
+    }
+
+    #[test]
+    fn fenced_names_round_trip_and_commit_to_the_same_visible_name() {
+        for (name, stage, fence) in [
+            (
+                ".part-1-4.jsonl.inprogress-1700000000123",
+                Stage::InProgress,
+                1_700_000_000_123,
+            ),
+            (".part-1-4.jsonl.pending-9-77", Stage::Pending(9), 77),
+        ] {
+            let parsed = PartName::parse(name).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!((parsed.stage, parsed.fence), (stage, fence), "{name}");
+            assert_eq!(parsed.to_string(), name);
+            assert_eq!(
+                parsed.with_stage(Stage::Committed).to_string(),
+                "part-1-4.jsonl"
+            );
+        }
+        for name in [
+            ".part-1-4.jsonl.inprogress-",
+            ".part-1-4.jsonl.inprogressx",
+            ".part-1-4.jsonl.pending-9-",
+            ".part-1-4.jsonl.pending-9-x",
+        ] {
+            assert_eq!(PartName::parse(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_fence_mark_voids_what_older_attempts_leave_after_it() {
+        let mark = FenceMark::parse(".fence-200-5").expect("a mark");
+        assert_eq!(
+            mark,
+            FenceMark {
+                attempt: 200,
+                committed: 5
+            }
+        );
+        assert_eq!(mark.to_string(), ".fence-200-5");
+        assert_eq!(FenceMark::parse(".fence-200"), None);
+        assert_eq!(FenceMark::parse("part-1-2.jsonl"), None);
+        let part = |stage, fence| PartName::new(0, Some(1), "jsonl", stage).fenced(fence);
+        // An older attempt's pending part of a checkpoint it completed stays valid.
+        assert!(!mark.voids(&part(Stage::Pending(5), 100)));
+        // One for a checkpoint after the restored one is a zombie's.
+        assert!(mark.voids(&part(Stage::Pending(6), 100)));
+        assert!(mark.voids(&part(Stage::InProgress, 100)));
+        // The recovering attempt's own and later ones' are not.
+        assert!(!mark.voids(&part(Stage::Pending(6), 200)));
+        assert!(!mark.voids(&part(Stage::Pending(9), 300)));
+        assert!(!mark.voids(&part(Stage::Committed, 100)));
     }
 
     #[test]

@@ -13,13 +13,16 @@
 //! - parts pending for a checkpoint `> C` are deleted: that checkpoint never completed
 //!   and its records will be written again;
 //! - the sequence continues after the highest number this subtask ever used, in any
-//!   stage, so a new part never reuses a name.
+//!   stage, so a new part never reuses a name;
+//! - a part some [`FenceMark`] voids (left by an attempt older than the mark's, in
+//!   progress or pending after the checkpoint the mark's attempt restored: a zombie
+//!   worker's, written after that recovery) is deleted whatever its checkpoint.
 //!
 //! A subtask handles its own parts and those of subtasks that no longer exist after a
 //! rescale: subtask `i` of `p` takes every index `j` with `j % p == i`, so each old index
 //! has exactly one heir.
 
-use super::part_name::{PartName, Stage};
+use super::part_name::{FenceMark, PartName, Stage};
 use sluice_compute::connector::SubtaskInfo;
 
 /// What recovery does, in order: delete, then commit.
@@ -52,8 +55,13 @@ pub fn plan(names: &[String], subtask: SubtaskInfo, last_committed: u64) -> Reco
         next_seq: next_seq(names, subtask.index),
         ..RecoveryPlan::default()
     };
+    let marks: Vec<FenceMark> = names.iter().filter_map(|n| FenceMark::parse(n)).collect();
     for part in names.iter().filter_map(|n| PartName::parse(n)) {
         if part.subtask % parallelism != subtask.index {
+            continue;
+        }
+        if part.stage != Stage::Committed && marks.iter().any(|m| m.voids(&part)) {
+            out.delete.push(part);
             continue;
         }
         match part.stage {
@@ -101,6 +109,7 @@ mod tests {
             SubtaskInfo {
                 index: 0,
                 parallelism: 2,
+                fence: 0,
             },
             3,
         );
@@ -120,6 +129,7 @@ mod tests {
             SubtaskInfo {
                 index: 0,
                 parallelism: 2,
+                fence: 0,
             },
             4,
         );
@@ -140,6 +150,7 @@ mod tests {
             SubtaskInfo {
                 index: 1,
                 parallelism: 2,
+                fence: 0,
             },
             0,
         );
@@ -149,12 +160,47 @@ mod tests {
     }
 
     #[test]
+    fn a_zombies_parts_written_after_a_recovery_are_never_committed() {
+        // Attempt 100 completed checkpoint 3; attempt 200 restored it (its mark); the
+        // zombie of 100 then pre-committed checkpoint 4, which only ids of 200 complete.
+        let left = names(&[
+            ".part-0-1.jsonl.pending-3-100",
+            ".fence-200-3",
+            ".part-0-2.jsonl.pending-4-100",
+            ".part-0-3.jsonl.inprogress-100",
+            ".part-0-3.jsonl.pending-5-200",
+        ]);
+        let sub = SubtaskInfo {
+            index: 0,
+            parallelism: 1,
+            fence: 300,
+        };
+        let p = plan(&left, sub, 5);
+        assert_eq!(
+            strings(&p.commit),
+            [
+                ".part-0-1.jsonl.pending-3-100",
+                ".part-0-3.jsonl.pending-5-200"
+            ]
+        );
+        assert_eq!(
+            strings(&p.delete),
+            [
+                ".part-0-2.jsonl.pending-4-100",
+                ".part-0-3.jsonl.inprogress-100"
+            ]
+        );
+        assert_eq!(p.next_seq, 4);
+    }
+
+    #[test]
     fn an_empty_directory_starts_at_zero() {
         let p = plan(
             &[],
             SubtaskInfo {
                 index: 0,
                 parallelism: 1,
+                fence: 0,
             },
             7,
         );
@@ -175,6 +221,7 @@ mod tests {
             SubtaskInfo {
                 index: 1,
                 parallelism: 2,
+                fence: 0,
             },
             2,
         );
@@ -193,6 +240,7 @@ mod tests {
             SubtaskInfo {
                 index: 0,
                 parallelism: 2,
+                fence: 0,
             },
             2,
         );

@@ -56,7 +56,7 @@ use parquet::arrow::ArrowWriter;
 use sluice_common::pb;
 
 use super::part_dir::PartDir;
-use super::part_name::{PartName, Stage};
+use super::part_name::{FenceMark, PartName, Stage};
 use super::recovery;
 use crate::store;
 use sluice_compute::connector::{SinkWriter, SubtaskInfo};
@@ -242,7 +242,8 @@ impl FileWriter {
             self.next_seq += 1;
             self.next_seq - 1
         });
-        let name = PartName::new(self.subtask.index, seq, self.ext(), Stage::InProgress);
+        let name = PartName::new(self.subtask.index, seq, self.ext(), Stage::InProgress)
+            .fenced(self.subtask.fence);
         let output = match self.dir.local_path(&name.to_string()) {
             Some(path) => {
                 let file =
@@ -374,7 +375,8 @@ impl SinkWriter for FileWriter {
                     Some(seq),
                     self.ext(),
                     Stage::Pending(checkpoint),
-                );
+                )
+                .fenced(self.subtask.fence);
                 seal(&self.dir, part, &pending).await?;
                 self.pending.push(pending);
             }
@@ -397,7 +399,20 @@ impl SinkWriter for FileWriter {
         if let Some(part) = self.current.take() {
             discard(&self.dir, part).await?;
         }
-        let names = self.dir.list().await?;
+        let mut names = self.dir.list().await?;
+        if self.subtask.fence > 0 {
+            // Before anything else: whatever an older attempt still running leaves from
+            // now on is void to every later recovery.
+            let mark = FenceMark {
+                attempt: self.subtask.fence,
+                committed: last_committed,
+            }
+            .to_string();
+            if !names.contains(&mark) {
+                self.dir.touch(&mark).await?;
+                names.push(mark);
+            }
+        }
         let plan = recovery::plan(&names, self.subtask, last_committed);
         for part in &plan.delete {
             self.dir.delete(&part.to_string()).await?;

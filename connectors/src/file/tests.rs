@@ -24,7 +24,11 @@ const STREAMS: [pb::NexmarkStream; 3] = [
 ];
 
 pub(super) fn subtask(index: usize, parallelism: usize) -> SubtaskInfo {
-    SubtaskInfo { index, parallelism }
+    SubtaskInfo {
+        index,
+        parallelism,
+        fence: 0,
+    }
 }
 
 fn fields_of(schema: &SchemaRef) -> Vec<pb::Field> {

@@ -57,7 +57,11 @@ async fn writer(
     FileWriter::create(
         &spec(dir, format),
         schema(),
-        SubtaskInfo { index, parallelism },
+        SubtaskInfo {
+            index,
+            parallelism,
+            fence: 0,
+        },
     )
     .await
     .unwrap()
@@ -98,6 +102,7 @@ async fn visible_ids(dir: &Path, format: pb::FileFormat) -> Vec<i64> {
         let sub = SubtaskInfo {
             index: 0,
             parallelism: 1,
+            fence: 0,
         };
         let mut reader = FileReader::open(&source, &[], sub, 1024)
             .await

@@ -72,6 +72,7 @@ pub async fn produce_nexmark(source: &pb::NexmarkSource, sink: &pb::KafkaSink) -
     let info = SubtaskInfo {
         index: 0,
         parallelism: 1,
+        fence: 0,
     };
     let mut reader = NexmarkReader::new(source, info, 8192)?;
     let mut writer = KafkaWriter::create(sink, reader.schema(), info).await?;

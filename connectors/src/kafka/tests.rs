@@ -42,7 +42,11 @@ fn json_source(env: &KafkaEnv, topic: &str) -> pb::KafkaSource {
 }
 
 fn subtask(index: usize, parallelism: usize) -> SubtaskInfo {
-    SubtaskInfo { index, parallelism }
+    SubtaskInfo {
+        index,
+        parallelism,
+        fence: 0,
+    }
 }
 
 /// `n` records per partition: id = partition * 1000 + i, keyed `k<partition>`.

@@ -360,6 +360,7 @@ mod tests {
                 let subtask = SubtaskInfo {
                     index,
                     parallelism: p,
+                    fence: 0,
                 };
                 let mut r = NexmarkReader::new(spec, subtask, batch_size).unwrap();
                 let mut out = Vec::new();
@@ -448,6 +449,7 @@ mod tests {
             SubtaskInfo {
                 index: 1,
                 parallelism: 2,
+                fence: 0,
             },
             10,
         )
@@ -469,6 +471,7 @@ mod tests {
         let subtask = SubtaskInfo {
             index,
             parallelism: p,
+            fence: 0,
         };
         NexmarkReader::new(spec, subtask, batch_size).unwrap()
     }
@@ -634,6 +637,7 @@ mod tests {
             SubtaskInfo {
                 index: 0,
                 parallelism: 1,
+                fence: 0,
             },
             100,
         )

@@ -32,6 +32,8 @@ pub struct DeploySettings {
     pub restore: Option<pbc::Restore>,
     /// Whether the coordinator triggers checkpoints.
     pub coordinated: bool,
+    /// The attempt's fence.
+    pub fence: u64,
 }
 
 /// `Prepare`: bind a data port for `attempt`.
@@ -56,6 +58,7 @@ pub fn deploy(s: &DeploySettings, graph: &pb::JobGraph, index: usize, peers: &[S
             restore: s.restore.clone(),
             coordinated_checkpoints: s.coordinated,
             job_id: s.job_id.clone(),
+            fence: s.fence,
         }),
     })
 }

@@ -203,6 +203,11 @@ impl Driver {
         let Phase::Deploying(d) = &mut self.phase else {
             return;
         };
+        // Wall-clock milliseconds only grow across attempts and coordinators: a writer
+        // of any earlier attempt (a worker that missed its heartbeats but still runs) is
+        // refused once the shards are rolled back for this one, and its file sink's
+        // leftovers are told apart.
+        self.fence = now.max(self.fence + 1);
         if self.managed_state {
             d.step = DeployStep::OpeningState { peers };
             self.waiting_for("the state service to open the job's shards");
@@ -240,10 +245,6 @@ impl Driver {
             p.record_existing(held, false);
         }
         let first_epoch = self.protocol.as_ref().map_or(1, |p| p.next_id());
-        // Wall-clock milliseconds only grow across attempts and coordinators: a writer
-        // of any earlier attempt (a worker that missed its heartbeats but still runs) is
-        // refused once the shards are rolled back for this one.
-        self.fence = now.max(self.fence + 1);
         let mut reference = self.state_ref.clone().unwrap_or_default();
         // Writes of the attempt belong to the next checkpoint; a fresh job without a
         // coordinator checkpoint continues after what the shards hold.
@@ -303,6 +304,7 @@ impl Driver {
             remote_state,
             restore: self.restore.as_ref().map(control::restore),
             coordinated: self.protocol.is_some(),
+            fence: self.fence,
         };
         let Phase::Deploying(d) = &mut self.phase else {
             return;
