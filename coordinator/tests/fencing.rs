@@ -38,6 +38,7 @@ fn metadata(coordinator: &str, id: u64) -> Bytes {
         parallelism: BTreeMap::from([(1, 1)]),
         shards: vec![],
         tasks: vec![],
+        records_in: 0,
     })
 }
 

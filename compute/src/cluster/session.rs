@@ -420,6 +420,7 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
             positions,
             sync_micros,
             alignment_micros,
+            source_records,
         }) => wm::Msg::Ack(pbc::CheckpointAck {
             attempt,
             checkpoint_id,
@@ -431,6 +432,7 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
             shard_handles: Vec::new(),
             sync_micros,
             alignment_micros,
+            source_records,
             ..Default::default()
         }),
         AttemptEvent::Checkpoint(CheckpointEvent::Finished { task }) => {

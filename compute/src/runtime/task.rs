@@ -78,6 +78,9 @@ pub enum CheckpointEvent {
         sync_micros: u64,
         /// Time the barrier waited at the input gate for every channel (aligned).
         alignment_micros: u64,
+        /// Records the task's source read in this attempt before the barrier (0 for
+        /// tasks without a source).
+        source_records: u64,
     },
     /// The task finished its input and waits for the job's final checkpoint.
     Finished {
@@ -295,6 +298,7 @@ impl Task {
                                     alignment_micros: alignment
                                         .take()
                                         .map_or(0, |d| d.as_micros() as u64),
+                                    source_records: 0,
                                 };
                                 if durable.is_empty() {
                                     let _ = link.events.send(ack);
@@ -485,12 +489,17 @@ impl Task {
                 .push(StreamElement::Barrier(barrier), &mut self.output)
                 .await?;
         }
+        let source_records = match &self.input {
+            TaskInput::Source(_) => self.metrics.records_in.load(Ordering::Relaxed),
+            TaskInput::Gate(_) => 0,
+        };
         let _ = events.send(CheckpointEvent::Ack {
             checkpoint_id: id,
             task,
             positions,
             sync_micros: start.elapsed().as_micros() as u64,
             alignment_micros: 0,
+            source_records,
         });
         Ok(())
     }

@@ -72,6 +72,8 @@ pub struct TaskFigures {
     pub alignment: Duration,
     /// Bytes made durable for this checkpoint.
     pub bytes: u64,
+    /// Records the task's source read in its attempt before the barrier.
+    pub records: u64,
 }
 
 /// A task's acknowledgement of checkpoint `checkpoint_id`.

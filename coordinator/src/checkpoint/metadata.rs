@@ -63,6 +63,8 @@ pub struct CheckpointMetadata {
     pub shards: Vec<ShardState>,
     /// Per task: positions, channel state, figures.
     pub tasks: Vec<TaskCheckpoint>,
+    /// Records the job's sources read up to this checkpoint, over every attempt.
+    pub records_in: u64,
 }
 
 /// One state shard in a checkpoint.
@@ -231,8 +233,10 @@ fn to_proto(m: &CheckpointMetadata) -> pb::CheckpointMetadata {
                 async_micros: micros(t.figures.async_part),
                 alignment_micros: micros(t.figures.alignment),
                 bytes: t.figures.bytes,
+                records: t.figures.records,
             })
             .collect(),
+        records_in: m.records_in,
     }
 }
 
@@ -283,9 +287,11 @@ fn from_proto(m: pb::CheckpointMetadata) -> CheckpointMetadata {
                     async_part: Duration::from_micros(t.async_micros),
                     alignment: Duration::from_micros(t.alignment_micros),
                     bytes: t.bytes,
+                    records: t.records,
                 },
             })
             .collect(),
+        records_in: m.records_in,
     }
 }
 
@@ -333,8 +339,10 @@ pub(crate) mod tests {
                     async_part: Duration::from_millis(40),
                     alignment: Duration::from_micros(7),
                     bytes: 4096,
+                    records: 1000,
                 },
             }],
+            records_in: 123_456,
         }
     }
 

@@ -28,7 +28,7 @@ pub use ack::{ShardHandle, ShardRange, SourcePosition, TaskAck, TaskFigures, Tas
 pub use metadata::{CheckpointMetadata, MetadataError, ShardState, TaskCheckpoint};
 pub use protocol::{
     AbortReason, Action, BarrierMode, CheckpointConfig, CheckpointKind, CheckpointProtocol,
-    JobInfo, SavepointFailure,
+    JobInfo, RecordsBefore, SavepointFailure,
 };
 pub use store::{
     CreateOutcome, MemoryMetadataStore, MetadataStore, ObjectMetadataStore, latest_valid,

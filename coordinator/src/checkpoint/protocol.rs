@@ -111,6 +111,11 @@ pub struct JobInfo {
     pub tasks: BTreeSet<TaskId>,
 }
 
+/// Records the job's sources had read at the checkpoint the attempt restored: a
+/// checkpoint's count is this plus what its source tasks read in the attempt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordsBefore(pub u64);
+
 /// A checkpoint or a named savepoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CheckpointKind {
@@ -274,6 +279,7 @@ pub struct CheckpointProtocol {
     last_end_at: Option<u64>,
     periodic: bool,
     fenced: bool,
+    records_before: RecordsBefore,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -302,6 +308,7 @@ impl CheckpointProtocol {
             last_end_at: None,
             periodic: true,
             fenced: false,
+            records_before: RecordsBefore::default(),
         })
     }
 
@@ -601,6 +608,8 @@ impl CheckpointProtocol {
             });
         }
         let savepoint = p.kind.savepoint_name().map(str::to_string);
+        let records_in =
+            self.records_before.0 + tasks.iter().map(|t| t.figures.records).sum::<u64>();
         CheckpointMetadata {
             job_id: self.job.job_id.clone(),
             checkpoint_id: id,
@@ -621,7 +630,14 @@ impl CheckpointProtocol {
                 })
                 .collect(),
             tasks,
+            records_in,
         }
+    }
+
+    /// The count of records the attempt's checkpoints start from (that of the
+    /// checkpoint it restored).
+    pub fn set_records_before(&mut self, before: RecordsBefore) {
+        self.records_before = before;
     }
 
     /// The outcome of writing checkpoint `id`'s `_metadata` (`Err` carries the store's

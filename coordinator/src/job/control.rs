@@ -134,6 +134,7 @@ pub fn task_ack(a: pbc::CheckpointAck, task: TaskId) -> TaskAck {
         figures: TaskFigures {
             sync: Duration::from_micros(a.sync_micros),
             alignment: Duration::from_micros(a.alignment_micros),
+            records: a.source_records,
             ..TaskFigures::default()
         },
     }

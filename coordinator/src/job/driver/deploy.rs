@@ -343,10 +343,14 @@ impl Driver {
             ..Running::default()
         });
         self.status.waiting_for = None;
-        self.status.records_in = 0;
+        // Counts continue from the restored checkpoint's: a record read again after a
+        // restore counts once, across attempts and coordinators.
+        self.records_base = self.restore.as_ref().map_or(0, |m| m.records_in);
+        self.status.records_in = self.records_base;
         self.status.records_out = 0;
         self.status.tasks.clear();
         if let Some(p) = self.protocol.as_mut() {
+            p.set_records_before(RecordsBefore(self.records_base));
             let aborted = p.set_tasks(now, tasks);
             p.set_periodic(true);
             self.protocol_actions(now, aborted, acts);

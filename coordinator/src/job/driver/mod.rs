@@ -95,6 +95,7 @@ use super::graph;
 use super::lifecycle::{IllegalTransition, JobEvent, JobState};
 use super::restart::{Decision, RestartPolicy};
 use super::status::{CheckpointRecord, FailureRecord, JobStatus, TaskStatus};
+use crate::checkpoint::RecordsBefore;
 use crate::checkpoint::ack::ShardRange;
 use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::store::{self, CreateOutcome};
@@ -497,6 +498,9 @@ pub struct Driver {
     not_restorable: Option<String>,
     /// Where the next attempt resumes from.
     restore: Option<CheckpointMetadata>,
+    /// Records the sources had read at the checkpoint the running attempt restored
+    /// (its counts add to it).
+    records_base: u64,
     /// The newest checkpoint this driver committed.
     latest: Option<CheckpointMetadata>,
     attempt: u64,
@@ -594,6 +598,7 @@ impl Driver {
             last_placement: None,
             balance: false,
             restore: resume,
+            records_base: 0,
             latest: None,
             // Attempts continue after the newest one that failed.
             attempt: attempts,

@@ -127,7 +127,8 @@ impl Driver {
             }
             run.progress
                 .insert(worker, (r.records_in, r.records_out, r.watermark));
-            self.status.records_in = run.progress.values().map(|p| p.0).sum();
+            self.status.records_in =
+                self.records_base + run.progress.values().map(|p| p.0).sum::<u64>();
             self.status.records_out = run.progress.values().map(|p| p.1).sum();
             self.status.watermark = run.progress.values().filter_map(|p| p.2).min();
             return;
@@ -148,7 +149,7 @@ impl Driver {
         }
         let reports: Vec<&pbc::Report> = run.reports.values().collect();
         let st = &mut self.status;
-        st.records_in = reports.iter().map(|r| r.records_in).sum();
+        st.records_in = self.records_base + reports.iter().map(|r| r.records_in).sum::<u64>();
         st.records_out = reports.iter().map(|r| r.records_out).sum();
         st.late = reports.iter().map(|r| r.late).sum();
         st.skipped = reports.iter().map(|r| r.skipped).sum();

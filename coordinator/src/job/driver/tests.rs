@@ -758,6 +758,68 @@ fn a_worker_lost_during_deploy_restarts_from_the_last_checkpoint() {
     assert_eq!(h.d.next_deadline(), Some(h.now + 2 * BACKOFF));
 }
 
+/// An acknowledgement of a source task that read `records` in its attempt.
+fn ack_reading(attempt: u64, checkpoint_id: u64, subtask: u32, records: u64) -> wm::Msg {
+    let wm::Msg::Ack(mut a) = ack(attempt, checkpoint_id, subtask) else {
+        unreachable!("ack makes an Ack")
+    };
+    a.source_records = records;
+    wm::Msg::Ack(a)
+}
+
+fn records_at(h: &H, checkpoint_id: u64) -> u64 {
+    h.store
+        .values()
+        .find(|m| m.checkpoint_id == checkpoint_id)
+        .map(|m| m.records_in)
+        .expect("the checkpoint's metadata")
+}
+
+#[test]
+fn record_counts_continue_from_the_restored_checkpoint_across_attempts() {
+    let mut h = running(true);
+    let first = next_checkpoint(&mut h);
+    for (w, t) in [("a", 0), ("a", 1), ("b", 2), ("b", 3)] {
+        h.from(w, ack_reading(1, first, t, 10));
+    }
+    assert_eq!(records_at(&h, first), 40);
+    // The attempt read on past the checkpoint, then failed: what it read after the
+    // checkpoint is read again by the next attempt and counts once.
+    h.from(
+        "a",
+        wm::Msg::Report(pbc::Report {
+            attempt: 1,
+            records_in: 70,
+            ..Default::default()
+        }),
+    );
+    assert_eq!(h.d.status().records_in, 70);
+    h.from("a", error_report(1, "disk full", false));
+    h.confirm_cancel(&["a", "b"]);
+    h.tick();
+    h.feed(Event::SlotsAcquired(vec!["a".into(), "b".into()]));
+    h.from("a", prepared(2, "x:1"));
+    h.from("b", prepared(2, "x:2"));
+    h.from("a", deployed(2, &[0, 1]));
+    h.from("b", deployed(2, &[2, 3]));
+    assert_eq!(h.state(), JobState::Running);
+    assert_eq!(h.d.status().records_in, 40, "from the restored checkpoint");
+    h.from(
+        "b",
+        wm::Msg::Report(pbc::Report {
+            attempt: 2,
+            records_in: 7,
+            ..Default::default()
+        }),
+    );
+    assert_eq!(h.d.status().records_in, 47);
+    let second = next_checkpoint(&mut h);
+    for (w, t) in [("a", 0), ("a", 1), ("b", 2), ("b", 3)] {
+        h.from(w, ack_reading(2, second, t, 5));
+    }
+    assert_eq!(records_at(&h, second), 60);
+}
+
 #[test]
 fn checkpoints_record_the_shards_placement_and_a_restart_places_them_again() {
     let mut h = running(true);
