@@ -132,6 +132,9 @@ pub struct Coordinator {
     jobs: Mutex<BTreeMap<String, JobEntry>>,
     /// The election this coordinator takes part in (`--ha`); without one it leads.
     elector: std::sync::OnceLock<Arc<Elector>>,
+    /// How long after a state node joined every job's shards are spread again (ms;
+    /// 0: only `sluice cluster rebalance` does).
+    rebalance_after_join_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Coordinator {
@@ -143,7 +146,45 @@ impl Coordinator {
             options,
             jobs: Mutex::new(BTreeMap::new()),
             elector: std::sync::OnceLock::new(),
+            rebalance_after_join_ms: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Spreads every job's shards again `after` a state node joined (once the joins
+    /// settled), as `sluice cluster rebalance` does; `Duration::ZERO`: never by itself.
+    pub fn set_rebalance_after_join(&self, after: Duration) {
+        self.rebalance_after_join_ms.store(
+            u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Starts a rebalance when a node joined long enough ago (see
+    /// [`Coordinator::set_rebalance_after_join`]); called on every reaper tick.
+    fn rebalance_if_joined(self: &Arc<Self>) {
+        let ms = self
+            .rebalance_after_join_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if ms == 0
+            || self.serving().is_err()
+            || !self.state_nodes.joined_before(Duration::from_millis(ms))
+        {
+            return;
+        }
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            for m in me.rebalance_state().await {
+                match (m.outcome, m.error) {
+                    (Some(outcome), _) => {
+                        tracing::info!(job = %m.job, "a state node joined: shards spread again ({outcome:?})");
+                    }
+                    (None, Some(e)) => {
+                        tracing::warn!(job = %m.job, "a state node joined, but the shards stay: {e}");
+                    }
+                    (None, None) => {}
+                }
+            }
+        });
     }
 
     /// Makes this coordinator serve only while `elector` says it leads: until then its
@@ -195,12 +236,16 @@ impl Coordinator {
         let reaper = registry.clone();
         let nodes = self.state_nodes.clone();
         let period = self.options.heartbeat_interval;
+        let me = Arc::downgrade(self);
         let reaping = AbortOnDropHandle::new(tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             loop {
                 tick.tick().await;
                 reaper.reap();
                 nodes.reap();
+                if let Some(c) = me.upgrade() {
+                    c.rebalance_if_joined();
+                }
             }
         }));
         // A standby refuses workers and state nodes, naming the leader they should try.

@@ -235,7 +235,17 @@ fn a_drained_node_gives_up_its_shards_and_a_new_node_takes_its_share_at_a_rebala
     let dir = tempdir();
     let dir = dir.path();
     let expected = reference(dir);
-    let mut cluster = MiniCluster::start_nodes(dir, 2, 3, |_| Vec::new(), &[]);
+    // Only the command rebalances here (a join alone does in the next test).
+    let mut cluster = MiniCluster::start_nodes(
+        dir,
+        2,
+        3,
+        |role| match role {
+            "coordinator" => vec!["--rebalance-after-join-ms".into(), "0".into()],
+            _ => Vec::new(),
+        },
+        &[],
+    );
     let out = dir.join("out");
     let path = write_job(dir, "moved.yaml", &job(&out, 7_000));
     let id = cluster.submit(dir, &path, 2);
@@ -345,6 +355,70 @@ fn a_drained_node_gives_up_its_shards_and_a_new_node_takes_its_share_at_a_rebala
     assert_eq!(status["restarts"], 0, "moves are not failures: {status}");
     assert_same_rows(
         "output after a drain and a rebalance",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+}
+
+/// A state node that joins while a job runs gets its share of the job's shards by
+/// itself, once the join settled (`--rebalance-after-join-ms`): no command, no restart,
+/// the same output.
+#[test]
+fn a_node_that_joins_gets_its_share_of_the_shards_without_a_command() {
+    let dir = tempdir();
+    let dir = dir.path();
+    let expected = reference(dir);
+    let mut cluster = MiniCluster::start_nodes(
+        dir,
+        2,
+        2,
+        |role| match role {
+            "coordinator" => vec!["--rebalance-after-join-ms".into(), "1000".into()],
+            _ => Vec::new(),
+        },
+        &[],
+    );
+    let out = dir.join("out");
+    let path = write_job(dir, "joined.yaml", &job(&out, 7_000));
+    let id = cluster.submit(dir, &path, 2);
+    let before = cluster.wait_until(
+        "the job's shards on both nodes, with a checkpoint",
+        Duration::from_secs(60),
+        || {
+            let placed = shards_by_node(&cluster_view(&cluster, dir), &id);
+            let committed = cluster.status(&id)["last_checkpoint"].as_u64().unwrap_or(0) > 0;
+            (committed && placed.len() == 2).then_some(placed)
+        },
+    );
+    eprintln!("placement before: {before:?}");
+    let c = cluster.add_state_node(dir);
+    let name = node_name(c);
+    let after = cluster.wait_until(
+        "the new node holding its share",
+        Duration::from_secs(60),
+        || {
+            let s = cluster.status(&id);
+            if matches!(s["state"].as_str(), Some("finished" | "failed")) {
+                panic!(
+                    "the job ended before the node got its share: {s}\n{}",
+                    cluster.logs()
+                );
+            }
+            let placed = shards_by_node(&cluster_view(&cluster, dir), &id);
+            let open: usize = placed.values().map(Vec::len).sum();
+            (placed.get(&name).map_or(0, Vec::len) == SHARDS / 3 && open == SHARDS)
+                .then_some(placed)
+        },
+    );
+    eprintln!("placement after {name} joined: {after:?}");
+    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
+        let s = cluster.status(&id);
+        matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
+    });
+    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    assert_eq!(status["restarts"], 0, "moves are not failures: {status}");
+    assert_same_rows(
+        "output after a node joined",
         &read_jsonl_dir(&out),
         &expected,
     );

@@ -69,6 +69,11 @@ pub struct CoordinatorArgs {
     /// Waiting for free slots has no limit.
     #[arg(long, default_value_t = 30_000)]
     deploy_timeout_ms: u64,
+    /// After a state node joins (and no other joined for this long, ms), every job's
+    /// shards are spread over the nodes again, as `sluice cluster rebalance` does (0:
+    /// only that command does).
+    #[arg(long, default_value_t = 10_000)]
+    rebalance_after_join_ms: u64,
     /// Elect a leader among coordinators through etcd: `etcd://host:port[,host:port]`.
     #[arg(long, value_name = "etcd://HOST:PORT")]
     ha: Option<String>,
@@ -130,6 +135,7 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
             heartbeat_timeout: Duration::from_millis(args.heartbeat_timeout_ms),
             master,
         });
+        coordinator.set_rebalance_after_join(Duration::from_millis(args.rebalance_after_join_ms));
         let (grpc, grpc_addr) = service::bind(&args.grpc, "workers")
             .await
             .map_err(|e| Failure::usage(e.to_string()))?;

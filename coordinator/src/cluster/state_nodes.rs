@@ -69,6 +69,9 @@ pub struct StateNodes {
     timeout: Duration,
     /// The last registration's generation.
     generations: AtomicU64,
+    /// When a node last joined (a name not registered before it, or registered again
+    /// after it was lost), until a rebalance takes it.
+    joined: Mutex<Option<Instant>>,
 }
 
 impl StateNodes {
@@ -78,7 +81,19 @@ impl StateNodes {
             nodes: Mutex::new(BTreeMap::new()),
             timeout,
             generations: AtomicU64::new(0),
+            joined: Mutex::new(None),
         }
+    }
+
+    /// Whether a node joined at least `settle` ago and no rebalance took that yet (the
+    /// answer is given once per join, or run of joins within `settle`).
+    pub fn joined_before(&self, settle: Duration) -> bool {
+        let mut joined = self.joined.lock().unwrap_or_else(|p| p.into_inner());
+        if joined.is_some_and(|at| at.elapsed() >= settle) {
+            *joined = None;
+            return true;
+        }
+        false
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
@@ -145,6 +160,8 @@ impl StateNodes {
             .is_some();
         if replaced {
             tracing::warn!(node = %reg.node_id, "state node registered again: the earlier registration is replaced");
+        } else {
+            *self.joined.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         }
         Ok(generation)
     }
