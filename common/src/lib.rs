@@ -22,6 +22,7 @@ pub mod output;
 pub mod process;
 pub mod rng;
 pub mod state;
+pub mod url_list;
 
 /// Protobuf messages of the job model, generated from `proto/job_graph.proto`.
 #[allow(missing_docs, clippy::all)]

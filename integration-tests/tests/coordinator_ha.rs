@@ -306,3 +306,68 @@ fn an_unreachable_etcd_at_start_is_a_clear_error() {
     out.assert_code(2);
     out.assert_stderr_contains("not an etcd address");
 }
+
+/// The whole story on one run: three state nodes, three workers and two
+/// coordinators; a state node, then a worker of the job, then the leader are killed with
+/// SIGKILL, each after the job recovered from the one before. The committed output
+/// equals the failure-free run's.
+#[test]
+fn a_state_node_a_worker_and_the_leader_killed_in_turn_lose_and_repeat_nothing() {
+    let dir = tempdir();
+    let dir = dir.path();
+    let expected = reference(dir);
+    let etcd = Etcd::start(dir);
+    let mut cluster = MiniCluster::start_ha(dir, 3, 3, &etcd.url(), &[]);
+    let out_dir = dir.join("out");
+    let path = write_job(dir, "ha.yaml", &job(&out_dir, 5_000));
+    let id = cluster.submit(dir, &path, 2);
+    // Waits until the job has run again since `restarts` and checkpointed past `after`.
+    let recovered = |cluster: &MiniCluster, restarts: u64, after: u64, what: &str| -> (u64, u64) {
+        cluster.wait_until(what, Duration::from_secs(90), || {
+            let (code, s) = http_request(&cluster.http, "GET", &format!("/v1/jobs/{id}"), None);
+            if code != 200 {
+                return None;
+            }
+            assert_ne!(s["state"], "failed", "{s}\n{}", cluster.logs());
+            assert_ne!(s["state"], "finished", "the job ended before {what}: {s}");
+            let r = s["restarts"].as_u64().unwrap_or(0);
+            let c = s["last_checkpoint"].as_u64().unwrap_or(0);
+            (r >= restarts && c > after && s["state"] == "running").then_some((r, c))
+        })
+    };
+    let (_, c0) = recovered(&cluster, 0, 0, "a first checkpoint");
+    cluster.more_state[0].kill();
+    let (r1, c1) = recovered(&cluster, 1, c0, "a checkpoint after the state node loss");
+    let (code, workers) = http_request(&cluster.http, "GET", "/v1/workers", None);
+    assert_eq!(code, 200, "{workers}");
+    let busy = workers
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|w| w["jobs"].as_array().is_some_and(|j| !j.is_empty()))
+        .and_then(|w| w["pid"].as_u64())
+        .expect("a worker running the job") as u32;
+    let worker = cluster
+        .workers
+        .iter_mut()
+        .find(|w| w.pid() == Some(busy))
+        .expect("the busy worker is ours");
+    worker.kill();
+    let (_, c2) = recovered(&cluster, r1 + 1, c1, "a checkpoint after the worker loss");
+    let takeover = cluster.fail_over();
+    eprintln!(
+        "checkpoints {c0} (node killed), {c1} (worker killed), {c2} (leader killed); takeover {} ms",
+        takeover.as_millis()
+    );
+    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
+        let (code, s) = http_request(&cluster.http, "GET", &format!("/v1/jobs/{id}"), None);
+        (code == 200 && matches!(s["state"].as_str(), Some("finished" | "failed"))).then_some(s)
+    });
+    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    assert_same_rows(
+        "output after a state node, a worker and the leader were killed",
+        &read_jsonl_dir(&out_dir),
+        &expected,
+    );
+    drop(etcd);
+}

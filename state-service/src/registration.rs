@@ -44,13 +44,14 @@ pub fn start(registration: Registration, node: Arc<Node>) -> AbortOnDropHandle<(
         // The same failure once a second (a coordinator that is down) is said once.
         let mut last = String::new();
         // Several coordinators (a leader and standbys) are tried in turn.
-        let urls: Vec<String> = registration
-            .coordinator
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
-            .collect();
+        let urls = sluice_common::url_list::url_list(&registration.coordinator);
+        if urls.is_empty() {
+            tracing::error!(
+                "no coordinator address in `{}`: this node does not register",
+                registration.coordinator
+            );
+            return;
+        }
         for turn in 0usize.. {
             let url = &urls[turn % urls.len().max(1)];
             let why = match attach(&registration, url, &node).await {

@@ -64,13 +64,13 @@ pub struct SessionOptions {
 pub async fn serve(options: SessionOptions) -> Result<()> {
     // Several coordinators (`URL1,URL2`: a leader and standbys) are tried in turn; a
     // standby refuses, naming the leader.
-    let urls: Vec<String> = options
-        .coordinator
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let urls = sluice_common::url_list::url_list(&options.coordinator);
+    if urls.is_empty() {
+        return Err(Error::Plan(format!(
+            "no coordinator address in `{}`",
+            options.coordinator
+        )));
+    }
     let first = Duration::from_millis(200);
     let mut delay = first;
     for turn in 0usize.. {
