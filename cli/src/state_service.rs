@@ -64,6 +64,8 @@ pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
         ..StateServiceConfig::default()
     };
     let object_store = config.object_store_url.clone();
+    // Before the runtime's threads exist: they share the capped arenas.
+    sluice_state_service::heap::limit_arenas(sluice_state_service::heap::ARENAS);
     let rt = runtime()?;
     rt.block_on(async {
         let service = sluice_state_service::start(config)

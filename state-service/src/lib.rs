@@ -43,6 +43,7 @@ pub mod delta;
 pub mod durability;
 pub mod error;
 pub mod gc;
+pub mod heap;
 pub mod local_dir;
 pub mod lock;
 pub mod manifest;

@@ -271,6 +271,7 @@ pub async fn open(
     })
     .await??;
     shard.restore_bytes.store(downloaded, Ordering::SeqCst);
+    crate::heap::release_freed();
     Ok(Opened {
         shard,
         checkpoint: target,

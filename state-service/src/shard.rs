@@ -693,6 +693,8 @@ impl Shard {
         d.manifests.insert(c, manifest);
         let shard = Arc::clone(self);
         tokio::task::spawn_blocking(move || shard.mark_committed(c)).await??;
+        // The layers of the checkpoint before `c` were applied and dropped: a burst.
+        crate::heap::release_freed();
         let marked = started.elapsed();
         let mut keep: Vec<u64> = retained.to_vec();
         keep.push(c);
