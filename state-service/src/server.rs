@@ -442,7 +442,16 @@ impl StateService for StateServer {
         &self,
         r: Request<OpenShardRequest>,
     ) -> Result<Response<OpenShardResponse>, Status> {
-        Ok(Response::new(self.0.open_shard(r.into_inner()).await?))
+        // Run to the end even when the caller goes away (a writer whose other shard
+        // refused it drops its calls): an open cut short in the middle of a restore
+        // would leave a RocksDB instance being built, holding the shard directory's
+        // lock, that the next open of the shard then fails on.
+        let node = Arc::clone(&self.0);
+        let req = r.into_inner();
+        let opened = tokio::spawn(async move { node.open_shard(req).await })
+            .await
+            .map_err(|e| Status::internal(format!("opening the shard stopped: {e}")))?;
+        Ok(Response::new(opened?))
     }
 
     async fn multi_get(
