@@ -46,6 +46,11 @@ pub(crate) struct IoCounters {
     pub(crate) commits: AtomicU64,
 }
 
+/// A close checks this often whether the requests that held the shard are done...
+const CLOSE_WAIT_STEP: std::time::Duration = std::time::Duration::from_millis(20);
+/// ... this many times at most (10 s), then closes anyway.
+const CLOSE_WAIT_STEPS: u32 = 500;
+
 /// The node: its open shards and what they share.
 pub struct Node {
     config: StateServiceConfig,
@@ -135,6 +140,7 @@ impl Node {
             }
             // Older than what is committed here, or newer than what was flushed here:
             // only the object store has it.
+            drop(shard);
             self.close_locked(&key).await;
         }
         let ttl = TtlStates::default();
@@ -212,6 +218,21 @@ impl Node {
         if let Some(shard) = removed {
             if let Some(task) = lock(&shard.snapshot_task).take() {
                 task.abort();
+            }
+            // Requests under way (and an aborted snapshot, until it unwinds) still hold
+            // the shard: its RocksDB closes with the last of them, and a reopen of the
+            // shard before that would meet its lock on the directory.
+            for _ in 0..CLOSE_WAIT_STEPS {
+                if Arc::strong_count(&shard) == 1 {
+                    break;
+                }
+                tokio::time::sleep(CLOSE_WAIT_STEP).await;
+            }
+            if Arc::strong_count(&shard) > 1 {
+                tracing::warn!(
+                    "{key}: closed while {} holders still have it",
+                    Arc::strong_count(&shard) - 1
+                );
             }
             let dir = shard.dir.clone();
             drop(shard);
