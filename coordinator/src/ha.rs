@@ -326,20 +326,7 @@ impl Elector {
             if !matches!(*self.role.borrow(), Role::Standby { .. }) {
                 continue;
             }
-            let seen = match timed(
-                "asking for the leader",
-                ElectionClient::new(self.channel.clone()).leader(LeaderRequest {
-                    name: self.election(),
-                }),
-            )
-            .await
-            {
-                Ok(r) => {
-                    Ok(r.kv.and_then(|kv| serde_json::from_slice::<Member>(&kv.value).ok()))
-                }
-                Err(e) if e.contains("no leader") => Ok(None),
-                Err(e) => Err(unreachable(&self.options.endpoints, e)),
-            };
+            let seen = self.leader().await;
             self.role.send_if_modified(|r| match r {
                 Role::Standby { leader, error } => {
                     let (l, e) = match seen.clone() {
@@ -356,14 +343,35 @@ impl Elector {
         }
     }
 
-    /// This coordinator's role now.
-    pub fn role(&self) -> Role {
-        self.role.borrow().clone()
+    /// The leader etcd names now (`None`: none is elected).
+    async fn leader(&self) -> Result<Option<Member>, String> {
+        match timed(
+            "asking for the leader",
+            ElectionClient::new(self.channel.clone()).leader(LeaderRequest {
+                name: self.election(),
+            }),
+        )
+        .await
+        {
+            Ok(r) => {
+                Ok(r.kv.and_then(|kv| serde_json::from_slice::<Member>(&kv.value).ok()))
+            }
+            Err(e) if e.contains("no leader") => Ok(None),
+            Err(e) => Err(unreachable(&self.options.endpoints, e)),
+        }
     }
 
-    /// Changes of the role.
-    pub fn subscribe(&self) -> watch::Receiver<Role> {
-        self.role.subscribe()
+    /// Waits until `wanted` picks something out of the role.
+    async fn wait_role<T>(&self, wanted: impl Fn(&Role) -> Option<T>) -> Option<T> {
+        let mut role = self.role.subscribe();
+        loop {
+            if let Some(t) = wanted(&role.borrow_and_update()) {
+                return Some(t);
+            }
+            if role.changed().await.is_err() {
+                return None;
+            }
+        }
     }
 
     /// Whether this coordinator may serve; otherwise why not, naming the leader.
@@ -379,27 +387,22 @@ impl Elector {
 
     /// Returns once this coordinator lost the lead, with why.
     pub async fn deposed(&self) -> String {
-        let mut role = self.role.subscribe();
-        loop {
-            if let Role::Deposed(reason) = &*role.borrow_and_update() {
-                return reason.clone();
-            }
-            if role.changed().await.is_err() {
-                return "the election stopped".into();
-            }
-        }
+        self.wait_role(|r| match r {
+            Role::Deposed(reason) => Some(reason.clone()),
+            _ => None,
+        })
+        .await
+        .unwrap_or_else(|| "the election stopped".into())
     }
 
     /// Waits until elected.
     pub async fn elected(&self) {
-        let mut role = self.role.subscribe();
-        loop {
-            if matches!(*role.borrow_and_update(), Role::Leader) {
-                return;
-            }
-            if role.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
+        if self
+            .wait_role(|r| matches!(r, Role::Leader).then_some(()))
+            .await
+            .is_none()
+        {
+            std::future::pending::<()>().await;
         }
     }
 
@@ -421,17 +424,7 @@ impl Elector {
             .iter()
             .filter_map(|kv| serde_json::from_slice::<Member>(&kv.value).ok())
             .collect();
-        let leader = timed(
-            "asking for the leader",
-            ElectionClient::new(self.channel.clone()).leader(LeaderRequest {
-                name: self.election(),
-            }),
-        )
-        .await
-        .ok()
-        .and_then(|r| r.kv)
-        .and_then(|kv| serde_json::from_slice::<Member>(&kv.value).ok());
-        Ok((members, leader))
+        Ok((members, self.leader().await.ok().flatten()))
     }
 
     /// This coordinator.

@@ -443,6 +443,21 @@ impl MiniCluster {
         });
     }
 
+    /// Waits (two minutes at most) until job `id` ended, asserts that it finished, and
+    /// returns its status.
+    ///
+    /// # Panics
+    /// When it does not end in time, or fails.
+    #[track_caller]
+    pub fn wait_finished(&self, id: &str) -> Value {
+        let status = self.wait_until("the job to finish", Duration::from_secs(120), || {
+            let s = self.status(id);
+            matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
+        });
+        assert_eq!(status["state"], "finished", "{status}\n{}", self.logs());
+        status
+    }
+
     /// Everything the roles printed, for failure messages.
     pub fn logs(&self) -> String {
         let mut s = format!("--- coordinator\n{}\n", self.coordinator.output());

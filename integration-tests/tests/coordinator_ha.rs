@@ -144,6 +144,17 @@ fn newest_checkpoint(dir: &Path, job: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits until job `id` ended on whichever coordinator now leads (which may answer
+/// 503, or not know the job yet, while it takes over) and asserts that it finished.
+#[track_caller]
+fn finished_on_the_leader(cluster: &MiniCluster, id: &str) {
+    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
+        let (code, s) = http_request(&cluster.http, "GET", &format!("/v1/jobs/{id}"), None);
+        (code == 200 && matches!(s["state"].as_str(), Some("finished" | "failed"))).then_some(s)
+    });
+    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+}
+
 /// The leader is killed with SIGKILL mid-run: the standby takes over within the lease
 /// time, resumes the job from its newest checkpoint on the same workers and state node
 /// (none of them restarted), and the committed output equals the failure-free run's.
@@ -193,15 +204,7 @@ fn a_killed_leader_is_replaced_by_the_standby_and_the_output_is_exactly_once() {
     let state_pid = cluster.state.pid();
     let takeover = cluster.fail_over();
     eprintln!("leader takeover: {} ms", takeover.as_millis());
-    let status = cluster.wait_until(
-        "the job to finish on the new leader",
-        Duration::from_secs(120),
-        || {
-            let (code, s) = http_request(&cluster.http, "GET", &format!("/v1/jobs/{id}"), None);
-            (code == 200 && matches!(s["state"].as_str(), Some("finished" | "failed"))).then_some(s)
-        },
-    );
-    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    finished_on_the_leader(&cluster, &id);
     assert_same_rows(
         "output after a leader takeover",
         &read_jsonl_dir(&out_dir),
@@ -263,11 +266,7 @@ fn with_etcd_stopped_nobody_leads_nothing_commits_and_both_say_why() {
 
     etcd.resume();
     cluster.promote_standby(Duration::from_secs(60));
-    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
-        let (code, s) = http_request(&cluster.http, "GET", &format!("/v1/jobs/{id}"), None);
-        (code == 200 && matches!(s["state"].as_str(), Some("finished" | "failed"))).then_some(s)
-    });
-    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    finished_on_the_leader(&cluster, &id);
     assert_same_rows(
         "output after an etcd outage",
         &read_jsonl_dir(&out_dir),
@@ -359,11 +358,7 @@ fn a_state_node_a_worker_and_the_leader_killed_in_turn_lose_and_repeat_nothing()
         "checkpoints {c0} (node killed), {c1} (worker killed), {c2} (leader killed); takeover {} ms",
         takeover.as_millis()
     );
-    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
-        let (code, s) = http_request(&cluster.http, "GET", &format!("/v1/jobs/{id}"), None);
-        (code == 200 && matches!(s["state"].as_str(), Some("finished" | "failed"))).then_some(s)
-    });
-    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    finished_on_the_leader(&cluster, &id);
     assert_same_rows(
         "output after a state node, a worker and the leader were killed",
         &read_jsonl_dir(&out_dir),

@@ -118,11 +118,7 @@ fn a_killed_state_nodes_shards_reopen_on_the_survivors_and_the_output_is_exactly
         assert_eq!((a, c), (3, 3), "the lost shards spread: {after:?}");
     }
 
-    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
-        let s = cluster.status(&id);
-        matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
-    });
-    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    let status = cluster.wait_finished(&id);
     assert!(
         status["restarts"].as_u64().unwrap_or(0) > restarts,
         "the node's loss restarted the job: {status}"
@@ -194,11 +190,7 @@ fn a_state_service_outage_is_waited_for_without_spending_restarts() {
     );
     eprintln!("{tries} tries while the node was down: {waiting}");
     cluster.restart_state_node(dir, 0);
-    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
-        let s = cluster.status(&id);
-        matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
-    });
-    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    let status = cluster.wait_finished(&id);
     assert_eq!(
         status["failure"],
         Value::Null,
@@ -347,11 +339,7 @@ fn a_drained_node_gives_up_its_shards_and_a_new_node_takes_its_share_at_a_rebala
     );
     eprintln!("placement after {name} joined: {after_join:?}");
 
-    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
-        let s = cluster.status(&id);
-        matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
-    });
-    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    let status = cluster.wait_finished(&id);
     assert_eq!(status["restarts"], 0, "moves are not failures: {status}");
     assert_same_rows(
         "output after a drain and a rebalance",
@@ -411,11 +399,7 @@ fn a_node_that_joins_gets_its_share_of_the_shards_without_a_command() {
         },
     );
     eprintln!("placement after {name} joined: {after:?}");
-    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
-        let s = cluster.status(&id);
-        matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
-    });
-    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    let status = cluster.wait_finished(&id);
     assert_eq!(status["restarts"], 0, "moves are not failures: {status}");
     assert_same_rows(
         "output after a node joined",
@@ -493,11 +477,7 @@ fn a_paused_worker_that_resumes_after_the_job_recovered_writes_nothing_that_coun
         },
     );
     signal("-CONT");
-    let status = cluster.wait_until("the job to finish", Duration::from_secs(120), || {
-        let s = cluster.status(&id);
-        matches!(s["state"].as_str(), Some("finished" | "failed")).then_some(s)
-    });
-    assert_eq!(status["state"], "finished", "{status}\n{}", cluster.logs());
+    cluster.wait_finished(&id);
     // The recovery left its fence mark beside the parts.
     let marks = std::fs::read_dir(&out)
         .map(|d| {

@@ -52,23 +52,22 @@ pub fn start(registration: Registration, node: Arc<Node>) -> AbortOnDropHandle<(
             );
             return;
         }
-        for turn in 0usize.. {
-            let url = &urls[turn % urls.len().max(1)];
-            let why = match attach(&registration, url, &node).await {
-                Ok(()) => {
-                    format!("the coordinator at {url} closed this node's stream; registering again")
+        loop {
+            for url in &urls {
+                let why = match attach(&registration, url, &node).await {
+                    Ok(()) => format!(
+                        "the coordinator at {url} closed this node's stream; registering again"
+                    ),
+                    Err(e) => format!("cannot stay registered with the coordinator: {e}"),
+                };
+                if why != last && !why.contains("is a standby") {
+                    tracing::warn!("{why}");
+                } else {
+                    tracing::debug!("{why}");
                 }
-                Err(e) => format!("cannot stay registered with the coordinator: {e}"),
-            };
-            if why != last && !why.contains("is a standby") {
-                tracing::warn!("{why}");
-            } else {
-                tracing::debug!("{why}");
+                last = why;
             }
-            last = why;
-            if turn % urls.len().max(1) == urls.len().max(1) - 1 {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }))
 }

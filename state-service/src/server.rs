@@ -173,10 +173,15 @@ impl Node {
             Err(Error::NotFound(_)) => 0,
             Err(e) => return Err(e),
         };
+        Ok(self.remember_fence(key, durable))
+    }
+
+    /// Raises this node's copy of `key`'s fence to `fence`; returns the copy.
+    fn remember_fence(&self, key: &ShardKey, fence: u64) -> u64 {
         let mut fences = lock(&self.fences);
         let f = fences.entry(key.clone()).or_default();
-        *f = (*f).max(durable);
-        Ok(*f)
+        *f = (*f).max(fence);
+        *f
     }
 
     /// Raises `key`'s fence to `fence` (0: leaves it, but loads it), durably before it
@@ -192,9 +197,7 @@ impl Node {
                 .durable
                 .put(&location, bytes::Bytes::from(fence.to_string()))
                 .await?;
-            let mut fences = lock(&self.fences);
-            let f = fences.entry(key.clone()).or_default();
-            *f = (*f).max(fence);
+            self.remember_fence(key, fence);
         }
         Ok(())
     }

@@ -253,15 +253,15 @@ pub(crate) async fn call_any(
     path: &str,
     body: Option<Value>,
 ) -> Result<Value, Failure> {
-    let bases: Vec<&str> = bases
-        .split(',')
-        .map(|b| b.trim().trim_end_matches('/'))
-        .filter(|b| !b.is_empty())
-        .collect();
+    let bases = sluice_common::url_list::url_list(bases);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .map_err(|e| Failure::from(anyhow::anyhow!("HTTP client: {e}")))?;
     let mut refused = Vec::new();
     for (i, base) in bases.iter().enumerate() {
-        let url = format!("{base}{path}");
-        match attempt(method, &url, body.clone()).await {
+        let url = format!("{}{path}", base.trim_end_matches('/'));
+        match attempt(&client, method, &url, body.clone()).await {
             Ok(v) => return Ok(v),
             Err((true, f)) if i + 1 < bases.len() => refused.push(f.message().to_owned()),
             Err((_, f)) if refused.is_empty() => return Err(f),
@@ -281,11 +281,12 @@ pub(crate) async fn call_any(
 
 /// One REST call; on failure, also whether another coordinator may serve it (this
 /// one is out of reach or a standby).
-async fn attempt(method: &str, url: &str, body: Option<Value>) -> Result<Value, (bool, Failure)> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .map_err(|e| (false, Failure::from(anyhow::anyhow!("HTTP client: {e}"))))?;
+async fn attempt(
+    client: &reqwest::Client,
+    method: &str,
+    url: &str,
+    body: Option<Value>,
+) -> Result<Value, (bool, Failure)> {
     let request = match method {
         "POST" => client.post(url).json(&body.unwrap_or(json!({}))),
         _ => client.get(url),

@@ -73,31 +73,29 @@ pub async fn serve(options: SessionOptions) -> Result<()> {
     }
     let first = Duration::from_millis(200);
     let mut delay = first;
-    for turn in 0usize.. {
-        let url = &urls[turn % urls.len().max(1)];
-        let attached = std::time::Instant::now();
-        match attach(&options, url).await {
-            Ok(()) => tracing::warn!("the coordinator at {url} closed the control stream"),
-            // A standby says so on every turn until it leads: not worth a warning.
-            Err(e) if e.to_string().contains("is a standby") => {
-                tracing::debug!("control stream: {e}");
+    loop {
+        for url in &urls {
+            let attached = std::time::Instant::now();
+            match attach(&options, url).await {
+                Ok(()) => tracing::warn!("the coordinator at {url} closed the control stream"),
+                // A standby says so on every turn until it leads: not worth a warning.
+                Err(e) if e.to_string().contains("is a standby") => {
+                    tracing::debug!("control stream: {e}");
+                }
+                Err(e) => tracing::warn!("control stream: {e}"),
             }
-            Err(e) => tracing::warn!("control stream: {e}"),
+            if options.exit_with_coordinator {
+                return Err(Error::Internal(format!("lost the coordinator at {url}")));
+            }
+            // After a session that lasted, the next coordinator is tried at once: it is
+            // a standby taking over, or this one restarting.
+            if attached.elapsed() > Duration::from_secs(5) {
+                delay = first;
+            }
         }
-        if options.exit_with_coordinator {
-            return Err(Error::Internal(format!("lost the coordinator at {url}")));
-        }
-        // After a session that lasted, the next coordinator is tried at once: it is
-        // a standby taking over, or this one restarting.
-        if attached.elapsed() > Duration::from_secs(5) {
-            delay = first;
-        }
-        if turn % urls.len().max(1) == urls.len().max(1) - 1 {
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(2));
-        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
     }
-    unreachable!("the turns never end")
 }
 
 /// A running attempt.

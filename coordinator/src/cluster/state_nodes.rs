@@ -105,28 +105,27 @@ impl StateNodes {
     /// address another node registered, or an object store other than the registered
     /// nodes' (shards move between nodes through it).
     pub fn attach(&self, reg: &pbc::StateNodeRegister) -> Result<u64, String> {
-        {
-            let nodes = self.lock();
-            let others = nodes.values().filter(|e| e.view.node_id != reg.node_id);
-            for e in others {
-                if e.view.endpoint == reg.endpoint {
-                    return Err(format!(
-                        "state node `{}` claims {}, where node `{}` is registered: give each \
-                         node its own address (--listen, --advertise)",
-                        reg.node_id, reg.endpoint, e.view.node_id
-                    ));
-                }
-                if !reg.object_store.is_empty()
-                    && !e.object_store.is_empty()
-                    && e.object_store != reg.object_store
-                {
-                    return Err(format!(
-                        "state node `{}` keeps its shards in {}, and node `{}` in {}: every \
-                         state node of a cluster must use one object store (shards move \
-                         between nodes through it)",
-                        reg.node_id, reg.object_store, e.view.node_id, e.object_store
-                    ));
-                }
+        // One lock for the checks and the insert: two nodes registering at once cannot
+        // both pass them.
+        let mut nodes = self.lock();
+        for e in nodes.values().filter(|e| e.view.node_id != reg.node_id) {
+            if e.view.endpoint == reg.endpoint {
+                return Err(format!(
+                    "state node `{}` claims {}, where node `{}` is registered: give each \
+                     node its own address (--listen, --advertise)",
+                    reg.node_id, reg.endpoint, e.view.node_id
+                ));
+            }
+            if !reg.object_store.is_empty()
+                && !e.object_store.is_empty()
+                && e.object_store != reg.object_store
+            {
+                return Err(format!(
+                    "state node `{}` keeps its shards in {}, and node `{}` in {}: every \
+                     state node of a cluster must use one object store (shards move \
+                     between nodes through it)",
+                    reg.node_id, reg.object_store, e.view.node_id, e.object_store
+                ));
             }
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
@@ -140,13 +139,9 @@ impl StateNodes {
             shards: Vec::new(),
             last_seen_ms: 0,
             // A drained node that restarts stays drained: draining is by name.
-            draining: self
-                .lock()
-                .get(&reg.node_id)
-                .is_some_and(|e| e.view.draining),
+            draining: nodes.get(&reg.node_id).is_some_and(|e| e.view.draining),
         };
-        let replaced = self
-            .lock()
+        let replaced = nodes
             .insert(
                 reg.node_id.clone(),
                 Entry {
@@ -158,6 +153,7 @@ impl StateNodes {
                 },
             )
             .is_some();
+        drop(nodes);
         if replaced {
             tracing::warn!(node = %reg.node_id, "state node registered again: the earlier registration is replaced");
         } else {
