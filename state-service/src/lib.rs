@@ -56,6 +56,7 @@ pub mod server;
 pub mod shard;
 pub mod shard_id;
 pub mod snapshot;
+pub mod spill;
 pub mod store;
 pub mod ttl_filter;
 
@@ -148,6 +149,7 @@ async fn build_node(config: StateServiceConfig) -> Result<Node> {
         rocks,
         cache,
         durable,
+        pending: Arc::new(spill::PendingBudget::new(split.pending)),
     };
     Ok(Node::new(config, parts))
 }

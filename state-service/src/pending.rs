@@ -14,6 +14,11 @@
 //! at the first layer that decides the key; what no layer decides is RocksDB's committed
 //! value (plus the operands of pending merges).
 //!
+//! When the layers of a node's shards outgrow their share of the memory budget, a
+//! layer's in-memory part moves to RocksDB (`spill.rs`): the layer then remembers that
+//! part's deleted ranges and reads its entries through a function the shard passes in,
+//! between the in-memory part (newer) and older layers.
+//!
 //! Snapshots store the layers in the `pending` column family (`[epoch u64 BE][seq u64
 //! BE]` -> encoded op, ranges of a layer before its entries), so a shard restored from a
 //! snapshot has its uncommitted epochs back. This module knows nothing of RocksDB; the
@@ -22,8 +27,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-pub use sluice_common::state::net_writes::{Entry, Lookup};
-use sluice_common::state::net_writes::{NetWrites, lookup_newest_first};
+pub use sluice_common::state::net_writes::{End, Entry, Lookup};
+use sluice_common::state::net_writes::{NetWrites, Says, fold_newest_first, lookup_newest_first};
 
 use crate::delta::Op;
 
@@ -37,10 +42,18 @@ pub const CF_META: &str = "meta";
 /// open, and required empty (its records would mean live state holds uncommitted writes).
 pub const CF_LEGACY_UNDO: &str = "undo";
 
+/// `pending` column family sequence numbers from this one on hold a spilled part's
+/// deleted ranges (below it: the in-memory part's operations).
+const SPILLED_RANGES_SEQ: u64 = 1 << 63;
+
 /// One epoch's net effect, and how many operations it received (for rollback counts).
 #[derive(Debug, Default)]
 pub struct Layer {
+    /// The part held in memory, newer than the spilled part.
     net: NetWrites,
+    /// The deleted ranges of the part spilled to RocksDB (no entries): `Some` once
+    /// part of the epoch was spilled.
+    spilled: Option<NetWrites>,
     ops: u64,
 }
 
@@ -57,13 +70,21 @@ impl Layer {
         self.ops += 1;
         self.net.apply(op.into());
     }
+
+    /// The deleted ranges of the spilled part, when part of the epoch was spilled.
+    pub fn spilled(&self) -> Option<&NetWrites> {
+        self.spilled.as_ref()
+    }
 }
 
 /// The uncommitted layers of a shard, by epoch.
 #[derive(Debug, Default)]
 pub struct Pending {
     layers: BTreeMap<u64, Layer>,
+    /// Bytes held in memory.
     bytes: usize,
+    /// Layers with a spilled part.
+    spilled: usize,
 }
 
 impl Pending {
@@ -78,9 +99,95 @@ impl Pending {
         self.bytes = self.bytes + layer.bytes() - before;
     }
 
-    /// What the layers say of `key` (`Older`: RocksDB's committed value decides).
-    pub fn lookup(&self, key: &[u8]) -> Lookup {
-        lookup_newest_first(self.layers.values().rev().map(|l| &l.net), key)
+    /// What the layers say of `key` (`Older`: RocksDB's committed value decides), when
+    /// none was spilled (`None` when one was: see [`Pending::lookup_with`]).
+    pub fn lookup(&self, key: &[u8]) -> Option<Lookup> {
+        (self.spilled == 0)
+            .then(|| lookup_newest_first(self.layers.values().rev().map(|l| &l.net), key))
+    }
+
+    /// What the layers say of `key`, `spilled(epoch, key)` reading a spilled part's
+    /// entry (only for layers newer than the first that decides).
+    pub fn lookup_with<E>(
+        &self,
+        key: &[u8],
+        mut spilled: impl FnMut(u64, &[u8]) -> Result<Option<Entry>, E>,
+    ) -> Result<Lookup, E> {
+        let says = self.layers.iter().rev().flat_map(|(&epoch, l)| {
+            let memory = std::iter::once((epoch, &l.net, false));
+            memory.chain(l.spilled.as_ref().map(|ranges| (epoch, ranges, true)))
+        });
+        fold_newest_first(says.map(|(epoch, part, on_disk)| {
+            if !on_disk {
+                return Ok(part.says(key));
+            }
+            Ok(match spilled(epoch, key)? {
+                Some(entry) => Says::Entry(entry),
+                None if part.covers(key) => Says::Covered,
+                None => Says::Nothing,
+            })
+        }))
+    }
+
+    /// The epochs with a spilled part, oldest first.
+    pub fn spilled_epochs(&self) -> Vec<u64> {
+        let layers = self.layers.iter();
+        layers
+            .filter(|(_, l)| l.spilled.is_some())
+            .map(|(e, _)| *e)
+            .collect()
+    }
+
+    /// Moves the in-memory part of every layer to RocksDB: `ranges(epoch, ranges)`
+    /// deletes what the part's ranges cover in the spilled part, then
+    /// `entries(epoch, chunk, spilled_ranges)` folds its entries in, a chunk at a time.
+    /// What a failed call did not move stays in memory, newer than what it did.
+    pub fn spill<E>(
+        &mut self,
+        chunk_bytes: usize,
+        mut ranges: impl FnMut(u64, &BTreeMap<Bytes, End>) -> Result<(), E>,
+        mut entries: impl FnMut(u64, &[(Bytes, Entry)], &NetWrites) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for (&epoch, layer) in self.layers.iter_mut() {
+            if layer.net.is_empty() {
+                continue;
+            }
+            if layer.spilled.is_none() {
+                self.spilled += 1;
+            }
+            let before = layer.net.bytes();
+            let result = (|| {
+                let spilled = layer.spilled.get_or_insert_default();
+                if !layer.net.range_map().is_empty() {
+                    ranges(epoch, layer.net.range_map())?;
+                    for (start, end) in layer.net.take_ranges() {
+                        spilled.delete_range(start, end);
+                    }
+                }
+                loop {
+                    let chunk = layer.net.take_entries(chunk_bytes);
+                    if chunk.is_empty() {
+                        return Ok(());
+                    }
+                    if let Err(e) = entries(epoch, &chunk, spilled) {
+                        layer.net.put_back(chunk);
+                        return Err(e);
+                    }
+                }
+            })();
+            self.bytes = self.bytes + layer.net.bytes() - before;
+            result?;
+        }
+        Ok(())
+    }
+
+    /// Records that `epoch` has a spilled part (its entries found in RocksDB).
+    pub fn mark_spilled(&mut self, epoch: u64) {
+        let layer = self.layers.entry(epoch).or_default();
+        if layer.spilled.is_none() {
+            layer.spilled = Some(NetWrites::default());
+            self.spilled += 1;
+        }
     }
 
     /// The first `n` keys of `[start, end)` (`None`: unbounded) any layer has an entry
@@ -104,7 +211,7 @@ impl Pending {
             None => BTreeMap::new(),
         };
         let taken = std::mem::replace(&mut self.layers, later);
-        self.bytes -= taken.values().map(|l| l.bytes()).sum::<usize>();
+        self.forget(taken.values());
         // Newest first: each taken layer loses what a newer committed one decides (the
         // newer layers' own maps answer that, one lookup per key, nothing copied).
         let newer: Vec<&Layer> = self.layers.range(..=committed).map(|(_, l)| l).collect();
@@ -122,14 +229,28 @@ impl Pending {
         taken
     }
 
-    /// Drops the layers of epochs `> checkpoint`; returns the operations they had received.
-    pub fn drop_after(&mut self, checkpoint: u64) -> u64 {
+    /// Drops the layers of epochs `> checkpoint`; returns the operations they had
+    /// received and whether one had a spilled part.
+    pub fn drop_after(&mut self, checkpoint: u64) -> (u64, bool) {
         let Some(next) = checkpoint.checked_add(1) else {
-            return 0;
+            return (0, false);
         };
         let dropped = self.layers.split_off(&next);
-        self.bytes -= dropped.values().map(|l| l.bytes()).sum::<usize>();
-        dropped.values().map(|l| l.ops).sum()
+        let spilled = self.forget(dropped.values());
+        (dropped.values().map(|l| l.ops).sum(), spilled)
+    }
+
+    /// Uncounts layers taken out; returns whether one had a spilled part.
+    fn forget<'a>(&mut self, gone: impl Iterator<Item = &'a Layer>) -> bool {
+        let mut spilled = false;
+        for l in gone {
+            self.bytes -= l.bytes();
+            if l.spilled.is_some() {
+                self.spilled -= 1;
+                spilled = true;
+            }
+        }
+        spilled
     }
 
     /// Every layer, oldest first.
@@ -137,9 +258,45 @@ impl Pending {
         self.layers.iter().map(|(e, l)| (*e, l))
     }
 
-    /// Bytes held (keys, values and a fixed overhead per entry).
+    /// Bytes held in memory (keys, values and a fixed overhead per entry).
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Applies a spilled part's deleted range read back from a snapshot.
+    fn apply_spilled_range(&mut self, epoch: u64, op: Op) {
+        self.mark_spilled(epoch);
+        let spilled = self.layers.get_mut(&epoch).and_then(|l| l.spilled.as_mut());
+        if let (Some(spilled), Op::DeleteRange(s, e)) = (spilled, op) {
+            spilled.delete_range(s, (!e.is_empty()).then_some(e));
+        }
+    }
+
+    /// Applies a `pending` column family record (`seq` from its key) read back.
+    pub fn load(&mut self, epoch: u64, seq: u64, op: Op) {
+        if seq >= SPILLED_RANGES_SEQ {
+            self.apply_spilled_range(epoch, op)
+        } else {
+            self.apply(epoch, op)
+        }
+    }
+
+    /// The `pending` column family records of every layer: the in-memory parts'
+    /// operations and the spilled parts' ranges.
+    pub fn records(&self) -> impl Iterator<Item = ([u8; 16], Vec<u8>)> + '_ {
+        self.layers.iter().flat_map(|(&epoch, layer)| {
+            let memory = layer
+                .to_ops()
+                .enumerate()
+                .map(move |(seq, op)| (seq as u64, op));
+            let spilled = layer.spilled.iter().flat_map(NetWrites::to_ops);
+            let spilled = spilled
+                .enumerate()
+                .map(|(i, op)| (SPILLED_RANGES_SEQ + i as u64, op));
+            memory
+                .chain(spilled)
+                .map(move |(seq, op)| (key(epoch, seq), encode_op(&op.into())))
+        })
     }
 }
 
@@ -151,9 +308,14 @@ pub fn key(epoch: u64, seq: u64) -> [u8; 16] {
     k
 }
 
-/// The epoch of a `pending` column family key.
-pub fn epoch_of(k: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(k.get(..8)?.try_into().ok()?))
+/// The epoch and sequence number of a `pending` column family key.
+pub fn parse_key(k: &[u8]) -> Option<(u64, u64)> {
+    let k: &[u8; 16] = k.try_into().ok()?;
+    let (epoch, seq) = k.split_at(8);
+    Some((
+        u64::from_be_bytes(epoch.try_into().ok()?),
+        u64::from_be_bytes(seq.try_into().ok()?),
+    ))
 }
 
 /// Encodes an operation: `[tag u8][a_len u32 BE][a][b]` (tags as in deltas).
@@ -196,7 +358,7 @@ mod tests {
     }
 
     fn value(p: &Pending, k: &str) -> Lookup {
-        p.lookup(k.as_bytes())
+        p.lookup(k.as_bytes()).expect("nothing spilled")
     }
 
     fn some(s: &str) -> Lookup {
@@ -262,7 +424,7 @@ mod tests {
         p.apply(4, Op::Put(b("j"), b("4")));
         let taken = p.take_through(2, 2);
         assert_eq!(taken.iter().map(|(e, _)| *e).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!(p.drop_after(3), 2);
+        assert_eq!(p.drop_after(3), (2, false));
         assert_eq!(value(&p, "k"), some("3"));
         assert_eq!(p.take_through(3, 3).len(), 1);
         assert_eq!(p.bytes(), 0);

@@ -38,6 +38,8 @@ pub struct NodeParts {
     pub cache: Arc<StateCache>,
     /// The object store.
     pub durable: Durable,
+    /// What the shards' uncommitted layers may hold in memory together.
+    pub pending: Arc<crate::spill::PendingBudget>,
 }
 
 /// An opened shard and how it came to be.
@@ -263,7 +265,7 @@ pub async fn open(
     }
     let s = Arc::clone(&shard);
     tokio::task::spawn_blocking(move || -> Result<()> {
-        s.drop_after(target);
+        s.drop_after(target)?;
         s.mark_committed(target)?;
         s.last_durable_epoch.store(target, Ordering::SeqCst);
         s.flushed_epoch.store(target, Ordering::SeqCst);
@@ -301,7 +303,7 @@ fn replay(shard: &Shard, records: &mut delta::FileReader) -> Result<()> {
                 if !run.is_empty() {
                     shard.apply(&mut live, run_epoch, std::mem::take(&mut run), false)?;
                 }
-                shard.drop_after(c);
+                shard.drop_after(c)?;
             }
         }
     }
@@ -334,6 +336,7 @@ async fn build(
         ttl,
         cache: Arc::clone(&node.cache),
         durable: node.durable.clone(),
+        pending: Arc::clone(&node.pending),
         next_delta_seq,
         durability,
         uploaded_sst,

@@ -1,8 +1,8 @@
 //! RocksDB options shared by every shard of a node: one LRU block cache, one write buffer
 //! manager charged to it, the concatenating merge operator and the TTL compaction filter.
 //!
-//! It owns how a shard's database is opened (column families `default`, `pending`, `meta`, and
-//! `undo`, which older versions wrote);
+//! It owns how a shard's database is opened (column families `default`, `pending`, `spill`,
+//! `meta`, and `undo`, which older versions wrote);
 //! it knows nothing of epochs or the object store. The write-ahead log is off for every
 //! write: durability is the object store, and a shard is never reopened from its local
 //! files after a crash (it is restored from the object store instead).
@@ -99,6 +99,12 @@ impl Rocks {
             move |_level: u32, key: &[u8], value: &[u8]| ttl.decide(key, value, now_ms()),
         );
 
+        // Spilled writes come in volume, are read by key and scanned once at commit.
+        let mut spill = Options::default();
+        spill.set_block_based_table_factory(&self.table_options());
+        spill.set_write_buffer_size(self.write_buffer_size);
+        spill.set_compression_type(rocksdb::DBCompressionType::Lz4);
+
         let mut small = Options::default();
         small.set_block_based_table_factory(&self.table_options());
         small.set_write_buffer_size(self.write_buffer_size / 2);
@@ -106,6 +112,7 @@ impl Rocks {
         let cfs = vec![
             ColumnFamilyDescriptor::new(CF_DEFAULT, state),
             ColumnFamilyDescriptor::new(CF_PENDING, small.clone()),
+            ColumnFamilyDescriptor::new(crate::spill::CF_SPILL, spill),
             ColumnFamilyDescriptor::new(CF_LEGACY_UNDO, small.clone()),
             ColumnFamilyDescriptor::new(CF_META, small),
         ];

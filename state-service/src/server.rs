@@ -410,6 +410,8 @@ impl Node {
             cache_hits,
             cache_misses,
             memory_limit_bytes: self.config.memory_bytes,
+            pending_bytes: self.parts.pending.used() as u64,
+            spilled_bytes_total: self.parts.pending.spilled_bytes(),
         }
     }
 
@@ -430,14 +432,15 @@ impl Node {
         let or_unknown = |v: Option<u64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
         format!(
             "memory: budget {} MiB; block cache {} MiB (pinned {} MiB); memtables {} MiB; \
-             table readers {} MiB; uncommitted writes {} MiB; foyer memory {} MiB; {} shards; \
-             rss {} MiB; threads {}",
+             table readers {} MiB; uncommitted writes {} MiB (spilled {} MiB so far); \
+             foyer memory {} MiB; {} shards; rss {} MiB; threads {}",
             mib(self.config.memory_bytes),
             mib(self.parts.rocks.cache_usage() as u64),
             mib(self.parts.rocks.cache_pinned_usage() as u64),
             mib(memtables),
             mib(readers),
             mib(pending),
+            mib(self.parts.pending.spilled_bytes()),
             mib(self.parts.cache.memory_usage() as u64),
             shards.len(),
             or_unknown(sluice_common::process::self_rss_bytes().map(mib)),

@@ -46,13 +46,16 @@ use crate::durability::{Durability, ShardObjects, UploadedSsts};
 use crate::error::{Error, Result};
 use crate::lock::lock;
 use crate::manifest::{DeltaRef, Manifest, delta_path, manifest_path};
-use crate::pending::{self, CF_DEFAULT, CF_LEGACY_UNDO, CF_META, CF_PENDING, Lookup, Pending};
+use crate::pending::{
+    self, CF_DEFAULT, CF_LEGACY_UNDO, CF_META, CF_PENDING, Entry, Lookup, Pending,
+};
 use crate::rocks::write_options;
 use crate::shard_id::ShardKey;
 use crate::snapshot::Snapshotted;
+use crate::spill::{self, PendingBudget};
 use crate::store::Durable;
 use crate::ttl_filter::TtlStates;
-use sluice_common::state::net_writes::with_appended;
+use sluice_common::state::net_writes::{NetWrites, with_appended};
 
 /// A scan page: entries, and the key to resume from when more follow.
 pub type ScanPage = (Vec<(Bytes, Bytes)>, Option<Bytes>);
@@ -103,6 +106,8 @@ pub struct Shard {
     pub(crate) live: Mutex<Live>,
     /// Writes of uncommitted epochs (lock order: `live`, then the gate, then this).
     pending: Mutex<Pending>,
+    /// What the layers of every shard of the node may hold in memory.
+    budget: Arc<PendingBudget>,
     /// Held shared by reads, exclusively by a commit applying layers.
     gate: tokio::sync::RwLock<()>,
     cache_gen: Mutex<CacheGen>,
@@ -129,6 +134,14 @@ impl std::fmt::Debug for Shard {
     }
 }
 
+impl Drop for Shard {
+    fn drop(&mut self) {
+        // Its layers leave the node's count with it.
+        let held = lock(&self.pending).bytes();
+        self.budget.adjust(held, 0);
+    }
+}
+
 /// The parts a shard is built from.
 pub(crate) struct ShardParts {
     pub(crate) id: ShardKey,
@@ -138,6 +151,7 @@ pub(crate) struct ShardParts {
     pub(crate) ttl: TtlStates,
     pub(crate) cache: Arc<StateCache>,
     pub(crate) durable: Durable,
+    pub(crate) pending: Arc<PendingBudget>,
     pub(crate) next_delta_seq: u64,
     pub(crate) durability: Durability,
     pub(crate) uploaded_sst: UploadedSsts,
@@ -157,6 +171,7 @@ impl Shard {
                 next_delta_seq: parts.next_delta_seq,
             }),
             pending: Mutex::new(Pending::default()),
+            budget: parts.pending,
             gate: tokio::sync::RwLock::new(()),
             cache_gen: Mutex::new(CacheGen {
                 generation,
@@ -219,22 +234,57 @@ impl Shard {
         Ok(())
     }
 
-    /// Reads back the layers a snapshot stored.
-    fn load_pending(&self) -> Result<()> {
+    /// Runs `f` on the layers and reports their change in size to the node's budget.
+    fn with_pending<R>(&self, f: impl FnOnce(&mut Pending) -> R) -> R {
         let mut pending = lock(&self.pending);
-        for item in self
-            .db
-            .iterator_cf(self.cf(CF_PENDING)?, IteratorMode::Start)
-        {
-            let (k, v) = item?;
-            let malformed =
-                || Error::Internal(format!("malformed pending record {k:02x?} in {}", self.id));
-            let epoch = pending::epoch_of(&k).ok_or_else(malformed)?;
-            let op = pending::decode_op(&v).ok_or_else(malformed)?;
-            // Layers of committed epochs too: the newest are applied at the next commit.
-            pending.apply(epoch, op);
-        }
-        Ok(())
+        let before = pending.bytes();
+        let out = f(&mut pending);
+        self.budget.adjust(before, pending.bytes());
+        out
+    }
+
+    /// Reads back the layers a snapshot stored (the in-memory parts in the `pending`
+    /// column family, the spilled ones in `spill`).
+    fn load_pending(&self) -> Result<()> {
+        self.with_pending(|pending| {
+            for item in self
+                .db
+                .iterator_cf(self.cf(CF_PENDING)?, IteratorMode::Start)
+            {
+                let (k, v) = item?;
+                let malformed =
+                    || Error::Internal(format!("malformed pending record {k:02x?} in {}", self.id));
+                let (epoch, seq) = pending::parse_key(&k).ok_or_else(malformed)?;
+                let op = pending::decode_op(&v).ok_or_else(malformed)?;
+                // Layers of committed epochs too: the newest are applied at the next commit.
+                pending.load(epoch, seq, op);
+            }
+            for epoch in spill::epochs(&self.db)? {
+                pending.mark_spilled(epoch);
+            }
+            Ok(())
+        })
+    }
+
+    /// Moves the layers' in-memory parts to RocksDB (under the pending lock, so no
+    /// read sees a part in neither place).
+    fn spill(&self, pending: &mut Pending) -> Result<()> {
+        let before = pending.bytes();
+        let result = pending.spill(
+            spill::CHUNK_BYTES,
+            |epoch, ranges| spill::write_ranges(&self.db, epoch, ranges),
+            |epoch, entries, ranges| spill::write_entries(&self.db, epoch, entries, ranges),
+        );
+        self.budget.spilled(before - pending.bytes());
+        result
+    }
+
+    /// What the layers say of each of `keys`, reading spilled parts (blocking).
+    fn lookup_spilled(&self, keys: &[Bytes]) -> Result<Vec<Lookup>> {
+        let pending = lock(&self.pending);
+        keys.iter()
+            .map(|k| pending.lookup_with(k, |epoch, k| spill::get(&self.db, epoch, k)))
+            .collect()
     }
 
     /// Replaces the `pending` column family's content with the layers held now, so that
@@ -245,14 +295,8 @@ impl Shard {
         // Keys are exactly 16 bytes, so this range holds all of them.
         batch.delete_range_cf(cf, &[0u8; 16][..], &[0xFFu8; 17][..]);
         let pending = lock(&self.pending);
-        for (epoch, layer) in pending.layers() {
-            for (seq, op) in layer.to_ops().enumerate() {
-                batch.put_cf(
-                    cf,
-                    pending::key(epoch, seq as u64),
-                    pending::encode_op(&op.into()),
-                );
-            }
+        for (key, record) in pending.records() {
+            batch.put_cf(cf, key, record);
         }
         self.db.write_opt(batch, &write_options())?;
         Ok(())
@@ -305,16 +349,24 @@ impl Shard {
                 live.spool.append_write(epoch, op)?;
             }
         }
-        let mut pending = lock(&self.pending);
-        for op in ops {
-            let op = match op {
-                Op::DeleteRange(s, e) => {
-                    let (start, end) = self.id.clip_range(&s, &e)?;
-                    Op::DeleteRange(Bytes::from(start), end.map(Bytes::from).unwrap_or_default())
-                }
-                op => op,
-            };
-            pending.apply(epoch, op);
+        self.with_pending(|pending| {
+            for op in ops {
+                let op = match op {
+                    Op::DeleteRange(s, e) => {
+                        let (start, end) = self.id.clip_range(&s, &e)?;
+                        Op::DeleteRange(
+                            Bytes::from(start),
+                            end.map(Bytes::from).unwrap_or_default(),
+                        )
+                    }
+                    op => op,
+                };
+                pending.apply(epoch, op);
+            }
+            Ok::<_, Error>(())
+        })?;
+        if self.budget.over() {
+            self.with_pending(|pending| self.spill(pending))?;
         }
         Ok(())
     }
@@ -328,13 +380,21 @@ impl Shard {
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
         // Keys the layers leave to committed state, with what pending merges append.
         let mut committed: Vec<(usize, Option<Bytes>)> = Vec::new();
-        {
+        let in_memory: Option<Vec<Lookup>> = {
             let pending = lock(&self.pending);
-            for (i, k) in keys.iter().enumerate() {
-                match pending.lookup(k) {
-                    Lookup::Value(v) => out[i] = v,
-                    Lookup::Older(tail) => committed.push((i, tail)),
-                }
+            keys.iter().map(|k| pending.lookup(k)).collect()
+        };
+        let lookups = match in_memory {
+            Some(lookups) => lookups,
+            None => {
+                let (shard, keys) = (Arc::clone(self), keys.clone());
+                tokio::task::spawn_blocking(move || shard.lookup_spilled(&keys)).await??
+            }
+        };
+        for (i, lookup) in lookups.into_iter().enumerate() {
+            match lookup {
+                Lookup::Value(v) => out[i] = v,
+                Lookup::Older(tail) => committed.push((i, tail)),
             }
         }
         if committed.is_empty() {
@@ -400,7 +460,16 @@ impl Shard {
         let pending = lock(&self.pending);
         // The layers' first keys of the range: every one below `boundary` is known, so
         // the page stops there at the latest.
-        let mut overlay = pending.keys_in(&start, end.as_deref(), limit.saturating_add(1));
+        let n = limit.saturating_add(1);
+        let mut overlay = pending.keys_in(&start, end.as_deref(), n);
+        let spilled = pending.spilled_epochs();
+        if !spilled.is_empty() {
+            let mut keys: std::collections::BTreeSet<Bytes> = overlay.into_iter().collect();
+            for epoch in spilled {
+                keys.extend(spill::keys_in(&self.db, epoch, &start, end.as_deref(), n)?);
+            }
+            overlay = keys.into_iter().take(n).collect();
+        }
         let boundary = (overlay.len() > limit).then(|| overlay.pop()).flatten();
         let mut overlay = overlay.into_iter().peekable();
         let mut ro = ReadOptions::default();
@@ -434,7 +503,7 @@ impl Shard {
             if boundary.as_ref().is_some_and(|b| key >= *b) {
                 return Ok((out, boundary));
             }
-            let value = match pending.lookup(&key) {
+            let value = match pending.lookup_with(&key, |e, k| spill::get(&self.db, e, k))? {
                 Lookup::Value(v) => v,
                 Lookup::Older(tail) => with_appended(base.map(|b| Bytes::from(b.into_vec())), tail),
             };
@@ -458,15 +527,62 @@ impl Shard {
             )));
         }
         let mut live = lock(&self.live);
-        let dropped = self.drop_after(checkpoint);
+        let dropped = self.drop_after(checkpoint)?;
         live.spool.append(&Record::Rollback(checkpoint))?;
         Ok(dropped)
     }
 
     /// Drops the layers of epochs `> checkpoint`; returns the writes they had received.
     /// Committed state, and so the cache, is untouched.
-    pub(crate) fn drop_after(&self, checkpoint: u64) -> u64 {
-        lock(&self.pending).drop_after(checkpoint)
+    pub(crate) fn drop_after(&self, checkpoint: u64) -> Result<u64> {
+        self.with_pending(|pending| {
+            let (ops, spilled) = pending.drop_after(checkpoint);
+            // Under the pending lock: a newer write of those epochs spills after this.
+            if let (true, Some(first)) = (spilled, checkpoint.checked_add(1)) {
+                spill::drop_epochs(&self.db, first, u64::MAX)?;
+            }
+            Ok(ops)
+        })
+    }
+
+    /// Adds the deletion of `part`'s ranges to `batch`; whether it had any.
+    fn delete_ranges(&self, batch: &mut WriteBatch, part: &NetWrites) -> Result<bool> {
+        let state = self.cf(CF_DEFAULT)?;
+        for (start, end) in part.ranges() {
+            match end {
+                Some(end) => batch.delete_range_cf(state, start, end),
+                // The last shard's end is open: delete what is there key by key,
+                // after writing what came before, so the iterator sees it.
+                None => {
+                    let before = std::mem::take(batch);
+                    self.db.write_opt(before, &write_options())?;
+                    for item in self.db.iterator_cf(
+                        state,
+                        IteratorMode::From(start, rocksdb::Direction::Forward),
+                    ) {
+                        batch.delete_cf(state, item?.0);
+                        self.write_if_full(batch)?;
+                    }
+                }
+            }
+        }
+        Ok(part.ranges().next().is_some())
+    }
+
+    fn put_entry(batch: &mut WriteBatch, state: &rocksdb::ColumnFamily, key: &[u8], e: &Entry) {
+        match e {
+            Entry::Put(v) => batch.put_cf(state, key, v),
+            Entry::Delete => batch.delete_cf(state, key),
+            Entry::Merge(m) => batch.merge_cf(state, key, m),
+        }
+    }
+
+    /// Writes `batch` once it holds a chunk's worth.
+    fn write_if_full(&self, batch: &mut WriteBatch) -> Result<()> {
+        if batch.size_in_bytes() >= spill::CHUNK_BYTES {
+            self.db.write_opt(std::mem::take(batch), &write_options())?;
+        }
+        Ok(())
     }
 
     /// Records `checkpoint` as committed and applies the layers of the checkpoint
@@ -479,42 +595,40 @@ impl Shard {
         let _no_reads = self.gate.blocking_write();
         let state = self.cf(CF_DEFAULT)?;
         let applied_through = self.committed().min(checkpoint);
-        let layers = lock(&self.pending).take_through(applied_through, checkpoint);
+        let layers = self.with_pending(|p| p.take_through(applied_through, checkpoint));
+        // Written in batches of a bounded size: the local database is never reopened
+        // after a crash, and readers wait at the gate, so nobody sees a half-applied
+        // commit; a single batch would hold all of a spilled epoch in memory.
         let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf(CF_META)?, META_COMMITTED, checkpoint.to_be_bytes());
         let mut ranged = false;
-        for (_, layer) in &layers {
-            for (start, end) in layer.ranges() {
-                ranged = true;
-                match end {
-                    Some(end) => batch.delete_range_cf(state, start, end),
-                    // The last shard's end is open: delete what is there key by key,
-                    // after writing what came before, so the iterator sees it.
-                    None => {
-                        let before = std::mem::take(&mut batch);
-                        self.db.write_opt(before, &write_options())?;
-                        for item in self.db.iterator_cf(
-                            state,
-                            IteratorMode::From(start, rocksdb::Direction::Forward),
-                        ) {
-                            batch.delete_cf(state, item?.0);
-                        }
-                    }
-                }
+        let mut spilled = false;
+        for (epoch, layer) in &layers {
+            if let Some(part) = layer.spilled() {
+                spilled = true;
+                ranged |= self.delete_ranges(&mut batch, part)?;
+                spill::for_each(&self.db, *epoch, |key, entry| {
+                    Self::put_entry(&mut batch, state, &key, &entry);
+                    self.write_if_full(&mut batch)
+                })?;
             }
+            ranged |= self.delete_ranges(&mut batch, layer)?;
             for (key, entry) in layer.entries() {
-                match entry {
-                    pending::Entry::Put(v) => batch.put_cf(state, key, v),
-                    pending::Entry::Delete => batch.delete_cf(state, key),
-                    pending::Entry::Merge(m) => batch.merge_cf(state, key, m),
-                }
+                Self::put_entry(&mut batch, state, key, entry);
+                self.write_if_full(&mut batch)?;
             }
         }
+        batch.put_cf(self.cf(CF_META)?, META_COMMITTED, checkpoint.to_be_bytes());
         self.db.write_opt(batch, &write_options())?;
+        for (epoch, layer) in &layers {
+            if layer.spilled().is_some() {
+                spill::drop_epochs(&self.db, *epoch, *epoch)?;
+            }
+        }
         self.committed.fetch_max(checkpoint, Ordering::SeqCst);
 
         let mut g = lock(&self.cache_gen);
-        if ranged {
+        // Spilled keys are not listed in memory: start the cache over, as for ranges.
+        if ranged || spilled {
             g.generation = self.cache.new_generation();
             g.cached.clear();
         } else if !g.cached.is_empty() {

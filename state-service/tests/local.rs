@@ -28,6 +28,12 @@ async fn snapshots_and_gc() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spilled_writes_match_a_model() {
+    let store = tempfile::tempdir().unwrap();
+    scenarios::spilled_writes_match_a_model(&store_url(&store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_committed_while_its_node_was_down_is_restored() {
     let store = tempfile::tempdir().unwrap();
     scenarios::checkpoint_committed_while_its_node_was_down(&store_url(&store)).await;

@@ -135,6 +135,51 @@ impl NetWrites {
         lookup_newest_first(std::iter::once(self), key)
     }
 
+    /// What these writes say of `key`.
+    pub fn says(&self, key: &[u8]) -> Says {
+        match self.get(key) {
+            Some(e) => Says::Entry(e.clone()),
+            None if self.covers(key) => Says::Covered,
+            None => Says::Nothing,
+        }
+    }
+
+    /// Removes and returns the deleted ranges (the entries stay: they were written
+    /// after the ranges, so they mean the same on top of whatever the ranges became).
+    pub fn take_ranges(&mut self) -> BTreeMap<Bytes, End> {
+        let ranges = std::mem::take(&mut self.ranges);
+        for (s, e) in &ranges {
+            self.bytes -= s.len() + e.as_ref().map_or(0, Bytes::len) + ENTRY_OVERHEAD;
+        }
+        ranges
+    }
+
+    /// Removes and returns whole key groups of entries, at least one group and at most
+    /// about `max_bytes` of them (more when one group alone holds more).
+    pub fn take_entries(&mut self, max_bytes: usize) -> Vec<(Bytes, Entry)> {
+        let mut out = Vec::new();
+        let mut taken = 0;
+        while taken < max_bytes {
+            let Some((_, group)) = self.entries.pop_first() else {
+                break;
+            };
+            for (k, e) in group {
+                let n = k.len() + e.len() + ENTRY_OVERHEAD;
+                taken += n;
+                self.bytes -= n;
+                out.push((k, e));
+            }
+        }
+        out
+    }
+
+    /// Puts back entries [`NetWrites::take_entries`] took (nothing newer was written).
+    pub fn put_back(&mut self, entries: Vec<(Bytes, Entry)>) {
+        for (k, e) in entries {
+            self.set(k, e);
+        }
+    }
+
     fn set(&mut self, key: Bytes, entry: Entry) {
         let add = key.len() + entry.len() + ENTRY_OVERHEAD;
         let group = self.entries.entry(group_of(&key)).or_default();
@@ -292,17 +337,40 @@ impl NetWrites {
     }
 }
 
+/// What one layer of writes says of a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Says {
+    /// Its latest operation on the key.
+    Entry(Entry),
+    /// No operation on the key, but a range it deleted covers it.
+    Covered,
+    /// Nothing: older layers decide.
+    Nothing,
+}
+
 /// What a stack of writes says of `key`, given newest first: the first that puts,
 /// deletes or range-deletes it decides, with the appends of newer ones on top.
 pub fn lookup_newest_first<'a>(
     layers: impl IntoIterator<Item = &'a NetWrites>,
     key: &[u8],
 ) -> Lookup {
+    let says = layers
+        .into_iter()
+        .map(|l| Ok::<_, std::convert::Infallible>(l.says(key)));
+    match fold_newest_first(says) {
+        Ok(found) => found,
+        Err(never) => match never {},
+    }
+}
+
+/// What a stack of layers says of a key, given what each says newest first (read
+/// lazily: the layers below the first that decides are not asked).
+pub fn fold_newest_first<E>(says: impl IntoIterator<Item = Result<Says, E>>) -> Result<Lookup, E> {
     // Operands of merges met so far, newest first.
-    let mut tail: Vec<&Bytes> = Vec::new();
-    let with_tail = |base: Option<&Bytes>, tail: &[&Bytes]| -> Option<Bytes> {
+    let mut tail: Vec<Bytes> = Vec::new();
+    let with_tail = |base: Option<Bytes>, tail: &[Bytes]| -> Option<Bytes> {
         if tail.is_empty() {
-            return base.cloned();
+            return base;
         }
         let mut v = base.map(|b| b.to_vec()).unwrap_or_default();
         for t in tail.iter().rev() {
@@ -310,20 +378,21 @@ pub fn lookup_newest_first<'a>(
         }
         Some(Bytes::from(v))
     };
-    for layer in layers {
-        match layer.get(key) {
-            Some(Entry::Put(v)) => return Lookup::Value(with_tail(Some(v), &tail)),
-            Some(Entry::Delete) => return Lookup::Value(with_tail(None, &tail)),
-            Some(Entry::Merge(m)) => tail.push(m),
-            None if layer.covers(key) => return Lookup::Value(with_tail(None, &tail)),
-            None => {}
+    for said in says {
+        match said? {
+            Says::Entry(Entry::Put(v)) => return Ok(Lookup::Value(with_tail(Some(v), &tail))),
+            Says::Entry(Entry::Delete) | Says::Covered => {
+                return Ok(Lookup::Value(with_tail(None, &tail)));
+            }
+            Says::Entry(Entry::Merge(m)) => tail.push(m),
+            Says::Nothing => {}
         }
     }
-    if tail.is_empty() {
+    Ok(if tail.is_empty() {
         Lookup::Older(None)
     } else {
         Lookup::Older(with_tail(None, &tail))
-    }
+    })
 }
 
 /// A key's value from older state, `base`, with what a [`Lookup::Older`] says newer
