@@ -20,7 +20,7 @@ pub struct StateServiceConfig {
     /// The durable tier: `file:///abs/dir` or `s3://bucket/prefix`.
     pub object_store_url: String,
     /// One budget for the process: RocksDB's block cache and write buffers and foyer's
-    /// memory get 65% of it, uncommitted writes 10%, the rest is headroom (see [`StateServiceConfig::memory_split`]).
+    /// memory get 65% of it, uncommitted writes and uploads 10% each, the rest is headroom (see [`StateServiceConfig::memory_split`]).
     pub memory_bytes: u64,
     /// Size of foyer's disk tier (0: memory only).
     pub disk_cache_bytes: u64,
@@ -103,6 +103,8 @@ pub struct MemorySplit {
     /// Uncommitted writes held in memory by every shard together; beyond, they are
     /// spilled to RocksDB (whose memtables the block cache share bounds).
     pub pending: usize,
+    /// Object-store uploads in progress (parts being filled and in flight).
+    pub uploads: usize,
 }
 
 /// Size of one block of foyer's disk tier (also the largest entry it takes).
@@ -110,10 +112,11 @@ pub const FOYER_BLOCK_BYTES: usize = 4 << 20;
 
 impl StateServiceConfig {
     /// 50% RocksDB block cache with the write buffers (25%) charged to it, 15% foyer
-    /// (memory tier plus its disk tier's write buffers), 10% uncommitted writes, and 25%
-    /// left for everything the budget cannot cap: requests in flight, upload and
-    /// download buffers, RocksDB's compaction and iterator memory, allocator overhead.
-    /// Each part has a small floor.
+    /// (memory tier plus its disk tier's write buffers), 10% uncommitted writes, 10%
+    /// uploads, and 15% left for what the budget does not count: requests in flight
+    /// (bounded by the clients' windows and the largest message), download buffers,
+    /// RocksDB's compaction and iterator memory, allocator overhead. Each part has a
+    /// small floor.
     pub fn memory_split(&self) -> MemorySplit {
         let total = usize::try_from(self.memory_bytes).unwrap_or(usize::MAX);
         let min = 1 << 20;
@@ -132,6 +135,7 @@ impl StateServiceConfig {
             foyer_disk_buffers,
             foyer_buffer_pool: pool,
             pending: (total / 10).max(min / 4),
+            uploads: total / 10,
         }
     }
 }
@@ -153,8 +157,9 @@ mod tests {
                 ..StateServiceConfig::default()
             };
             let s = config.memory_split();
-            let used = (s.block_cache + s.foyer_memory + s.foyer_disk_buffers + s.pending) as u64;
-            assert!(used <= memory / 100 * 76, "{s:?} of {memory}");
+            let used = s.block_cache + s.foyer_memory + s.foyer_disk_buffers + s.pending;
+            let used = (used + s.uploads) as u64;
+            assert!(used <= memory / 100 * 86, "{s:?} of {memory}");
             assert!(s.write_buffers < s.block_cache);
             assert_eq!(s.foyer_disk_buffers == 0, disk == 0);
         }

@@ -18,6 +18,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Arenas the `state-service` process allows (glibc's default: eight per core).
 pub const ARENAS: i32 = 2;
 
+/// Allocations from this size on are mapped on their own.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MMAP_THRESHOLD: i32 = 256 << 10;
+
 /// Caps glibc's malloc arenas at `arenas` (before the runtime's threads start, so that
 /// they share them). Does nothing on other C libraries.
 pub fn limit_arenas(arenas: i32) {
@@ -27,6 +31,10 @@ pub fn limit_arenas(arenas: i32) {
     #[allow(unsafe_code)]
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, arenas.max(1));
+        // Fixed, not glibc's sliding threshold (which rises to 32 MiB as big blocks are
+        // freed): request buffers, write batches and memtable arena blocks of 256 KiB
+        // and more are mapped on their own and go back to the system when freed.
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     let _ = arenas;
@@ -58,4 +66,18 @@ pub fn release_freed() {
             }
         });
     }
+}
+
+/// What the allocator holds: bytes in use by the program, free but kept (not handed
+/// back), and in blocks mapped on their own. `None` on other C libraries.
+pub fn stats() -> Option<(usize, usize, usize)> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 takes no arguments and returns a plain struct.
+        #[allow(unsafe_code)]
+        let m = unsafe { libc::mallinfo2() };
+        Some((m.uordblks + m.hblkhd, m.fordblks, m.hblkhd))
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    None
 }

@@ -131,9 +131,10 @@ async fn build_node(config: StateServiceConfig) -> Result<Node> {
     }
     let data_dir = config.data_dir.clone();
     std::fs::create_dir_all(&data_dir).map_err(|e| Error::io(&data_dir, e))?;
-    let durable =
-        store::Durable::from_url_with(&config.object_store_url, &config.object_store_client)?;
     let split = config.memory_split();
+    let durable =
+        store::Durable::from_url_with(&config.object_store_url, &config.object_store_client)?
+            .with_upload_memory(split.uploads);
     let rocks = Arc::new(rocks::Rocks::new(split));
     let cache = Arc::new(
         cache::StateCache::build(

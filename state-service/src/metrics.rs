@@ -46,6 +46,17 @@ const MEMORY_LIMIT: Metric = Metric::gauge(
     "The node's memory budget (--memory).",
 );
 
+const UNCOMMITTED: Metric = Metric::gauge(
+    "sluice.state.uncommitted",
+    "By",
+    "Uncommitted writes the node's shards hold in memory (at most 10% of --memory).",
+);
+const SPILLED: Metric = Metric::counter(
+    "sluice.state.uncommitted.spilled",
+    "By",
+    "Uncommitted writes moved to RocksDB because memory held its share of them.",
+);
+
 /// A counter of the data path and how to read it.
 type IoFigure = (Metric, fn(&IoCounters) -> u64);
 
@@ -113,6 +124,8 @@ pub fn metrics() -> Vec<Metric> {
         CACHE_MISSES,
         RESTORED,
         MEMORY_LIMIT,
+        UNCOMMITTED,
+        SPILLED,
     ];
     all.extend(IO_FIGURES.iter().map(|(m, _)| *m));
     all
@@ -149,6 +162,8 @@ impl Collect for NodeMetrics {
             none.clone(),
             status.memory_limit_bytes as f64,
         );
+        out.add(&UNCOMMITTED, none.clone(), status.pending_bytes as f64);
+        out.add(&SPILLED, none.clone(), status.spilled_bytes_total as f64);
         for (m, value) in &IO_FIGURES {
             out.add(m, none.clone(), value(&self.0.io) as f64);
         }

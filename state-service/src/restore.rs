@@ -337,6 +337,7 @@ async fn build(
         cache: Arc::clone(&node.cache),
         durable: node.durable.clone(),
         pending: Arc::clone(&node.pending),
+        rocks: Arc::clone(&node.rocks),
         next_delta_seq,
         durability,
         uploaded_sst,

@@ -8,6 +8,7 @@
 //! files after a crash (it is restored from the object store instead).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, MergeOperands, Options,
@@ -23,16 +24,23 @@ use crate::ttl_filter::{TtlStates, now_ms};
 pub struct Rocks {
     cache: Cache,
     write_buffers: WriteBufferManager,
-    write_buffer_size: usize,
+    /// The write buffer manager's share.
+    write_buffers_total: usize,
+    /// The memtable size of the big column families now (see [`Rocks::size_for`]).
+    write_buffer_size: AtomicUsize,
 }
 
 impl std::fmt::Debug for Rocks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Rocks")
-            .field("write_buffer_size", &self.write_buffer_size)
+            .field("write_buffer_size", &self.write_buffer_size())
             .finish_non_exhaustive()
     }
 }
+
+/// Memtable size bounds of the big column families.
+const MIN_WRITE_BUFFER: usize = 256 << 10;
+const MAX_WRITE_BUFFER: usize = 64 << 20;
 
 /// Appends every operand to the existing value.
 fn concat(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
@@ -62,12 +70,37 @@ impl Rocks {
             false,
             cache.clone(),
         );
-        Self {
+        let rocks = Self {
             cache,
             write_buffers,
-            // Several memtables per shard fit in the budget; at most 64 MiB each.
-            write_buffer_size: (split.write_buffers / 8).clamp(1 << 20, 64 << 20),
-        }
+            write_buffers_total: split.write_buffers,
+            write_buffer_size: AtomicUsize::new(0),
+        };
+        rocks.size_for(1);
+        rocks
+    }
+
+    /// Sizes memtables for `shards` open shards and returns the size: an active and a
+    /// flushing memtable of each shard fit the write buffers' share together (of its
+    /// two big column families, live state and spilled writes, one at a time takes
+    /// most writes), between 256 KiB and 64 MiB. The write buffer manager flushes only
+    /// the database being written to, so idle shards' memtables are bounded by their
+    /// size alone.
+    pub fn size_for(&self, shards: usize) -> usize {
+        let size = (self.write_buffers_total / (2 * shards.max(1)))
+            .clamp(MIN_WRITE_BUFFER, MAX_WRITE_BUFFER);
+        self.write_buffer_size.store(size, Ordering::Relaxed);
+        size
+    }
+
+    /// The most a write batch of spills and commits should hold: a memtable (which
+    /// takes a batch whole, so bigger batches make bigger memtables), 4 MiB at most.
+    pub fn batch_bytes(&self) -> usize {
+        self.write_buffer_size().min(4 << 20)
+    }
+
+    fn write_buffer_size(&self) -> usize {
+        self.write_buffer_size.load(Ordering::Relaxed)
     }
 
     fn table_options(&self) -> BlockBasedOptions {
@@ -90,7 +123,7 @@ impl Rocks {
 
         let mut state = Options::default();
         state.set_block_based_table_factory(&self.table_options());
-        state.set_write_buffer_size(self.write_buffer_size);
+        state.set_write_buffer_size(self.write_buffer_size());
         state.set_compression_type(rocksdb::DBCompressionType::Lz4);
         state.set_merge_operator_associative("sluice-concat", concat);
         let ttl = ttl.clone();
@@ -102,12 +135,12 @@ impl Rocks {
         // Spilled writes come in volume, are read by key and scanned once at commit.
         let mut spill = Options::default();
         spill.set_block_based_table_factory(&self.table_options());
-        spill.set_write_buffer_size(self.write_buffer_size);
+        spill.set_write_buffer_size(self.write_buffer_size());
         spill.set_compression_type(rocksdb::DBCompressionType::Lz4);
 
         let mut small = Options::default();
         small.set_block_based_table_factory(&self.table_options());
-        small.set_write_buffer_size(self.write_buffer_size / 2);
+        small.set_write_buffer_size(MIN_WRITE_BUFFER);
 
         let cfs = vec![
             ColumnFamilyDescriptor::new(CF_DEFAULT, state),
@@ -117,6 +150,13 @@ impl Rocks {
             ColumnFamilyDescriptor::new(CF_META, small),
         ];
         Ok(DB::open_cf_descriptors(&db_opts, dir, cfs)?)
+    }
+
+    /// Whether the memtables of every shard together hold more than `fraction` of
+    /// their share.
+    pub fn memtables_over(&self, fraction: f64) -> bool {
+        self.write_buffers.get_usage() as f64
+            > self.write_buffers.get_buffer_size() as f64 * fraction
     }
 
     /// Bytes the block cache holds now (memtables charged to it included).

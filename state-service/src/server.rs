@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use opentelemetry::KeyValue;
@@ -68,6 +68,8 @@ pub struct Node {
     fences: std::sync::Mutex<HashMap<ShardKey, u64>>,
     /// Serializes fence raises, so that the durable fence only grows.
     fence_lock: tokio::sync::Mutex<()>,
+    /// Set while memtables are being flushed to bring them under their share.
+    relieving: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Node {
@@ -90,7 +92,38 @@ impl Node {
             io: IoCounters::default(),
             fences: std::sync::Mutex::new(HashMap::new()),
             fence_lock: tokio::sync::Mutex::new(()),
+            relieving: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// When the memtables of every shard together pass their share, flushes those of
+    /// the shards holding most until they are at half of it, on a blocking thread, one
+    /// relief at a time. RocksDB's write buffer manager, once full, flushes only the
+    /// database being written to, so idle shards' memtables would stay: 32 shards at
+    /// `--memory 128MiB` held 254 MiB of memtables against a 32 MiB share.
+    fn relieve_memtables(&self) {
+        let rocks = Arc::clone(&self.parts.rocks);
+        if !rocks.memtables_over(1.0) || self.relieving.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let shards: Vec<Arc<Shard>> = lock(&self.shards).values().cloned().collect();
+        let relieving = Arc::clone(&self.relieving);
+        tokio::task::spawn_blocking(move || {
+            let mut by_size: Vec<(u64, Arc<Shard>)> = shards
+                .into_iter()
+                .map(|s| (s.rocksdb_memory().0, s))
+                .collect();
+            by_size.sort_by_key(|(bytes, _)| std::cmp::Reverse(*bytes));
+            for (_, shard) in by_size {
+                if !rocks.memtables_over(0.5) {
+                    break;
+                }
+                if let Err(e) = shard.flush_memtables() {
+                    tracing::warn!("flushing the memtables of {}: {e}", shard.id);
+                }
+            }
+            relieving.store(false, Ordering::SeqCst);
+        });
     }
 
     fn shard(&self, id: Option<&sluice_common::pb::state::ShardId>) -> Result<Arc<Shard>> {
@@ -145,10 +178,14 @@ impl Node {
         }
         let ttl = TtlStates::default();
         ttl.extend(&req.ttl_states);
+        let shards = lock(&self.shards).len() + 1;
+        self.parts.rocks.size_for(shards);
         let opened = restore::open(&self.parts, key.clone(), req.checkpoint_id, ttl).await?;
         self.restore_bytes_total
             .fetch_add(opened.bytes, Ordering::Relaxed);
         lock(&self.shards).insert(key, opened.shard);
+        self.resize_memtables().await;
+        self.relieve_memtables();
         Ok(OpenShardResponse {
             checkpoint_id: opened.checkpoint,
             restored_from_object_store: opened.restored,
@@ -240,7 +277,22 @@ impl Node {
             let dir = shard.dir.clone();
             drop(shard);
             let _ = tokio::task::spawn_blocking(move || crate::local_dir::remove(&dir)).await;
+            self.resize_memtables().await;
         }
+    }
+
+    /// Sizes every open shard's memtables for how many are open now.
+    async fn resize_memtables(&self) {
+        let shards: Vec<Arc<Shard>> = lock(&self.shards).values().cloned().collect();
+        let size = self.parts.rocks.size_for(shards.len());
+        let _ = tokio::task::spawn_blocking(move || {
+            for s in shards {
+                if let Err(e) = s.resize_memtables(size) {
+                    tracing::warn!("sizing the memtables of {}: {e}", s.id);
+                }
+            }
+        })
+        .await;
     }
 
     /// Compacts a shard's live state now (tests use it to run the TTL filter).
@@ -298,6 +350,7 @@ impl Node {
         }
         let epoch = req.epoch;
         tokio::task::spawn_blocking(move || shard.write(epoch, ops)).await??;
+        self.relieve_memtables();
         Ok(WriteResponse {})
     }
 
@@ -370,6 +423,7 @@ impl Node {
         }
         let manifest = shard.commit(req.checkpoint_id, &req.retained).await?;
         self.io.commits.fetch_add(1, Ordering::Relaxed);
+        self.relieve_memtables();
         Ok(CommitResponse { manifest })
     }
 
@@ -433,7 +487,7 @@ impl Node {
         format!(
             "memory: budget {} MiB; block cache {} MiB (pinned {} MiB); memtables {} MiB; \
              table readers {} MiB; uncommitted writes {} MiB (spilled {} MiB so far); \
-             foyer memory {} MiB; {} shards; rss {} MiB; threads {}",
+             foyer memory {} MiB; {} shards; rss {} MiB; threads {}; heap {}",
             mib(self.config.memory_bytes),
             mib(self.parts.rocks.cache_usage() as u64),
             mib(self.parts.rocks.cache_pinned_usage() as u64),
@@ -445,6 +499,15 @@ impl Node {
             shards.len(),
             or_unknown(sluice_common::process::self_rss_bytes().map(mib)),
             or_unknown(sluice_common::process::self_threads()),
+            crate::heap::stats().map_or_else(
+                || "?".to_string(),
+                |(used, free, mapped)| format!(
+                    "{} MiB in use ({} MiB mapped alone), {} MiB free but kept",
+                    mib(used as u64),
+                    mib(mapped as u64),
+                    mib(free as u64)
+                )
+            ),
         )
     }
 

@@ -49,7 +49,7 @@ use crate::manifest::{DeltaRef, Manifest, delta_path, manifest_path};
 use crate::pending::{
     self, CF_DEFAULT, CF_LEGACY_UNDO, CF_META, CF_PENDING, Entry, Lookup, Pending,
 };
-use crate::rocks::write_options;
+use crate::rocks::{Rocks, write_options};
 use crate::shard_id::ShardKey;
 use crate::snapshot::Snapshotted;
 use crate::spill::{self, PendingBudget};
@@ -59,6 +59,9 @@ use sluice_common::state::net_writes::{NetWrites, with_appended};
 
 /// A scan page: entries, and the key to resume from when more follow.
 pub type ScanPage = (Vec<(Bytes, Bytes)>, Option<Bytes>);
+
+/// The column families that take writes.
+const DATA_CFS: [&str; 4] = [CF_DEFAULT, CF_PENDING, spill::CF_SPILL, CF_META];
 
 /// Meta key of the committed checkpoint.
 const META_COMMITTED: &[u8] = b"committed";
@@ -108,6 +111,8 @@ pub struct Shard {
     pending: Mutex<Pending>,
     /// What the layers of every shard of the node may hold in memory.
     budget: Arc<PendingBudget>,
+    /// The node's RocksDB resources (how big a write batch may be).
+    rocks: Arc<Rocks>,
     /// Held shared by reads, exclusively by a commit applying layers.
     gate: tokio::sync::RwLock<()>,
     cache_gen: Mutex<CacheGen>,
@@ -152,6 +157,7 @@ pub(crate) struct ShardParts {
     pub(crate) cache: Arc<StateCache>,
     pub(crate) durable: Durable,
     pub(crate) pending: Arc<PendingBudget>,
+    pub(crate) rocks: Arc<Rocks>,
     pub(crate) next_delta_seq: u64,
     pub(crate) durability: Durability,
     pub(crate) uploaded_sst: UploadedSsts,
@@ -172,6 +178,7 @@ impl Shard {
             }),
             pending: Mutex::new(Pending::default()),
             budget: parts.pending,
+            rocks: parts.rocks,
             gate: tokio::sync::RwLock::new(()),
             cache_gen: Mutex::new(CacheGen {
                 generation,
@@ -271,11 +278,13 @@ impl Shard {
     fn spill(&self, pending: &mut Pending) -> Result<()> {
         let before = pending.bytes();
         let result = pending.spill(
-            spill::CHUNK_BYTES,
+            self.rocks.batch_bytes(),
             |epoch, ranges| spill::write_ranges(&self.db, epoch, ranges),
             |epoch, entries, ranges| spill::write_entries(&self.db, epoch, entries, ranges),
         );
         self.budget.spilled(before - pending.bytes());
+        // What was spilled was request buffers the layers held: a burst of frees.
+        crate::heap::release_freed();
         result
     }
 
@@ -579,7 +588,7 @@ impl Shard {
 
     /// Writes `batch` once it holds a chunk's worth.
     fn write_if_full(&self, batch: &mut WriteBatch) -> Result<()> {
-        if batch.size_in_bytes() >= spill::CHUNK_BYTES {
+        if batch.size_in_bytes() >= self.rocks.batch_bytes() {
             self.db.write_opt(std::mem::take(batch), &write_options())?;
         }
         Ok(())
@@ -739,7 +748,7 @@ impl Shard {
     /// Flushes every column family's memtables to SST files (blocking, without the write
     /// lock: writes go on meanwhile).
     pub(crate) fn flush_memtables(&self) -> Result<()> {
-        for name in [CF_DEFAULT, CF_PENDING, CF_META] {
+        for name in DATA_CFS {
             self.db.flush_cf(self.cf(name)?)?;
         }
         Ok(())
@@ -859,7 +868,7 @@ impl Shard {
     pub fn rocksdb_memory(&self) -> (u64, u64) {
         let mut memtables = 0;
         let mut readers = 0;
-        for name in [CF_DEFAULT, CF_PENDING, CF_META] {
+        for name in DATA_CFS {
             let Ok(cf) = self.cf(name) else { continue };
             let prop = |p: &str| {
                 self.db
@@ -872,6 +881,16 @@ impl Shard {
             readers += prop("rocksdb.estimate-table-readers-mem");
         }
         (memtables, readers)
+    }
+
+    /// Sets the memtable size of the big column families (blocking).
+    pub fn resize_memtables(&self, bytes: usize) -> Result<()> {
+        let size = bytes.to_string();
+        for name in [CF_DEFAULT, spill::CF_SPILL] {
+            self.db
+                .set_options_cf(self.cf(name)?, &[("write_buffer_size", size.as_str())])?;
+        }
+        Ok(())
     }
 
     /// Forces a full compaction of live state (runs the TTL filter; blocking).

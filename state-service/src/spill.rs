@@ -27,9 +27,6 @@ use crate::rocks::write_options;
 /// Column family of spilled uncommitted writes.
 pub const CF_SPILL: &str = "spill";
 
-/// Entries moved to RocksDB per write batch, so a spill holds at most this much twice.
-pub const CHUNK_BYTES: usize = 4 << 20;
-
 /// The share of a node's memory budget its shards' uncommitted layers may hold.
 #[derive(Debug)]
 pub struct PendingBudget {

@@ -22,12 +22,14 @@ use crate::config::ObjectStoreClientConfig;
 use crate::error::{Error, Result};
 use crate::shard_id::ShardKey;
 
-/// Objects bigger than this are uploaded in parts.
-const MULTIPART_THRESHOLD: usize = 16 << 20;
-/// Size of one part of a multipart upload.
+/// Size of one part of a multipart upload, at most (S3's least is 5 MiB).
 const PART_SIZE: usize = 8 << 20;
+/// Size of one part of a multipart upload, at least.
+const MIN_PART_SIZE: usize = 5 << 20;
 /// Parts of one multipart upload in flight at once.
 const PARTS_IN_FLIGHT: usize = 2;
+/// Uploads at once without a memory share set.
+const DEFAULT_UPLOADS: usize = 4;
 /// Bytes read from a local file at a time while uploading it in parts.
 const READ_CHUNK: usize = 1 << 20;
 
@@ -37,6 +39,40 @@ pub struct Durable {
     store: Arc<dyn ObjectStore>,
     root: Path,
     display: String,
+    uploads: Uploads,
+}
+
+/// What bounds the memory of uploads: each holds a permit while it runs, and about
+/// [`Uploads::bytes_each`] (the part being filled and those in flight).
+#[derive(Clone, Debug)]
+struct Uploads {
+    permits: Arc<tokio::sync::Semaphore>,
+    part: usize,
+}
+
+impl Uploads {
+    /// Uploads sharing `memory` bytes: parts between 5 and 8 MiB, so that one upload
+    /// fits, and as many uploads at once as fit (at least one, at most 16).
+    fn within(memory: usize) -> Self {
+        let part = (memory / (PARTS_IN_FLIGHT + 1)).clamp(MIN_PART_SIZE, PART_SIZE);
+        let each = part * (PARTS_IN_FLIGHT + 1);
+        Self {
+            permits: Arc::new(tokio::sync::Semaphore::new((memory / each).clamp(1, 16))),
+            part,
+        }
+    }
+
+    /// Objects bigger than this go in parts (smaller ones are held whole).
+    fn threshold(&self) -> usize {
+        2 * self.part
+    }
+
+    async fn permit(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.permits
+            .acquire()
+            .await
+            .expect("the upload semaphore is never closed")
+    }
 }
 
 impl Durable {
@@ -63,7 +99,15 @@ impl Durable {
             store: Arc::clone(store.store()),
             root: store.root().clone(),
             display: store.display().to_string(),
+            uploads: Uploads::within(DEFAULT_UPLOADS * (PARTS_IN_FLIGHT + 1) * PART_SIZE),
         })
+    }
+
+    /// Bounds what uploads hold in memory at once to about `bytes` (one upload at
+    /// least: about 15 MiB).
+    pub fn with_upload_memory(mut self, bytes: usize) -> Self {
+        self.uploads = Uploads::within(bytes);
+        self
     }
 
     /// The store.
@@ -89,7 +133,7 @@ impl Durable {
     /// Uploads `bytes` to `location` (multipart when big).
     pub async fn put(&self, location: &Path, bytes: Bytes) -> Result<()> {
         let what = format!("uploading {location}");
-        if bytes.len() <= MULTIPART_THRESHOLD {
+        if bytes.len() <= self.uploads.threshold() {
             self.store
                 .put(location, PutPayload::from_bytes(bytes))
                 .await
@@ -101,8 +145,10 @@ impl Durable {
             .put_multipart(location)
             .await
             .map_err(|e| Error::store(&what, e))?;
-        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
-        for chunk in bytes.chunks(PART_SIZE) {
+        // The parts are copies: the caller's bytes stay held too.
+        let _permit = self.uploads.permit().await;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, self.uploads.part);
+        for chunk in bytes.chunks(self.uploads.part) {
             writer
                 .wait_for_capacity(PARTS_IN_FLIGHT)
                 .await
@@ -114,9 +160,10 @@ impl Durable {
     }
 
     /// Uploads the local file `path` to `location`, returning its size. Streamed: a
-    /// small file is read whole (at most [`MULTIPART_THRESHOLD`]), a bigger one goes in
-    /// parts of [`PART_SIZE`] read one at a time, with at most [`PARTS_IN_FLIGHT`] parts
-    /// uploading, so an upload holds about 3 parts (the one being filled and those in flight) of memory whatever the file's size.
+    /// small file is read whole (at most two parts), a bigger one goes in parts read one
+    /// at a time, with at most [`PARTS_IN_FLIGHT`] parts uploading, so an upload holds
+    /// about 3 parts (the one being filled and those in flight) of memory whatever the
+    /// file's size; and only as many uploads run at once as the node's share allows.
     pub async fn put_file(&self, location: &Path, path: &std::path::Path) -> Result<u64> {
         use tokio::io::AsyncReadExt;
         let what = format!("uploading {location}");
@@ -124,7 +171,8 @@ impl Durable {
             .await
             .map_err(|e| Error::io(path, e))?;
         let len = file.metadata().await.map_err(|e| Error::io(path, e))?.len();
-        if len <= MULTIPART_THRESHOLD as u64 {
+        let _permit = self.uploads.permit().await;
+        if len <= self.uploads.threshold() as u64 {
             let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
             file.read_to_end(&mut bytes)
                 .await
@@ -138,7 +186,7 @@ impl Durable {
             .put_multipart(location)
             .await
             .map_err(|e| Error::store(&what, e))?;
-        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, self.uploads.part);
         let mut sent = 0u64;
         // The writer gathers reads into parts of PART_SIZE itself.
         let mut buf = vec![0u8; READ_CHUNK];
