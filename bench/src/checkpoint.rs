@@ -19,8 +19,9 @@
 //!    the same object store, opens every shard from it in parallel, and a second sample
 //!    is read and checked.
 //!
-//! It compares against the budget: the node's peak RSS over `--memory` is printed next
-//! to the latencies, and nothing else runs in the same measurement. The keys, values
+//! It compares against the budget: the node's peak RSS over `--memory`, and the bound
+//! the node promises (`rss_bound_mib`: 1.1 x `--memory` + 48 MiB + 1 MiB per shard),
+//! are printed next to the latencies, and nothing else runs in the same measurement. The keys, values
 //! and RPCs are [`crate::state_workload`]'s.
 //!
 //! Output: a header and one comma-separated line per size on stdout; progress on stderr.
@@ -176,6 +177,7 @@ const TABLE: Table = Table::new(
         "verified_keys",
         "max_rss_mib",
         "rss_over_memory",
+        "rss_bound_mib",
         "load_rss_mib",
         "steady_rss_mib",
         "read_rss_mib",
@@ -219,6 +221,10 @@ impl Figures {
             self.verified_keys.to_string(),
             mib(max_rss),
             format!("{:.2}", max_rss as f64 / self.memory.max(1) as f64),
+            mib(sluice_state_service::config::rss_bound(
+                self.memory,
+                self.shards as u64,
+            )),
             mib(self.load_rss),
             mib(self.steady_rss),
             mib(self.read_rss),

@@ -83,6 +83,14 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Default most operations per request.
 pub const DEFAULT_MAX_BATCH_OPS: usize = 100_000;
 
+/// The most a node's resident memory should reach with a budget of `memory_bytes`
+/// and `shards` open shards: 1.1 x the budget, plus the process at rest (48 MiB) and
+/// what an open shard holds outside the budget (1 MiB). `sluice bench checkpoint`
+/// prints it beside the peak it measured.
+pub fn rss_bound(memory_bytes: u64, shards: u64) -> u64 {
+    memory_bytes / 10 * 11 + (48 << 20) + shards * (1 << 20)
+}
+
 /// How the memory budget is split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemorySplit {
