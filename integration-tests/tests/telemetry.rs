@@ -225,38 +225,30 @@ fn sluice_run_exports_job_task_and_process_metrics_over_otlp_while_it_runs() {
 }
 
 #[test]
-fn logged_warnings_reach_the_collector_with_their_role() {
+fn logged_events_reach_the_collector_with_their_role() {
     let _serial = serial();
     let dir = tempdir();
     let receiver = OtlpReceiver::start();
-    // Unaligned checkpoints are taken as aligned, with a warning (the data plane issue).
     let job = write_job(
         dir.path(),
         "job.yaml",
-        &windowed_job(&dir.path().join("out"), 20_000, 0).replace(
-            "checkpoint: { interval: 500ms }",
-            "checkpoint: { interval: 200ms, mode: unaligned }",
-        ),
+        &windowed_job(&dir.path().join("out"), 20_000, 0),
     );
     let endpoint = receiver.endpoint();
-    let outcome = run_exporting(dir.path(), &job, &endpoint, &[]);
-    outcome
-        .assert_success()
-        .assert_stderr_contains("unaligned checkpoints do not store in-flight data yet");
+    // At info level the job's deployment is logged.
+    let outcome = run_exporting(dir.path(), &job, &endpoint, &[("SLUICE_LOG", "info")]);
+    outcome.assert_success().assert_stderr_contains("deployed");
     let logs = receiver.logs();
-    let warning = logs
+    let event = logs
         .iter()
-        .find(|l| {
-            l.body
-                .contains("unaligned checkpoints do not store in-flight data yet")
-        })
-        .unwrap_or_else(|| panic!("the warning was not exported: {logs:?}"));
-    assert_eq!(warning.severity, "WARN", "{warning:?}");
+        .find(|l| l.body == "deployed")
+        .unwrap_or_else(|| panic!("the deployment was not exported: {logs:?}"));
+    assert_eq!(event.severity, "INFO", "{event:?}");
     assert_eq!(
-        warning.resource.get("sluice.role").map(String::as_str),
+        event.resource.get("sluice.role").map(String::as_str),
         Some("run")
     );
-    assert!(warning.attributes.contains_key("job"), "{warning:?}");
+    assert!(event.attributes.contains_key("job"), "{event:?}");
 }
 
 #[test]

@@ -93,7 +93,8 @@ pub fn checkpoint_config(job_id: &str, graph: &pb::JobGraph) -> Option<Checkpoin
             pb::CheckpointMode::Aligned => BarrierMode::Aligned,
             pb::CheckpointMode::Unaligned => {
                 // The in-flight data an unaligned barrier overtakes is not stored yet, so
-                // a restore from such a checkpoint would lose it.
+                // a restore from such a checkpoint would lose it. Job files asking for it
+                // are refused when parsed; a graph built otherwise is checkpointed aligned.
                 tracing::warn!(
                     job = %job_id,
                     "unaligned checkpoints do not store in-flight data yet; this job's checkpoints are aligned"
