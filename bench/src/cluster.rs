@@ -91,7 +91,8 @@ pub struct Args {
     /// The state-service node's memory budget.
     #[arg(long, default_value = "512MiB", value_parser = byte_size::parse)]
     memory: u64,
-    /// Directory for the node's data and objects (default: a temporary one per run).
+    /// Directory under which each run (one per state size) gets a fresh directory for the
+    /// node's data and objects, removed after it (default: the system's temporary one).
     #[arg(long)]
     work_dir: Option<PathBuf>,
 }
@@ -115,13 +116,14 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
 }
 
 async fn run_one(args: &Args, host: &dyn Host, size: u64) -> anyhow::Result<String> {
+    // A fresh directory per size, under --work-dir when given: a second size's job
+    // must not find the first one's shards in the object store.
+    let base = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&base)?;
     let temp = tempfile::Builder::new()
         .prefix("sluice-bench-cluster-")
-        .tempdir()?;
-    let dir = args
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| temp.path().to_path_buf());
+        .tempdir_in(&base)?;
+    let dir = temp.path().to_path_buf();
     std::fs::create_dir_all(dir.join("objects"))?;
     let objects = format!("file://{}", dir.join("objects").display());
     // The coordinator's gRPC address comes first: the state nodes register there.

@@ -146,7 +146,14 @@ async fn run_one(args: &Args, host: &dyn Host) -> anyhow::Result<String> {
         Duration::from_secs(120),
         || coordinator.workers().len() >= w && coordinator.state_nodes().len() >= n,
     )
-    .await?;
+    .await
+    .with_context(|| {
+        format!(
+            "{} of {w} workers and {} of {n} state nodes attached",
+            coordinator.workers().len(),
+            coordinator.state_nodes().len()
+        )
+    })?;
     eprintln!(
         "{w} workers and {n} state nodes attached in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -276,9 +283,20 @@ async fn run_one(args: &Args, host: &dyn Host) -> anyhow::Result<String> {
 /// attempt `A` failed because its state node stopped answering.
 type Triggers = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<u64>>>>;
 
-/// One simulated worker: see the module docs. Ends when its stream does.
-async fn sim_worker(grpc: String, name: String, triggers: Triggers) -> anyhow::Result<()> {
-    let mut client = CoordinatorClient::connect(grpc).await?;
+/// Attempts at attaching a simulated worker.
+const ATTACH_TRIES: u32 = 20;
+
+/// A simulated worker's sender of messages and the coordinator's stream, attached (with
+/// the client, kept for the connection's life).
+async fn attach_worker(
+    grpc: &str,
+    name: &str,
+) -> anyhow::Result<(
+    impl Fn(wm::Msg) + Send + 'static,
+    tonic::Streaming<pbc::CoordinatorMessage>,
+    CoordinatorClient<tonic::transport::Channel>,
+)> {
+    let mut client = CoordinatorClient::connect(grpc.to_string()).await?;
     let (tx, rx) = mpsc::unbounded_channel::<pbc::WorkerMessage>();
     let send = move |msg: wm::Msg| {
         let _ = tx.send(pbc::WorkerMessage { msg: Some(msg) });
@@ -288,11 +306,27 @@ async fn sim_worker(grpc: String, name: String, triggers: Triggers) -> anyhow::R
         pid: std::process::id(),
         host: "127.0.0.1".into(),
         slots: 1,
-        name,
+        name: name.to_string(),
     }));
     let outbound =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-    let mut inbound = client.attach(outbound).await?.into_inner();
+    let inbound = client.attach(outbound).await?.into_inner();
+    Ok((send, inbound, client))
+}
+
+/// One simulated worker: see the module docs. Ends when its stream does.
+async fn sim_worker(grpc: String, name: String, triggers: Triggers) -> anyhow::Result<()> {
+    // Hundreds attach at once: a refused or reset connection is tried again, as a real
+    // worker does (a few lost in a burst of 500 left the benchmark waiting for them).
+    let mut tries = 0;
+    let (send, mut inbound, _client) = loop {
+        tries += 1;
+        match attach_worker(&grpc, &name).await {
+            Ok(attached) => break attached,
+            Err(e) if tries >= ATTACH_TRIES => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
     let (fail_tx, mut fail_rx) = mpsc::unbounded_channel::<u64>();
     let mut tick = tokio::time::interval(HEARTBEAT);
     // The tasks of each deployed attempt.

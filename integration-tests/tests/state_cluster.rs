@@ -273,6 +273,10 @@ fn a_drained_node_gives_up_its_shards_and_a_new_node_takes_its_share_at_a_rebala
         outcome["state_bytes_restored"].as_u64().unwrap_or(0) > 0,
         "node-b's shards were read back from the object store: {moves}"
     );
+    eprintln!(
+        "drain of node-b: the job paused {} ms, {} bytes read back",
+        outcome["millis"], outcome["state_bytes_restored"]
+    );
     let view = cluster_view(&cluster, dir);
     let b = view["state_nodes"]
         .as_array()
@@ -326,7 +330,12 @@ fn a_drained_node_gives_up_its_shards_and_a_new_node_takes_its_share_at_a_rebala
     );
     rebalanced.assert_success();
     let moves: Value = serde_json::from_str(&rebalanced.stdout).expect("JSON");
-    assert_eq!(moves[0]["outcome"]["unchanged"], false, "{moves}");
+    let outcome = &moves[0]["outcome"];
+    assert_eq!(outcome["unchanged"], false, "{moves}");
+    eprintln!(
+        "rebalance onto the new node: the job paused {} ms, {} bytes read back",
+        outcome["millis"], outcome["state_bytes_restored"]
+    );
     let after_join = cluster.wait_until(
         "the new node holding its share",
         Duration::from_secs(30),
