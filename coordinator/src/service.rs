@@ -687,6 +687,7 @@ mod tests {
             checkpoint: Some(pb::CheckpointConfig {
                 interval_ms: 1000,
                 mode: 0,
+                timeout_ms: 0,
             }),
             ..Default::default()
         }

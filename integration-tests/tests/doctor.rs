@@ -135,6 +135,55 @@ fn doctor_names_a_slow_sink_as_the_bottleneck_and_nothing_once_it_keeps_up() {
 }
 
 #[test]
+fn doctor_names_a_checkpoint_alignment_stall_and_nothing_once_the_sink_keeps_up() {
+    let _serial = serial();
+    let dir = tempdir();
+    let dir = dir.path();
+    let cluster = MiniCluster::start(dir, 2, |_| Vec::new(), &[]);
+
+    let job = write_job(dir, "stall.yaml", &lab("alignment-stall.yaml"));
+    let id = cluster.submit(dir, &job, 2);
+    // The symptom, from the job's checkpoints: they take half the 4 s timeout and more.
+    let stalled = cluster.wait_until("checkpoints near their timeout", SYMPTOM, || {
+        let s = cluster.status(&id);
+        let last = s["checkpoints"].as_array()?.last()?["duration_ms"].as_u64()?;
+        (last >= 2_000).then_some(last)
+    });
+    eprintln!("alignment stall: the last checkpoint took {stalled} ms");
+    let out = doctor(&cluster, dir, &id, true);
+    assert_eq!(out.code, Some(1), "doctor found nothing:\n{}", out.stdout);
+    let found = findings(&out);
+    let stall = found
+        .iter()
+        .find(|f| f["pathology"] == "checkpoint alignment timeout")
+        .unwrap_or_else(|| panic!("no alignment finding in {found:?}"));
+    assert!(
+        stall["evidence"]
+            .as_str()
+            .is_some_and(|e| e.contains("of a 4000 ms timeout")),
+        "{stall}"
+    );
+    cluster.cancel(dir, &id);
+
+    // The fix the doctor names, no back pressure: checkpoints align at once, nothing found.
+    let job = write_job(dir, "fixed.yaml", &lab("alignment-stall-fixed.yaml"));
+    let id = cluster.submit(dir, &job, 2);
+    cluster.wait_until("three checkpoints of the fixed job", SYMPTOM, || {
+        let s = cluster.status(&id);
+        (s["checkpoints"].as_array()?.len() >= 3).then_some(())
+    });
+    let out = doctor(&cluster, dir, &id, false);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "the fixed lab still shows:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    cluster.cancel(dir, &id);
+}
+
+#[test]
 fn doctor_names_the_subtask_a_hot_key_lands_on_and_the_key() {
     let _serial = serial();
     let dir = tempdir();

@@ -468,18 +468,25 @@ fn starvation(before: &Value, after: &Value, now: &[Task], elapsed: f64) -> Opti
     })
 }
 
-/// Barrier alignment taking a growing share of the checkpoint timeout.
+/// Checkpoints taking a growing share of their timeout: barriers waiting for each other
+/// (alignment) or behind queued data on their way (the usual cause under back pressure,
+/// where every channel is late alike and the alignment itself stays short).
 fn alignment(after: &Value) -> Option<Finding> {
     let timeout = after.get("checkpoint_timeout_ms").and_then(Value::as_u64)? as f64;
-    let recent: Vec<f64> = after
+    let recent: Vec<(f64, f64)> = after
         .get("checkpoints")
         .and_then(Value::as_array)?
         .iter()
-        .filter_map(|c| c.get("max_alignment_micros").and_then(Value::as_u64))
-        .map(|us| us as f64 / 1000.0)
+        .map(|c| {
+            let ms = |key: &str, per_ms: f64| {
+                c.get(key).and_then(Value::as_u64).unwrap_or(0) as f64 / per_ms
+            };
+            let alignment = ms("max_alignment_micros", 1000.0);
+            (ms("duration_ms", 1.0).max(alignment), alignment)
+        })
         .collect();
-    let last = *recent.last()?;
-    let growing = recent.len() >= 3 && recent.windows(2).rev().take(2).all(|w| w[1] > w[0]);
+    let &(last, aligning) = recent.last()?;
+    let growing = recent.len() >= 3 && recent.windows(2).rev().take(2).all(|w| w[1].0 > w[0].0);
     let aborted = after
         .get("checkpoints_aborted")
         .and_then(Value::as_u64)
@@ -494,8 +501,11 @@ fn alignment(after: &Value) -> Option<Finding> {
             after.get("last_checkpoint").unwrap_or(&Value::Null)
         ),
         evidence: format!(
-            "the last alignment took {last:.0} ms of a {timeout:.0} ms timeout{}; {aborted} checkpoints aborted",
-            if growing { ", growing" } else { "" }
+            "the last checkpoint took {last:.0} ms of a {timeout:.0} ms timeout{}: its \
+             barriers aligned in {aligning:.0} ms and waited {:.0} ms behind queued data; \
+             {aborted} checkpoints aborted",
+            if growing { ", growing" } else { "" },
+            (last - aligning).max(0.0)
         ),
         fix: "barriers wait behind queued data at a slow task: remove the back pressure \
               (see the cascade), or make the queues shorter (smaller --buffer-bytes); \
@@ -700,12 +710,28 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].pathology, "checkpoint alignment timeout");
         assert!(
-            found[0]
-                .evidence
-                .contains("6000 ms of a 10000 ms timeout, growing"),
+            found[0].evidence.contains(
+                "6000 ms of a 10000 ms timeout, growing: its barriers aligned in 6000 ms"
+            ),
             "{found:?}"
         );
-        s["checkpoints"] = json!([{ "max_alignment_micros": 3_000 }]);
+        // Under back pressure barriers are late on every channel alike: short alignment,
+        // long checkpoints.
+        s["checkpoints"] = json!([
+            { "duration_ms": 1_500, "max_alignment_micros": 300_000 },
+            { "duration_ms": 2_500, "max_alignment_micros": 300_000 },
+            { "duration_ms": 3_700, "max_alignment_micros": 300_000 },
+        ]);
+        s["checkpoint_timeout_ms"] = json!(4_000);
+        let found = diagnose(&[s.clone(), s.clone()], 3.0);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0]
+                .evidence
+                .contains("aligned in 300 ms and waited 3400 ms behind queued data"),
+            "{found:?}"
+        );
+        s["checkpoints"] = json!([{ "duration_ms": 40, "max_alignment_micros": 3_000 }]);
         assert!(diagnose(&[s.clone(), s.clone()], 3.0).is_empty());
     }
 

@@ -102,7 +102,10 @@ pub fn checkpoint_config(job_id: &str, graph: &pb::JobGraph) -> Option<Checkpoin
                 BarrierMode::Aligned
             }
         },
-        timeout: CHECKPOINT_TIMEOUT,
+        timeout: match c.timeout_ms {
+            0 => CHECKPOINT_TIMEOUT,
+            ms => Duration::from_millis(ms),
+        },
         ..CheckpointConfig::default()
     })
 }

@@ -122,11 +122,12 @@ fn state(node: &Node, path: &str) -> Result<pb::StateConfig> {
 }
 
 fn checkpoint(node: &Node, path: &str) -> Result<pb::CheckpointConfig> {
-    let fields = Fields::new(node, path, &["interval", "mode"])?;
+    let fields = Fields::new(node, path, &["interval", "mode", "timeout"])?;
     let interval_ms = positive_duration_ms(
         fields.require("interval", "; e.g. `interval: 1s`")?.value,
         &fields.path_of("interval"),
     )?;
+    let timeout_ms = fields.opt("timeout", positive_duration_ms)?.unwrap_or(0);
     let modes = [
         ("aligned", pb::CheckpointMode::Aligned),
         ("unaligned", pb::CheckpointMode::Unaligned),
@@ -152,6 +153,7 @@ fn checkpoint(node: &Node, path: &str) -> Result<pb::CheckpointConfig> {
     Ok(pb::CheckpointConfig {
         interval_ms,
         mode: mode as i32,
+        timeout_ms,
     })
 }
 

@@ -851,10 +851,11 @@ fn every_example_parses() {
 #[test]
 fn checkpoint_settings_parse_with_positions() {
     let ok = parse(
-        "name: t\ncheckpoint: { interval: 1s, mode: aligned }\nsource:\n  nexmark: { stream: bid }\nsink:\n  blackhole: { delay_per_batch: 5ms }\n  parallelism: 1\n",
+        "name: t\ncheckpoint: { interval: 1s, mode: aligned, timeout: 30s }\nsource:\n  nexmark: { stream: bid }\nsink:\n  blackhole: { delay_per_batch: 5ms }\n  parallelism: 1\n",
     );
     let cp = ok.checkpoint.expect("checkpoint");
     assert_eq!(cp.interval_ms, 1000);
+    assert_eq!(cp.timeout_ms, 30_000);
     assert_eq!(cp.mode(), pb::CheckpointMode::Aligned);
     let Some(Kind::Sink(sink)) = &ok.nodes[1].kind else {
         panic!("not a sink")

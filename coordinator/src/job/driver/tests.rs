@@ -34,6 +34,7 @@ fn graph(parallelism: u32, checkpoints: bool, remote: bool) -> pb::JobGraph {
         checkpoint: checkpoints.then_some(pb::CheckpointConfig {
             interval_ms: INTERVAL,
             mode: 0,
+            timeout_ms: 0,
         }),
         state: remote.then_some(pb::StateConfig {
             backend: pb::StateBackend::Remote as i32,
