@@ -68,7 +68,9 @@ fn state_node_command(dir: &Path, i: usize, grpc: &str, extra: &[String]) -> Vec
     args.push(data.display().to_string());
     args.push("--object-store".into());
     args.push(format!("file://{}", dir.join("state-objects").display()));
-    args.extend(["--memory", "256MiB"].map(String::from));
+    if !extra.iter().any(|a| a == "--memory") {
+        args.extend(["--memory", "256MiB"].map(String::from));
+    }
     args.extend(["--coordinator".to_owned(), grpc.to_owned()]);
     args.extend(extra.iter().cloned());
     args

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice_integration_tests::cluster::MiniCluster;
+use sluice_integration_tests::cluster::{MiniCluster, free_port};
 use sluice_integration_tests::{Outcome, run_sluice, tempdir, workspace_root, write_job};
 use sluice_test_support::kafka::{KafkaEnv, kafka_env};
 
@@ -181,6 +181,80 @@ fn doctor_names_a_checkpoint_alignment_stall_and_nothing_once_the_sink_keeps_up(
         out.stderr
     );
     cluster.cancel(dir, &id);
+}
+
+/// The state-memory lab on a node whose budget is `memory`: the doctor's findings, with
+/// the node's `/metrics`, once the job checkpointed its state there a few times.
+fn state_memory_findings(memory: &str) -> Vec<Value> {
+    let dir = tempdir();
+    let dir = dir.path();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let node_args = vec![
+        "--memory".to_owned(),
+        memory.to_owned(),
+        "--metrics-http".to_owned(),
+        metrics.clone(),
+    ];
+    let cluster = MiniCluster::start(
+        dir,
+        2,
+        |role| match role {
+            "state-service" => node_args.clone(),
+            _ => Vec::new(),
+        },
+        &[],
+    );
+    let job = write_job(dir, "memory.yaml", &lab("state-memory.yaml"));
+    let id = cluster.submit(dir, &job, 2);
+    cluster.wait_until("three checkpoints of state", SYMPTOM, || {
+        let s = cluster.status(&id);
+        (s["checkpoints"].as_array()?.len() >= 3).then_some(())
+    });
+    let url = cluster.url();
+    let metrics_url = format!("http://{metrics}/metrics");
+    let out = run_sluice(
+        &[
+            "doctor",
+            &id,
+            "--coordinator",
+            &url,
+            "--sample-ms",
+            "1000",
+            "--state-metrics",
+            &metrics_url,
+            "--json",
+        ],
+        dir,
+    );
+    out.assert_no_panic();
+    cluster.cancel(dir, &id);
+    findings(&out)
+        .into_iter()
+        .filter(|f| f["pathology"] == "state memory growth")
+        .collect()
+}
+
+#[test]
+fn doctor_names_a_state_node_short_of_memory_and_nothing_with_a_budget_that_fits() {
+    let _serial = serial();
+    let short = state_memory_findings("40MiB");
+    assert_eq!(short.len(), 1, "{short:?}");
+    eprintln!("state memory lab at 40 MiB: {}", short[0]["evidence"]);
+    assert!(
+        short[0]["evidence"]
+            .as_str()
+            .is_some_and(|e| e.contains("of its 40 MiB budget")),
+        "{short:?}"
+    );
+    assert!(
+        short[0]["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("--memory")),
+        "{short:?}"
+    );
+    // The fix the doctor names: a budget that fits.
+    let fits = state_memory_findings("512MiB");
+    assert!(fits.is_empty(), "{fits:?}");
 }
 
 #[test]
