@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice_integration_tests::cluster::{MiniCluster, free_port};
+use sluice_integration_tests::http::http_request;
 use sluice_integration_tests::{Outcome, run_sluice, tempdir, workspace_root, write_job};
 use sluice_test_support::kafka::{KafkaEnv, kafka_env};
 
@@ -255,6 +256,65 @@ fn doctor_names_a_state_node_short_of_memory_and_nothing_with_a_budget_that_fits
     // The fix the doctor names: a budget that fits.
     let fits = state_memory_findings("512MiB");
     assert!(fits.is_empty(), "{fits:?}");
+}
+
+#[test]
+fn doctor_names_a_killed_worker_as_the_cause_of_a_failover() {
+    let _serial = serial();
+    let dir = tempdir();
+    let dir = dir.path();
+    let mut cluster = MiniCluster::start(dir, 3, |_| Vec::new(), &[]);
+    let job = write_job(dir, "killed.yaml", &lab("killed-worker.yaml"));
+    let id = cluster.submit(dir, &job, 2);
+    let checkpointed = |cluster: &MiniCluster, restarts: u64, after: u64| {
+        cluster.wait_until("a checkpoint of a running attempt", SYMPTOM, || {
+            let s = cluster.status(&id);
+            let c = s["last_checkpoint"].as_u64()?;
+            (s["state"] == "running" && s["restarts"].as_u64()? >= restarts && c > after)
+                .then_some(c)
+        })
+    };
+    let first = checkpointed(&cluster, 0, 0);
+    // Nothing wrong yet.
+    let out = doctor(&cluster, dir, &id, true);
+    let found = findings(&out);
+    assert!(
+        found.iter().all(|f| f["pathology"] != "failover"),
+        "{found:?}"
+    );
+    // Kill -9 a worker that runs the job.
+    let (code, workers) = http_request(&cluster.http, "GET", "/v1/workers", None);
+    assert_eq!(code, 200, "{workers}");
+    let (victim, pid) = workers
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|w| w["jobs"].as_array().is_some_and(|j| !j.is_empty()))
+        .and_then(|w| Some((w["id"].as_str()?.to_owned(), w["pid"].as_u64()? as u32)))
+        .expect("a worker running the job");
+    cluster
+        .workers
+        .iter_mut()
+        .find(|w| w.pid() == Some(pid))
+        .expect("the worker is ours")
+        .kill();
+    // The symptom: a restart, and the job running and checkpointing again.
+    checkpointed(&cluster, 1, first);
+    let out = doctor(&cluster, dir, &id, true);
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    let found = findings(&out);
+    let failover = found
+        .iter()
+        .find(|f| f["pathology"] == "failover")
+        .unwrap_or_else(|| panic!("no failover in {found:?}"));
+    let evidence = failover["evidence"].as_str().unwrap_or_default();
+    eprintln!("killed worker lab: {evidence}");
+    assert!(
+        evidence.contains(&victim),
+        "the lost worker {victim} is named: {failover}"
+    );
+    assert!(evidence.contains("1 restarts so far"), "{failover}");
+    cluster.cancel(dir, &id);
 }
 
 #[test]

@@ -56,14 +56,18 @@ pub struct Finding {
 }
 
 /// What `sluice doctor` checks, in the order it reports.
-pub const CHECKED: [&str; 6] = [
+pub const CHECKED: [&str; 7] = [
     "back-pressure cascade",
     "data skew on key_by",
     "watermark starvation",
     "source drift",
     "checkpoint alignment timeout",
     "state memory growth",
+    "failover",
 ];
+
+/// A failure this recent (ms) is reported.
+const RECENT_FAILURE_MS: u64 = 10 * 60_000;
 
 /// Source subtasks this far apart in event time (ms) drift.
 const DRIFT_MS: i64 = 60_000;
@@ -286,7 +290,52 @@ pub fn diagnose(samples: &[Value], elapsed: f64) -> Vec<Finding> {
     found.extend(starvation(before, after, &now, elapsed));
     found.extend(drift(after, &all));
     found.extend(alignment(after));
+    found.extend(failover(after, now_ms()));
     found
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A failed attempt in the last minutes (a lost worker, a crash), with its cause.
+fn failover(after: &Value, now_ms: u64) -> Option<Finding> {
+    let last = after.get("failures")?.as_array()?.last()?;
+    let at = last.get("at_ms").and_then(Value::as_u64)?;
+    let ago = now_ms.saturating_sub(at);
+    if ago > RECENT_FAILURE_MS {
+        return None;
+    }
+    let field = |key: &str| after.get(key).and_then(Value::as_u64).unwrap_or(0);
+    let failed = last.get("attempt").and_then(Value::as_u64).unwrap_or(0);
+    let reason = last
+        .get("reason")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown");
+    let dependency = last.get("unavailable").and_then(Value::as_bool) == Some(true);
+    Some(Finding {
+        pathology: "failover",
+        subject: format!("attempt {failed}"),
+        evidence: format!(
+            "{:.0} s ago: {reason}; {} restarts so far, now attempt {} ({})",
+            ago as f64 / 1000.0,
+            field("restarts"),
+            field("attempt"),
+            after.get("state").and_then(Value::as_str).unwrap_or("?")
+        ),
+        fix: if dependency {
+            "a dependency was out of reach: the job waits for it without spending restarts \
+             and resumes from its last checkpoint; bring the dependency back"
+                .into()
+        } else {
+            "the job ran again from its last checkpoint on its own (nothing lost or \
+             repeated); if failures repeat, look at the failing worker's host: its log, the \
+             kernel's OOM killer (`dmesg`), its network"
+                .into()
+        },
+    })
 }
 
 /// Source subtasks far apart in event time while none is held back by alignment.
@@ -733,6 +782,26 @@ mod tests {
         );
         s["checkpoints"] = json!([{ "duration_ms": 40, "max_alignment_micros": 3_000 }]);
         assert!(diagnose(&[s.clone(), s.clone()], 3.0).is_empty());
+    }
+
+    #[test]
+    fn a_recent_failure_is_named_with_its_cause() {
+        let mut s = sample(Vec::new(), 1, Some(1));
+        s["attempt"] = json!(2);
+        s["restarts"] = json!(1);
+        s["failures"] = json!([{ "attempt": 1, "at_ms": 1_000_000, "reason": "worker w-2 lost: no heartbeat for 3 s", "unavailable": false }]);
+        let f = failover(&s, 1_030_000).expect("a finding");
+        assert_eq!(f.pathology, "failover");
+        assert_eq!(f.subject, "attempt 1");
+        assert!(
+            f.evidence
+                .contains("30 s ago: worker w-2 lost: no heartbeat for 3 s; 1 restarts so far, now attempt 2 (running)"),
+            "{f:?}"
+        );
+        assert!(f.fix.contains("OOM killer"), "{f:?}");
+        assert!(failover(&s, 1_000_000 + RECENT_FAILURE_MS + 1).is_none());
+        s["failures"] = json!([]);
+        assert!(failover(&s, 1_030_000).is_none());
     }
 
     #[test]
