@@ -230,7 +230,10 @@ impl Proc {
         let deadline = Instant::now() + timeout;
         loop {
             let output = self.output();
-            if let Some(line) = output.lines().find(|l| l.contains(needle)) {
+            // Whole lines only: a line reaches the pipe in pieces (`eprintln!` writes
+            // its parts one by one), and a half-read `http=` once gave an empty address.
+            let complete = &output[..output.rfind('\n').map_or(0, |i| i + 1)];
+            if let Some(line) = complete.lines().find(|l| l.contains(needle)) {
                 return line.to_owned();
             }
             let exited = self
