@@ -39,6 +39,12 @@ pub struct MiniCluster {
     pub standby: Option<(Proc, String)>,
 }
 
+/// Role arguments for [`MiniCluster::start`] that give `args` to `role` alone.
+pub fn args_for(role: &'static str, args: &[&str]) -> impl Fn(&str) -> Vec<String> {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    move |r| if r == role { args.clone() } else { Vec::new() }
+}
+
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice_integration_tests::cluster::{MiniCluster, free_port};
+use sluice_integration_tests::cluster::{MiniCluster, args_for, free_port};
 use sluice_integration_tests::http::http_request;
 use sluice_integration_tests::{Outcome, run_sluice, tempdir, workspace_root, write_job};
 use sluice_test_support::kafka::{KafkaEnv, kafka_env};
@@ -190,21 +190,8 @@ fn state_memory_findings(memory: &str) -> Vec<Value> {
     let dir = tempdir();
     let dir = dir.path();
     let metrics = format!("127.0.0.1:{}", free_port());
-    let node_args = vec![
-        "--memory".to_owned(),
-        memory.to_owned(),
-        "--metrics-http".to_owned(),
-        metrics.clone(),
-    ];
-    let cluster = MiniCluster::start(
-        dir,
-        2,
-        |role| match role {
-            "state-service" => node_args.clone(),
-            _ => Vec::new(),
-        },
-        &[],
-    );
+    let node_args = ["--memory", memory, "--metrics-http", metrics.as_str()];
+    let cluster = MiniCluster::start(dir, 2, args_for("state-service", &node_args), &[]);
     let job = write_job(dir, "memory.yaml", &lab("state-memory.yaml"));
     let id = cluster.submit(dir, &job, 2);
     cluster.wait_until("three checkpoints of state", SYMPTOM, || {

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_integration_tests::cluster::{MiniCluster, node_name};
+use sluice_integration_tests::cluster::{MiniCluster, args_for, node_name};
 use sluice_integration_tests::{
     assert_same_rows, read_jsonl_dir, run_sluice, tempdir, write_job, yaml_path,
 };
@@ -153,10 +153,7 @@ fn a_state_service_outage_is_waited_for_without_spending_restarts() {
     let mut cluster = MiniCluster::start(
         dir,
         2,
-        |role| match role {
-            "coordinator" => vec!["--max-restarts".into(), "1".into()],
-            _ => Vec::new(),
-        },
+        args_for("coordinator", &["--max-restarts", "1"]),
         &[],
     );
     let out = dir.join("out");
@@ -232,10 +229,7 @@ fn a_drained_node_gives_up_its_shards_and_a_new_node_takes_its_share_at_a_rebala
         dir,
         2,
         3,
-        |role| match role {
-            "coordinator" => vec!["--rebalance-after-join-ms".into(), "0".into()],
-            _ => Vec::new(),
-        },
+        args_for("coordinator", &["--rebalance-after-join-ms", "0"]),
         &[],
     );
     let out = dir.join("out");
@@ -369,10 +363,7 @@ fn a_node_that_joins_gets_its_share_of_the_shards_without_a_command() {
         dir,
         2,
         2,
-        |role| match role {
-            "coordinator" => vec!["--rebalance-after-join-ms".into(), "1000".into()],
-            _ => Vec::new(),
-        },
+        args_for("coordinator", &["--rebalance-after-join-ms", "1000"]),
         &[],
     );
     let out = dir.join("out");

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use rocksdb::{DB, IteratorMode, ReadOptions, WriteBatch};
-use sluice_common::state::net_writes::{End, Entry, NetWrites};
+use sluice_common::state::net_writes::{End, Entry, NetWrites, concat};
 
 use crate::error::{Error, Result};
 use crate::rocks::write_options;
@@ -184,13 +184,6 @@ pub fn write_entries(
     }
     db.write_opt(batch, &write_options())?;
     Ok(())
-}
-
-fn concat(a: &[u8], b: &[u8]) -> Bytes {
-    let mut v = Vec::with_capacity(a.len() + b.len());
-    v.extend_from_slice(a);
-    v.extend_from_slice(b);
-    Bytes::from(v)
 }
 
 /// `key`'s spilled entry in `epoch`, if any.

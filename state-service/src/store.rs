@@ -43,7 +43,7 @@ pub struct Durable {
 }
 
 /// What bounds the memory of uploads: each holds a permit while it runs, and about
-/// [`Uploads::bytes_each`] (the part being filled and those in flight).
+/// three parts (the part being filled and those in flight).
 #[derive(Clone, Debug)]
 struct Uploads {
     permits: Arc<tokio::sync::Semaphore>,
@@ -140,13 +140,14 @@ impl Durable {
                 .map_err(|e| Error::store(&what, e))?;
             return Ok(());
         }
+        // The parts are copies: the caller's bytes stay held too. The permit comes first,
+        // so an upload waiting for its turn has not opened a multipart upload yet.
+        let _permit = self.uploads.permit().await;
         let upload = self
             .store
             .put_multipart(location)
             .await
             .map_err(|e| Error::store(&what, e))?;
-        // The parts are copies: the caller's bytes stay held too.
-        let _permit = self.uploads.permit().await;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, self.uploads.part);
         for chunk in bytes.chunks(self.uploads.part) {
             writer
@@ -188,7 +189,7 @@ impl Durable {
             .map_err(|e| Error::store(&what, e))?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, self.uploads.part);
         let mut sent = 0u64;
-        // The writer gathers reads into parts of PART_SIZE itself.
+        // The writer gathers reads into parts of its chunk size itself.
         let mut buf = vec![0u8; READ_CHUNK];
         loop {
             let n = match file.read(&mut buf).await {

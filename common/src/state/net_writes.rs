@@ -421,7 +421,7 @@ fn max_end(a: End, b: End) -> End {
 }
 
 /// `a` followed by `b`.
-fn concat(a: &[u8], b: &[u8]) -> Bytes {
+pub fn concat(a: &[u8], b: &[u8]) -> Bytes {
     let mut v = Vec::with_capacity(a.len() + b.len());
     v.extend_from_slice(a);
     v.extend_from_slice(b);
