@@ -150,7 +150,9 @@ pub trait SinkWriter: Send {
     /// Called before the first record of a subtask restarted from checkpoint
     /// `last_committed` (0: no checkpoint was committed): commits what was pre-committed
     /// for checkpoints up to it, and discards what an earlier attempt wrote after it.
-    async fn recover(&mut self, _last_committed: u64) -> Result<()> {
+    /// `state` holds the lines every subtask of the sink returned from
+    /// [`pre_commit`](Self::pre_commit) for that checkpoint (at its parallelism then).
+    async fn recover(&mut self, _last_committed: u64, _state: &[String]) -> Result<()> {
         Ok(())
     }
 

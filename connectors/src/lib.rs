@@ -114,6 +114,13 @@ impl Connectors for Builtin {
             Some(pb::sink_spec::Kind::File(f)) => Ok(Box::new(
                 file::FileWriter::create(f, schema, subtask).await?,
             )),
+            Some(pb::sink_spec::Kind::Kafka(k))
+                if k.delivery() == pb::KafkaDelivery::ExactlyOnce =>
+            {
+                Ok(Box::new(
+                    kafka::txn::ExactlyOnceWriter::create(k, schema, subtask).await?,
+                ))
+            }
             Some(pb::sink_spec::Kind::Kafka(k)) => Ok(Box::new(
                 kafka::KafkaWriter::create(k, schema, subtask).await?,
             )),

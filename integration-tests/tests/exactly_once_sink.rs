@@ -302,7 +302,7 @@ fn two_phase_commit_on_s3(test: &str, format: pb::FileFormat) {
         // Checkpoint 2 was committed but not notified: its part becomes visible.
         crash(&s3, "c2", format, &bids).await;
         let mut w = s3.writer("c2", format, 0).await;
-        w.recover(2).await.expect("recover 2");
+        w.recover(2, &[]).await.expect("recover 2");
         assert_eq!(
             s3.names("c2").await,
             (
@@ -325,7 +325,7 @@ fn two_phase_commit_on_s3(test: &str, format: pb::FileFormat) {
         // Checkpoint 2 did not complete: its pending part is deleted.
         crash(&s3, "c1", format, &bids).await;
         let mut w = s3.writer("c1", format, 0).await;
-        w.recover(1).await.expect("recover 1");
+        w.recover(1, &[]).await.expect("recover 1");
         assert_eq!(
             s3.names("c1").await,
             (vec![format!("part-0-0.{ext}")], vec![])
@@ -355,7 +355,7 @@ fn two_phase_commit_on_s3(test: &str, format: pb::FileFormat) {
         let visible = ObjectPath::from(format!("{}/copied/part-0-1.{ext}", s3.prefix));
         s3.store.copy(&pending, &visible).await.expect("copy");
         let mut w = s3.writer("copied", format, 0).await;
-        w.recover(2).await.expect("recover 2");
+        w.recover(2, &[]).await.expect("recover 2");
         assert_eq!(
             s3.names("copied").await,
             (

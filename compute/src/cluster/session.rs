@@ -416,6 +416,7 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
             checkpoint_id,
             task,
             positions,
+            sink_states,
             sync_micros,
             alignment_micros,
             source_records,
@@ -423,8 +424,10 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
             attempt,
             checkpoint_id,
             task: Some(task_ref(task, !positions.is_empty())),
+            // Sinks' states travel (and are restored) as splits of their own names.
             source_positions: positions
                 .into_iter()
+                .chain(sink_states)
                 .map(|(split, position)| pbc::SourcePosition { split, position })
                 .collect(),
             shard_handles: Vec::new(),

@@ -127,6 +127,12 @@ pub trait Operator: Send {
         Ok(())
     }
 
+    /// A sink's pre-commit state at the last barrier, under its state key (other
+    /// operators: none); recorded with the checkpoint.
+    fn sink_state(&self) -> Option<(String, bytes::Bytes)> {
+        None
+    }
+
     /// Whether the task should call [`Operator::on_processing_time`] periodically.
     fn wants_processing_time(&self) -> bool {
         false

@@ -7,9 +7,11 @@
 //! # Checkpoints
 //!
 //! - [`open`](Operator::open): when the subtask restarts from a checkpoint
-//!   ([`SinkOperator::restored_from`]), the writer recovers what an earlier attempt left.
+//!   ([`SinkOperator::restored_from`]), the writer recovers what an earlier attempt left,
+//!   given the states every subtask of the sink recorded with that checkpoint.
 //! - [`on_barrier`](Operator::on_barrier): the writer pre-commits; the returned list
-//!   ([`SinkOperator::pre_committed`]) is the sink's state for that checkpoint.
+//!   ([`SinkOperator::pre_committed`]) is the sink's state for that checkpoint, recorded
+//!   with it under [`SinkOperator::state_key`] (as a source's split is).
 //! - [`notify_checkpoint_complete`](Operator::notify_checkpoint_complete): the writer
 //!   commits everything pre-committed up to that checkpoint.
 //! - [`close`](Operator::close): the end of a bounded input; the writer commits all.
@@ -32,6 +34,8 @@ pub struct SinkOperator {
     barriers: Arc<AtomicU64>,
     last_barrier: u64,
     restored_from: Option<u64>,
+    restored_state: Vec<String>,
+    state_key: Option<String>,
     pre_committed: Vec<String>,
     /// The coordinator takes a final checkpoint at the end of the input: closing leaves
     /// the writer open for it, and its completion commits and finishes the writer.
@@ -53,6 +57,8 @@ impl SinkOperator {
             barriers,
             last_barrier: 0,
             restored_from: None,
+            restored_state: Vec::new(),
+            state_key: None,
             pre_committed: Vec::new(),
             final_checkpoint: false,
             closed: false,
@@ -67,12 +73,42 @@ impl SinkOperator {
     }
 
     /// The subtask restarts from the committed checkpoint `checkpoint` (0 when the job
-    /// restarts before any checkpoint was committed): [`open`](Operator::open) lets the
-    /// writer recover, and later barriers must be numbered above it.
-    pub fn restored_from(mut self, checkpoint: u64) -> Self {
+    /// restarts before any checkpoint was committed), where the sink's subtasks recorded
+    /// `state` (their pre-commit lines, at the parallelism of then):
+    /// [`open`](Operator::open) lets the writer recover, and later barriers must be
+    /// numbered above it.
+    pub fn restored_from(mut self, checkpoint: u64, state: Vec<String>) -> Self {
         self.restored_from = Some(checkpoint);
+        self.restored_state = state;
         self.last_barrier = checkpoint;
         self
+    }
+
+    /// Records the pre-commit state with each checkpoint as subtask `subtask` of sink
+    /// node `node`.
+    pub fn with_state_key(mut self, node: u32, subtask: usize) -> Self {
+        self.state_key = Some(Self::state_key(node, subtask));
+        self
+    }
+
+    /// The name a sink subtask's state is recorded under.
+    pub fn state_key(node: u32, subtask: usize) -> String {
+        format!("{}{subtask}", Self::state_prefix(node))
+    }
+
+    /// The names of every subtask's state of sink node `node` start with this.
+    pub fn state_prefix(node: u32) -> String {
+        format!("sink/{node}/")
+    }
+
+    /// The lines of recorded states (as [`sink_state`](Operator::sink_state) encodes
+    /// them).
+    pub fn decode_state(state: &[u8]) -> Vec<String> {
+        String::from_utf8_lossy(state)
+            .split('\n')
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()
     }
 
     /// What the writer pre-committed at the last barrier and has not committed yet: the
@@ -86,7 +122,10 @@ impl SinkOperator {
 impl Operator for SinkOperator {
     async fn open(&mut self, _ctx: &OperatorContext) -> Result<()> {
         match self.restored_from {
-            Some(checkpoint) => self.writer.recover(checkpoint).await,
+            Some(checkpoint) => {
+                let state = std::mem::take(&mut self.restored_state);
+                self.writer.recover(checkpoint, &state).await
+            }
             None => Ok(()),
         }
     }
@@ -100,6 +139,14 @@ impl Operator for SinkOperator {
 
     async fn on_watermark(&mut self, _ts: Timestamp, _out: &mut Output) -> Result<()> {
         Ok(())
+    }
+
+    fn sink_state(&self) -> Option<(String, bytes::Bytes)> {
+        let key = self.state_key.as_ref()?;
+        if self.pre_committed.is_empty() {
+            return None;
+        }
+        Some((key.clone(), self.pre_committed.join("\n").into()))
     }
 
     async fn on_barrier(&mut self, barrier: Barrier, _out: &mut Output) -> Result<()> {
@@ -179,7 +226,7 @@ mod tests {
             self.0.lock().unwrap().push(format!("commit {checkpoint}"));
             Ok(())
         }
-        async fn recover(&mut self, last_committed: u64) -> Result<()> {
+        async fn recover(&mut self, last_committed: u64, _state: &[String]) -> Result<()> {
             self.0
                 .lock()
                 .unwrap()
@@ -258,7 +305,7 @@ mod tests {
     #[tokio::test]
     async fn a_restored_subtask_recovers_on_open_and_numbers_barriers_after_it() {
         let rec = Recorder::default();
-        let mut op = operator(&rec).restored_from(4);
+        let mut op = operator(&rec).restored_from(4, Vec::new());
         let mut out = Output::default();
         op.open(&ctx()).await.unwrap();
         assert!(op.on_barrier(barrier(4), &mut out).await.is_err());

@@ -103,8 +103,26 @@ pub struct BuildOptions {
 pub struct RestoreFrom {
     /// Its id; 0 when the job restarts before any checkpoint completed.
     pub checkpoint_id: u64,
-    /// Where every source split stood, by split name.
+    /// Where every source split stood, by split name; sinks' states among them, under
+    /// their state keys.
     pub positions: HashMap<String, Bytes>,
+}
+
+impl RestoreFrom {
+    /// The lines every subtask of sink node `node` recorded, in subtask order.
+    pub fn sink_state(&self, node: u32) -> Vec<String> {
+        let prefix = SinkOperator::state_prefix(node);
+        let mut states: Vec<(usize, &Bytes)> = self
+            .positions
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.parse().ok()?, v)))
+            .collect();
+        states.sort_by_key(|(subtask, _)| *subtask);
+        states
+            .into_iter()
+            .flat_map(|(_, v)| SinkOperator::decode_state(v))
+            .collect()
+    }
 }
 
 impl Default for BuildOptions {
@@ -290,7 +308,7 @@ pub async fn build_tasks(
                     }
                     _ => None,
                 };
-                let restored = options.restore.as_ref().map(|r| r.checkpoint_id);
+                let restored = options.restore.as_ref();
                 let coordinated = options.coordinated_checkpoints;
                 let op = build_operator(
                     plan,
@@ -454,7 +472,7 @@ async fn build_operator(
     compiler: &ExprCompiler,
     metrics: &Arc<JobMetrics>,
     task_metrics: &TaskMetrics,
-    restored: Option<u64>,
+    restored: Option<&RestoreFrom>,
     coordinated: bool,
 ) -> Result<Box<dyn Operator>> {
     let input = plan.input_schema(node.id);
@@ -478,9 +496,10 @@ async fn build_operator(
                 writer,
                 metrics.records_out.clone(),
                 metrics.sink_barriers.clone(),
-            );
+            )
+            .with_state_key(node.id, info.index);
             let sink = match restored {
-                Some(checkpoint) => sink.restored_from(checkpoint),
+                Some(r) => sink.restored_from(r.checkpoint_id, r.sink_state(node.id)),
                 None => sink,
             };
             Box::new(if coordinated {

@@ -13,6 +13,8 @@
 //! seals what the operators wrote on closing; a completed checkpoint reaches every
 //! operator's state after the operator itself. Operators never do either.
 
+use bytes::Bytes;
+
 use crate::element::{Barrier, StreamElement};
 use crate::error::Result;
 use crate::keyed::{Durable, OperatorState};
@@ -139,6 +141,14 @@ impl Chain {
             .partition(|(id, _)| *id == checkpoint_id);
         self.durable = kept;
         taken.into_iter().map(|(_, d)| d).collect()
+    }
+
+    /// What the chain's sinks pre-committed at the barrier that just passed, by state key.
+    pub fn sink_states(&self) -> Vec<(String, Bytes)> {
+        self.operators
+            .iter()
+            .filter_map(|op| op.sink_state())
+            .collect()
     }
 
     /// Tells every operator, then its state, that checkpoint `checkpoint_id` is

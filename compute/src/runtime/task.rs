@@ -74,6 +74,10 @@ pub enum CheckpointEvent {
         task: (u32, u32),
         /// Where the source's splits stood at the barrier (source tasks).
         positions: Vec<(String, Bytes)>,
+        /// What the chain's sinks pre-committed at the barrier, under
+        /// [`SinkOperator::state_key`](crate::operator::sink::SinkOperator::state_key):
+        /// recorded with the checkpoint and handed back to the sinks on restore.
+        sink_states: Vec<(String, Bytes)>,
         /// Time the chain took to handle the barrier.
         sync_micros: u64,
         /// Time the barrier waited at the input gate for every channel (aligned).
@@ -294,6 +298,7 @@ impl Task {
                                     checkpoint_id: id,
                                     task: link.task,
                                     positions: Vec::new(),
+                                    sink_states: self.chain.sink_states(),
                                     sync_micros: took.as_micros() as u64,
                                     alignment_micros: alignment
                                         .take()
@@ -497,6 +502,7 @@ impl Task {
             checkpoint_id: id,
             task,
             positions,
+            sink_states: self.chain.sink_states(),
             sync_micros: start.elapsed().as_micros() as u64,
             alignment_micros: 0,
             source_records,

@@ -388,7 +388,7 @@ impl SinkWriter for FileWriter {
         self.commit_up_to(checkpoint).await
     }
 
-    async fn recover(&mut self, last_committed: u64) -> Result<()> {
+    async fn recover(&mut self, last_committed: u64, _state: &[String]) -> Result<()> {
         let written = self.current.as_ref().is_some_and(|p| p.rows > 0);
         if self.finished || written || !self.pending.is_empty() {
             return Err(Error::Internal(format!(

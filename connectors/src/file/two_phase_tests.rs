@@ -277,7 +277,7 @@ async fn recovery_commits_what_the_last_checkpoint_covers_and_drops_the_rest() {
         let dir = tmp.path();
         crash(dir, format).await;
         let mut w = writer(dir, format, 0, 1).await;
-        w.recover(2).await.unwrap();
+        w.recover(2, &[]).await.unwrap();
         assert_eq!(
             names(dir),
             (
@@ -304,7 +304,7 @@ async fn recovery_commits_what_the_last_checkpoint_covers_and_drops_the_rest() {
         let dir = tmp.path();
         crash(dir, format).await;
         let mut w = writer(dir, format, 0, 1).await;
-        w.recover(1).await.unwrap();
+        w.recover(1, &[]).await.unwrap();
         assert_eq!(names(dir), (vec![format!("part-0-0.{ext}")], vec![]));
         w.write(&batch(10..25)).await.unwrap();
         w.pre_commit(2).await.unwrap();
@@ -318,7 +318,7 @@ async fn recovery_commits_what_the_last_checkpoint_covers_and_drops_the_rest() {
 
         // Recovering twice (a crash during recovery) changes nothing more.
         let mut again = writer(dir, format, 0, 1).await;
-        again.recover(2).await.unwrap();
+        again.recover(2, &[]).await.unwrap();
         assert_eq!(visible_ids(dir, format).await, range(0..25));
     }
 }
@@ -336,7 +336,7 @@ async fn a_part_committed_before_the_crash_is_not_committed_twice() {
     )
     .unwrap();
     let mut w = writer(dir, format, 0, 1).await;
-    w.recover(2).await.unwrap();
+    w.recover(2, &[]).await.unwrap();
     assert_eq!(
         names(dir),
         (
@@ -363,7 +363,7 @@ async fn after_scaling_in_a_survivor_recovers_the_parts_of_a_gone_subtask() {
     }
     // The job restarts from checkpoint 2 with one subtask.
     let mut w = writer(dir, format, 0, 1).await;
-    w.recover(2).await.unwrap();
+    w.recover(2, &[]).await.unwrap();
     let (_, hidden) = names(dir);
     assert!(hidden.is_empty(), "{hidden:?}");
     let mut expected = range(0..10);
@@ -389,7 +389,7 @@ async fn recovery_after_records_were_written_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let mut w = writer(tmp.path(), pb::FileFormat::Jsonl, 0, 1).await;
     w.write(&batch(0..3)).await.unwrap();
-    let err = w.recover(0).await.unwrap_err();
+    let err = w.recover(0, &[]).await.unwrap_err();
     assert!(
         matches!(err, sluice_compute::error::Error::Internal(_)),
         "{err}"

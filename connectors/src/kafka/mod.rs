@@ -21,8 +21,10 @@
 //!
 //! [`sink`] writes each row as one record (JSON or CSV, optionally keyed by columns) with
 //! an idempotent producer, and waits for every acknowledgement at each checkpoint
-//! barrier and at the end: at least once. Exactly-once delivery to Kafka (transactions)
-//! is not built; the job format refuses it.
+//! barrier and at the end: at least once. [`txn`] writes the same records exactly once:
+//! one transaction per subtask per checkpoint, committed when the checkpoint completes,
+//! by a transactional producer of its own whose pre-committed transactions a restarted
+//! subtask can still commit.
 //!
 //! This module owns the Kafka client and what records mean; it must not know about
 //! watermarks, tasks or state.
@@ -33,6 +35,7 @@ pub mod fetch;
 pub mod position;
 pub mod sink;
 pub mod source;
+pub mod txn;
 
 use std::collections::HashMap;
 use std::sync::Arc;

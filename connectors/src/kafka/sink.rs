@@ -61,23 +61,7 @@ impl KafkaWriter {
                 "the Kafka sink writes json or csv records, not raw".into(),
             ));
         }
-        let key_columns = spec
-            .key_columns
-            .iter()
-            .map(|c| {
-                schema.index_of(c).map_err(|_| {
-                    Error::Plan(format!(
-                        "the Kafka sink's key column `{c}` is not in its input; it has {}",
-                        schema
-                            .fields()
-                            .iter()
-                            .map(|f| f.name().as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let key_columns = key_columns(spec, &schema)?;
         {
             let spec = spec.clone();
             tokio::task::spawn_blocking(move || check_topic(&spec))
@@ -217,8 +201,28 @@ impl SinkWriter for KafkaWriter {
     }
 }
 
+/// The indices of the sink's key columns in `schema`; an error names a missing one.
+pub(super) fn key_columns(spec: &pb::KafkaSink, schema: &SchemaRef) -> Result<Vec<usize>> {
+    spec.key_columns
+        .iter()
+        .map(|c| {
+            schema.index_of(c).map_err(|_| {
+                Error::Plan(format!(
+                    "the Kafka sink's key column `{c}` is not in its input; it has {}",
+                    schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })
+        })
+        .collect()
+}
+
 /// `batch` encoded into `out` (cleared first), one line per row.
-fn encode(batch: &RecordBatch, csv: bool, mut out: Vec<u8>) -> Result<Vec<u8>> {
+pub(super) fn encode(batch: &RecordBatch, csv: bool, mut out: Vec<u8>) -> Result<Vec<u8>> {
     out.clear();
     if csv {
         let mut w = arrow::csv::WriterBuilder::new()
@@ -234,7 +238,7 @@ fn encode(batch: &RecordBatch, csv: bool, mut out: Vec<u8>) -> Result<Vec<u8>> {
 }
 
 /// The byte range of each of the `rows` records in `data`.
-fn records(data: &[u8], csv: bool, rows: usize) -> Result<Vec<(usize, usize)>> {
+pub(super) fn records(data: &[u8], csv: bool, rows: usize) -> Result<Vec<(usize, usize)>> {
     let mut found = Vec::with_capacity(rows);
     RecordScanner::new(csv).scan(data, rows + 1, &mut found);
     let spans: Vec<(usize, usize)> = found.iter().map(|s| (s.start, s.end)).collect();

@@ -4,9 +4,10 @@
 
 use super::connector;
 use super::fields::{Fields, Result, choice, duration_ms, positive_duration_ms, string, u32_in};
+use super::kafka;
 use super::marked_yaml::{Node, PosError};
 use super::pipeline;
-use super::spec::JobSpec;
+use super::spec::{JobSpec, Operator};
 use sluice_common::{DEFAULT_MAX_PARALLELISM, pb};
 
 /// Largest number of key groups a job may have (DESIGN §4).
@@ -69,7 +70,21 @@ pub(super) fn job(root: &Node) -> Result<JobSpec> {
     };
 
     let sink_entry = fields.require("sink", "; e.g. `sink: { stdout: {} }`")?;
-    let sink = connector::sink(sink_entry.value, "sink")?;
+    let mut sink = connector::sink(sink_entry.value, "sink")?;
+    let mut pipeline = pipeline;
+    let cp = checkpoint.as_ref();
+    if let Some(pb::sink_spec::Kind::Kafka(k)) = sink.kind.as_mut() {
+        kafka::check_exactly_once(k, &name, "sink", "sink", cp, sink_entry.key.pos)?;
+    }
+    for (i, stage) in pipeline.iter_mut().enumerate() {
+        if let Operator::Window(w) = &mut stage.op
+            && let Some((late, at)) = w.late_sink.as_mut()
+            && let Some(pb::sink_spec::Kind::Kafka(k)) = late.kind.as_mut()
+        {
+            let what = format!("late sink of pipeline step {}", i + 1);
+            kafka::check_exactly_once(k, &name, &what, &format!("late-{i}"), cp, *at)?;
+        }
+    }
 
     Ok(JobSpec {
         name,

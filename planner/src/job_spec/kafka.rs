@@ -19,8 +19,10 @@
 use std::collections::HashMap;
 
 use super::connector::{bad_records, schema};
-use super::fields::{Fields, Result, bool_value, choice, duration_ms, string, string_list};
-use super::marked_yaml::{Node, PosError, Value};
+use super::fields::{
+    Fields, Result, bool_value, choice, duration_ms, positive_duration_ms, string, string_list,
+};
+use super::marked_yaml::{Node, Pos, PosError, Value};
 use sluice_common::pb;
 
 const SOURCE_KEYS: &[&str] = &[
@@ -47,6 +49,7 @@ const SINK_KEYS: &[&str] = &[
     "key",
     "delivery",
     "transaction_timeout",
+    "transactional_id_prefix",
     "properties",
 ];
 
@@ -179,31 +182,144 @@ pub(super) fn sink(node: &Node, path: &str) -> Result<pb::KafkaSink> {
         .into_iter()
         .map(|(c, _)| c)
         .collect();
-    let deliveries = [("at_least_once", true), ("exactly_once", false)];
-    if let Some(entry) = fields.get("delivery")
-        && !choice(entry.value, &fields.path_of("delivery"), &deliveries)?
-    {
-        return Err(PosError::new(
-            entry.value.pos,
-            "exactly-once delivery to Kafka (transactions) is not available yet: use \
-             `delivery: at_least_once`, or a file sink, which commits exactly once",
-        ));
+    let deliveries = [
+        ("at_least_once", pb::KafkaDelivery::AtLeastOnce),
+        ("exactly_once", pb::KafkaDelivery::ExactlyOnce),
+    ];
+    let delivery = fields
+        .opt("delivery", |node, path| choice(node, path, &deliveries))?
+        .unwrap_or(pb::KafkaDelivery::AtLeastOnce);
+    let exactly_once = delivery == pb::KafkaDelivery::ExactlyOnce;
+    for key in ["transaction_timeout", "transactional_id_prefix"] {
+        if let Some(entry) = fields.get(key)
+            && !exactly_once
+        {
+            return Err(PosError::new(
+                entry.key.pos,
+                format!("`{key}` applies to `delivery: exactly_once` only; remove it"),
+            ));
+        }
     }
-    if let Some(entry) = fields.get("transaction_timeout") {
+    let properties = fields.opt("properties", properties)?.unwrap_or_default();
+    if exactly_once && let Some(entry) = fields.get("properties") {
         return Err(PosError::new(
             entry.key.pos,
-            "`transaction_timeout` applies to exactly-once delivery, which the Kafka sink \
-             does not offer yet; remove it",
+            "`properties` configure librdkafka, which the exactly-once Kafka sink does not \
+             use (it speaks the protocol itself, plaintext); remove them",
         ));
     }
+    let transaction_timeout_ms = fields
+        .opt("transaction_timeout", positive_duration_ms)?
+        .unwrap_or(0);
+    let transactional_id_prefix = fields
+        .opt("transactional_id_prefix", |node, path| {
+            let text = string(node, path)?;
+            if text.is_empty() || !text.chars().all(id_char) {
+                return Err(PosError::new(
+                    node.pos,
+                    format!(
+                        "`{path}` may hold only letters, digits, `.`, `_` and `-` (found \
+                         `{text}`)"
+                    ),
+                ));
+            }
+            Ok(text)
+        })?
+        .unwrap_or_default();
     Ok(pb::KafkaSink {
         brokers,
         topic,
         format: format as i32,
         key_columns,
-        delivery: pb::KafkaDelivery::AtLeastOnce as i32,
-        properties: fields.opt("properties", properties)?.unwrap_or_default(),
+        delivery: delivery as i32,
+        properties,
+        transactional_id_prefix,
+        transaction_timeout_ms,
     })
+}
+
+/// A character a transactional id prefix may hold.
+fn id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+/// The default transaction timeout of the exactly-once sink (what most brokers allow at
+/// most, `transaction.max.timeout.ms`).
+const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+/// The coordinator's default checkpoint timeout.
+const DEFAULT_CHECKPOINT_TIMEOUT_MS: u64 = 120_000;
+
+/// Checks an exactly-once Kafka sink (`what` in messages, `suffix` in its transactional
+/// ids, declared at `at`) against the job's checkpoints and names its transactional ids
+/// after the job when the file did not.
+///
+/// A transaction stays open from the first row after a barrier until the checkpoint
+/// after that completes, and one checkpoint may fail and be covered by the next: up to
+/// two intervals plus a checkpoint's timeout. A broker aborts a transaction open longer
+/// than its timeout, losing what the checkpoint promised (Flink's sink-transaction-
+/// timeout pathology), so such a job is refused.
+pub(super) fn check_exactly_once(
+    sink: &mut pb::KafkaSink,
+    job: &str,
+    what: &str,
+    suffix: &str,
+    checkpoint: Option<&pb::CheckpointConfig>,
+    at: Pos,
+) -> Result<()> {
+    if sink.delivery() != pb::KafkaDelivery::ExactlyOnce {
+        return Ok(());
+    }
+    let interval = checkpoint.map_or(0, |c| c.interval_ms);
+    if interval == 0 {
+        return Err(PosError::new(
+            at,
+            format!(
+                "`delivery: exactly_once` commits one Kafka transaction per checkpoint, but \
+                 the job takes none: add `checkpoint: {{ interval: 10s }}` (the {what})"
+            ),
+        ));
+    }
+    let checkpoint_timeout = checkpoint
+        .map(|c| c.timeout_ms)
+        .filter(|t| *t > 0)
+        .unwrap_or(DEFAULT_CHECKPOINT_TIMEOUT_MS);
+    let timeout = match sink.transaction_timeout_ms {
+        0 => DEFAULT_TRANSACTION_TIMEOUT_MS,
+        t => t,
+    };
+    let needed = 2 * interval + checkpoint_timeout;
+    if timeout < needed {
+        return Err(PosError::new(
+            at,
+            format!(
+                "the {what}'s `transaction_timeout` ({}) is too short for checkpoints every \
+                 {} that may take {}: a transaction stays open up to two intervals plus a \
+                 checkpoint's timeout ({}), and the broker would abort it, losing records a \
+                 checkpoint already counted; raise `transaction_timeout` (the broker's \
+                 transaction.max.timeout.ms caps it) or checkpoint more often",
+                secs(timeout),
+                secs(interval),
+                secs(checkpoint_timeout),
+                secs(needed)
+            ),
+        ));
+    }
+    if sink.transactional_id_prefix.is_empty() {
+        let job: String = job
+            .chars()
+            .map(|c| if id_char(c) { c } else { '-' })
+            .collect();
+        sink.transactional_id_prefix = format!("sluice-{job}-{suffix}");
+    }
+    Ok(())
+}
+
+fn secs(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
 }
 
 fn brokers(fields: &Fields<'_>) -> Result<String> {
