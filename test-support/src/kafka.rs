@@ -5,6 +5,10 @@
 //! `SLUICE_SKIP_KAFKA=1` asks to skip it loudly. Each test makes topics of its own
 //! ([`KafkaEnv::topic`]); the broker keeps them in memory until it stops.
 //!
+//! tansu 0.6 shows records of aborted transactions to `read_committed` consumers, so
+//! [`KafkaEnv::committed_values`] reads the partitions' logs and applies the
+//! transaction markers itself, as a Kafka broker does for `read_committed`.
+//!
 //! tansu 0.6 reports a partition's end (high watermark) as the first offset of its last
 //! record batch plus one, which is the true end only when batches hold one record:
 //! [`KafkaEnv::produce`] writes so, and tests that read what a batching producer wrote
@@ -197,5 +201,129 @@ impl KafkaEnv {
         producer
             .flush(Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("flushing records to {topic}: {e}"));
+    }
+
+    /// The values of `topic` (partitions `0..partitions`) that a `read_committed`
+    /// consumer must see, read from the partitions' logs: a transactional record counts
+    /// once the COMMIT marker of its producer follows it, not when an ABORT marker does
+    /// (or none yet); other records count as they are.
+    ///
+    /// # Panics
+    /// When the broker does not answer a fetch within 10 s or answers with an error.
+    pub fn committed_values(&self, topic: &str, partitions: i32) -> Vec<bytes::Bytes> {
+        let mut conn = raw::Conn::connect(&self.brokers);
+        let mut out = Vec::new();
+        for partition in 0..partitions {
+            let mut offset = 0i64;
+            // Per producer id, the values of its open transaction.
+            let mut open: std::collections::BTreeMap<i64, Vec<bytes::Bytes>> =
+                std::collections::BTreeMap::new();
+            loop {
+                let before = offset;
+                for r in conn.fetch(topic, partition, offset) {
+                    if r.offset < offset {
+                        continue;
+                    }
+                    offset = r.offset + 1;
+                    if r.control {
+                        // A control record's key: version (i16), then type (i16): 0
+                        // abort, 1 commit.
+                        let key = r.key.unwrap_or_default();
+                        let values = open.remove(&r.producer_id).unwrap_or_default();
+                        if key.len() >= 4 && key[3] == 1 {
+                            out.extend(values);
+                        }
+                    } else if r.transactional {
+                        open.entry(r.producer_id).or_default().extend(r.value);
+                    } else {
+                        out.extend(r.value);
+                    }
+                }
+                if offset == before {
+                    break;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A blocking Kafka connection that only fetches (for [`KafkaEnv::committed_values`]).
+mod raw {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    use bytes::{BufMut, Bytes, BytesMut};
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{
+        ApiKey, FetchRequest, FetchResponse, RequestHeader, ResponseHeader, TopicName,
+    };
+    use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+    use kafka_protocol::records::{Record, RecordBatchDecoder};
+
+    const FETCH_V: i16 = 11;
+
+    pub struct Conn(TcpStream, i32);
+
+    impl Conn {
+        pub fn connect(brokers: &str) -> Self {
+            let addr = brokers.split(',').next().expect("a broker");
+            let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("a timeout");
+            Self(stream, 0)
+        }
+
+        /// Records of `partition` from `offset` (a batch may start before it).
+        pub fn fetch(&mut self, topic: &str, partition: i32, offset: i64) -> Vec<Record> {
+            let mut request = FetchRequest::default();
+            request.max_wait_ms = 10;
+            request.min_bytes = 1;
+            request.max_bytes = 16 << 20;
+            request.isolation_level = 0;
+            request.replica_id = (-1).into();
+            let mut p = FetchPartition::default();
+            p.partition = partition;
+            p.fetch_offset = offset;
+            p.partition_max_bytes = 8 << 20;
+            let mut t = FetchTopic::default();
+            t.topic = TopicName(StrBytes::from_string(topic.to_string()));
+            t.partitions = vec![p];
+            request.topics = vec![t];
+            self.1 += 1;
+            let mut header = RequestHeader::default();
+            header.request_api_key = ApiKey::Fetch as i16;
+            header.request_api_version = FETCH_V;
+            header.correlation_id = self.1;
+            let mut buf = BytesMut::new();
+            buf.put_i32(0);
+            header
+                .encode(&mut buf, FetchRequest::header_version(FETCH_V))
+                .expect("a header");
+            request.encode(&mut buf, FETCH_V).expect("a fetch request");
+            let len = (buf.len() - 4) as i32;
+            buf[..4].copy_from_slice(&len.to_be_bytes());
+            self.0.write_all(&buf).expect("sending a fetch");
+            let mut len = [0u8; 4];
+            self.0.read_exact(&mut len).expect("a fetch response");
+            let mut body = vec![0u8; i32::from_be_bytes(len).max(0) as usize];
+            self.0.read_exact(&mut body).expect("a fetch response");
+            let mut body = Bytes::from(body);
+            ResponseHeader::decode(&mut body, FetchResponse::header_version(FETCH_V))
+                .expect("a response header");
+            let response = FetchResponse::decode(&mut body, FETCH_V).expect("a fetch response");
+            let data = &response.responses[0].partitions[0];
+            assert_eq!(data.error_code, 0, "fetching {topic}/{partition}");
+            let Some(mut records) = data.records.clone() else {
+                return Vec::new();
+            };
+            RecordBatchDecoder::decode_all(&mut records)
+                .expect("record batches")
+                .into_iter()
+                .flat_map(|set| set.records)
+                .collect()
+        }
     }
 }

@@ -849,6 +849,71 @@ fn every_example_parses() {
 }
 
 #[test]
+fn exactly_once_kafka_sinks_fit_their_transactions_to_the_checkpoints() {
+    let job = |checkpoint: &str, sink: &str| {
+        format!(
+            "name: eos job\ncheckpoint: {{ {checkpoint} }}\nsource: {{ nexmark: {{}} }}\n\
+             sink:\n  kafka: {{ brokers: b, topic: t, delivery: exactly_once{sink} }}\n"
+        )
+    };
+    let graph = parse(&job("interval: 10s", ""));
+    let Some(pb::node::Kind::Sink(pb::SinkSpec {
+        kind: Some(pb::sink_spec::Kind::Kafka(k)),
+        ..
+    })) = &graph.nodes.last().unwrap().kind
+    else {
+        panic!("no Kafka sink: {graph:?}");
+    };
+    assert_eq!(k.delivery(), pb::KafkaDelivery::ExactlyOnce);
+    // Named after the job (its space made a dash), unless the file names them.
+    assert_eq!(k.transactional_id_prefix, "sluice-eos-job-sink");
+    assert_eq!(k.transaction_timeout_ms, 0);
+    let graph = parse(&job(
+        "interval: 10s",
+        ", transactional_id_prefix: orders-out, transaction_timeout: 5m",
+    ));
+    let Some(pb::node::Kind::Sink(pb::SinkSpec {
+        kind: Some(pb::sink_spec::Kind::Kafka(k)),
+        ..
+    })) = &graph.nodes.last().unwrap().kind
+    else {
+        panic!("no Kafka sink: {graph:?}");
+    };
+    assert_eq!(k.transactional_id_prefix, "orders-out");
+    assert_eq!(k.transaction_timeout_ms, 300_000);
+
+    // A transaction may stay open two intervals plus a checkpoint's timeout.
+    assert_err(
+        &job("interval: 1m, timeout: 2m", ", transaction_timeout: 3m"),
+        4,
+        1,
+        &[
+            "`transaction_timeout` (180s) is too short for checkpoints every 60s that may \
+             take 120s",
+            "(240s)",
+        ],
+    );
+    parse(&job(
+        "interval: 1m, timeout: 2m",
+        ", transaction_timeout: 4m",
+    ));
+    // The default 15 minutes against the default checkpoint timeout of 120 s.
+    assert_err(&job("interval: 7m", ""), 4, 1, &["(900s) is too short"]);
+    assert_err(
+        &job("interval: 1s", ", transactional_id_prefix: \"a b\""),
+        5,
+        83,
+        &["only letters, digits", "`a b`"],
+    );
+    assert_err(
+        &job("interval: 1s", ", properties: { acks: all }"),
+        5,
+        58,
+        &["`properties` configure librdkafka"],
+    );
+}
+
+#[test]
 fn checkpoint_settings_parse_with_positions() {
     let ok = parse(
         "name: t\ncheckpoint: { interval: 1s, mode: aligned, timeout: 30s }\nsource:\n  nexmark: { stream: bid }\nsink:\n  blackhole: { delay_per_batch: 5ms }\n  parallelism: 1\n",
@@ -1006,9 +1071,18 @@ fn kafka_mistakes_are_named_where_they_are() {
     let source = "name: k\nsource: { nexmark: {} }\n";
     assert_err(
         &format!("{source}sink:\n  kafka: {{ brokers: b, topic: t, delivery: exactly_once }}\n"),
+        3,
+        1,
+        &[
+            "commits one Kafka transaction per checkpoint",
+            "checkpoint: { interval: 10s }",
+        ],
+    );
+    assert_err(
+        &format!("{source}sink:\n  kafka: {{ brokers: b, topic: t, transaction_timeout: 1m }}\n"),
         4,
-        44,
-        &["exactly-once delivery to Kafka", "not available yet"],
+        34,
+        &["`transaction_timeout` applies to `delivery: exactly_once` only"],
     );
     assert_err(
         &format!("{source}sink:\n  kafka: {{ brokers: b, topic: t, format: raw }}\n"),

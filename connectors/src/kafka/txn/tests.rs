@@ -3,27 +3,20 @@
 //! committed transactions hold.
 //!
 //! tansu shows records of aborted transactions to `read_committed` consumers, so these
-//! tests read the partitions' logs themselves ([`committed_values`]): a transactional
-//! record counts when its producer's COMMIT marker follows it, the way a Kafka broker
-//! decides what `read_committed` returns.
+//! tests read the partitions' logs and apply the transaction markers themselves
+//! (`KafkaEnv::committed_values`), as a Kafka broker decides what `read_committed`
+//! returns.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Int64Array, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use bytes::Bytes;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::{FetchRequest, TopicName};
-use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::RecordBatchDecoder;
 use sluice_common::pb;
 use sluice_compute::connector::{SinkWriter, SubtaskInfo};
 use sluice_test_support::kafka::{KafkaEnv, kafka_env};
 
 use super::ExactlyOnceWriter;
-use super::wire::Connection;
 
 fn env(test: &str) -> Option<KafkaEnv> {
     kafka_env(test, "the exactly-once Kafka sink")
@@ -98,8 +91,11 @@ fn drain(journal: &Journal, verb: &str) -> Vec<String> {
 /// The ids in the values that committed transactions (or no transaction) hold, in every
 /// partition of `topic`, sorted.
 async fn committed_ids(env: &KafkaEnv, topic: &str, partitions: i32) -> Vec<i64> {
-    let mut ids: Vec<i64> = committed_values(env, topic, partitions)
+    let (env, topic) = (env.clone(), topic.to_string());
+    let values = tokio::task::spawn_blocking(move || env.committed_values(&topic, partitions))
         .await
+        .unwrap();
+    let mut ids: Vec<i64> = values
         .iter()
         .map(|v| {
             let v = std::str::from_utf8(v).unwrap();
@@ -110,77 +106,6 @@ async fn committed_ids(env: &KafkaEnv, topic: &str, partitions: i32) -> Vec<i64>
         .collect();
     ids.sort_unstable();
     ids
-}
-
-/// The values a `read_committed` consumer must see, read from the partitions' logs:
-/// records of a transaction count once the COMMIT marker of its producer follows them,
-/// and not when an ABORT marker does (or none yet).
-pub(crate) async fn committed_values(env: &KafkaEnv, topic: &str, partitions: i32) -> Vec<Bytes> {
-    let mut conn = Connection::connect(
-        &env.brokers,
-        "sluice-test",
-        std::time::Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
-    let mut out = Vec::new();
-    for partition in 0..partitions {
-        let mut offset = 0i64;
-        // Per producer id, the values of its open transaction.
-        let mut open: BTreeMap<i64, Vec<Bytes>> = BTreeMap::new();
-        loop {
-            let mut request = FetchRequest::default();
-            request.max_wait_ms = 10;
-            request.min_bytes = 1;
-            request.max_bytes = 16 << 20;
-            request.isolation_level = 0;
-            request.replica_id = (-1).into();
-            let mut p = FetchPartition::default();
-            p.partition = partition;
-            p.fetch_offset = offset;
-            p.partition_max_bytes = 8 << 20;
-            let mut t = FetchTopic::default();
-            t.topic = TopicName(StrBytes::from_string(topic.to_string()));
-            t.partitions = vec![p];
-            request.topics = vec![t];
-            let response = conn.call(&request, 11).await.unwrap();
-            let data = &response.responses[0].partitions[0];
-            assert_eq!(data.error_code, 0, "fetching {topic}/{partition}");
-            let Some(mut records) = data.records.clone() else {
-                break;
-            };
-            if records.is_empty() {
-                break;
-            }
-            let before = offset;
-            for set in RecordBatchDecoder::decode_all(&mut records).unwrap() {
-                for r in set.records {
-                    if r.offset < offset {
-                        continue;
-                    }
-                    offset = r.offset + 1;
-                    if r.control {
-                        // A control record's key: version (i16), then type (i16): 0 abort,
-                        // 1 commit.
-                        let key = r.key.unwrap_or_default();
-                        let commit = key.len() >= 4 && key[3] == 1;
-                        let values = open.remove(&r.producer_id).unwrap_or_default();
-                        if commit {
-                            out.extend(values);
-                        }
-                    } else if r.transactional {
-                        open.entry(r.producer_id).or_default().extend(r.value);
-                    } else {
-                        out.extend(r.value);
-                    }
-                }
-            }
-            if offset == before {
-                break;
-            }
-        }
-    }
-    out
 }
 
 #[tokio::test]
