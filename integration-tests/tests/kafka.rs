@@ -245,6 +245,90 @@ fn bad_kafka_input_fails_or_is_skipped_as_the_job_says() {
     );
 }
 
+/// Tumbling windows of 120 000 Nexmark bids (throttled to `rate` per second when not 0)
+/// on remote state, into `sink`.
+fn windowed_bids(sink: &str, rate: u64) -> String {
+    let throttle = if rate > 0 {
+        format!(", max_events_per_second: {rate}")
+    } else {
+        String::new()
+    };
+    format!(
+        "name: kafka-sink\nparallelism: 2\ncheckpoint: {{ interval: 300ms }}\n\
+         state: {{ backend: remote, shards: 4 }}\n\
+         source:\n  nexmark: {{ stream: bid, events: 120000, seed: 11, splits: 4{throttle} }}\n\
+         watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
+         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    \
+         aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
+         sink:\n  {sink}\n"
+    )
+}
+
+/// The windows of [`windowed_bids`] written to a file sink without failures.
+fn reference_windows(dir: &Path) -> Vec<Row> {
+    let reference = dir.join("reference");
+    let file = write_job(
+        dir,
+        "ref.yaml",
+        &windowed_bids(
+            &format!("file: {{ path: {}, format: jsonl }}", yaml_path(&reference)),
+            0,
+        ),
+    );
+    run_sluice(&["run", file.to_str().unwrap()], dir).assert_success();
+    read_jsonl_dir(&reference)
+}
+
+#[test]
+fn the_exactly_once_kafka_sink_commits_each_record_once_through_worker_kills() {
+    let Some(env) = env(
+        "kafka-eos-failover",
+        "the exactly-once Kafka sink under worker kills",
+    ) else {
+        return;
+    };
+    let dir = tempdir();
+    let expected = reference_windows(dir.path());
+    assert!(expected.len() > 1000, "windows fired: {}", expected.len());
+
+    let topic = env.topic("eos-windows");
+    env.create_topic_blocking(&topic, 3);
+    let file = write_job(
+        dir.path(),
+        "eos.yaml",
+        &windowed_bids(
+            &format!(
+                "kafka: {{ brokers: {}, topic: {topic}, format: json, key: [auction], \
+                 delivery: exactly_once }}",
+                env.brokers
+            ),
+            12_000,
+        ),
+    );
+    let mut rng = rng_from_env("SLUICE_FAILOVER_SEED", 0x5eed_f00d);
+    procs::run_with_kills(dir.path(), &file, 2, &mut |n| rng.below(n));
+
+    // What committed transactions hold: each window exactly once. (tansu also shows
+    // the records of aborted transactions to read_committed consumers, so the test
+    // applies the transaction markers itself.)
+    let written: Vec<Row> = env
+        .committed_values(&topic, 3)
+        .iter()
+        .flat_map(|v| sluice_integration_tests::parse_jsonl(&String::from_utf8_lossy(v), &topic))
+        .collect();
+    assert_same_rows(
+        "windows in committed Kafka transactions after worker kills",
+        &written,
+        &expected,
+    );
+    let everything = env.read_values(&topic, 3, expected.len(), Duration::from_secs(60));
+    eprintln!(
+        "{} windows committed once; the topic's log holds {} records (aborted ones included)",
+        written.len(),
+        everything.len()
+    );
+}
+
 #[test]
 fn the_kafka_sink_keeps_every_record_through_worker_kills() {
     let Some(env) = env(
@@ -256,40 +340,14 @@ fn the_kafka_sink_keeps_every_record_through_worker_kills() {
     let dir = tempdir();
     // Windows of throttled Nexmark bids on remote state; a kill replays the windows
     // after the last checkpoint, so the topic may hold some twice but must miss none.
-    let job = |sink: &str, rate: u64| {
-        let throttle = if rate > 0 {
-            format!(", max_events_per_second: {rate}")
-        } else {
-            String::new()
-        };
-        format!(
-            "name: kafka-sink\nparallelism: 2\ncheckpoint: {{ interval: 300ms }}\n\
-             state: {{ backend: remote, shards: 4 }}\n\
-             source:\n  nexmark: {{ stream: bid, events: 120000, seed: 11, splits: 4{throttle} }}\n\
-             watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
-             pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 10s }}\n    \
-             aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
-             sink:\n  {sink}\n"
-        )
-    };
-    let reference = dir.path().join("reference");
-    let file = write_job(
-        dir.path(),
-        "ref.yaml",
-        &job(
-            &format!("file: {{ path: {}, format: jsonl }}", yaml_path(&reference)),
-            0,
-        ),
-    );
-    run_sluice(&["run", file.to_str().unwrap()], dir.path()).assert_success();
-    let expected: Vec<Row> = read_jsonl_dir(&reference);
+    let expected = reference_windows(dir.path());
 
     let topic = env.topic("windows");
     env.create_topic_blocking(&topic, 2);
     let file = write_job(
         dir.path(),
         "sink.yaml",
-        &job(
+        &windowed_bids(
             &format!(
                 "kafka: {{ brokers: {}, topic: {topic}, format: json, key: [auction] }}",
                 env.brokers

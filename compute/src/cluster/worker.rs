@@ -298,13 +298,13 @@ async fn run(
     options.coordinated_checkpoints = deployment.coordinated_checkpoints;
     options.fence = deployment.fence;
     options.alignment = link.as_ref().map(|l| l.alignment.clone());
-    options.restore = deployment.restore.as_ref().map(|r| RestoreFrom {
-        checkpoint_id: r.checkpoint_id,
-        positions: r
-            .source_positions
-            .iter()
-            .map(|p| (p.split.clone(), p.position.clone()))
-            .collect(),
+    options.restore = deployment.restore.as_ref().map(|r| {
+        RestoreFrom::new(
+            r.checkpoint_id,
+            r.source_positions
+                .iter()
+                .map(|p| (p.split.clone(), p.position.clone())),
+        )
     });
     let config = NetworkConfig::from_proto(deployment.network.as_ref());
     let placement = Placement::round_robin(&plan, peers.len() as u32);

@@ -101,6 +101,11 @@ impl SinkOperator {
         format!("sink/{node}/")
     }
 
+    /// Whether a recorded split name is a sink's state key, not a source's split.
+    pub fn is_state_key(name: &str) -> bool {
+        name.starts_with("sink/")
+    }
+
     /// The lines of recorded states (as [`sink_state`](Operator::sink_state) encodes
     /// them).
     pub fn decode_state(state: &[u8]) -> Vec<String> {

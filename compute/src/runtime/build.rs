@@ -103,17 +103,31 @@ pub struct BuildOptions {
 pub struct RestoreFrom {
     /// Its id; 0 when the job restarts before any checkpoint completed.
     pub checkpoint_id: u64,
-    /// Where every source split stood, by split name; sinks' states among them, under
-    /// their state keys.
+    /// Where every source split stood, by split name.
     pub positions: HashMap<String, Bytes>,
+    /// What sinks pre-committed, by state key.
+    pub sink_states: HashMap<String, Bytes>,
 }
 
 impl RestoreFrom {
+    /// Checkpoint `checkpoint_id` with what its tasks recorded: source positions and
+    /// (under [`SinkOperator::state_key`]s) sinks' states, told apart here.
+    pub fn new(checkpoint_id: u64, recorded: impl IntoIterator<Item = (String, Bytes)>) -> Self {
+        let (sink_states, positions) = recorded
+            .into_iter()
+            .partition(|(k, _)| SinkOperator::is_state_key(k));
+        Self {
+            checkpoint_id,
+            positions,
+            sink_states,
+        }
+    }
+
     /// The lines every subtask of sink node `node` recorded, in subtask order.
     pub fn sink_state(&self, node: u32) -> Vec<String> {
         let prefix = SinkOperator::state_prefix(node);
         let mut states: Vec<(usize, &Bytes)> = self
-            .positions
+            .sink_states
             .iter()
             .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.parse().ok()?, v)))
             .collect();
