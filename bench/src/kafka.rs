@@ -72,6 +72,10 @@ pub struct Args {
     /// How long the latency run produces (seconds).
     #[arg(long, default_value_t = 10.0)]
     latency_seconds: f64,
+    /// The checkpoint interval of the exactly-once latency run (its records become
+    /// visible when their checkpoint's transaction commits).
+    #[arg(long, default_value = "1s")]
+    eos_checkpoint_interval: String,
 }
 
 /// What one read did.
@@ -106,12 +110,16 @@ impl Read {
 /// Runs `sluice bench kafka`.
 ///
 /// With `--latency-rate R`: a job `kafka → kafka` (`sluice run`, a child process of this
-/// binary, at-least-once sink) copies records from `<topic>-lat-in` to `<topic>-lat-out`
-/// while this process produces R records per second for `--latency-seconds`, each
-/// carrying the microsecond it was sent, and a consumer of the output topic takes the
-/// difference when it receives it. Both consumers ask the broker to hold a fetch at
-/// most 5 ms (`fetch.wait.max.ms`), the producer lingers 1 ms. Prints `kind=latency rate=.. records=.. lost=..
-/// p50_ms=.. p99_ms=.. max_ms=..`.
+/// binary) copies records from `<topic>-lat-in` to `<topic>-lat-out` while this process
+/// produces R records per second for `--latency-seconds`, each carrying the microsecond
+/// it was sent, and a reader of the output topic takes the difference when it receives
+/// it. Twice: with the at-least-once sink (no checkpoints; read by a consumer) and with
+/// the exactly-once sink (checkpoints every `--eos-checkpoint-interval`; a record counts
+/// as received when the COMMIT marker of its transaction is read from the log, since
+/// tansu shows uncommitted records to `read_committed` consumers). The source's consumer
+/// and the readers ask the broker to hold a fetch at most 5 ms, the producer lingers 1
+/// ms. Prints `kind=latency delivery=.. rate=.. records=.. lost=.. p50_ms=.. p99_ms=..
+/// max_ms=..`.
 pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     if args.runs == 0 || args.parallelism == 0 || args.partitions < 1 {
         return Err(Error::usage(
@@ -123,7 +131,8 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         .clone()
         .unwrap_or_else(|| format!("sluice-bench-{}", std::process::id()));
     if args.latency_rate > 0 {
-        latency(&args, &topic)?;
+        latency(&args, &topic, false)?;
+        latency(&args, &topic, true)?;
     }
     fill(&args, &topic)?;
     let mut medians: HashMap<&str, Vec<f64>> = HashMap::new();
@@ -298,9 +307,26 @@ fn sluice_job(args: &Args, topic: &str, format: &str, host: &dyn Host) -> Result
     })
 }
 
-/// Measures produce-to-consume latency through a `kafka → kafka` job.
-fn latency(args: &Args, topic: &str) -> Result<()> {
-    let (input, output) = (format!("{topic}-lat-in"), format!("{topic}-lat-out"));
+/// Measures produce-to-consume latency through a `kafka → kafka` job, its sink exactly
+/// once or at least once.
+fn latency(args: &Args, topic: &str, exactly_once: bool) -> Result<()> {
+    let delivery = if exactly_once {
+        "exactly_once"
+    } else {
+        "at_least_once"
+    };
+    let (input, output) = (
+        format!("{topic}-lat-in-{delivery}"),
+        format!("{topic}-lat-out-{delivery}"),
+    );
+    let checkpoint = if exactly_once {
+        format!(
+            "checkpoint: {{ interval: {} }}\n",
+            args.eos_checkpoint_interval
+        )
+    } else {
+        String::new()
+    };
     let rt = runtime()?;
     rt.block_on(async {
         let properties = HashMap::new();
@@ -313,11 +339,13 @@ fn latency(args: &Args, topic: &str) -> Result<()> {
     std::fs::write(
         &job,
         format!(
-            "name: bench-kafka-latency\nparallelism: {}\nsource:\n  kafka:\n    brokers: {b}\n    \
-             topic: {input}\n    start: latest\n    schema: {{ sent_us: int64, n: int64 }}\n    \
+            "name: bench-kafka-latency-{delivery}\nparallelism: {}\n{checkpoint}source:\n  \
+             kafka:\n    brokers: {b}\n    topic: {input}\n    start: latest\n    \
+             schema: {{ sent_us: int64, n: int64 }}\n    \
              properties: {{ fetch.wait.max.ms: {FETCH_WAIT_MS} }}\n\
              pipeline:\n  - select: [sent_us, n]\n\
-             sink:\n  kafka: {{ brokers: {b}, topic: {output}, format: json }}\n",
+             sink:\n  kafka: {{ brokers: {b}, topic: {output}, format: json, \
+             delivery: {delivery} }}\n",
             args.parallelism,
             b = args.brokers
         ),
@@ -330,7 +358,7 @@ fn latency(args: &Args, topic: &str) -> Result<()> {
         .stderr(std::fs::File::create(&log).context("job log")?)
         .spawn()
         .context("starting the job")?;
-    let result = measure_latency(args, &input, &output, &log);
+    let result = measure_latency(args, &input, &output, exactly_once, &log);
     let _ = child.kill();
     let _ = child.wait();
     let (sent, mut latencies) = result?;
@@ -340,6 +368,7 @@ fn latency(args: &Args, topic: &str) -> Result<()> {
         "{}",
         Line::new()
             .field("kind", "latency")
+            .field("delivery", delivery)
             .field("rate", args.latency_rate)
             .field("records", sent)
             .field("lost", sent.saturating_sub(latencies.len() as u64))
@@ -359,7 +388,13 @@ fn now_us() -> i64 {
 
 /// Warms the job up until a record comes through, then produces at the rate and
 /// collects each record's latency (microseconds).
-fn measure_latency(args: &Args, input: &str, output: &str, log: &Path) -> Result<(u64, Vec<i64>)> {
+fn measure_latency(
+    args: &Args,
+    input: &str,
+    output: &str,
+    committed: bool,
+    log: &Path,
+) -> Result<(u64, Vec<i64>)> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
     let producer: BaseProducer = ClientConfig::new()
@@ -367,17 +402,7 @@ fn measure_latency(args: &Args, input: &str, output: &str, log: &Path) -> Result
         .set("linger.ms", "1")
         .create()
         .context("a Kafka producer")?;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &args.brokers)
-        .set("group.id", "sluice-bench")
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", FETCH_WAIT_MS.to_string())
-        .create()
-        .context("a Kafka consumer")?;
-    let mut list = TopicPartitionList::new();
-    list.add_partition_offset(output, 0, Offset::End)
-        .context("assignment")?;
-    consumer.assign(&list).context("assign")?;
+    let mut receiver = Receiver::new(&args.brokers, output, committed)?;
     let send = |n: i64| {
         let value = format!(r#"{{"sent_us":{},"n":{n}}}"#, now_us());
         let _ = producer.send(BaseRecord::<(), str>::to(input).payload(&value));
@@ -395,10 +420,7 @@ fn measure_latency(args: &Args, input: &str, output: &str, log: &Path) -> Result
         send(-1);
         let until = Instant::now() + Duration::from_millis(100);
         while Instant::now() < until {
-            if consumer
-                .poll(Duration::from_millis(10))
-                .is_some_and(|m| m.is_ok())
-            {
+            if !receiver.poll()?.is_empty() {
                 break 'warm;
             }
         }
@@ -415,22 +437,77 @@ fn measure_latency(args: &Args, input: &str, output: &str, log: &Path) -> Result
             send(sent as i64);
             sent += 1;
         }
-        if let Some(Ok(m)) = consumer.poll(Duration::from_micros(200)) {
-            let received = now_us();
-            let Some(value) = m.payload().and_then(|p| std::str::from_utf8(p).ok()) else {
+        let received = receiver.poll()?;
+        let at = now_us();
+        for value in received {
+            let Some(parsed) = std::str::from_utf8(&value).ok().and_then(serde_like::parse) else {
                 continue;
             };
-            let parsed: serde_like::Sent = match serde_like::parse(value) {
-                Some(p) => p,
-                None => continue,
-            };
             if parsed.n >= 0 {
-                latencies.push(received - parsed.sent_us);
+                latencies.push(at - parsed.sent_us);
             }
         }
     }
     let _ = producer.flush(Duration::from_secs(10));
     Ok((sent, latencies))
+}
+
+/// Reads the latency run's output topic: a consumer, or the committed records of its log.
+enum Receiver {
+    Consumer(Box<BaseConsumer>),
+    Committed(
+        tokio::runtime::Runtime,
+        Box<sluice_connectors::kafka::txn::committed::CommittedReader>,
+    ),
+}
+
+impl Receiver {
+    fn new(brokers: &str, topic: &str, committed: bool) -> Result<Self> {
+        if committed {
+            let rt = runtime()?;
+            let mut reader = rt
+                .block_on(
+                    sluice_connectors::kafka::txn::committed::CommittedReader::connect(
+                        brokers, topic, 1,
+                    ),
+                )
+                .map_err(|e| anyhow!("{e}"))?;
+            reader.max_wait = Duration::from_millis(FETCH_WAIT_MS);
+            // Skip what earlier runs left.
+            rt.block_on(reader.poll()).map_err(|e| anyhow!("{e}"))?;
+            return Ok(Receiver::Committed(rt, Box::new(reader)));
+        }
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", "sluice-bench")
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", FETCH_WAIT_MS.to_string())
+            .create()
+            .context("a Kafka consumer")?;
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(topic, 0, Offset::End)
+            .context("assignment")?;
+        consumer.assign(&list).context("assign")?;
+        Ok(Receiver::Consumer(Box::new(consumer)))
+    }
+
+    /// The values that arrived since the last call (waiting briefly).
+    fn poll(&mut self) -> Result<Vec<Vec<u8>>> {
+        match self {
+            Receiver::Consumer(c) => Ok(c
+                .poll(Duration::from_micros(200))
+                .and_then(|m| m.ok())
+                .and_then(|m| m.payload().map(<[u8]>::to_vec))
+                .into_iter()
+                .collect()),
+            Receiver::Committed(rt, reader) => Ok(rt
+                .block_on(reader.poll())
+                .map_err(|e| anyhow!("{e}"))?
+                .into_iter()
+                .map(|b| b.to_vec())
+                .collect()),
+        }
+    }
 }
 
 /// The two numbers of a latency record, read without a JSON library.

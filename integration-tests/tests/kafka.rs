@@ -11,6 +11,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use sluice_connectors::kafka::txn::committed::CommittedReader;
 use sluice_integration_tests::procs::{self, Background};
 use sluice_integration_tests::{
     Row, assert_same_rows, part_files, read_jsonl_dir, run_sluice, tempdir, write_job, yaml_path,
@@ -311,8 +312,11 @@ fn the_exactly_once_kafka_sink_commits_each_record_once_through_worker_kills() {
     // What committed transactions hold: each window exactly once. (tansu also shows
     // the records of aborted transactions to read_committed consumers, so the test
     // applies the transaction markers itself.)
-    let written: Vec<Row> = env
-        .committed_values(&topic, 3)
+    let committed = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(CommittedReader::read_all(&env.brokers, &topic, 3))
+        .unwrap();
+    let written: Vec<Row> = committed
         .iter()
         .flat_map(|v| sluice_integration_tests::parse_jsonl(&String::from_utf8_lossy(v), &topic))
         .collect();

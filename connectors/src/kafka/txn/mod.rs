@@ -15,6 +15,7 @@
 //! It knows rows, checkpoints and the Kafka protocol; it must not know tasks or state.
 
 pub mod client;
+pub mod committed;
 pub mod pending;
 pub mod wire;
 

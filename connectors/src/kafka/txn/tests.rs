@@ -4,8 +4,7 @@
 //!
 //! tansu shows records of aborted transactions to `read_committed` consumers, so these
 //! tests read the partitions' logs and apply the transaction markers themselves
-//! (`KafkaEnv::committed_values`), as a Kafka broker decides what `read_committed`
-//! returns.
+//! ([`CommittedReader`]), as a Kafka broker decides what `read_committed` returns.
 
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +16,7 @@ use sluice_compute::connector::{SinkWriter, SubtaskInfo};
 use sluice_test_support::kafka::{KafkaEnv, kafka_env};
 
 use super::ExactlyOnceWriter;
+use super::committed::CommittedReader;
 
 fn env(test: &str) -> Option<KafkaEnv> {
     kafka_env(test, "the exactly-once Kafka sink")
@@ -91,8 +91,7 @@ fn drain(journal: &Journal, verb: &str) -> Vec<String> {
 /// The ids in the values that committed transactions (or no transaction) hold, in every
 /// partition of `topic`, sorted.
 async fn committed_ids(env: &KafkaEnv, topic: &str, partitions: i32) -> Vec<i64> {
-    let (env, topic) = (env.clone(), topic.to_string());
-    let values = tokio::task::spawn_blocking(move || env.committed_values(&topic, partitions))
+    let values = CommittedReader::read_all(&env.brokers, topic, partitions)
         .await
         .unwrap();
     let mut ids: Vec<i64> = values
