@@ -1,4 +1,5 @@
-//! `sluice kafka produce`: loads test data into a Kafka topic.
+//! `sluice kafka produce`: loads test data into a Kafka topic; `sluice kafka
+//! create-topic` makes an empty one (a sink's output).
 //!
 //! The records are the built-in Nexmark generator's events (the same a `nexmark` source
 //! with the same settings produces), written by the Kafka sink's own writer, so a job
@@ -18,6 +19,22 @@ use crate::{Failure, runtime};
 pub enum KafkaCommand {
     /// Write generated events into a topic (created when missing).
     Produce(ProduceArgs),
+    /// Create a topic (nothing happens when it exists).
+    CreateTopic(CreateTopicArgs),
+}
+
+/// Arguments of `sluice kafka create-topic`.
+#[derive(Args)]
+pub struct CreateTopicArgs {
+    /// Bootstrap brokers, host:port[,host:port...].
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    brokers: String,
+    /// The topic.
+    #[arg(long)]
+    topic: String,
+    /// Its partitions.
+    #[arg(long, default_value_t = 1)]
+    partitions: i32,
 }
 
 /// Record formats.
@@ -62,7 +79,27 @@ pub struct ProduceArgs {
 pub fn run(command: KafkaCommand) -> Result<(), Failure> {
     match command {
         KafkaCommand::Produce(args) => produce(args),
+        KafkaCommand::CreateTopic(args) => create_topic(args),
     }
+}
+
+fn create_topic(args: CreateTopicArgs) -> Result<(), Failure> {
+    if args.partitions < 1 {
+        return Err(Failure::usage("--partitions must be at least 1"));
+    }
+    let partitions = runtime()?
+        .block_on(ensure_topic(
+            &args.brokers,
+            &args.topic,
+            args.partitions,
+            &HashMap::new(),
+        ))
+        .map_err(Failure::from_compute)?;
+    eprintln!(
+        "Kafka topic {} has {partitions} partitions on {}",
+        args.topic, args.brokers
+    );
+    Ok(())
 }
 
 fn produce(args: ProduceArgs) -> Result<(), Failure> {
