@@ -37,6 +37,10 @@ pub struct RunArgs {
     /// Bytes per network buffer (with --workers).
     #[arg(long, default_value_t = 32 << 10)]
     pub buffer_bytes: usize,
+    /// Each worker's network memory (with --workers): the most its remote channels may
+    /// hold; a job whose channels need more fails at deployment. Default 1GiB.
+    #[arg(long, value_parser = sluice_common::byte_size::parse)]
+    pub network_memory: Option<u64>,
     /// Send a partly filled buffer after this many ms; 0 sends every batch at once.
     #[arg(long, default_value_t = 100)]
     pub buffer_timeout_ms: u64,
@@ -60,6 +64,7 @@ impl RunArgs {
         RunOptions {
             workers: self.workers,
             network,
+            network_memory: self.network_memory,
             metrics_interval_ms: self.metrics_interval_ms,
             store: self.store.clone(),
             from_savepoint: self.from_savepoint.clone(),

@@ -153,6 +153,48 @@ fn skewed_keys_through_the_hash_exchange_match_one_process() {
 }
 
 #[test]
+fn a_job_whose_channels_exceed_the_network_memory_is_refused_at_deployment() {
+    let dir = tempdir();
+    let job = write_job(
+        dir.path(),
+        "wide.yaml",
+        "name: wide\nparallelism: 4\nsource:\n  nexmark: { stream: bid, events: 20000, seed: 3 }\n\
+         watermark: { column: date_time, max_out_of_orderness: 4s }\n\
+         pipeline:\n  - key_by: [auction]\n  - window: { tumbling: 10s }\n    \
+         aggregate: [\"count(*) AS n\"]\nsink:\n  blackhole: {}\n",
+    );
+    let out = run_sluice(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--workers",
+            "2",
+            "--network-memory",
+            "1MiB",
+        ],
+        dir.path(),
+    );
+    assert_ne!(out.code, Some(0), "{}", out.stderr);
+    out.assert_stderr_contains("network buffers, more than its network memory (1.0 MiB")
+        .assert_stderr_contains("remote input channels x 2 exclusive buffers")
+        .assert_no_panic();
+    // Not restarted over and over: a mistake in the setup, said once.
+    assert!(!out.stderr.contains("restart"), "{}", out.stderr);
+    run_sluice(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--workers",
+            "2",
+            "--network-memory",
+            "64MiB",
+        ],
+        dir.path(),
+    )
+    .assert_success();
+}
+
+#[test]
 fn barriers_reach_the_sinks_in_order_and_unaligned_mode_is_refused() {
     for mode in ["aligned", "unaligned"] {
         let dir = tempdir();

@@ -45,6 +45,9 @@ pub struct RunOptions {
     pub workers: u32,
     /// Data-plane settings sent to every worker.
     pub network: NetworkConfig,
+    /// Each worker process's network memory (`sluice worker --network-memory`; none:
+    /// its default).
+    pub network_memory: Option<u64>,
     /// Workers print per-task metrics this often (0: only at the end, and not at all
     /// for the worker in this process).
     pub metrics_interval_ms: u64,
@@ -84,6 +87,7 @@ pub struct ProcessLauncher {
     exe: PathBuf,
     coordinator: String,
     telemetry: TelemetryArgs,
+    network_memory: Option<u64>,
     children: Mutex<Vec<std::process::Child>>,
 }
 
@@ -98,8 +102,15 @@ impl ProcessLauncher {
             exe,
             coordinator,
             telemetry,
+            network_memory: None,
             children: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Workers with `bytes` of network memory (none: their default).
+    pub fn with_network_memory(mut self, bytes: Option<u64>) -> Self {
+        self.network_memory = bytes;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<std::process::Child>> {
@@ -124,6 +135,9 @@ impl WorkerLauncher for ProcessLauncher {
             }
             if let Some(ms) = self.telemetry.otlp_interval_ms {
                 command.args(["--otlp-interval-ms", &ms.to_string()]);
+            }
+            if let Some(bytes) = self.network_memory {
+                command.args(["--network-memory", &bytes.to_string()]);
             }
             let spawned = command.stdin(std::process::Stdio::null()).spawn();
             match spawned {
@@ -254,10 +268,10 @@ async fn run_job(
     let url = format!("http://{addr}");
     let launcher = match options.workers {
         0 => None,
-        _ => Some(Arc::new(ProcessLauncher::new(
-            url.clone(),
-            options.telemetry.clone(),
-        )?)),
+        _ => Some(Arc::new(
+            ProcessLauncher::new(url.clone(), options.telemetry.clone())?
+                .with_network_memory(options.network_memory),
+        )),
     };
     let mut master = master_config(
         options.workers.max(1) as usize,
@@ -279,6 +293,9 @@ async fn run_job(
         memory: local.memory(),
         final_metrics: options.metrics_interval_ms > 0,
         live: Arc::default(),
+        network_memory: options
+            .network_memory
+            .unwrap_or(sluice_compute::cluster::worker::DEFAULT_NETWORK_MEMORY),
     };
     let mut published: Vec<Arc<dyn Collect>> =
         vec![Arc::new(CoordinatorMetrics(coordinator.clone()))];

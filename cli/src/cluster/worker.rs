@@ -55,6 +55,10 @@ pub struct WorkerArgs {
     /// Print per-task metrics every this many milliseconds (0: only at the end).
     #[arg(long, default_value_t = 0)]
     metrics_interval_ms: u64,
+    /// The most memory one job's remote channels may hold on this worker (network
+    /// buffers); a job whose channels need more fails at deployment, saying why.
+    #[arg(long, default_value = "1GiB", value_parser = sluice_common::byte_size::parse)]
+    network_memory: u64,
     #[command(flatten)]
     telemetry: TelemetryArgs,
 }
@@ -62,7 +66,8 @@ pub struct WorkerArgs {
 /// Runs `sluice worker`.
 pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
     let rt = runtime()?;
-    let env = WorkerEnv::standalone(sluice_connectors::Builtin::shared());
+    let mut env = WorkerEnv::standalone(sluice_connectors::Builtin::shared());
+    env.network_memory = args.network_memory;
     let live: Arc<dyn Collect> = env.live.clone();
     if let Some(url) = &args.coordinator {
         let options = SessionOptions {

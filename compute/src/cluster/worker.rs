@@ -72,7 +72,13 @@ pub struct WorkerEnv {
     pub final_metrics: bool,
     /// The running attempts' task figures, published as this process's metrics.
     pub live: Arc<task_metrics::LiveTasks>,
+    /// Bytes the remote channels of one attempt may hold (0: no limit); an attempt
+    /// whose channels need more fails at deployment, naming them.
+    pub network_memory: u64,
 }
+
+/// A worker's network memory unless told otherwise (Flink's upper default).
+pub const DEFAULT_NETWORK_MEMORY: u64 = 1 << 30;
 
 impl WorkerEnv {
     /// A worker process of its own: `connectors`, no shared memory state.
@@ -82,6 +88,7 @@ impl WorkerEnv {
             memory: None,
             final_metrics: true,
             live: Arc::default(),
+            network_memory: DEFAULT_NETWORK_MEMORY,
         }
     }
 }
@@ -264,6 +271,7 @@ async fn run(
     } else {
         deployment.job_id.clone()
     };
+    let network_memory = env.network_memory;
     let plan = crate::plan::plan(graph, env.connectors).await?;
     let mut options = BuildOptions::default();
     match &deployment.remote_state {
@@ -312,6 +320,12 @@ async fn run(
     let mut net = NetworkBuilder::new(config, peers);
     let mut tasks =
         build::build_tasks(&plan, metrics, &options, &placement, me, Some(&mut net)).await?;
+    let need = net.check_memory(network_memory)?;
+    tracing::debug!(
+        bytes = need.bytes,
+        budget = network_memory,
+        "network memory"
+    );
     let _fan_out = match link {
         Some(link) if options.coordinated_checkpoints => Some(connect_tasks(&mut tasks, link)),
         Some(link) => {

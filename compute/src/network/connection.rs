@@ -31,6 +31,12 @@ use crate::network::frame::{self, ChannelId, Frame, MAGIC, PROTOCOL_VERSION};
 use crate::network::input_channel::RemoteInputChannel;
 use crate::network::partition::{Subpartition, send_loop};
 
+/// Frames the send loops of one connection may queue for its writer: buffers that left
+/// their subpartitions and wait for the socket.
+pub const WRITER_FRAMES: usize = 64;
+/// The writer's buffer in front of the socket.
+pub const WRITE_BUFFER_BYTES: usize = 64 << 10;
+
 /// Exchanges hellos on a fresh connection; returns the peer's worker index.
 pub async fn handshake(
     stream: &mut TcpStream,
@@ -134,7 +140,7 @@ pub fn start(
         credit_rx,
     } = plan;
     drop(credit_tx);
-    let (frames_tx, frames_rx) = mpsc::channel(64);
+    let (frames_tx, frames_rx) = mpsc::channel(WRITER_FRAMES);
     for part in &outputs {
         tasks.spawn(send_loop(
             part.clone(),
@@ -171,7 +177,7 @@ async fn write_loop(
     outputs: Vec<Arc<Subpartition>>,
     peer_timeout: Duration,
 ) -> Result<()> {
-    let mut wr = BufWriter::with_capacity(64 << 10, wr);
+    let mut wr = BufWriter::with_capacity(WRITE_BUFFER_BYTES, wr);
     let mut scratch = BytesMut::new();
     let ping_every = (peer_timeout / 4).max(Duration::from_millis(50));
     let mut frames_open = true;

@@ -13,7 +13,7 @@
 //! is dropped). [`RunningNetwork::finish`] waits for everything to be sent and for each
 //! peer to close its end.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -170,6 +170,77 @@ pub struct NetworkBuilder {
     peers: Vec<String>,
     plans: HashMap<u32, ConnectionPlan>,
     probes: NetworkProbes,
+    /// Floating pools (one per input gate) that serve a remote channel.
+    remote_gates: HashSet<usize>,
+}
+
+/// The most memory a worker's remote channels may hold: every buffer their settings let
+/// them own. (An element in reassembly is held beside them, up to one per channel.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetworkMemory {
+    /// Remote input channels, each with its exclusive buffers.
+    pub inputs: usize,
+    /// Input gates with a remote channel, each with its floating buffers.
+    pub gates: usize,
+    /// Subpartitions (remote output channels): queued buffers and a partial one each.
+    pub outputs: usize,
+    /// Connections: each a queue of frames for its writer and a write buffer.
+    pub connections: usize,
+    /// All of it, in bytes.
+    pub bytes: u64,
+}
+
+impl NetworkMemory {
+    /// The bound for these channels under `config`.
+    pub fn of(
+        config: &NetworkConfig,
+        inputs: usize,
+        gates: usize,
+        outputs: usize,
+        connections: usize,
+    ) -> Self {
+        let buffers = inputs * config.exclusive_buffers as usize
+            + gates * config.floating_buffers as usize
+            + outputs * (config.subpartition_buffers + 1)
+            + connections * connection::WRITER_FRAMES;
+        let bytes = buffers as u64 * config.buffer_bytes as u64
+            + (connections * connection::WRITE_BUFFER_BYTES) as u64;
+        Self {
+            inputs,
+            gates,
+            outputs,
+            connections,
+            bytes,
+        }
+    }
+
+    /// Fails, naming what takes the memory, when it exceeds `budget` bytes (0: no
+    /// limit).
+    pub fn check(&self, config: &NetworkConfig, budget: u64) -> Result<()> {
+        if budget == 0 || self.bytes <= budget {
+            return Ok(());
+        }
+        let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
+        Err(Error::Plan(format!(
+            "this worker's part of the job needs {} of network buffers, more than its \
+             network memory ({}, `sluice worker --network-memory`): {} remote input \
+             channels x {} exclusive buffers, {} input gates x {} floating, {} output \
+             subpartitions x {} queued, {} connections x {} frames, at {} KiB per buffer; \
+             give workers more network memory, run fewer subtasks per worker (more \
+             workers or a lower parallelism), or use smaller buffers",
+            mib(self.bytes),
+            mib(budget),
+            self.inputs,
+            config.exclusive_buffers,
+            self.gates,
+            config.floating_buffers,
+            self.outputs,
+            config.subpartition_buffers + 1,
+            self.connections,
+            connection::WRITER_FRAMES,
+            config.buffer_bytes >> 10,
+        )))
+    }
 }
 
 impl NetworkBuilder {
@@ -180,7 +251,30 @@ impl NetworkBuilder {
             peers,
             plans: HashMap::new(),
             probes: NetworkProbes::default(),
+            remote_gates: HashSet::new(),
         }
+    }
+
+    /// Fails when the channels registered so far may hold more than `budget` bytes (0:
+    /// no limit); otherwise what they may hold.
+    pub fn check_memory(&self, budget: u64) -> Result<NetworkMemory> {
+        let need = self.memory();
+        need.check(&self.config, budget)?;
+        Ok(need)
+    }
+
+    /// The most memory the channels registered so far may hold, once connected.
+    pub fn memory(&self) -> NetworkMemory {
+        let (inputs, outputs) = self.plans.values().fold((0, 0), |(i, o), p| {
+            (i + p.inputs.len(), o + p.outputs.len())
+        });
+        NetworkMemory::of(
+            &self.config,
+            inputs,
+            self.remote_gates.len(),
+            outputs,
+            self.peers.len().saturating_sub(1),
+        )
     }
 
     fn plan(&mut self, peer: u32) -> &mut ConnectionPlan {
@@ -220,6 +314,7 @@ impl NetworkBuilder {
         pool: &Arc<FloatingPool>,
     ) {
         let exclusive = self.config.exclusive_buffers;
+        self.remote_gates.insert(Arc::as_ptr(pool) as usize);
         let plan = self.plan(peer);
         let credit = Arc::new(InputCredit::new(
             id,
@@ -291,5 +386,62 @@ impl RunningNetwork {
             }
         }
         first.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_network_memory_bound_counts_every_buffer_the_settings_allow() {
+        let config = NetworkConfig::default();
+        // 4 remote inputs x 2 + 2 gates x 8 + 4 subpartitions x (4 + 1) + 1 connection x
+        // 64 frames = 108 buffers of 32 KiB, and a 64 KiB write buffer.
+        let need = NetworkMemory::of(&config, 4, 2, 4, 1);
+        assert_eq!(need.bytes, 108 * 32 * 1024 + 64 * 1024);
+        need.check(&config, need.bytes).unwrap();
+        need.check(&config, 0).unwrap();
+        let err = need.check(&config, need.bytes - 1).unwrap_err().to_string();
+        assert!(err.contains("needs 3.4 MiB of network buffers"), "{err}");
+        assert!(
+            err.contains("4 remote input channels x 2 exclusive buffers"),
+            "{err}"
+        );
+        assert!(err.contains("at 32 KiB per buffer"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn the_builder_counts_its_remote_channels_and_gates() {
+        let mut b = NetworkBuilder::new(
+            NetworkConfig::default(),
+            vec!["a:1".into(), "b:2".into(), "c:3".into()],
+        );
+        let pool = b.floating_pool();
+        let _unused = b.floating_pool();
+        for (i, peer) in [1u32, 2, 2].into_iter().enumerate() {
+            let (tx, _rx) = crate::queue::input_queue(1, 1024);
+            let id = ChannelId {
+                chain: 1,
+                subtask: 0,
+                channel: i as u32,
+            };
+            let inlet = tx.into_iter().next().unwrap().into_inlet();
+            b.input("t", peer, id, inlet, &pool);
+        }
+        b.output(
+            "t",
+            1,
+            ChannelId {
+                chain: 2,
+                subtask: 0,
+                channel: 0,
+            },
+        );
+        let need = b.memory();
+        assert_eq!(
+            (need.inputs, need.gates, need.outputs, need.connections),
+            (3, 1, 1, 2)
+        );
     }
 }
