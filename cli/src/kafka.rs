@@ -20,21 +20,33 @@ pub enum KafkaCommand {
     /// Write generated events into a topic (created when missing).
     Produce(ProduceArgs),
     /// Create a topic (nothing happens when it exists).
-    CreateTopic(CreateTopicArgs),
+    CreateTopic(TopicArgs),
 }
 
-/// Arguments of `sluice kafka create-topic`.
+/// The topic a command writes or creates.
 #[derive(Args)]
-pub struct CreateTopicArgs {
+pub struct TopicArgs {
     /// Bootstrap brokers, host:port[,host:port...].
     #[arg(long, default_value = "127.0.0.1:9092")]
     brokers: String,
     /// The topic.
     #[arg(long)]
     topic: String,
-    /// Its partitions.
+    /// Partitions of the topic when it has to be created.
     #[arg(long, default_value_t = 1)]
     partitions: i32,
+}
+
+impl TopicArgs {
+    /// Creates the topic unless it exists; its number of partitions.
+    async fn ensure(&self, properties: &HashMap<String, String>) -> Result<usize, Failure> {
+        if self.partitions < 1 {
+            return Err(Failure::usage("--partitions must be at least 1"));
+        }
+        ensure_topic(&self.brokers, &self.topic, self.partitions, properties)
+            .await
+            .map_err(Failure::from_compute)
+    }
 }
 
 /// Record formats.
@@ -49,15 +61,8 @@ pub enum Format {
 /// Arguments of `sluice kafka produce`.
 #[derive(Args)]
 pub struct ProduceArgs {
-    /// Bootstrap brokers, host:port[,host:port...].
-    #[arg(long, default_value = "127.0.0.1:9092")]
-    brokers: String,
-    /// The topic.
-    #[arg(long)]
-    topic: String,
-    /// Partitions of the topic when it has to be created.
-    #[arg(long, default_value_t = 1)]
-    partitions: i32,
+    #[command(flatten)]
+    topic: TopicArgs,
     /// Write the built-in Nexmark generator's events (the only source for now).
     #[arg(long, required = true)]
     from_nexmark: bool,
@@ -83,18 +88,8 @@ pub fn run(command: KafkaCommand) -> Result<(), Failure> {
     }
 }
 
-fn create_topic(args: CreateTopicArgs) -> Result<(), Failure> {
-    if args.partitions < 1 {
-        return Err(Failure::usage("--partitions must be at least 1"));
-    }
-    let partitions = runtime()?
-        .block_on(ensure_topic(
-            &args.brokers,
-            &args.topic,
-            args.partitions,
-            &HashMap::new(),
-        ))
-        .map_err(Failure::from_compute)?;
+fn create_topic(args: TopicArgs) -> Result<(), Failure> {
+    let partitions = runtime()?.block_on(args.ensure(&HashMap::new()))?;
     eprintln!(
         "Kafka topic {} has {partitions} partitions on {}",
         args.topic, args.brokers
@@ -105,9 +100,6 @@ fn create_topic(args: CreateTopicArgs) -> Result<(), Failure> {
 fn produce(args: ProduceArgs) -> Result<(), Failure> {
     if args.events.events == 0 {
         return Err(Failure::usage("--events must be at least 1"));
-    }
-    if args.partitions < 1 {
-        return Err(Failure::usage("--partitions must be at least 1"));
     }
     let mut properties = HashMap::new();
     for p in &args.properties {
@@ -120,8 +112,8 @@ fn produce(args: ProduceArgs) -> Result<(), Failure> {
     }
     let spec = args.events.spec()?;
     let mut sink = pb::KafkaSink {
-        brokers: args.brokers.clone(),
-        topic: args.topic.clone(),
+        brokers: args.topic.brokers.clone(),
+        topic: args.topic.topic.clone(),
         key_columns: args.key.clone(),
         properties: properties.clone(),
         ..Default::default()
@@ -132,15 +124,13 @@ fn produce(args: ProduceArgs) -> Result<(), Failure> {
     });
     let rt = runtime()?;
     rt.block_on(async {
-        let partitions = ensure_topic(&args.brokers, &args.topic, args.partitions, &properties)
-            .await
-            .map_err(Failure::from_compute)?;
+        let partitions = args.topic.ensure(&properties).await?;
         let written = produce_nexmark(&spec, &sink)
             .await
             .map_err(Failure::from_compute)?;
         eprintln!(
             "wrote {written} events to Kafka topic {} ({partitions} partitions) on {}",
-            args.topic, args.brokers
+            args.topic.topic, args.topic.brokers
         );
         Ok(())
     })
