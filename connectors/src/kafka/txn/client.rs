@@ -8,7 +8,8 @@
 //! pre-committed by sending EndTxn with them (what Flink does through reflection on the
 //! Java client). Retriable errors (a coordinator moving or loading, a leader changing,
 //! a transaction still ending) are retried with backoff until [`Cluster::deadline`];
-//! every request it sends can be journaled, so tests see what was asked in which order.
+//! every InitProducerId, AddPartitionsToTxn and EndTxn can be journaled, so tests see what
+//! was asked in which order.
 //!
 //! It knows nothing of rows, checkpoints or subtasks.
 
@@ -102,7 +103,8 @@ impl Cluster {
         }
     }
 
-    /// Records every transactional request and its outcome as a line in `journal`.
+    /// Records every InitProducerId, AddPartitionsToTxn and EndTxn and its outcome as a
+    /// line in `journal` (Produce requests are not: they are many).
     pub fn with_journal(mut self, journal: Arc<Mutex<Vec<String>>>) -> Self {
         self.journal = Some(journal);
         self
