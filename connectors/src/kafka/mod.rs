@@ -211,5 +211,12 @@ fn missing_topic(brokers: &str, topic: &str) -> Error {
     ))
 }
 
+/// A sink's topic does not exist (both Kafka sinks say it alike).
+pub(crate) fn missing_output_topic(brokers: &str, topic: &str) -> Error {
+    Error::Plan(format!(
+        "Kafka topic `{topic}` does not exist on brokers `{brokers}`; create it first"
+    ))
+}
+
 #[cfg(test)]
 mod tests;

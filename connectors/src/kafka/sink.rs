@@ -262,9 +262,6 @@ fn check_topic(spec: &pb::KafkaSink) -> Result<()> {
     if exists {
         Ok(())
     } else {
-        Err(Error::Plan(format!(
-            "Kafka topic `{}` does not exist on brokers `{}`; create it first",
-            spec.topic, spec.brokers
-        )))
+        Err(super::missing_output_topic(&spec.brokers, &spec.topic))
     }
 }

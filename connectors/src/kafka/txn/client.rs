@@ -397,22 +397,18 @@ impl Cluster {
             loop {
                 match self.try_end(txn_id, producer, commit).await {
                     Ok(v) => break Ok(v),
-                    // tansu 0.6 closes the connection where Kafka answers PRODUCER_FENCED:
-                    // a broker that takes new connections but closes each on this one
-                    // request has refused it for good.
-                    Err(Fail::Retry {
-                        err: Error::External(m),
-                        ..
-                    }) if m.contains(CLOSED_IN_ANSWER) && closed >= 2 => {
-                        break Ok(Ended::Superseded(format!(
-                            "the broker closed the connection in answer, {} times",
-                            closed + 1
-                        )));
-                    }
                     Err(f) => {
+                        // tansu 0.6 closes the connection where Kafka answers
+                        // PRODUCER_FENCED: a broker that takes new connections but closes
+                        // each on this one request has refused it for good.
                         if matches!(&f, Fail::Retry { err: Error::External(m), .. } if m.contains(CLOSED_IN_ANSWER))
                         {
                             closed += 1;
+                            if closed == 3 {
+                                break Ok(Ended::Superseded(format!(
+                                    "the broker closed the connection in answer, {closed} times"
+                                )));
+                            }
                         }
                         if let Err(e) = self.after(&mut backoff, f, "EndTxn", txn_id).await {
                             break Err(e);
@@ -578,12 +574,8 @@ impl Cluster {
     }
 }
 
-/// The topic does not exist: the same words as the librdkafka sink.
 fn no_topic(topic: &str, bootstrap: &[String]) -> Error {
-    Error::Plan(format!(
-        "Kafka topic `{topic}` does not exist on brokers `{}`; create it first",
-        bootstrap.join(",")
-    ))
+    crate::kafka::missing_output_topic(&bootstrap.join(","), topic)
 }
 
 /// When a request was first tried, and how long to wait before the next try.
