@@ -5,6 +5,8 @@
 //! - [`pb`]: the protobuf messages compiled from `common/proto/` (the [`pb::JobGraph`] and
 //!   its parts). Generated types are used through this module only.
 //! - [`byte_size`]: byte sizes as people write them on command lines (`512MiB`, `1.5GB`).
+//! - [`channel_state`]: the object format of an unaligned checkpoint's channel state
+//!   (written by workers, kept by the coordinator beside `_metadata`).
 //! - [`output`]: command output on stdout that ends quietly when the reader closes it.
 //! - [`key_group`]: the stable key hash and the key-group ranges of DESIGN §4.
 //! - [`process`]: this or another process's resident memory, threads and CPU time, from
@@ -17,12 +19,17 @@
 //! those belong to the crates that run things (`compute`, `state-service`).
 
 pub mod byte_size;
+pub mod channel_state;
 pub mod key_group;
 pub mod output;
 pub mod process;
 pub mod rng;
 pub mod state;
 pub mod url_list;
+
+/// The largest message on the coordinator's control stream (either way): a checkpoint's
+/// acknowledgement and a deployment carry an unaligned checkpoint's channel state.
+pub const MAX_CONTROL_MESSAGE_BYTES: usize = 1 << 30;
 
 /// Protobuf messages of the job model, generated from `proto/job_graph.proto`.
 #[allow(missing_docs, clippy::all)]

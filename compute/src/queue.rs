@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::element::StreamElement;
@@ -76,6 +77,9 @@ pub struct PriorityEnvelope {
     pub sequence: u64,
     /// The event.
     pub element: StreamElement,
+    /// The bytes of an element the channel had begun to receive when the event arrived
+    /// (remote channels; its rest was overtaken at the producer).
+    pub partial: Bytes,
 }
 
 /// The raw entry of one channel into a gate; used by remote input channels, which bound
@@ -100,13 +104,20 @@ impl Inlet {
             .map_err(|_| Error::Disconnected("the downstream task is gone"))
     }
 
-    /// Delivers a priority event sent after `sequence` elements.
-    pub fn deliver_priority(&self, sequence: u64, element: StreamElement) -> Result<()> {
+    /// Delivers a priority event sent after `sequence` elements, with the `partial`
+    /// bytes of an element the channel had begun to receive.
+    pub fn deliver_priority(
+        &self,
+        sequence: u64,
+        element: StreamElement,
+        partial: Bytes,
+    ) -> Result<()> {
         self.priority
             .send(PriorityEnvelope {
                 channel: self.channel,
                 sequence,
                 element,
+                partial,
             })
             .map_err(|_| Error::Disconnected("the downstream task is gone"))
     }
@@ -164,7 +175,7 @@ impl QueueSender {
     /// Sends a priority event past everything queued.
     pub fn send_priority(&self, element: StreamElement) -> Result<()> {
         let sequence = self.sequence.load(Ordering::Acquire);
-        self.inlet.deliver_priority(sequence, element)
+        self.inlet.deliver_priority(sequence, element, Bytes::new())
     }
 
     /// Bytes of the budget in use (queued, not yet taken by the gate).

@@ -111,9 +111,16 @@ impl Connectors for Builtin {
             Some(pb::sink_spec::Kind::Blackhole(b)) => Ok(Box::new(blackhole::BlackholeWriter {
                 delay_per_batch: std::time::Duration::from_millis(b.delay_per_batch_ms),
             })),
-            Some(pb::sink_spec::Kind::File(f)) => Ok(Box::new(
-                file::FileWriter::create(f, schema, subtask).await?,
-            )),
+            Some(pb::sink_spec::Kind::File(f)) => {
+                let writer = Box::new(file::FileWriter::create(f, schema, subtask).await?);
+                Ok(match f.delay_per_batch_ms {
+                    0 => writer,
+                    ms => Box::new(blackhole::DelayedWriter {
+                        inner: writer,
+                        delay_per_batch: std::time::Duration::from_millis(ms),
+                    }),
+                })
+            }
             Some(pb::sink_spec::Kind::Kafka(k))
                 if k.delivery() == pb::KafkaDelivery::ExactlyOnce =>
             {

@@ -262,8 +262,10 @@ impl Coordinator {
             let incoming =
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             let served = tonic::transport::Server::builder()
-                .add_service(CoordinatorServer::with_interceptor(
-                    service,
+                .add_service(tonic::service::interceptor::InterceptedService::new(
+                    CoordinatorServer::new(service)
+                        .max_decoding_message_size(sluice_common::MAX_CONTROL_MESSAGE_BYTES)
+                        .max_encoding_message_size(sluice_common::MAX_CONTROL_MESSAGE_BYTES),
                     move |request: tonic::Request<()>| match gate.serving() {
                         Ok(()) => Ok(request),
                         Err(why) => Err(tonic::Status::unavailable(why)),
@@ -372,7 +374,7 @@ impl Coordinator {
         let path = &store
             .relative(path)
             .map_err(|e| ApiError::bad("from_savepoint", e))?;
-        let meta = store::read_metadata(store, path)
+        let meta = store::read_restorable(store, path)
             .await
             .map_err(|e| match e {
                 crate::Error::NotFound(_) => {
@@ -479,7 +481,7 @@ impl Coordinator {
             {
                 // Started from a savepoint and no checkpoint of its own yet.
                 let path = String::from_utf8_lossy(&from).into_owned();
-                latest = store::read_metadata(store, &path).await.ok();
+                latest = store::read_restorable(store, &path).await.ok();
             }
             let graph = match &latest {
                 // The checkpoint records the graph it was taken with (a rescale

@@ -166,6 +166,7 @@ impl S3 {
             path: self.url(name),
             format: format as i32,
             store: Some(self.config()),
+            delay_per_batch_ms: 0,
         };
         FileWriter::create(
             &spec,

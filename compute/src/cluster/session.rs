@@ -139,6 +139,8 @@ async fn attach(options: &SessionOptions, url: &str) -> Result<()> {
             |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
         );
     let mut inbound = CoordinatorClient::new(channel)
+        .max_decoding_message_size(sluice_common::MAX_CONTROL_MESSAGE_BYTES)
+        .max_encoding_message_size(sluice_common::MAX_CONTROL_MESSAGE_BYTES)
         .attach(outbound)
         .await
         .map_err(|s| Error::Internal(format!("attach refused: {}", s.message())))?
@@ -420,6 +422,7 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
             sync_micros,
             alignment_micros,
             source_records,
+            channel_state,
         }) => wm::Msg::Ack(pbc::CheckpointAck {
             attempt,
             checkpoint_id,
@@ -434,6 +437,7 @@ fn attempt_message(attempt: u64, event: AttemptEvent) -> wm::Msg {
             sync_micros,
             alignment_micros,
             source_records,
+            channel_state: channel_state.unwrap_or_default(),
             ..Default::default()
         }),
         AttemptEvent::Checkpoint(CheckpointEvent::Finished { task }) => {

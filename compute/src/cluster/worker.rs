@@ -306,14 +306,18 @@ async fn run(
     options.coordinated_checkpoints = deployment.coordinated_checkpoints;
     options.fence = deployment.fence;
     options.alignment = link.as_ref().map(|l| l.alignment.clone());
-    options.restore = deployment.restore.as_ref().map(|r| {
-        RestoreFrom::new(
-            r.checkpoint_id,
-            r.source_positions
-                .iter()
-                .map(|p| (p.split.clone(), p.position.clone())),
-        )
-    });
+    options.restore = match deployment.restore.as_ref() {
+        Some(r) => Some(
+            RestoreFrom::new(
+                r.checkpoint_id,
+                r.source_positions
+                    .iter()
+                    .map(|p| (p.split.clone(), p.position.clone())),
+            )
+            .with_channel_state(&r.channel_state)?,
+        ),
+        None => None,
+    };
     let config = NetworkConfig::from_proto(deployment.network.as_ref());
     let placement = Placement::round_robin(&plan, peers.len() as u32);
     let streams = environment::connect_peers(listener, me, &peers, &config).await?;

@@ -14,7 +14,7 @@ use std::io::Cursor;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use arrow::record_batch::RecordBatch;
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::element::{Barrier, BarrierKind, StreamElement};
 
@@ -110,6 +110,11 @@ impl Decoder {
     /// Bytes of an incomplete element held.
     pub fn pending_bytes(&self) -> usize {
         self.pending.len()
+    }
+
+    /// A copy of the bytes of the incomplete element held.
+    pub fn pending(&self) -> Bytes {
+        Bytes::copy_from_slice(&self.pending)
     }
 
     /// The next complete element, if the bytes so far hold one.

@@ -95,7 +95,8 @@ impl RemoteInputChannel {
         decoder.push(data);
         match decoder.next_element() {
             Ok(Some(element)) if decoder.pending_bytes() == 0 => {
-                let _ = self.inlet.deliver_priority(sequence, element);
+                let partial = self.decoder.pending();
+                let _ = self.inlet.deliver_priority(sequence, element, partial);
                 Ok(())
             }
             Ok(_) => Err(format!("channel {}: malformed priority event", self.id)),

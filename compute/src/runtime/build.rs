@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use sluice_common::channel_state::{ChannelKey, ChannelPart};
 use sluice_common::key_group::key_group_range;
 use sluice_common::pb;
 use sluice_common::state::{MemoryStateStore, StateStore};
@@ -37,6 +38,7 @@ use crate::plan::PhysicalPlan;
 use crate::queue::{self, QueueReceiver, QueueSender};
 use crate::runtime::alignment::Alignment;
 use crate::runtime::chain::{Chain, SideRoute, TaskOutput};
+use crate::runtime::channel_state::{ReplayTarget, replay_for};
 use crate::runtime::input_gate::InputGate;
 use crate::runtime::metrics::{JobMetrics, TaskMetrics};
 use crate::runtime::router::{ChannelSender, OutputEdge, Partitioner};
@@ -107,6 +109,8 @@ pub struct RestoreFrom {
     pub positions: HashMap<String, Bytes>,
     /// What sinks pre-committed, by state key.
     pub sink_states: HashMap<String, Bytes>,
+    /// The in-flight elements of an unaligned checkpoint, every task's parts.
+    pub channel_state: Vec<ChannelPart>,
 }
 
 impl RestoreFrom {
@@ -120,7 +124,22 @@ impl RestoreFrom {
             checkpoint_id,
             positions,
             sink_states,
+            channel_state: Vec::new(),
         }
+    }
+
+    /// With the channel-state objects its tasks recorded (an unaligned checkpoint).
+    pub fn with_channel_state(mut self, objects: &[Bytes]) -> Result<Self> {
+        for object in objects {
+            let parts = sluice_common::channel_state::decode(object).map_err(|e| {
+                Error::Plan(format!(
+                    "checkpoint {}'s channel state cannot be read: {e}",
+                    self.checkpoint_id
+                ))
+            })?;
+            self.channel_state.extend(parts);
+        }
+        Ok(self)
     }
 
     /// The lines every subtask of sink node `node` recorded, in subtask order.
@@ -392,8 +411,22 @@ pub async fn build_tasks(
                         (0..consumers).map(&mut channel).collect::<Result<_>>()?,
                     ),
                 };
+                let keys = match edge.partitioning {
+                    pb::Partitioning::Forward => vec![subtask],
+                    _ => (0..consumers).collect(),
+                }
+                .into_iter()
+                .map(|consumer| ChannelKey {
+                    consumer_node: first_node(plan, to),
+                    consumer_subtask: consumer as u32,
+                    consumer_parallelism: consumers as u32,
+                    producer_subtask: subtask as u32,
+                    producer_parallelism: chain.parallelism as u32,
+                })
+                .collect();
                 let out_edge =
-                    OutputEdge::with_channels(partitioner, targets, task_metrics.clone());
+                    OutputEdge::with_channels(partitioner, targets, task_metrics.clone())
+                        .with_channel_keys(keys);
                 match edge.side_operator {
                     Some(operator) if !edge.tag.is_empty() => output.side.push(SideRoute {
                         operator,
@@ -403,6 +436,7 @@ pub async fn build_tasks(
                     _ => output.main.push(out_edge),
                 }
             }
+            let mut channel_keys = Vec::new();
             let input = match chain.source {
                 Some(id) => {
                     let node = plan.node(id);
@@ -459,7 +493,29 @@ pub async fn build_tasks(
                     let rx = receivers[chain.id][subtask]
                         .take()
                         .ok_or_else(|| Error::Internal("input queue taken twice".into()))?;
-                    TaskInput::Gate(InputGate::new(rx))
+                    let mut gate = InputGate::new(rx);
+                    let target = replay_target(plan, chain.id, subtask)?;
+                    channel_keys = (0..gate_channels(plan, chain.id))
+                        .map(|c| ChannelKey {
+                            consumer_node: target.consumer_node,
+                            consumer_subtask: target.consumer_subtask,
+                            consumer_parallelism: target.consumer_parallelism,
+                            producer_subtask: if target.forward {
+                                subtask as u32
+                            } else {
+                                c as u32
+                            },
+                            producer_parallelism: target.producer_parallelism,
+                        })
+                        .collect();
+                    if let Some(r) = options.restore.as_ref()
+                        && !r.channel_state.is_empty()
+                    {
+                        for (ch, elements) in replay_for(&r.channel_state, &target)? {
+                            gate.replay(ch, elements);
+                        }
+                    }
+                    TaskInput::Gate(gate)
                 }
             };
             tasks.push(Task {
@@ -470,12 +526,54 @@ pub async fn build_tasks(
                 contexts,
                 output,
                 metrics: task_metrics,
-                channel_state: None,
+                channel_keys,
+                unaligned: Vec::new(),
                 link: None,
             });
         }
     }
     Ok(tasks)
+}
+
+/// Whether `chain` reads its input over a forward edge (one channel).
+fn forward_input(plan: &PhysicalPlan, chain: usize) -> bool {
+    input_edge(plan, chain).is_some_and(|e| e.partitioning == pb::Partitioning::Forward)
+}
+
+/// The edge into `chain` from its upstream chain.
+fn input_edge(plan: &PhysicalPlan, chain: usize) -> Option<&crate::plan::ChainEdge> {
+    let (from, _) = plan.chains[chain].input?;
+    plan.chains[from].outputs.iter().find(|e| e.to_chain == chain)
+}
+
+/// Channels of `chain`'s input gate.
+fn gate_channels(plan: &PhysicalPlan, chain: usize) -> usize {
+    match plan.chains[chain].input {
+        Some(_) if forward_input(plan, chain) => 1,
+        Some((_, producers)) => producers,
+        None => 0,
+    }
+}
+
+/// Subtask `subtask` of `chain` as a restored checkpoint's channel state is replayed
+/// into it.
+fn replay_target(plan: &PhysicalPlan, chain: usize, subtask: usize) -> Result<ReplayTarget> {
+    let edge = input_edge(plan, chain);
+    let hash = match edge {
+        Some(e) if e.partitioning == pb::Partitioning::Hash => Some((
+            KeyEncoder::new(&e.schema, &e.key_columns)?,
+            plan.max_parallelism,
+        )),
+        _ => None,
+    };
+    Ok(ReplayTarget {
+        consumer_node: first_node(plan, chain),
+        consumer_subtask: subtask as u32,
+        consumer_parallelism: plan.chains[chain].parallelism as u32,
+        producer_parallelism: plan.chains[chain].input.map_or(0, |(_, p)| p as u32),
+        forward: forward_input(plan, chain),
+        hash,
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

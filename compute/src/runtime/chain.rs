@@ -50,6 +50,16 @@ impl TaskOutput {
         Ok(())
     }
 
+    /// The output channel state the last unaligned barrier left on every edge.
+    pub fn take_output_state(&mut self) -> Vec<sluice_common::channel_state::ChannelPart> {
+        let side = self.side.iter_mut().map(|r| &mut r.edge);
+        self.main
+            .iter_mut()
+            .chain(side)
+            .flat_map(OutputEdge::take_output_state)
+            .collect()
+    }
+
     /// Sends control `element` on every edge, side ones included.
     pub async fn broadcast(&mut self, element: &StreamElement) -> Result<()> {
         self.emit(element).await?;

@@ -23,6 +23,8 @@
 
 use std::collections::VecDeque;
 
+use bytes::Bytes;
+
 use crate::element::{Barrier, BarrierKind, StreamElement, Timestamp};
 use crate::error::{Error, Result};
 use crate::queue::{Envelope, PriorityEnvelope, QueueReceiver, Received};
@@ -48,6 +50,12 @@ pub struct ChannelState {
     pub checkpoint_id: u64,
     /// Per channel (by gate index): the overtaken elements, in channel order.
     pub channels: Vec<Vec<StreamElement>>,
+    /// Per channel: the bytes of an element it had begun to receive when its barrier
+    /// arrived (a remote channel; the element's rest is the producer's output state).
+    pub partial: Vec<Bytes>,
+    /// False when a newer barrier arrived before every channel delivered this one: the
+    /// capture is cut short and the checkpoint cannot use it.
+    pub complete: bool,
 }
 
 /// Merges the channels of one consumer.
@@ -115,9 +123,34 @@ impl InputGate {
         self.last_alignment.take()
     }
 
-    /// Channel state of the unaligned checkpoints completed at this gate so far.
+    /// Channel state of the unaligned checkpoints completed (or cut short by a newer
+    /// barrier, see [`ChannelState::complete`]) at this gate so far.
     pub fn take_channel_state(&mut self) -> Vec<ChannelState> {
         std::mem::take(&mut self.captured)
+    }
+
+    /// Whether a capture finished since the last [`take_channel_state`](Self::take_channel_state).
+    pub fn has_channel_state(&self) -> bool {
+        !self.captured.is_empty()
+    }
+
+    /// Queues `elements` (a restored checkpoint's channel state) on channel `ch` ahead
+    /// of everything the channel delivers.
+    pub fn replay(&mut self, ch: usize, elements: Vec<StreamElement>) {
+        let Some(c) = self.channels.get_mut(ch) else {
+            return;
+        };
+        for (i, element) in elements.into_iter().enumerate() {
+            c.stash.insert(
+                i,
+                Envelope {
+                    channel: ch,
+                    sequence: 0,
+                    item: Ok(element),
+                    release: Default::default(),
+                },
+            );
+        }
     }
 
     /// The next element for the task; `None` once all channels ended. Cancel-safe.
@@ -219,7 +252,7 @@ impl InputGate {
                 // An unaligned barrier in band (its producer could not send it ahead):
                 // it overtook nothing on this channel.
                 let sequence = 0;
-                self.on_unaligned(ch, sequence, barrier);
+                self.on_unaligned(ch, sequence, barrier, Bytes::new());
             }
             StreamElement::Barrier(barrier) => {
                 let c = &mut self.channels[ch];
@@ -242,17 +275,18 @@ impl InputGate {
 
     fn on_priority(&mut self, p: PriorityEnvelope) {
         match p.element {
-            StreamElement::Barrier(b) => self.on_unaligned(p.channel, p.sequence, b),
+            StreamElement::Barrier(b) => self.on_unaligned(p.channel, p.sequence, b, p.partial),
             other => self.ready.push_back(other),
         }
     }
 
     /// Barrier `b` arrived ahead of the elements of `ch` after position `sequence`.
-    fn on_unaligned(&mut self, ch: usize, sequence: u64, b: Barrier) {
+    fn on_unaligned(&mut self, ch: usize, sequence: u64, b: Barrier, partial: Bytes) {
         let id = b.checkpoint_id;
         if id > self.last_emitted {
             self.last_emitted = id;
-            if let Some(old) = self.capturing.take() {
+            if let Some(mut old) = self.capturing.take() {
+                old.complete = false;
                 self.captured.push(old);
             }
             // The first channel with this barrier: the task snapshots now.
@@ -260,6 +294,8 @@ impl InputGate {
             self.capturing = Some(ChannelState {
                 checkpoint_id: id,
                 channels: vec![Vec::new(); self.channels.len()],
+                partial: vec![Bytes::new(); self.channels.len()],
+                complete: true,
             });
             for c in &mut self.channels {
                 c.recording = !c.finished;
@@ -280,6 +316,7 @@ impl InputGate {
                     state.channels[ch].push(element.clone());
                 }
             }
+            state.partial[ch] = partial;
         }
         self.capture_complete();
     }

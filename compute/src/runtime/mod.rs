@@ -17,6 +17,7 @@
 pub mod alignment;
 pub mod build;
 pub mod chain;
+pub mod channel_state;
 pub mod fault;
 pub mod input_gate;
 pub mod metrics;

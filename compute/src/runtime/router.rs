@@ -12,6 +12,7 @@
 use arrow::array::UInt32Array;
 use arrow::compute::take_record_batch;
 use arrow::record_batch::RecordBatch;
+use sluice_common::channel_state::{ChannelKey, ChannelPart, Side};
 use sluice_common::key_group::{key_group_of, subtask_for_key_group};
 
 use crate::runtime::metrics::now_ns;
@@ -89,7 +90,9 @@ pub struct OutputEdge {
     senders: Vec<ChannelSender>,
     metrics: Arc<TaskMetrics>,
     /// Buffers the last unaligned barrier overtook, per channel (output channel state).
-    pub output_state: Vec<Vec<Bytes>>,
+    output_state: Vec<Vec<Bytes>>,
+    /// Each channel as checkpoints name it (set when the task takes checkpoints).
+    channel_keys: Vec<ChannelKey>,
     next: usize,
     keys: EncodedKeys,
     targets: Vec<Vec<u32>>,
@@ -118,10 +121,33 @@ impl OutputEdge {
             senders,
             metrics,
             output_state: Vec::new(),
+            channel_keys: Vec::new(),
             next: 0,
             keys: EncodedKeys::default(),
             targets,
         }
+    }
+
+    /// Names each channel (in sender order) as channel state records it.
+    pub fn with_channel_keys(mut self, keys: Vec<ChannelKey>) -> Self {
+        self.channel_keys = keys;
+        self
+    }
+
+    /// The output channel state the last unaligned barrier left (the buffers it
+    /// overtook), once; empty channels are left out.
+    pub fn take_output_state(&mut self) -> Vec<ChannelPart> {
+        let state = std::mem::take(&mut self.output_state);
+        state
+            .into_iter()
+            .zip(&self.channel_keys)
+            .filter(|(buffers, _)| !buffers.is_empty())
+            .map(|(buffers, key)| ChannelPart {
+                key: *key,
+                side: Side::Output,
+                bytes: concat(buffers),
+            })
+            .collect()
     }
 
     /// Sends `element` to the right channels.
@@ -199,6 +225,18 @@ impl OutputEdge {
         }
         Ok(())
     }
+}
+
+/// One buffer of `buffers`' bytes in order.
+fn concat(buffers: Vec<Bytes>) -> Bytes {
+    if buffers.len() == 1 {
+        return buffers.into_iter().next().unwrap_or_default();
+    }
+    let mut out = bytes::BytesMut::with_capacity(buffers.iter().map(Bytes::len).sum());
+    for b in buffers {
+        out.extend_from_slice(&b);
+    }
+    out.freeze()
 }
 
 #[cfg(test)]

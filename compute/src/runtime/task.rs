@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use sluice_common::channel_state::{ChannelKey, ChannelPart};
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::AbortOnDropHandle;
 
@@ -32,7 +33,8 @@ use crate::error::{Error, Result};
 use crate::operator::OperatorContext;
 use crate::runtime::alignment::SourceAlignment;
 use crate::runtime::chain::{Chain, TaskOutput};
-use crate::runtime::input_gate::{ChannelState, InputGate};
+use crate::runtime::channel_state::input_parts;
+use crate::runtime::input_gate::InputGate;
 use crate::runtime::metrics::TaskMetrics;
 use crate::time::watermark::WatermarkGenerator;
 
@@ -85,6 +87,9 @@ pub enum CheckpointEvent {
         /// Records the task's source read in this attempt before the barrier (0 for
         /// tasks without a source).
         source_records: u64,
+        /// An unaligned checkpoint's channel state (`sluice_common::channel_state`):
+        /// the in-flight elements the barrier overtook at this task's input and output.
+        channel_state: Option<Bytes>,
     },
     /// The task finished its input and waits for the job's final checkpoint.
     Finished {
@@ -178,8 +183,11 @@ pub struct Task {
     pub output: TaskOutput,
     /// Where the task's time goes.
     pub metrics: Arc<TaskMetrics>,
-    /// Channel state of the last unaligned checkpoint this task's gate completed.
-    pub channel_state: Option<ChannelState>,
+    /// The gate's channels as channel state names them (tasks with a gate).
+    pub channel_keys: Vec<ChannelKey>,
+    /// Unaligned checkpoints whose barrier passed while the gate still captures the
+    /// elements it overtook: their acknowledgements wait for the channel state.
+    pub unaligned: Vec<PendingUnaligned>,
     /// The coordinator's checkpoints.
     pub link: Option<CheckpointLink>,
 }
@@ -240,9 +248,6 @@ impl Task {
                     if matches!(next, Some(StreamElement::Barrier(_))) {
                         self.metrics.barriers.fetch_add(1, Ordering::Relaxed);
                         alignment = gate.take_alignment();
-                        if let Some(state) = gate.take_channel_state().pop() {
-                            self.channel_state = Some(state);
-                        }
                     }
                     if let Some(e) = &next {
                         publish(e, &self.metrics);
@@ -282,7 +287,7 @@ impl Task {
                 Some(element) => {
                     let start = Instant::now();
                     let barrier = match &element {
-                        StreamElement::Barrier(b) => Some(b.checkpoint_id),
+                        StreamElement::Barrier(b) => Some((b.checkpoint_id, b.kind)),
                         _ => None,
                     };
                     self.chain.push(element, &mut self.output).await?;
@@ -290,7 +295,7 @@ impl Task {
                     self.metrics
                         .work_ns
                         .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
-                    if let Some(id) = barrier {
+                    if let Some((id, kind)) = barrier {
                         let durable = self.chain.take_durable(id);
                         match &self.link {
                             Some(link) => {
@@ -304,8 +309,17 @@ impl Task {
                                         .take()
                                         .map_or(0, |d| d.as_micros() as u64),
                                     source_records: 0,
+                                    channel_state: None,
                                 };
-                                if durable.is_empty() {
+                                if kind == BarrierKind::Unaligned {
+                                    // Acknowledged once the gate captured what the
+                                    // barrier overtook on every channel.
+                                    self.unaligned.push(PendingUnaligned {
+                                        ack,
+                                        durable,
+                                        output: self.output.take_output_state(),
+                                    });
+                                } else if durable.is_empty() {
                                     let _ = link.events.send(ack);
                                 } else {
                                     acking.retain(|h| !h.is_finished());
@@ -322,12 +336,9 @@ impl Task {
                 }
                 None => break,
             }
+            self.finish_unaligned(&mut acking, false);
         }
-        if let TaskInput::Gate(gate) = &mut self.input
-            && let Some(state) = gate.take_channel_state().pop()
-        {
-            self.channel_state = Some(state);
-        }
+        self.finish_unaligned(&mut acking, true);
         // Every checkpoint this task passed is acknowledged (or declined) before it says
         // it finished.
         for h in acking {
@@ -498,6 +509,20 @@ impl Task {
             TaskInput::Source(_) => self.metrics.records_in.load(Ordering::Relaxed),
             TaskInput::Gate(_) => 0,
         };
+        // A source's unaligned barrier overtook what its outputs queued; nothing is
+        // in flight into it.
+        let output = self.output.take_output_state();
+        let channel_state = match channel_state_object(id, Vec::new(), output) {
+            Ok(c) => c,
+            Err(reason) => {
+                let _ = events.send(CheckpointEvent::Decline {
+                    checkpoint_id: id,
+                    task,
+                    reason,
+                });
+                return Ok(());
+            }
+        };
         let _ = events.send(CheckpointEvent::Ack {
             checkpoint_id: id,
             task,
@@ -506,8 +531,83 @@ impl Task {
             sync_micros: start.elapsed().as_micros() as u64,
             alignment_micros: 0,
             source_records,
+            channel_state,
         });
         Ok(())
+    }
+
+    /// Acknowledges the unaligned checkpoints whose channel state the gate finished
+    /// capturing; at the `end` of the input, declines those it never will.
+    fn finish_unaligned(&mut self, acking: &mut Vec<AbortOnDropHandle<()>>, end: bool) {
+        if self.unaligned.is_empty() {
+            return;
+        }
+        let TaskInput::Gate(gate) = &mut self.input else {
+            return;
+        };
+        if !gate.has_channel_state() && !end {
+            return;
+        }
+        let Some(link) = &self.link else {
+            return;
+        };
+        for state in gate.take_channel_state() {
+            let Some(i) = self
+                .unaligned
+                .iter()
+                .position(|p| p.checkpoint_id() == state.checkpoint_id)
+            else {
+                continue;
+            };
+            let PendingUnaligned {
+                mut ack,
+                durable,
+                output,
+            } = self.unaligned.remove(i);
+            let id = state.checkpoint_id;
+            let object = if state.complete {
+                input_parts(&state, &self.channel_keys)
+                    .map_err(|e| format!("encoding the channel state of checkpoint {id}: {e}"))
+                    .and_then(|input| channel_state_object(id, input, output))
+            } else {
+                Err(format!(
+                    "checkpoint {id}'s barrier had not arrived on every input channel when a \
+                     newer checkpoint's did"
+                ))
+            };
+            match object {
+                Ok(object) => {
+                    if let CheckpointEvent::Ack { channel_state, .. } = &mut ack {
+                        *channel_state = object;
+                    }
+                    if durable.is_empty() {
+                        let _ = link.events.send(ack);
+                    } else {
+                        acking.retain(|h| !h.is_finished());
+                        acking.push(ack_when_durable(link, ack, durable));
+                    }
+                }
+                Err(reason) => {
+                    let _ = link.events.send(CheckpointEvent::Decline {
+                        checkpoint_id: id,
+                        task: link.task,
+                        reason,
+                    });
+                }
+            }
+        }
+        if end {
+            for p in self.unaligned.drain(..) {
+                let id = p.checkpoint_id();
+                let _ = link.events.send(CheckpointEvent::Decline {
+                    checkpoint_id: id,
+                    task: link.task,
+                    reason: format!(
+                        "the input ended before checkpoint {id}'s barrier arrived on every channel"
+                    ),
+                });
+            }
+        }
     }
 
     /// A source ahead of its alignment group waits (at most a tick) for the group to
@@ -723,6 +823,52 @@ impl SourceInput {
 
 /// Sends `ack` once every future in `durable` completed (the state its checkpoint
 /// covers is durable), or declines the checkpoint when one failed.
+/// An unaligned checkpoint's acknowledgement waiting for the gate's channel state.
+pub struct PendingUnaligned {
+    /// The acknowledgement, without its channel state yet.
+    ack: CheckpointEvent,
+    /// The checkpoint's state epochs becoming durable.
+    durable: Vec<crate::keyed::Durable>,
+    /// What the barrier overtook at the task's outputs.
+    output: Vec<ChannelPart>,
+}
+
+impl PendingUnaligned {
+    fn checkpoint_id(&self) -> u64 {
+        match &self.ack {
+            CheckpointEvent::Ack { checkpoint_id, .. } => *checkpoint_id,
+            _ => 0,
+        }
+    }
+}
+
+/// The largest channel state one task sends with an acknowledgement (it travels over the
+/// control stream to the coordinator).
+pub const MAX_CHANNEL_STATE_BYTES: usize = 256 << 20;
+
+/// The channel-state object of checkpoint `id` from its `input` and `output` parts
+/// (`None`: nothing was in flight); an error when it is too large to send.
+fn channel_state_object(
+    id: u64,
+    mut input: Vec<ChannelPart>,
+    output: Vec<ChannelPart>,
+) -> std::result::Result<Option<Bytes>, String> {
+    input.extend(output);
+    if input.is_empty() {
+        return Ok(None);
+    }
+    let object = sluice_common::channel_state::encode(&input);
+    if object.len() > MAX_CHANNEL_STATE_BYTES {
+        return Err(format!(
+            "checkpoint {id}'s channel state is {} MiB, more than the {} MiB a task may \
+             send; give the job smaller network buffers or aligned checkpoints",
+            object.len() >> 20,
+            MAX_CHANNEL_STATE_BYTES >> 20
+        ));
+    }
+    Ok(Some(object))
+}
+
 fn ack_when_durable(
     link: &CheckpointLink,
     ack: CheckpointEvent,

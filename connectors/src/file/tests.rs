@@ -88,6 +88,7 @@ async fn write_part(
         path: dir.into(),
         format: format as i32,
         store: None,
+        delay_per_batch_ms: 0,
     };
     let mut writer = FileWriter::create(&spec, schema, subtask(index, 2))
         .await

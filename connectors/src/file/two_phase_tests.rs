@@ -45,6 +45,7 @@ fn spec(dir: &Path, format: pb::FileFormat) -> pb::FileSink {
         path: dir.to_str().unwrap().into(),
         format: format as i32,
         store: None,
+        delay_per_batch_ms: 0,
     }
 }
 

@@ -74,6 +74,8 @@ pub struct TaskFigures {
     pub bytes: u64,
     /// Records the task's source read in its attempt before the barrier.
     pub records: u64,
+    /// Bytes of the task's channel state (unaligned checkpoints).
+    pub channel_state_bytes: u64,
 }
 
 /// A task's acknowledgement of checkpoint `checkpoint_id`.
@@ -89,6 +91,9 @@ pub struct TaskAck {
     pub source_positions: Vec<SourcePosition>,
     /// In-flight buffers persisted by an unaligned checkpoint.
     pub channel_state_handles: Vec<String>,
+    /// An unaligned checkpoint's channel state as the task sent it (one object, stored
+    /// by the coordinator beside `_metadata`).
+    pub channel_state: Option<Bytes>,
     /// Durations and size.
     pub figures: TaskFigures,
 }
@@ -102,6 +107,7 @@ impl TaskAck {
             shard_handles: Vec::new(),
             source_positions: Vec::new(),
             channel_state_handles: Vec::new(),
+            channel_state: None,
             figures: TaskFigures::default(),
         }
     }

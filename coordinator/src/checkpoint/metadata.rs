@@ -85,8 +85,11 @@ pub struct TaskCheckpoint {
     pub task: TaskId,
     /// Positions of its source splits.
     pub source_positions: Vec<SourcePosition>,
-    /// Channel state of an unaligned checkpoint.
+    /// Channel state of an unaligned checkpoint: the paths of its objects.
     pub channel_state_handles: Vec<String>,
+    /// The objects' bytes, when this process holds them (not part of `_metadata`: taken
+    /// from the acknowledgement, or read from the handles on recovery).
+    pub channel_state: Option<Bytes>,
     /// Its figures.
     pub figures: TaskFigures,
 }
@@ -134,6 +137,14 @@ pub enum MetadataError {
     /// The checksum holds but the payload does not decode (a bug in the writer).
     #[error("payload does not decode: {0}")]
     Payload(String),
+    /// A channel-state object the checkpoint references is missing or fails its checks.
+    #[error("its channel state `{path}` {reason}")]
+    ChannelState {
+        /// The object's path below the store's root.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// Encodes `meta` in the current format.
@@ -234,6 +245,7 @@ fn to_proto(m: &CheckpointMetadata) -> pb::CheckpointMetadata {
                 alignment_micros: micros(t.figures.alignment),
                 bytes: t.figures.bytes,
                 records: t.figures.records,
+                channel_state_bytes: t.figures.channel_state_bytes,
             })
             .collect(),
         records_in: m.records_in,
@@ -282,12 +294,14 @@ fn from_proto(m: pb::CheckpointMetadata) -> CheckpointMetadata {
                     })
                     .collect(),
                 channel_state_handles: t.channel_state_handles,
+                channel_state: None,
                 figures: TaskFigures {
                     sync: Duration::from_micros(t.sync_micros),
                     async_part: Duration::from_micros(t.async_micros),
                     alignment: Duration::from_micros(t.alignment_micros),
                     bytes: t.bytes,
                     records: t.records,
+                    channel_state_bytes: t.channel_state_bytes,
                 },
             })
             .collect(),
@@ -334,12 +348,14 @@ pub(crate) mod tests {
                     position: Bytes::from_static(&[0, 0, 1, 44]),
                 }],
                 channel_state_handles: vec!["cs/1".into()],
+                channel_state: None,
                 figures: TaskFigures {
                     sync: Duration::from_micros(1500),
                     async_part: Duration::from_millis(40),
                     alignment: Duration::from_micros(7),
                     bytes: 4096,
                     records: 1000,
+                    channel_state_bytes: 2048,
                 },
             }],
             records_in: 123_456,

@@ -46,7 +46,9 @@ use bytes::Bytes;
 
 use super::ack::{ShardRange, TaskAck, TaskId};
 use super::metadata::{CheckpointMetadata, ShardState, TaskCheckpoint};
-use super::store::{CreateOutcome, checkpoint_path, savepoint_path, validate_name};
+use super::store::{
+    CreateOutcome, channel_state_path, checkpoint_path, savepoint_path, validate_name,
+};
 use crate::error::{Error, Result};
 
 /// How checkpoints are triggered and kept.
@@ -496,11 +498,13 @@ impl CheckpointProtocol {
             },
         );
         tracing::debug!(id, ?kind, "checkpoint triggered");
-        actions.push(Action::Trigger {
-            id,
-            kind,
-            mode: self.config.mode,
-        });
+        // A savepoint is aligned whatever the job's mode, as in Flink: it holds no
+        // in-flight data, so it outlives the checkpoints and restores into any job.
+        let mode = match kind {
+            CheckpointKind::Checkpoint => self.config.mode,
+            _ => BarrierMode::Aligned,
+        };
+        actions.push(Action::Trigger { id, kind, mode });
         // A job without tasks has nothing to wait for.
         self.maybe_complete(now, id, actions);
     }
@@ -600,11 +604,19 @@ impl CheckpointProtocol {
             for h in ack.shard_handles {
                 shards.entry(h.shard).or_default().push(h.handle);
             }
+            let mut handles = ack.channel_state_handles;
+            let mut figures = ack.figures;
+            if let Some(object) = &ack.channel_state {
+                handles.push(channel_state_path(&self.job.job_id, id, task));
+                figures.bytes += object.len() as u64;
+                figures.channel_state_bytes = object.len() as u64;
+            }
             tasks.push(TaskCheckpoint {
                 task,
                 source_positions: ack.source_positions,
-                channel_state_handles: ack.channel_state_handles,
-                figures: ack.figures,
+                channel_state_handles: handles,
+                channel_state: ack.channel_state,
+                figures,
             });
         }
         let savepoint = p.kind.savepoint_name().map(str::to_string);

@@ -49,7 +49,8 @@ use object_store::{ObjectStore, ObjectStoreExt};
 pub use sluice_storage::CreateOutcome;
 use sluice_storage::{Store, StoreOptions};
 
-use super::metadata::{CheckpointMetadata, decode};
+use super::ack::TaskId;
+use super::metadata::{CheckpointMetadata, MetadataError, decode};
 use crate::error::{Error, Result};
 
 /// A store of `_metadata` objects, addressed by `/`-separated paths relative to the
@@ -109,6 +110,15 @@ pub fn checkpoints_dir(job: &str) -> Result<String> {
 /// `jobs/<job>/checkpoints/<id:020>/_metadata`.
 pub fn checkpoint_path(job: &str, id: u64) -> Result<String> {
     Ok(format!("{}/{id:020}/_metadata", checkpoints_dir(job)?))
+}
+
+/// `jobs/<job>/checkpoints/<id:020>/channel-state/<node>-<subtask>`: the channel state
+/// `task` recorded for an unaligned checkpoint (the job's id was validated).
+pub fn channel_state_path(job: &str, id: u64, task: TaskId) -> String {
+    format!(
+        "jobs/{job}/checkpoints/{id:020}/channel-state/{}-{}",
+        task.node, task.subtask
+    )
 }
 
 /// `jobs/<job>/savepoints/<name>/_metadata`.
@@ -182,15 +192,55 @@ pub async fn read_metadata(store: &dyn MetadataStore, path: &str) -> Result<Chec
     })
 }
 
-/// The newest checkpoint of `job` whose `_metadata` decodes; newer ones that do not are
-/// skipped with a warning. `None` when the job has no usable checkpoint.
+/// Reads the `_metadata` object at `path` and the channel-state objects its tasks
+/// reference (an unaligned checkpoint), each checked: what a restore needs.
+pub async fn read_restorable(
+    store: &dyn MetadataStore,
+    path: &str,
+) -> Result<CheckpointMetadata> {
+    let mut meta = read_metadata(store, path).await?;
+    for task in &mut meta.tasks {
+        let Some(handle) = task.channel_state_handles.first() else {
+            continue;
+        };
+        let corrupt = |reason: String| Error::Corrupt {
+            path: path.to_string(),
+            source: MetadataError::ChannelState {
+                path: handle.clone(),
+                reason,
+            },
+        };
+        let object = store
+            .get(handle)
+            .await?
+            .ok_or_else(|| corrupt("is missing".into()))?;
+        sluice_common::channel_state::decode(&object).map_err(|e| corrupt(e.to_string()))?;
+        task.channel_state = Some(object);
+    }
+    Ok(meta)
+}
+
+/// Deletes checkpoint `id`'s `_metadata` first (so that nothing restores from it), then
+/// the channel state objects beside it.
+pub async fn delete_checkpoint(store: &dyn MetadataStore, job: &str, id: u64) -> Result<()> {
+    store.delete(&checkpoint_path(job, id)?).await?;
+    let dir = format!("{}/{id:020}/channel-state/", checkpoints_dir(job)?);
+    for path in store.list(&dir).await? {
+        store.delete(&path).await?;
+    }
+    Ok(())
+}
+
+/// The newest checkpoint of `job` whose `_metadata` and channel state read back intact;
+/// newer ones that do not are skipped with a warning. `None` when the job has no usable
+/// checkpoint.
 pub async fn latest_valid(
     store: &dyn MetadataStore,
     job: &str,
 ) -> Result<Option<CheckpointMetadata>> {
     for id in checkpoint_ids(store, job).await?.into_iter().rev() {
         let path = checkpoint_path(job, id)?;
-        match read_metadata(store, &path).await {
+        match read_restorable(store, &path).await {
             Ok(meta) if meta.checkpoint_id == id && meta.job_id == job => return Ok(Some(meta)),
             Ok(meta) => tracing::warn!(
                 %path, found_job = %meta.job_id, found_id = meta.checkpoint_id,

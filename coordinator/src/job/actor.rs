@@ -25,8 +25,8 @@ use super::lifecycle::JobState;
 use super::ports::{StateConnector, StateStore, WorkerLauncher};
 use super::status::{FailureRecord, JobStatus};
 use super::trace::LifecycleTraces;
-use crate::checkpoint::metadata;
-use crate::checkpoint::store::{self, MetadataStore};
+use crate::checkpoint::metadata::{self, CheckpointMetadata};
+use crate::checkpoint::store::{self, CreateOutcome, MetadataStore};
 use crate::checkpoint::trace::CheckpointTraces;
 use crate::cluster::registry::{Registry, WorkerEvent, WorkerHandle};
 use crate::cluster::state_nodes::StateNodes;
@@ -358,12 +358,16 @@ impl JobActor {
             }
             Action::WriteMetadata { path, metadata } => {
                 let span = self.traces.child(metadata.checkpoint_id, "write _metadata");
-                let outcome = self
-                    .ports
-                    .store
-                    .create_if_absent(&path, metadata::encode(&metadata))
-                    .await
-                    .map_err(|e| e.to_string());
+                // The channel state first: `_metadata` names a complete checkpoint.
+                let outcome = match self.write_channel_state(&metadata).await {
+                    Ok(()) => self
+                        .ports
+                        .store
+                        .create_if_absent(&path, metadata::encode(&metadata))
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e),
+                };
                 if let Some(cx) = span {
                     trace::set_attribute(&cx, opentelemetry::KeyValue::new("path", path.clone()));
                     trace::end(&cx, None, outcome.as_ref().err().cloned());
@@ -372,15 +376,9 @@ impl JobActor {
             }
             Action::DeleteCheckpoint { id } => {
                 // Its state versions go with the shards' next commit.
-                let deleted = match store::checkpoint_path(&self.id, id) {
-                    Ok(path) => self
-                        .ports
-                        .store
-                        .delete(&path)
-                        .await
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                };
+                let deleted = store::delete_checkpoint(self.ports.store.as_ref(), &self.id, id)
+                    .await
+                    .map_err(|e| e.to_string());
                 if let Err(e) = deleted {
                     tracing::warn!(job = %self.id, id, "cannot delete a checkpoint retention let go: {e}");
                 }
@@ -397,6 +395,26 @@ impl JobActor {
     }
 
     /// The state service's shards of the job, and the reference for its workers.
+    /// Writes the channel state `metadata`'s tasks sent (an unaligned checkpoint) to the
+    /// paths it references.
+    async fn write_channel_state(&self, metadata: &CheckpointMetadata) -> Result<(), String> {
+        for task in &metadata.tasks {
+            let (Some(path), Some(object)) =
+                (task.channel_state_handles.first(), &task.channel_state)
+            else {
+                continue;
+            };
+            match self.ports.store.create_if_absent(path, object.clone()).await {
+                Ok(CreateOutcome::Created) => {}
+                Ok(CreateOutcome::AlreadyExists) => {
+                    return Err(format!("writing {path}: another object is there"));
+                }
+                Err(e) => return Err(format!("writing {path}: {e}")),
+            }
+        }
+        Ok(())
+    }
+
     async fn connect(&mut self) -> Result<sluice_common::pb::cluster::RemoteStateRef, Failure> {
         let Some(connector) = self.ports.state_connector.clone() else {
             return Err(Failure {

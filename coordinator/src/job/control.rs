@@ -76,6 +76,11 @@ pub fn restore(m: &CheckpointMetadata) -> pbc::Restore {
                 position: p.position.clone(),
             })
             .collect(),
+        channel_state: m
+            .tasks
+            .iter()
+            .filter_map(|t| t.channel_state.clone())
+            .collect(),
     }
 }
 
@@ -131,6 +136,7 @@ pub fn task_ack(a: pbc::CheckpointAck, task: TaskId) -> TaskAck {
             })
             .collect(),
         channel_state_handles: Vec::new(),
+        channel_state: (!a.channel_state.is_empty()).then_some(a.channel_state),
         figures: TaskFigures {
             sync: Duration::from_micros(a.sync_micros),
             alignment: Duration::from_micros(a.alignment_micros),

@@ -85,22 +85,13 @@ pub fn not_restorable(graph: &pb::JobGraph, in_process: bool) -> Option<String> 
 }
 
 /// The job's checkpoint settings; `None` when it takes no checkpoints.
-pub fn checkpoint_config(job_id: &str, graph: &pb::JobGraph) -> Option<CheckpointConfig> {
+pub fn checkpoint_config(graph: &pb::JobGraph) -> Option<CheckpointConfig> {
     let c = graph.checkpoint.as_ref().filter(|c| c.interval_ms > 0)?;
     Some(CheckpointConfig {
         interval: Duration::from_millis(c.interval_ms),
         mode: match c.mode() {
             pb::CheckpointMode::Aligned => BarrierMode::Aligned,
-            pb::CheckpointMode::Unaligned => {
-                // The in-flight data an unaligned barrier overtakes is not stored yet, so
-                // a restore from such a checkpoint would lose it. Job files asking for it
-                // are refused when parsed; a graph built otherwise is checkpointed aligned.
-                tracing::warn!(
-                    job = %job_id,
-                    "unaligned checkpoints do not store in-flight data yet; this job's checkpoints are aligned"
-                );
-                BarrierMode::Aligned
-            }
+            pb::CheckpointMode::Unaligned => BarrierMode::Unaligned,
         },
         timeout: match c.timeout_ms {
             0 => CHECKPOINT_TIMEOUT,

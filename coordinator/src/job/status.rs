@@ -46,6 +46,8 @@ pub struct CheckpointRecord {
     pub triggered_at_ms: u64,
     /// Tasks that acknowledged.
     pub tasks: usize,
+    /// Bytes of in-flight data stored with it (unaligned checkpoints).
+    pub channel_state_bytes: u64,
 }
 
 impl CheckpointRecord {
@@ -67,6 +69,7 @@ impl CheckpointRecord {
             max_alignment_micros: max_micros(|f| f.alignment),
             triggered_at_ms: m.triggered_at_ms,
             tasks: m.tasks.len(),
+            channel_state_bytes: m.tasks.iter().map(|t| t.figures.channel_state_bytes).sum(),
         }
     }
 }

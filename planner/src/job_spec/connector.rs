@@ -78,7 +78,7 @@ pub(super) fn sink(node: &Node, path: &str) -> Result<pb::SinkSpec> {
             })
         }
         _ => {
-            let allowed = [&["path", "format"][..], STORE_KEYS].concat();
+            let allowed = [&["path", "format", "delay_per_batch"][..], STORE_KEYS].concat();
             let fields = Fields::new(entry.value, &path, &allowed)?;
             let file_path = string(
                 fields.require("path", "; where should output go?")?.value,
@@ -91,6 +91,7 @@ pub(super) fn sink(node: &Node, path: &str) -> Result<pb::SinkSpec> {
                 path: file_path,
                 format: format as i32,
                 store: object_store(&fields)?,
+                delay_per_batch_ms: fields.opt("delay_per_batch", duration_ms)?.unwrap_or(0),
             })
         }
     };

@@ -148,22 +148,7 @@ fn checkpoint(node: &Node, path: &str) -> Result<pb::CheckpointConfig> {
         ("unaligned", pb::CheckpointMode::Unaligned),
     ];
     let mode = fields
-        .opt("mode", |node, path| {
-            let mode = choice(node, path, &modes)?;
-            if mode == pb::CheckpointMode::Unaligned {
-                // Refused rather than taken as aligned: a mode accepted and silently
-                // replaced would be a promise not kept.
-                return Err(PosError::new(
-                    node.pos,
-                    format!(
-                        "`{path}: unaligned` is not supported yet: the in-flight data an \
-                         unaligned barrier overtakes is not stored with the checkpoint, so a \
-                         restore would lose it; leave `mode` out for aligned checkpoints"
-                    ),
-                ));
-            }
-            Ok(mode)
-        })?
+        .opt("mode", |node, path| choice(node, path, &modes))?
         .unwrap_or(pb::CheckpointMode::Aligned);
     Ok(pb::CheckpointConfig {
         interval_ms,

@@ -203,6 +203,7 @@ fn full_example_becomes_the_expected_graph() {
                 path: "out/late".into(),
                 format: pb::FileFormat::Csv as i32,
                 store: None,
+                delay_per_batch_ms: 0,
             })),
             parallelism: 0,
         }))
@@ -935,17 +936,14 @@ fn checkpoint_settings_parse_with_positions() {
     .to_string();
     assert!(err.starts_with("job.yaml:2:"), "{err}");
     assert!(err.contains("sometimes"), "{err}");
-    // Unaligned checkpoints do not store in-flight data yet: refused, not replaced.
-    let err = crate::job_spec::parse_job(
+    let job = crate::job_spec::parse_job(
         "job.yaml",
         "name: t\ncheckpoint: { interval: 1s, mode: unaligned }\nsource:\n  nexmark: { stream: bid }\nsink:\n  stdout: {}\n",
     )
-    .unwrap_err()
-    .to_string();
-    assert!(err.starts_with("job.yaml:2:"), "{err}");
-    assert!(
-        err.contains("`checkpoint.mode: unaligned` is not supported yet"),
-        "{err}"
+    .unwrap();
+    assert_eq!(
+        job.checkpoint.unwrap().mode(),
+        pb::CheckpointMode::Unaligned
     );
 }
 

@@ -559,7 +559,7 @@ impl Driver {
         status.failure = None;
         status.last_checkpoint = resume.as_ref().map(|m| m.checkpoint_id);
         status.nodes = graph.nodes.iter().map(|n| n.name.clone()).collect();
-        let (protocol, protocol_error) = match graph::checkpoint_config(&config.job_id, &graph) {
+        let (protocol, protocol_error) = match graph::checkpoint_config(&graph) {
             None => (None, None),
             Some(cfg) => {
                 status.checkpoint_timeout_ms = Some(cfg.timeout.as_millis() as u64);
