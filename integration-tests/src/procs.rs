@@ -114,10 +114,20 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 /// number in `0..n` (a seeded generator, so a failing run can be replayed): it picks
 /// each wait (1.2 to 2.7 s) and each victim.
 pub fn run_with_kills(dir: &Path, job: &Path, kills: usize, below: &mut dyn FnMut(u64) -> u64) {
-    let mut run = Background::spawn(
-        &["run", job.to_str().expect("UTF-8 path"), "--workers", "2"],
-        dir,
-    );
+    run_with_kills_args(dir, job, &[], kills, below);
+}
+
+/// [`run_with_kills`] with `extra` arguments to `sluice run`.
+pub fn run_with_kills_args(
+    dir: &Path,
+    job: &Path,
+    extra: &[&str],
+    kills: usize,
+    below: &mut dyn FnMut(u64) -> u64,
+) {
+    let mut args = vec!["run", job.to_str().expect("UTF-8 path"), "--workers", "2"];
+    args.extend_from_slice(extra);
+    let mut run = Background::spawn(&args, dir);
     let pid = run.id();
     let mut killed = Vec::new();
     for _ in 0..kills {

@@ -89,14 +89,23 @@ impl RemoteInputChannel {
         Ok(())
     }
 
-    /// A priority event sent after `sequence` elements of the channel.
+    /// A priority event sent after `sequence` elements of the channel. The gate is told
+    /// how many elements arrived before it instead: those after, up to `sequence`, were
+    /// overtaken at the producer (its output state holds them, the decoder the head of
+    /// the first), so the gate must not count them as its own.
     pub fn on_priority(&mut self, sequence: u64, data: &Bytes) -> Result<(), String> {
+        if self.sequence > sequence {
+            return Err(format!(
+                "channel {}: a priority event after {sequence} elements arrived after {}",
+                self.id, self.sequence
+            ));
+        }
         let mut decoder = Decoder::new(data.len());
         decoder.push(data);
         match decoder.next_element() {
             Ok(Some(element)) if decoder.pending_bytes() == 0 => {
                 let partial = self.decoder.pending();
-                let _ = self.inlet.deliver_priority(sequence, element, partial);
+                let _ = self.inlet.deliver_priority(self.sequence, element, partial);
                 Ok(())
             }
             Ok(_) => Err(format!("channel {}: malformed priority event", self.id)),

@@ -179,9 +179,12 @@ impl InputGate {
                 }
                 Some(Received::Priority(p)) => self.on_priority(p),
                 Some(Received::Element(env)) => {
-                    // A priority event sent before this element must be seen first.
-                    while let Some(p) = self.rx.try_recv_priority() {
+                    // A priority event delivered before this element must be seen first,
+                    // with this element among what is queued when it is.
+                    if let Some(p) = self.rx.try_recv_priority() {
+                        self.channels[env.channel].stash.push_back(env);
                         self.on_priority(p);
+                        continue;
                     }
                     let c = &mut self.channels[env.channel];
                     if c.blocked || !c.stash.is_empty() {

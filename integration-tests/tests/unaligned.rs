@@ -1,0 +1,249 @@
+//! Unaligned checkpoints across real processes (the seed's second destruction lab): a
+//! job whose sink is much slower than its source, so every channel is full.
+//!
+//! - Aligned barriers wait behind the queued data; unaligned ones overtake it and the
+//!   overtaken data is stored with the checkpoint. Both modes run on one cluster in one
+//!   test and their checkpoint durations are compared as a ratio.
+//! - Workers are killed at seeded moments while unaligned checkpoints are taken: the
+//!   committed output equals the failure-free run, which only holds when the stored
+//!   in-flight data is replayed (the sources resume after it).
+//! - A rescale 2 -> 3 restores an unaligned checkpoint at another parallelism: the
+//!   in-flight records follow their key groups to the new subtasks.
+//!
+//! Each wait is bounded; correctness never depends on timing.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_integration_tests::cluster::MiniCluster;
+use sluice_integration_tests::procs;
+use sluice_integration_tests::{
+    Row, assert_same_rows, read_jsonl_dir, run_sluice, tempdir, write_job, yaml_path,
+};
+use sluice_test_support::rng::rng_from_env;
+
+/// One test at a time: each saturates the machine on purpose, and the lab compares
+/// durations.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sliding windows per auction on remote state (a hash exchange with state behind it),
+/// into the exactly-once file sink slowed down by `delay` per batch; `mode` the
+/// checkpoint mode. `delay` 0 and one process: the reference.
+fn windowed(out: &Path, mode: &str, delay_ms: u64, events: u64) -> String {
+    let delay = if delay_ms > 0 {
+        format!(", delay_per_batch: {delay_ms}ms")
+    } else {
+        String::new()
+    };
+    format!(
+        "name: unaligned\nparallelism: 2\ncheckpoint: {{ interval: 300ms, mode: {mode} }}\n\
+         state: {{ backend: remote, shards: 4 }}\n\
+         source:\n  nexmark: {{ stream: bid, events: {events}, seed: 11, splits: 4 }}\n  batch_size: 256\n\
+         watermark: {{ column: date_time, max_out_of_orderness: 1s }}\n\
+         pipeline:\n  - key_by: [auction]\n  - window: {{ sliding: 2s, slide: 100ms }}\n    \
+         aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
+         sink:\n  file: {{ path: {}, format: jsonl{delay} }}\n",
+        yaml_path(out)
+    )
+}
+
+/// The job's output without failures, back pressure or channel state.
+fn reference(dir: &Path, events: u64) -> Vec<Row> {
+    let out = dir.join("reference");
+    let job = write_job(dir, "ref.yaml", &windowed(&out, "aligned", 0, events));
+    run_sluice(&["run", job.to_str().unwrap()], dir)
+        .assert_success()
+        .assert_no_panic();
+    let rows = read_jsonl_dir(&out);
+    assert!(!rows.is_empty());
+    rows
+}
+
+/// Channel-state objects (and their bytes) left in a run's checkpoint store.
+fn channel_state_objects(store: &Path) -> (usize, u64) {
+    let mut found = (0, 0);
+    let mut dirs = vec![store.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path
+                .parent()
+                .is_some_and(|p| p.ends_with("channel-state"))
+            {
+                found.0 += 1;
+                found.1 += e.metadata().map(|m| m.len()).unwrap_or(0);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn unaligned_checkpoints_replay_their_in_flight_data_through_worker_kills() {
+    let _serial = serial();
+    let dir = tempdir();
+    let events = 300_000;
+    let expected = reference(dir.path(), events);
+    let out = dir.path().join("out");
+    let store = dir.path().join("store");
+    let job = write_job(
+        dir.path(),
+        "unaligned.yaml",
+        &windowed(&out, "unaligned", 10, events),
+    );
+    let mut rng = rng_from_env("SLUICE_UNALIGNED_SEED", 0x00a1_19ed);
+    procs::run_with_kills_args(
+        dir.path(),
+        &job,
+        &["--store", store.to_str().unwrap()],
+        3,
+        &mut |n| rng.below(n),
+    );
+    assert_same_rows(
+        "output of unaligned checkpoints after worker kills",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+    // The retained checkpoints stored in-flight data: the test exercised the replay.
+    let (objects, bytes) = channel_state_objects(&store);
+    eprintln!("channel state left in the retained checkpoints: {objects} objects, {bytes} bytes");
+    assert!(
+        objects > 0 && bytes > 0,
+        "a back-pressured job's unaligned checkpoints hold in-flight data"
+    );
+}
+
+/// A source of one subtask feeding two slow sink subtasks (a rebalance exchange).
+fn slow_lab(mode: &str) -> String {
+    format!(
+        "name: lab-{mode}\nparallelism: 1\ncheckpoint: {{ interval: 1s, mode: {mode}, timeout: 60s }}\n\
+         source:\n  nexmark: {{ stream: bid, events: 24000, seed: 3 }}\n  batch_size: 64\n\
+         sink:\n  blackhole: {{ delay_per_batch: 50ms }}\n  parallelism: 2\n"
+    )
+}
+
+/// Durations (ms) of the checkpoints a finished job lists, and their channel-state bytes.
+fn checkpoint_figures(status: &Value) -> Vec<(u64, u64)> {
+    status["checkpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["tasks"].as_u64().unwrap_or(0) > 0)
+        .map(|c| {
+            (
+                c["duration_ms"].as_u64().unwrap_or(0),
+                c["channel_state_bytes"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+#[test]
+fn under_back_pressure_unaligned_checkpoints_overtake_what_aligned_ones_wait_behind() {
+    let _serial = serial();
+    let dir = tempdir();
+    let cluster = MiniCluster::start(dir.path(), 2, |_| Vec::new(), &[]);
+    let mut medians = Vec::new();
+    for mode in ["aligned", "unaligned"] {
+        let job = write_job(dir.path(), &format!("{mode}.yaml"), &slow_lab(mode));
+        let id = cluster.submit(dir.path(), &job, 2);
+        let status = cluster.wait_finished(&id);
+        // The final checkpoint (taken where the finished tasks wait) carries no barrier.
+        let mut figures = checkpoint_figures(&status);
+        figures.pop();
+        eprintln!("{mode}: (duration ms, channel-state bytes) per checkpoint: {figures:?}");
+        assert!(
+            figures.len() >= 2,
+            "{mode}: too few checkpoints to compare: {status:#}"
+        );
+        let stored: u64 = figures.iter().map(|f| f.1).sum();
+        match mode {
+            "aligned" => assert_eq!(stored, 0, "aligned checkpoints store no channel state"),
+            _ => assert!(stored > 0, "the overtaken data is stored: {figures:?}"),
+        }
+        medians.push(median(figures.iter().map(|f| f.0).collect()));
+    }
+    let (aligned, unaligned) = (medians[0], medians[1]);
+    eprintln!(
+        "median checkpoint: aligned {aligned} ms, unaligned {unaligned} ms ({:.1}x)",
+        aligned as f64 / unaligned.max(1) as f64
+    );
+    assert!(
+        unaligned * 4 <= aligned,
+        "unaligned checkpoints must not wait behind the queued data: aligned {aligned} ms, \
+         unaligned {unaligned} ms"
+    );
+}
+
+#[test]
+fn a_rescale_2_to_3_restores_an_unaligned_checkpoint_by_key_group() {
+    let _serial = serial();
+    let dir = tempdir();
+    let events = 300_000;
+    let expected = reference(dir.path(), events);
+    let cluster = MiniCluster::start(dir.path(), 2, |_| Vec::new(), &[]);
+    let out = dir.path().join("out");
+    let job = write_job(
+        dir.path(),
+        "job.yaml",
+        &windowed(&out, "unaligned", 10, events),
+    );
+    let id = cluster.submit(dir.path(), &job, 2);
+    // A checkpoint with in-flight data completed: the channels are full.
+    cluster.wait_until(
+        "an unaligned checkpoint with channel state",
+        Duration::from_secs(60),
+        || {
+            checkpoint_figures(&cluster.status(&id))
+                .iter()
+                .any(|f| f.1 > 0)
+                .then_some(())
+        },
+    );
+    let answer = run_sluice(
+        &[
+            "rescale",
+            &id,
+            "--parallelism",
+            "3",
+            "--json",
+            "--coordinator",
+            &cluster.url(),
+        ],
+        dir.path(),
+    );
+    answer.assert_success();
+    let answer: Value = serde_json::from_str(&answer.stdout).expect("JSON");
+    let checkpoint = answer["checkpoint_id"].as_u64().expect("checkpoint_id");
+    let status = cluster.wait_finished(&id);
+    assert_eq!(status["parallelism"].as_u64(), Some(3), "{status:#}");
+    let rescaled_from = status["checkpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["id"].as_u64() == Some(checkpoint))
+        .cloned()
+        .unwrap_or(Value::Null);
+    eprintln!("rescaled from {rescaled_from}");
+    assert!(
+        rescaled_from["channel_state_bytes"].as_u64().unwrap_or(0) > 0,
+        "the rescale's checkpoint held in-flight data: {rescaled_from}"
+    );
+    assert_same_rows(
+        "output after a rescale from an unaligned checkpoint",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+}
