@@ -218,7 +218,10 @@ mod tests {
         for i in 0..object.len() {
             let mut bad = object.to_vec();
             bad[i] ^= 0x40;
-            assert!(decode(&Bytes::from(bad)).is_err(), "flip at {i} went unseen");
+            assert!(
+                decode(&Bytes::from(bad)).is_err(),
+                "flip at {i} went unseen"
+            );
         }
         for len in 0..object.len() {
             assert!(

@@ -195,7 +195,7 @@ fn a_job_whose_channels_exceed_the_network_memory_is_refused_at_deployment() {
 }
 
 #[test]
-fn barriers_reach_the_sinks_in_order_and_unaligned_mode_is_refused() {
+fn barriers_reach_the_sinks_in_order_in_both_modes() {
     for mode in ["aligned", "unaligned"] {
         let dir = tempdir();
         // Two source subtasks of different speeds (one has half the splits' events
@@ -211,14 +211,6 @@ fn barriers_reach_the_sinks_in_order_and_unaligned_mode_is_refused() {
             &["run", job.to_str().unwrap(), "--workers", "2"],
             dir.path(),
         );
-        if mode == "unaligned" {
-            // Its in-flight data would not be stored: refused, not taken as aligned.
-            out.assert_code(2)
-                .assert_stderr_contains("cp.yaml:3:")
-                .assert_stderr_contains("`checkpoint.mode: unaligned` is not supported yet")
-                .assert_no_panic();
-            continue;
-        }
         out.assert_success().assert_no_panic();
         let line = out
             .stderr

@@ -73,10 +73,7 @@ fn channel_state_objects(store: &Path) -> (usize, u64) {
             let path = e.path();
             if path.is_dir() {
                 dirs.push(path);
-            } else if path
-                .parent()
-                .is_some_and(|p| p.ends_with("channel-state"))
-            {
+            } else if path.parent().is_some_and(|p| p.ends_with("channel-state")) {
                 found.0 += 1;
                 found.1 += e.metadata().map(|m| m.len()).unwrap_or(0);
             }

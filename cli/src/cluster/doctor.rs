@@ -556,9 +556,10 @@ fn alignment(after: &Value) -> Option<Finding> {
             if growing { ", growing" } else { "" },
             (last - aligning).max(0.0)
         ),
-        fix: "barriers wait behind queued data at a slow task: remove the back pressure \
-              (see the cascade), or make the queues shorter (smaller --buffer-bytes); \
-              unaligned checkpoints, the usual fix, do not restore yet in Sluice"
+        fix: "barriers wait behind queued data at a slow task: take unaligned checkpoints \
+              (`checkpoint: { mode: unaligned }`: barriers overtake the queued data, which \
+              is stored with the checkpoint), remove the back pressure (see the cascade), \
+              or make the queues shorter (smaller --buffer-bytes)"
             .into(),
     })
 }

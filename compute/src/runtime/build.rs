@@ -543,7 +543,10 @@ fn forward_input(plan: &PhysicalPlan, chain: usize) -> bool {
 /// The edge into `chain` from its upstream chain.
 fn input_edge(plan: &PhysicalPlan, chain: usize) -> Option<&crate::plan::ChainEdge> {
     let (from, _) = plan.chains[chain].input?;
-    plan.chains[from].outputs.iter().find(|e| e.to_chain == chain)
+    plan.chains[from]
+        .outputs
+        .iter()
+        .find(|e| e.to_chain == chain)
 }
 
 /// Channels of `chain`'s input gate.

@@ -322,7 +322,8 @@ mod tests {
                 );
                 for v in values(elements) {
                     let mut keys = EncodedKeys::default();
-                    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+                    let schema =
+                        Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
                     let StreamElement::Batch(b) = batch(&[v]) else {
                         unreachable!()
                     };

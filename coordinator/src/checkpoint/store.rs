@@ -194,10 +194,7 @@ pub async fn read_metadata(store: &dyn MetadataStore, path: &str) -> Result<Chec
 
 /// Reads the `_metadata` object at `path` and the channel-state objects its tasks
 /// reference (an unaligned checkpoint), each checked: what a restore needs.
-pub async fn read_restorable(
-    store: &dyn MetadataStore,
-    path: &str,
-) -> Result<CheckpointMetadata> {
+pub async fn read_restorable(store: &dyn MetadataStore, path: &str) -> Result<CheckpointMetadata> {
     let mut meta = read_metadata(store, path).await?;
     for task in &mut meta.tasks {
         let Some(handle) = task.channel_state_handles.first() else {
@@ -468,11 +465,101 @@ mod tests {
     use crate::checkpoint::metadata::tests::sample;
 
     fn meta(id: u64) -> CheckpointMetadata {
-        CheckpointMetadata {
+        let mut m = CheckpointMetadata {
             savepoint: None,
             kept: false,
             ..sample(id)
+        };
+        for t in &mut m.tasks {
+            t.channel_state_handles.clear();
         }
+        m
+    }
+
+    /// Checkpoint `id` with a channel-state object for its task, both written to `store`.
+    async fn unaligned(store: &dyn MetadataStore, id: u64) -> (String, Bytes) {
+        use sluice_common::channel_state::{ChannelKey, ChannelPart, Side, encode as encode_cs};
+        let mut m = meta(id);
+        let task = m.tasks[0].task;
+        let path = channel_state_path("q5", id, task);
+        let object = encode_cs(&[ChannelPart {
+            key: ChannelKey {
+                consumer_node: task.node,
+                consumer_subtask: task.subtask,
+                consumer_parallelism: 2,
+                producer_subtask: 1,
+                producer_parallelism: 2,
+            },
+            side: Side::Input,
+            bytes: Bytes::from(vec![id as u8; 100]),
+        }]);
+        m.tasks[0].channel_state_handles = vec![path.clone()];
+        store.create_if_absent(&path, object.clone()).await.unwrap();
+        store
+            .create_if_absent(&checkpoint_path("q5", id).unwrap(), encode(&m))
+            .await
+            .unwrap();
+        (path, object)
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_whose_channel_state_is_corrupt_or_missing_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("meta");
+        let store = ObjectMetadataStore::from_url(&root.display().to_string()).unwrap();
+        let mut objects = Vec::new();
+        for id in 1..=3 {
+            objects.push(unaligned(&store, id).await);
+        }
+        let latest = latest_valid(&store, "q5").await.unwrap().unwrap();
+        assert_eq!(latest.checkpoint_id, 3);
+        assert_eq!(latest.tasks[0].channel_state.as_ref(), Some(&objects[2].1));
+        // A flipped byte in checkpoint 3's channel state: checkpoint 2 is used.
+        let file = root.join(&objects[2].0);
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[20] ^= 0x01;
+        std::fs::write(&file, bytes).unwrap();
+        assert_eq!(
+            latest_valid(&store, "q5")
+                .await
+                .unwrap()
+                .unwrap()
+                .checkpoint_id,
+            2
+        );
+        let err = read_restorable(&store, &checkpoint_path("q5", 3).unwrap())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("channel-state/") && err.contains("checksum mismatch"),
+            "{err}"
+        );
+        // Checkpoint 2's is truncated, then gone: checkpoint 1.
+        let file = root.join(&objects[1].0);
+        let len = std::fs::metadata(&file).unwrap().len();
+        std::fs::write(&file, &std::fs::read(&file).unwrap()[..len as usize - 3]).unwrap();
+        assert_eq!(
+            latest_valid(&store, "q5")
+                .await
+                .unwrap()
+                .unwrap()
+                .checkpoint_id,
+            1
+        );
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(
+            latest_valid(&store, "q5")
+                .await
+                .unwrap()
+                .unwrap()
+                .checkpoint_id,
+            1
+        );
+        // Deleting a checkpoint takes its channel state with it.
+        delete_checkpoint(&store, "q5", 1).await.unwrap();
+        assert!(store.get(&objects[0].0).await.unwrap().is_none());
+        assert_eq!(checkpoint_ids(&store, "q5").await.unwrap(), vec![2, 3]);
     }
 
     #[test]

@@ -404,7 +404,12 @@ impl JobActor {
             else {
                 continue;
             };
-            match self.ports.store.create_if_absent(path, object.clone()).await {
+            match self
+                .ports
+                .store
+                .create_if_absent(path, object.clone())
+                .await
+            {
                 Ok(CreateOutcome::Created) => {}
                 Ok(CreateOutcome::AlreadyExists) => {
                     return Err(format!("writing {path}: another object is there"));
