@@ -690,6 +690,7 @@ mod tests {
                 interval_ms: 1000,
                 mode: 0,
                 timeout_ms: 0,
+                aligned_timeout_ms: 0,
             }),
             ..Default::default()
         }

@@ -493,7 +493,13 @@ pub async fn build_tasks(
                     let rx = receivers[chain.id][subtask]
                         .take()
                         .ok_or_else(|| Error::Internal("input queue taken twice".into()))?;
-                    let mut gate = InputGate::new(rx);
+                    let aligned_timeout = plan
+                        .graph
+                        .checkpoint
+                        .as_ref()
+                        .filter(|c| c.aligned_timeout_ms > 0)
+                        .map(|c| std::time::Duration::from_millis(c.aligned_timeout_ms));
+                    let mut gate = InputGate::new(rx).with_aligned_timeout(aligned_timeout);
                     let target = replay_target(plan, chain.id, subtask)?;
                     channel_keys = (0..gate_channels(plan, chain.id))
                         .map(|c| ChannelKey {

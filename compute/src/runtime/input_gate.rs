@@ -11,6 +11,10 @@
 //!   elements are kept aside, still holding their share of the channel's bound, so its
 //!   producer is back-pressured) until every open channel delivered N; then the barrier
 //!   is passed on once and the channels are unblocked in order.
+//! - **Aligned-checkpoint timeout**: an aligned barrier that has waited longer than the
+//!   gate's `aligned_timeout` for its channels is passed on as an unaligned one, as in
+//!   Flink: the channels that delivered it are unblocked, and the others record what
+//!   they deliver until their barrier arrives (the checkpoint's channel state).
 //! - **Unaligned barriers** arrive on the priority lane and are passed on at once, when
 //!   the first channel delivers them. Elements they overtook are the checkpoint's
 //!   *channel state*: for each channel, the elements sent before that channel's barrier
@@ -75,6 +79,8 @@ pub struct InputGate {
     alignment_started: Option<std::time::Instant>,
     /// How long the last aligned barrier waited for every channel.
     last_alignment: Option<std::time::Duration>,
+    /// An aligned barrier waiting longer than this goes on unaligned.
+    aligned_timeout: Option<std::time::Duration>,
 }
 
 impl InputGate {
@@ -104,6 +110,7 @@ impl InputGate {
             last_emitted: 0,
             alignment_started: None,
             last_alignment: None,
+            aligned_timeout: None,
         }
     }
 
@@ -115,6 +122,13 @@ impl InputGate {
     /// Channels currently blocked for barrier alignment.
     pub fn blocked_channels(&self) -> usize {
         self.channels.iter().filter(|c| c.blocked).count()
+    }
+
+    /// Passes an aligned barrier on as unaligned once it has waited `timeout` for its
+    /// channels (`None`: it waits as long as it takes).
+    pub fn with_aligned_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+        self.aligned_timeout = timeout;
+        self
     }
 
     /// How long the aligned barrier the gate passed on last waited for its channels
@@ -171,7 +185,19 @@ impl InputGate {
                 self.process(env)?;
                 continue;
             }
-            match self.rx.recv().await {
+            let deadline = self.alignment_deadline();
+            if deadline.is_some_and(|d| d <= std::time::Instant::now()) {
+                self.alignment_timed_out();
+                continue;
+            }
+            let received = match deadline {
+                Some(d) => tokio::select! {
+                    r = self.rx.recv() => r,
+                    _ = tokio::time::sleep_until(d.into()) => continue,
+                },
+                None => self.rx.recv().await,
+            };
+            match received {
                 None => {
                     return Err(Error::Disconnected(
                         "every upstream channel closed before its end",
@@ -257,6 +283,24 @@ impl InputGate {
                 let sequence = 0;
                 self.on_unaligned(ch, sequence, barrier, Bytes::new());
             }
+            StreamElement::Barrier(barrier) if barrier.checkpoint_id <= self.last_emitted => {
+                // Barrier N, aligned, after N went on unaligned (a timeout here, or
+                // another channel's unaligned barrier): this channel's part of the
+                // channel state is complete.
+                let c = &mut self.channels[ch];
+                c.barrier = Some(
+                    c.barrier
+                        .map_or(barrier.checkpoint_id, |b| b.max(barrier.checkpoint_id)),
+                );
+                if self
+                    .capturing
+                    .as_ref()
+                    .is_some_and(|s| s.checkpoint_id == barrier.checkpoint_id)
+                {
+                    c.recording = false;
+                }
+                self.capture_complete();
+            }
             StreamElement::Barrier(barrier) => {
                 let c = &mut self.channels[ch];
                 c.barrier = Some(barrier.checkpoint_id);
@@ -292,17 +336,7 @@ impl InputGate {
                 old.complete = false;
                 self.captured.push(old);
             }
-            // The first channel with this barrier: the task snapshots now.
-            self.ready.push_back(StreamElement::Barrier(b));
-            self.capturing = Some(ChannelState {
-                checkpoint_id: id,
-                channels: vec![Vec::new(); self.channels.len()],
-                partial: vec![Bytes::new(); self.channels.len()],
-                complete: true,
-            });
-            for c in &mut self.channels {
-                c.recording = !c.finished;
-            }
+            self.start_capture(b);
         }
         // Everything already queued goes aside so that the overtaken part is visible.
         while let Some(env) = self.rx.try_recv() {
@@ -321,6 +355,58 @@ impl InputGate {
             }
             state.partial[ch] = partial;
         }
+        self.capture_complete();
+    }
+
+    /// Barrier `b` goes on unaligned now: the task snapshots, and every channel that has
+    /// not delivered it records until it does. An aligned barrier of the same or an
+    /// older checkpoint waiting for alignment is superseded: its channels (which
+    /// delivered it, so what they hold aside comes after it) are unblocked.
+    fn start_capture(&mut self, b: Barrier) {
+        let id = b.checkpoint_id;
+        self.ready.push_back(StreamElement::Barrier(Barrier {
+            checkpoint_id: id,
+            kind: BarrierKind::Unaligned,
+        }));
+        if self.pending_barrier.is_some_and(|p| p.checkpoint_id <= id) {
+            self.pending_barrier = None;
+            self.last_alignment = self.alignment_started.take().map(|t| t.elapsed());
+            for c in &mut self.channels {
+                c.blocked = false;
+            }
+        }
+        self.capturing = Some(ChannelState {
+            checkpoint_id: id,
+            channels: vec![Vec::new(); self.channels.len()],
+            partial: vec![Bytes::new(); self.channels.len()],
+            complete: true,
+        });
+        for c in &mut self.channels {
+            c.recording = !c.finished && c.barrier.is_none_or(|delivered| delivered < id);
+        }
+    }
+
+    /// When the pending aligned barrier stops waiting (with an aligned timeout).
+    fn alignment_deadline(&self) -> Option<std::time::Instant> {
+        let timeout = self.aligned_timeout?;
+        self.pending_barrier?;
+        Some(self.alignment_started? + timeout)
+    }
+
+    /// The pending aligned barrier waited its timeout: it goes on unaligned.
+    fn alignment_timed_out(&mut self) {
+        let Some(b) = self.pending_barrier else {
+            return;
+        };
+        if b.checkpoint_id <= self.last_emitted {
+            return;
+        }
+        self.last_emitted = b.checkpoint_id;
+        if let Some(mut old) = self.capturing.take() {
+            old.complete = false;
+            self.captured.push(old);
+        }
+        self.start_capture(b);
         self.capture_complete();
     }
 
@@ -567,6 +653,47 @@ mod tests {
             .collect();
         // Exactly the overtaken elements: 1 and 2 on channel 0; 10 and 11 on channel 1.
         assert_eq!(captured, vec![vec![1, 2], vec![10, 11]]);
+    }
+
+    #[tokio::test]
+    async fn an_aligned_barrier_that_waits_too_long_goes_on_unaligned() {
+        let (tx, rx) = input_queue(2, 1 << 20);
+        let mut gate = InputGate::new(rx).with_aligned_timeout(Some(Duration::from_millis(100)));
+        tx[0].send(barrier(3, BarrierKind::Aligned)).await.unwrap();
+        tx[0].send(batch(1)).await.unwrap();
+        // Channel 1 is silent: after the timeout the barrier goes on, unaligned.
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            next(&mut gate).await,
+            StreamElement::Barrier(Barrier {
+                checkpoint_id: 3,
+                kind: BarrierKind::Unaligned
+            })
+        ));
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert_eq!(
+            gate.take_alignment()
+                .map(|d| d >= Duration::from_millis(100)),
+            Some(true)
+        );
+        // Channel 0 is unblocked; what it sent after its barrier is not channel state.
+        assert_eq!(value(&next(&mut gate).await), 1);
+        tx[1].send(batch(2)).await.unwrap();
+        tx[1].send(barrier(3, BarrierKind::Aligned)).await.unwrap();
+        tx[1].send(batch(4)).await.unwrap();
+        assert_eq!(value(&next(&mut gate).await), 2);
+        // Channel 1's own barrier completes the capture and is not passed on again.
+        assert_eq!(value(&next(&mut gate).await), 4);
+        let states = gate.take_channel_state();
+        assert_eq!(states.len(), 1);
+        assert!(states[0].complete);
+        assert!(states[0].channels[0].is_empty());
+        let recorded: Vec<i64> = states[0].channels[1]
+            .iter()
+            .filter(|e| matches!(e, StreamElement::Batch(_)))
+            .map(value)
+            .collect();
+        assert_eq!(recorded, vec![2]);
     }
 
     #[tokio::test]

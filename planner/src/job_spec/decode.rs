@@ -137,7 +137,11 @@ fn state(node: &Node, path: &str) -> Result<pb::StateConfig> {
 }
 
 fn checkpoint(node: &Node, path: &str) -> Result<pb::CheckpointConfig> {
-    let fields = Fields::new(node, path, &["interval", "mode", "timeout"])?;
+    let fields = Fields::new(
+        node,
+        path,
+        &["interval", "mode", "timeout", "aligned_timeout"],
+    )?;
     let interval_ms = positive_duration_ms(
         fields.require("interval", "; e.g. `interval: 1s`")?.value,
         &fields.path_of("interval"),
@@ -150,10 +154,28 @@ fn checkpoint(node: &Node, path: &str) -> Result<pb::CheckpointConfig> {
     let mode = fields
         .opt("mode", |node, path| choice(node, path, &modes))?
         .unwrap_or(pb::CheckpointMode::Aligned);
+    let aligned_timeout_ms = fields
+        .opt("aligned_timeout", positive_duration_ms)?
+        .unwrap_or(0);
+    if aligned_timeout_ms > 0
+        && mode == pb::CheckpointMode::Unaligned
+        && let Some(entry) = fields.get("aligned_timeout")
+    {
+        return Err(PosError::new(
+            entry.key.pos,
+            format!(
+                "`{}` applies to aligned checkpoints (it switches one that waits too long \
+                 to unaligned); with `mode: unaligned` every barrier overtakes at once: \
+                 leave one of the two out",
+                fields.path_of("aligned_timeout")
+            ),
+        ));
+    }
     Ok(pb::CheckpointConfig {
         interval_ms,
         mode: mode as i32,
         timeout_ms,
+        aligned_timeout_ms,
     })
 }
 

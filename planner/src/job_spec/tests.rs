@@ -948,6 +948,27 @@ fn checkpoint_settings_parse_with_positions() {
 }
 
 #[test]
+fn an_aligned_timeout_switches_aligned_checkpoints_and_is_refused_with_unaligned() {
+    let job = parse_job(
+        "job.yaml",
+        "name: t\ncheckpoint: { interval: 1s, aligned_timeout: 200ms }\nsource:\n  nexmark: { stream: bid }\nsink:\n  stdout: {}\n",
+    )
+    .unwrap();
+    assert_eq!(job.checkpoint.unwrap().aligned_timeout_ms, 200);
+    let err = parse_job(
+        "job.yaml",
+        "name: t\ncheckpoint: { interval: 1s, mode: unaligned, aligned_timeout: 200ms }\nsource:\n  nexmark: { stream: bid }\nsink:\n  stdout: {}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.starts_with("job.yaml:2:46:"), "{err}");
+    assert!(
+        err.contains("`checkpoint.aligned_timeout` applies to aligned checkpoints"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_job_file_over_the_limit_is_refused_before_it_is_parsed() {
     // Unique junk keys: parsing this would build a map of every one of them first.
     let mut text = String::from("name: t\n");

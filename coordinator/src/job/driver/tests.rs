@@ -35,6 +35,7 @@ fn graph(parallelism: u32, checkpoints: bool, remote: bool) -> pb::JobGraph {
             interval_ms: INTERVAL,
             mode: 0,
             timeout_ms: 0,
+            aligned_timeout_ms: 0,
         }),
         state: remote.then_some(pb::StateConfig {
             backend: pb::StateBackend::Remote as i32,
