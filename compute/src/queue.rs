@@ -178,6 +178,12 @@ impl QueueSender {
         self.inlet.deliver_priority(sequence, element, Bytes::new())
     }
 
+    /// Whether a quarter of the channel's budget is free: a send of an ordinary element
+    /// would not wait.
+    pub fn has_room(&self) -> bool {
+        self.budget.available_permits() as u64 * 4 >= u64::from(self.capacity)
+    }
+
     /// Bytes of the budget in use (queued, not yet taken by the gate).
     pub fn bytes_in_use(&self) -> usize {
         (self.capacity as usize).saturating_sub(self.budget.available_permits())

@@ -187,6 +187,13 @@ impl SubpartitionWriter {
         }
     }
 
+    /// Whether the subpartition can take another buffer without waiting for credit (or
+    /// has failed, which the next write reports).
+    pub fn has_room(&self) -> bool {
+        let s = self.part.lock();
+        s.failed.is_some() || s.queue.len() < self.part.capacity
+    }
+
     /// The subpartition.
     pub fn subpartition(&self) -> &Arc<Subpartition> {
         &self.part

@@ -50,6 +50,11 @@ impl TaskOutput {
         Ok(())
     }
 
+    /// Whether every channel of every edge has room for an ordinary element.
+    pub fn has_room(&self) -> bool {
+        self.main.iter().all(OutputEdge::has_room) && self.side.iter().all(|r| r.edge.has_room())
+    }
+
     /// The output channel state the last unaligned barrier left on every edge.
     pub fn take_output_state(&mut self) -> Vec<sluice_common::channel_state::ChannelPart> {
         let side = self.side.iter_mut().map(|r| &mut r.edge);

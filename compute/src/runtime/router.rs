@@ -55,6 +55,14 @@ impl ChannelSender {
         r
     }
 
+    /// Whether a send of an ordinary element would not wait for room.
+    fn has_room(&self) -> bool {
+        match self {
+            ChannelSender::Local(q) => q.has_room(),
+            ChannelSender::Remote(w) => w.has_room(),
+        }
+    }
+
     /// Sends an unaligned barrier ahead of queued data; returns the buffers it overtook
     /// (remote channels; a local channel's consumer captures them itself).
     fn send_priority(&mut self, element: &StreamElement) -> Result<Vec<Bytes>> {
@@ -126,6 +134,11 @@ impl OutputEdge {
             keys: EncodedKeys::default(),
             targets,
         }
+    }
+
+    /// Whether every channel has room for an ordinary element.
+    pub fn has_room(&self) -> bool {
+        self.senders.iter().all(ChannelSender::has_room)
     }
 
     /// Names each channel (in sender order) as channel state records it.

@@ -38,6 +38,10 @@ use crate::runtime::input_gate::InputGate;
 use crate::runtime::metrics::TaskMetrics;
 use crate::time::watermark::WatermarkGenerator;
 
+/// How often a back-pressured source task under the coordinator looks for room
+/// downstream (and for checkpoint triggers).
+const ROOM_POLL: Duration = Duration::from_millis(1);
+
 /// How often processing-time operators and source idleness are checked.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -268,6 +272,16 @@ impl Task {
                 TaskInput::Source(src) => {
                     if src.ahead_of_its_group() {
                         self.wait_for_alignment(&mut cancel).await?;
+                        continue;
+                    }
+                    if self.link.as_ref().is_some_and(|l| l.triggers.is_some())
+                        && !self.output.has_room()
+                    {
+                        // Back pressure: wait for room here rather than in a send, so
+                        // that a checkpoint's trigger is taken at once (an unaligned
+                        // barrier then overtakes what is queued) instead of after the
+                        // slow consumer took an element.
+                        self.wait_for_room(&mut cancel).await?;
                         continue;
                     }
                     let step = self.step_source().await?;
@@ -608,6 +622,27 @@ impl Task {
                 });
             }
         }
+    }
+
+    /// A back-pressured source task waits a moment for room downstream (counted as back
+    /// pressure), then goes round its loop, where triggers are taken.
+    async fn wait_for_room(&mut self, cancel: &mut watch::Receiver<bool>) -> Result<()> {
+        let start = Instant::now();
+        self.metrics.blocked.begin();
+        let cancelled = tokio::select! {
+            _ = cancel.changed() => true,
+            _ = tokio::time::sleep(ROOM_POLL) => false,
+        };
+        let took = start.elapsed().as_nanos() as u64;
+        self.metrics
+            .backpressured_ns
+            .fetch_add(took, Ordering::Relaxed);
+        self.metrics.work_ns.fetch_add(took, Ordering::Relaxed);
+        self.metrics.blocked.end();
+        if cancelled {
+            return Err(Error::Cancelled);
+        }
+        Ok(())
     }
 
     /// A source ahead of its alignment group waits (at most a tick) for the group to
