@@ -510,6 +510,7 @@ fn print_human(path: &str, v: &Value) {
                             s(c, "commit_ms"),
                             s(c, "max_sync_micros"),
                             s(c, "max_alignment_micros"),
+                            s(c, "channel_state_bytes"),
                             s(c, "tasks"),
                             s(c, "savepoint"),
                         ]
@@ -524,6 +525,7 @@ fn print_human(path: &str, v: &Value) {
                 "COMMITTED_MS",
                 "MAX_SYNC_US",
                 "MAX_ALIGN_US",
+                "IN_FLIGHT_BYTES",
                 "TASKS",
                 "SAVEPOINT",
             ],

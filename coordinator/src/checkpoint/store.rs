@@ -476,6 +476,15 @@ mod tests {
         m
     }
 
+    /// The id of the checkpoint recovery would use.
+    async fn latest_id(store: &dyn MetadataStore) -> u64 {
+        latest_valid(store, "q5")
+            .await
+            .unwrap()
+            .unwrap()
+            .checkpoint_id
+    }
+
     /// Checkpoint `id` with a channel-state object for its task, both written to `store`.
     async fn unaligned(store: &dyn MetadataStore, id: u64) -> (String, Bytes) {
         use sluice_common::channel_state::{ChannelKey, ChannelPart, Side, encode as encode_cs};
@@ -519,14 +528,7 @@ mod tests {
         let mut bytes = std::fs::read(&file).unwrap();
         bytes[20] ^= 0x01;
         std::fs::write(&file, bytes).unwrap();
-        assert_eq!(
-            latest_valid(&store, "q5")
-                .await
-                .unwrap()
-                .unwrap()
-                .checkpoint_id,
-            2
-        );
+        assert_eq!(latest_id(&store).await, 2);
         let err = read_restorable(&store, &checkpoint_path("q5", 3).unwrap())
             .await
             .unwrap_err()
@@ -539,23 +541,9 @@ mod tests {
         let file = root.join(&objects[1].0);
         let len = std::fs::metadata(&file).unwrap().len();
         std::fs::write(&file, &std::fs::read(&file).unwrap()[..len as usize - 3]).unwrap();
-        assert_eq!(
-            latest_valid(&store, "q5")
-                .await
-                .unwrap()
-                .unwrap()
-                .checkpoint_id,
-            1
-        );
+        assert_eq!(latest_id(&store).await, 1);
         std::fs::remove_file(&file).unwrap();
-        assert_eq!(
-            latest_valid(&store, "q5")
-                .await
-                .unwrap()
-                .unwrap()
-                .checkpoint_id,
-            1
-        );
+        assert_eq!(latest_id(&store).await, 1);
         // Deleting a checkpoint takes its channel state with it.
         delete_checkpoint(&store, "q5", 1).await.unwrap();
         assert!(store.get(&objects[0].0).await.unwrap().is_none());
@@ -705,26 +693,12 @@ mod tests {
         let p3 = checkpoint_path("q5", 3).unwrap();
         let good3 = encode(&meta(3));
         store.overwrite(&p3, good3.slice(..good3.len() - 5));
-        assert_eq!(
-            latest_valid(&store, "q5")
-                .await
-                .unwrap()
-                .unwrap()
-                .checkpoint_id,
-            2
-        );
+        assert_eq!(latest_id(&store).await, 2);
         let p2 = checkpoint_path("q5", 2).unwrap();
         let mut flipped = encode(&meta(2)).to_vec();
         flipped[30] ^= 0x10;
         store.overwrite(&p2, Bytes::from(flipped));
-        assert_eq!(
-            latest_valid(&store, "q5")
-                .await
-                .unwrap()
-                .unwrap()
-                .checkpoint_id,
-            1
-        );
+        assert_eq!(latest_id(&store).await, 1);
         assert!(matches!(
             read_metadata(&store, &p2).await,
             Err(Error::Corrupt { .. })
