@@ -150,9 +150,11 @@ pub fn run_with_kills_args(
         kills,
         "the job ended before every kill:\n{stderr}"
     );
+    // The workers share the run's stderr, and a worker's last message (written in
+    // pieces: stderr is unbuffered) can land in front of the summary on its line.
     let summary = stderr
         .lines()
-        .find(|l| l.starts_with("finished "))
+        .find_map(|l| l.find("finished ").map(|at| &l[at..]))
         .unwrap_or_else(|| panic!("no summary:\n{stderr}"));
     // A kill while the job is already restarting joins that restart.
     let restarts: usize = summary
