@@ -154,7 +154,12 @@ pub fn run_with_kills_args(
     // pieces: stderr is unbuffered) can land in front of the summary on its line.
     let summary = stderr
         .lines()
-        .find_map(|l| l.find("finished ").map(|at| &l[at..]))
+        .find_map(|l| {
+            l.match_indices("finished ")
+                .filter(|(at, _)| l[..*at].chars().last().is_none_or(|c| !c.is_alphanumeric()))
+                .map(|(at, _)| &l[at..])
+                .find(|rest| rest.contains(" records in, "))
+        })
         .unwrap_or_else(|| panic!("no summary:\n{stderr}"));
     // A kill while the job is already restarting joins that restart.
     let restarts: usize = summary
