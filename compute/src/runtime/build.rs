@@ -238,12 +238,9 @@ pub async fn build_tasks(
     let mut receivers: Vec<Vec<Option<QueueReceiver>>> = Vec::with_capacity(plan.chains.len());
     for chain in &plan.chains {
         let (mut s, mut r) = (Vec::new(), Vec::new());
-        if let Some((from, producers)) = chain.input {
-            let forward = plan.chains[from]
-                .outputs
-                .iter()
-                .any(|e| e.to_chain == chain.id && e.partitioning == pb::Partitioning::Forward);
-            let channels = if forward { 1 } else { producers };
+        if let Some((from, _)) = chain.input {
+            let forward = forward_input(plan, chain.id);
+            let channels = gate_channels(plan, chain.id);
             for subtask in 0..chain.parallelism {
                 if !local(chain.id, subtask) {
                     s.push(Vec::new());
@@ -301,6 +298,12 @@ pub async fn build_tasks(
         .state
         .as_ref()
         .map_or(0, |s| usize::try_from(s.cache_bytes).unwrap_or(usize::MAX));
+    let aligned_timeout = plan
+        .graph
+        .checkpoint
+        .as_ref()
+        .filter(|c| c.aligned_timeout_ms > 0)
+        .map(|c| std::time::Duration::from_millis(c.aligned_timeout_ms));
     let mut tasks = Vec::new();
     for chain in &plan.chains {
         // `subtask` names the task, its channels and its contexts, not only an index.
@@ -493,12 +496,6 @@ pub async fn build_tasks(
                     let rx = receivers[chain.id][subtask]
                         .take()
                         .ok_or_else(|| Error::Internal("input queue taken twice".into()))?;
-                    let aligned_timeout = plan
-                        .graph
-                        .checkpoint
-                        .as_ref()
-                        .filter(|c| c.aligned_timeout_ms > 0)
-                        .map(|c| std::time::Duration::from_millis(c.aligned_timeout_ms));
                     let mut gate = InputGate::new(rx).with_aligned_timeout(aligned_timeout);
                     let target = replay_target(plan, chain.id, subtask)?;
                     channel_keys = (0..gate_channels(plan, chain.id))

@@ -154,17 +154,17 @@ impl InputGate {
         let Some(c) = self.channels.get_mut(ch) else {
             return;
         };
-        for (i, element) in elements.into_iter().enumerate() {
-            c.stash.insert(
-                i,
-                Envelope {
-                    channel: ch,
-                    sequence: 0,
-                    item: Ok(element),
-                    release: Default::default(),
-                },
-            );
-        }
+        let queued = std::mem::take(&mut c.stash);
+        c.stash = elements
+            .into_iter()
+            .map(|element| Envelope {
+                channel: ch,
+                sequence: 0,
+                item: Ok(element),
+                release: Default::default(),
+            })
+            .chain(queued)
+            .collect();
     }
 
     /// The next element for the task; `None` once all channels ended. Cancel-safe.
@@ -331,11 +331,6 @@ impl InputGate {
     fn on_unaligned(&mut self, ch: usize, sequence: u64, b: Barrier, partial: Bytes) {
         let id = b.checkpoint_id;
         if id > self.last_emitted {
-            self.last_emitted = id;
-            if let Some(mut old) = self.capturing.take() {
-                old.complete = false;
-                self.captured.push(old);
-            }
             self.start_capture(b);
         }
         // Everything already queued goes aside so that the overtaken part is visible.
@@ -358,12 +353,19 @@ impl InputGate {
         self.capture_complete();
     }
 
-    /// Barrier `b` goes on unaligned now: the task snapshots, and every channel that has
+    /// Barrier `b`, newer than any passed on, goes on unaligned now (a capture still
+    /// under way is cut short): the task snapshots, and every channel that has
     /// not delivered it records until it does. An aligned barrier of the same or an
     /// older checkpoint waiting for alignment is superseded: its channels (which
     /// delivered it, so what they hold aside comes after it) are unblocked.
     fn start_capture(&mut self, b: Barrier) {
         let id = b.checkpoint_id;
+        self.last_emitted = id;
+        if let Some(mut old) = self.capturing.take() {
+            // Cut short: its checkpoint cannot use it.
+            old.complete = false;
+            self.captured.push(old);
+        }
         self.ready.push_back(StreamElement::Barrier(Barrier {
             checkpoint_id: id,
             kind: BarrierKind::Unaligned,
@@ -400,11 +402,6 @@ impl InputGate {
         };
         if b.checkpoint_id <= self.last_emitted {
             return;
-        }
-        self.last_emitted = b.checkpoint_id;
-        if let Some(mut old) = self.capturing.take() {
-            old.complete = false;
-            self.captured.push(old);
         }
         self.start_capture(b);
         self.capture_complete();

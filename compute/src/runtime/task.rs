@@ -333,11 +333,8 @@ impl Task {
                                         durable,
                                         output: self.output.take_output_state(),
                                     });
-                                } else if durable.is_empty() {
-                                    let _ = link.events.send(ack);
                                 } else {
-                                    acking.retain(|h| !h.is_finished());
-                                    acking.push(ack_when_durable(link, ack, durable));
+                                    send_ack(link, ack, durable, &mut acking);
                                 }
                             }
                             None => {
@@ -594,12 +591,7 @@ impl Task {
                     if let CheckpointEvent::Ack { channel_state, .. } = &mut ack {
                         *channel_state = object;
                     }
-                    if durable.is_empty() {
-                        let _ = link.events.send(ack);
-                    } else {
-                        acking.retain(|h| !h.is_finished());
-                        acking.push(ack_when_durable(link, ack, durable));
-                    }
+                    send_ack(link, ack, durable, acking);
                 }
                 Err(reason) => {
                     let _ = link.events.send(CheckpointEvent::Decline {
@@ -856,8 +848,6 @@ impl SourceInput {
     }
 }
 
-/// Sends `ack` once every future in `durable` completed (the state its checkpoint
-/// covers is durable), or declines the checkpoint when one failed.
 /// An unaligned checkpoint's acknowledgement waiting for the gate's channel state.
 pub struct PendingUnaligned {
     /// The acknowledgement, without its channel state yet.
@@ -904,6 +894,24 @@ fn channel_state_object(
     Ok(Some(object))
 }
 
+/// Sends `ack` now when its checkpoint left no state to wait for, else once that state
+/// is durable (the wait joins `acking`).
+fn send_ack(
+    link: &CheckpointLink,
+    ack: CheckpointEvent,
+    durable: Vec<crate::keyed::Durable>,
+    acking: &mut Vec<AbortOnDropHandle<()>>,
+) {
+    if durable.is_empty() {
+        let _ = link.events.send(ack);
+    } else {
+        acking.retain(|h| !h.is_finished());
+        acking.push(ack_when_durable(link, ack, durable));
+    }
+}
+
+/// Sends `ack` once every future in `durable` completed (the state its checkpoint
+/// covers is durable), or declines the checkpoint when one failed.
 fn ack_when_durable(
     link: &CheckpointLink,
     ack: CheckpointEvent,
