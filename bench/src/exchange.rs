@@ -24,6 +24,13 @@
 //!   the exchange measured just before; the producer worker's VmRSS is sampled every
 //!   `--rss-interval-ms` and printed as a series with its maximum.
 //!
+//! - **checkpoints under back pressure** (`--slow-consumer 10x --checkpoints`): the slow
+//!   job again with a checkpoint every second, three times: aligned, aligned with buffer
+//!   debloating (`network: { debloat: 1s }`), unaligned; one `kind=checkpoints mode=..`
+//!   line each with the median and largest checkpoint duration (trigger to last
+//!   acknowledgement, from the job's status; the final checkpoint taken after the end is
+//!   left out) and the in-flight bytes the unaligned ones stored.
+//!
 //! Output: one `kind=raw|exchange|slow-consumer buffer_bytes=.. records=.. bytes=..
 //! seconds=.. gb_per_s=.. records_per_s=..` line per measurement, then `ratio=..`
 //! (exchange GB/s over raw GB/s). Every wait is bounded by `--timeout-secs`; the
@@ -81,6 +88,10 @@ pub struct Args {
     /// Roughly how long the slow-consumer run lasts (seconds).
     #[arg(long, default_value_t = 10.0)]
     slow_seconds: f64,
+    /// With --slow-consumer: also compare checkpoint durations under that back pressure,
+    /// aligned, aligned with buffer debloating and unaligned.
+    #[arg(long, requires = "slow_consumer")]
+    checkpoints: bool,
     /// RSS sampling period of the slow-consumer run.
     #[arg(long, default_value_t = 250)]
     rss_interval_ms: u64,
@@ -292,8 +303,18 @@ fn send(
 
 /// Bids at parallelism 1 into a blackhole at parallelism 1 over a rebalance edge.
 fn exchange_job(events: u64, batch_size: u32, delay_ms: u64) -> Result<pb::JobGraph> {
+    exchange_job_with(events, batch_size, delay_ms, "")
+}
+
+/// [`exchange_job`] with more top-level settings (`extra`: YAML lines).
+fn exchange_job_with(
+    events: u64,
+    batch_size: u32,
+    delay_ms: u64,
+    extra: &str,
+) -> Result<pb::JobGraph> {
     let text = format!(
-        "name: bench-exchange\nparallelism: 1\nsource:\n  nexmark: {{ stream: bid, events: {events}, seed: 42 }}\n  batch_size: {batch_size}\nsink:\n  blackhole: {{ delay_per_batch: {delay_ms}ms }}\n"
+        "name: bench-exchange\nparallelism: 1\n{extra}source:\n  nexmark: {{ stream: bid, events: {events}, seed: 42 }}\n  batch_size: {batch_size}\nsink:\n  blackhole: {{ delay_per_batch: {delay_ms}ms }}\n"
     );
     let mut graph =
         job_spec::parse_job("<bench exchange>", &text).map_err(|e| Error::usage(e.to_string()))?;
@@ -362,6 +383,8 @@ struct ExchangeRun {
     rss: Vec<(u64, u64, u64)>,
     /// CPU seconds (user + system) of the producer and the consumer when the job ended.
     cpu_seconds: [f64; 2],
+    /// (duration ms, channel-state bytes) of each completed checkpoint, oldest first.
+    checkpoints: Vec<(u64, u64)>,
 }
 
 impl ExchangeRun {
@@ -524,12 +547,18 @@ async fn drive(
         let swapped = rss.into_iter().map(|(t, a, b)| (t, b, a)).collect();
         ([b, a], [cpu[1], cpu[0]], swapped)
     };
+    let checkpoints = status
+        .checkpoints
+        .iter()
+        .map(|c| (c.duration_ms, c.channel_state_bytes))
+        .collect();
     Ok(ExchangeRun {
         tasks,
         status_records_in: status.records_in,
         seconds,
         rss,
         cpu_seconds,
+        checkpoints,
     })
 }
 
@@ -591,7 +620,45 @@ async fn slow_consumer(
         .field("samples", run.rss.len())
         .field("interval_ms", interval.as_millis());
     outln!("{line}");
+    if args.checkpoints {
+        let modes = [
+            ("aligned", "checkpoint: { interval: 1s, timeout: 120s }\n"),
+            (
+                "aligned-debloated",
+                "checkpoint: { interval: 1s, timeout: 120s }\nnetwork: { debloat: 1s }\n",
+            ),
+            (
+                "unaligned",
+                "checkpoint: { interval: 1s, mode: unaligned, timeout: 120s }\n",
+            ),
+        ];
+        for (mode, extra) in modes {
+            let graph = exchange_job_with(events, args.batch_size, delay_ms, extra)?;
+            let run = run_exchange(graph, args, host, None).await?;
+            outln!("{}", checkpoint_line(mode, &run.checkpoints));
+        }
+    }
     Ok(())
+}
+
+/// `kind=checkpoints mode=.. checkpoints=.. median_ms=.. max_ms=..
+/// channel_state_bytes=..` over `checkpoints` (duration ms, channel-state bytes), the
+/// last left out: it is taken after the sources ended, with nothing in flight.
+fn checkpoint_line(mode: &str, checkpoints: &[(u64, u64)]) -> Line {
+    let taken = &checkpoints[..checkpoints.len().saturating_sub(1)];
+    let mut durations: Vec<u64> = taken.iter().map(|c| c.0).collect();
+    durations.sort_unstable();
+    let median = durations.get(durations.len() / 2).copied().unwrap_or(0);
+    Line::new()
+        .field("kind", "checkpoints")
+        .field("mode", mode)
+        .field("checkpoints", taken.len())
+        .field("median_ms", median)
+        .field("max_ms", durations.last().copied().unwrap_or(0))
+        .field(
+            "channel_state_bytes",
+            taken.iter().map(|c| c.1).sum::<u64>(),
+        )
 }
 
 #[cfg(test)]
@@ -618,6 +685,16 @@ mod tests {
         let placement = sluice_compute::runtime::build::Placement::round_robin(&plan, 2);
         assert_eq!(placement.worker_of(0, 0), 0);
         assert_eq!(placement.worker_of(1, 0), 1);
+    }
+
+    #[test]
+    fn checkpoint_lines_leave_out_the_final_checkpoint() {
+        let line = checkpoint_line("unaligned", &[(900, 10), (100, 30), (500, 20), (5, 0)]);
+        assert_eq!(
+            line.to_string(),
+            "kind=checkpoints mode=unaligned checkpoints=3 median_ms=500 max_ms=900 \
+             channel_state_bytes=60"
+        );
     }
 
     #[test]

@@ -9,16 +9,20 @@
 //! the producer only when the gate lets go of the element. Either way the bound holds
 //! while the gate keeps an element aside (a channel blocked for barrier alignment).
 //!
+//! Buffer debloating may limit a channel below its budget ([`ChannelBound::set_limit`]):
+//! a local sender then waits while the channel holds the limit, a remote channel
+//! withholds credit.
+//!
 //! A second, unbounded lane carries priority events (unaligned barriers), which overtake
 //! queued elements; there is at most one per checkpoint and channel. A priority event
 //! carries the channel's sequence number at the moment it was sent, so the gate knows
 //! exactly which queued elements it overtook.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::Bytes;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc};
 
 use crate::element::StreamElement;
 use crate::error::{Error, Result};
@@ -29,11 +33,26 @@ pub const DEFAULT_CHANNEL_BYTES: usize = 2 << 20;
 /// Something that frees capacity when the element holding it is let go.
 pub trait Releasable: Send + Sync + std::fmt::Debug {}
 
+/// The bytes one channel may hold in front of its gate: what its elements are charged
+/// to until the gate lets go of them, and the limit buffer debloating sets. A local
+/// channel's sender waits while the channel holds its limit; a remote channel withholds
+/// credit instead.
+pub trait ChannelBound: Send + Sync + std::fmt::Debug {
+    /// Bytes of elements the channel holds now (delivered, not yet let go by the gate).
+    fn held_bytes(&self) -> usize;
+    /// The channel takes more only while it holds less than `bytes` (at least one
+    /// element always passes).
+    fn set_limit(&self, bytes: usize);
+    /// The gate let go of an element charged `bytes`.
+    fn give_back(&self, bytes: usize);
+}
+
 /// Frees an element's share of its channel's bound when dropped.
 #[derive(Debug, Default)]
 pub struct Release {
-    bytes: Option<(Arc<Semaphore>, u32)>,
-    // Held only so that dropping the element frees the buffer.
+    charged: Option<(Arc<dyn ChannelBound>, usize)>,
+    // Held only so that dropping the element frees the buffer (after its bytes were
+    // given back: fields drop after `drop`).
     _buffer: Option<Arc<dyn Releasable>>,
 }
 
@@ -41,16 +60,78 @@ impl Release {
     /// Holds `buffer` (freed when the last holder lets go).
     pub fn buffer(buffer: Arc<dyn Releasable>) -> Self {
         Self {
-            bytes: None,
+            charged: None,
             _buffer: Some(buffer),
         }
+    }
+
+    /// Also gives `bytes` back to `bound` when let go (the caller charged them).
+    pub fn charged(mut self, bound: Arc<dyn ChannelBound>, bytes: usize) -> Self {
+        self.charged = Some((bound, bytes));
+        self
     }
 }
 
 impl Drop for Release {
     fn drop(&mut self) {
-        if let Some((budget, permits)) = self.bytes.take() {
-            budget.add_permits(permits as usize);
+        if let Some((bound, bytes)) = self.charged.take() {
+            bound.give_back(bytes);
+        }
+    }
+}
+
+/// A local channel's byte budget: a semaphore of `capacity` bytes (the configured
+/// maximum), and below it the limit debloating sets, which a sender waits for.
+#[derive(Debug)]
+struct LocalBound {
+    permits: Semaphore,
+    capacity: u32,
+    limit: AtomicUsize,
+    room: Notify,
+}
+
+impl LocalBound {
+    fn new(capacity: u32) -> Self {
+        Self {
+            permits: Semaphore::new(capacity as usize),
+            capacity,
+            limit: AtomicUsize::new(usize::MAX),
+            room: Notify::new(),
+        }
+    }
+
+    fn under_limit(&self) -> bool {
+        self.held_bytes() < self.limit.load(Ordering::Acquire)
+    }
+
+    /// Waits until the channel holds less than its limit.
+    async fn wait_under_limit(&self) {
+        loop {
+            let notified = self.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.under_limit() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl ChannelBound for LocalBound {
+    fn held_bytes(&self) -> usize {
+        (self.capacity as usize).saturating_sub(self.permits.available_permits())
+    }
+
+    fn set_limit(&self, bytes: usize) {
+        self.limit.store(bytes.max(1), Ordering::Release);
+        self.room.notify_waiters();
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.permits.add_permits(bytes);
+        if self.limit.load(Ordering::Relaxed) != usize::MAX {
+            self.room.notify_waiters();
         }
     }
 }
@@ -142,8 +223,7 @@ impl Inlet {
 #[derive(Clone)]
 pub struct QueueSender {
     inlet: Inlet,
-    budget: Arc<Semaphore>,
-    capacity: u32,
+    budget: Arc<LocalBound>,
     sequence: Arc<AtomicU64>,
 }
 
@@ -156,17 +236,24 @@ impl std::fmt::Debug for QueueSender {
 }
 
 impl QueueSender {
-    /// Sends `element`, waiting while the channel holds its full byte budget.
+    /// Sends `element`, waiting while the channel holds its full byte budget (or the
+    /// smaller limit debloating set).
     pub async fn send(&self, element: StreamElement) -> Result<()> {
-        let permits = (element.size_bytes().max(1) as u64).min(u64::from(self.capacity)) as u32;
-        self.budget
+        let budget = &self.budget;
+        let permits = (element.size_bytes().max(1) as u64).min(u64::from(budget.capacity)) as u32;
+        budget.wait_under_limit().await;
+        budget
+            .permits
             .acquire_many(permits)
             .await
             .map_err(|_| Error::Disconnected("queue closed"))?
             .forget();
         let sequence = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
         let release = Release {
-            bytes: Some((self.budget.clone(), permits)),
+            charged: Some((
+                self.budget.clone() as Arc<dyn ChannelBound>,
+                permits as usize,
+            )),
             _buffer: None,
         };
         self.inlet.deliver(sequence, element, release)
@@ -178,15 +265,16 @@ impl QueueSender {
         self.inlet.deliver_priority(sequence, element, Bytes::new())
     }
 
-    /// Whether a quarter of the channel's budget is free: a send of an ordinary element
-    /// would not wait.
+    /// Whether a quarter of the channel's budget is free and it holds less than its
+    /// limit: a send of an ordinary element would not wait.
     pub fn has_room(&self) -> bool {
-        self.budget.available_permits() as u64 * 4 >= u64::from(self.capacity)
+        let b = &self.budget;
+        b.permits.available_permits() as u64 * 4 >= u64::from(b.capacity) && b.under_limit()
     }
 
     /// Bytes of the budget in use (queued, not yet taken by the gate).
     pub fn bytes_in_use(&self) -> usize {
-        (self.capacity as usize).saturating_sub(self.budget.available_permits())
+        self.budget.held_bytes()
     }
 
     /// This channel's raw inlet (for a remote channel, which bounds itself by credit).
@@ -200,6 +288,7 @@ pub struct QueueReceiver {
     rx: mpsc::UnboundedReceiver<Envelope>,
     priority: mpsc::UnboundedReceiver<PriorityEnvelope>,
     channels: usize,
+    bounds: Vec<Arc<dyn ChannelBound>>,
 }
 
 impl std::fmt::Debug for QueueReceiver {
@@ -244,6 +333,19 @@ impl QueueReceiver {
     pub fn channels(&self) -> usize {
         self.channels
     }
+
+    /// What bounds each channel, by channel index.
+    pub fn bounds(&self) -> &[Arc<dyn ChannelBound>] {
+        &self.bounds
+    }
+
+    /// Channel `channel` is remote and bounded by `bound` (its credit) rather than by
+    /// the local byte budget it was created with.
+    pub fn set_bound(&mut self, channel: usize, bound: Arc<dyn ChannelBound>) {
+        if let Some(b) = self.bounds.get_mut(channel) {
+            *b = bound;
+        }
+    }
 }
 
 /// Creates a consumer with `channels` input channels of `capacity_bytes` each.
@@ -251,17 +353,20 @@ pub fn input_queue(channels: usize, capacity_bytes: usize) -> (Vec<QueueSender>,
     let (tx, rx) = mpsc::unbounded_channel();
     let (ptx, prx) = mpsc::unbounded_channel();
     let capacity = capacity_bytes.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize)) as u32;
-    let senders = (0..channels)
+    let senders: Vec<QueueSender> = (0..channels)
         .map(|channel| QueueSender {
             inlet: Inlet {
                 tx: tx.clone(),
                 priority: ptx.clone(),
                 channel,
             },
-            budget: Arc::new(Semaphore::new(capacity as usize)),
-            capacity,
+            budget: Arc::new(LocalBound::new(capacity)),
             sequence: Arc::new(AtomicU64::new(0)),
         })
+        .collect();
+    let bounds = senders
+        .iter()
+        .map(|s| s.budget.clone() as Arc<dyn ChannelBound>)
         .collect();
     (
         senders,
@@ -269,6 +374,7 @@ pub fn input_queue(channels: usize, capacity_bytes: usize) -> (Vec<QueueSender>,
             rx,
             priority: prx,
             channels,
+            bounds,
         },
     )
 }
@@ -305,6 +411,48 @@ mod tests {
         drop(env);
         tokio::time::timeout(Duration::from_secs(5), s.send(StreamElement::Idle))
             .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_debloated_channel_takes_elements_only_while_under_its_limit() {
+        let (senders, mut rx) = input_queue(1, 1000);
+        let s = senders[0].clone();
+        let bound = rx.bounds()[0].clone();
+        bound.set_limit(40);
+        // Control elements cost 16 bytes: three pass (the third starts under 40).
+        for _ in 0..3 {
+            s.send(StreamElement::Watermark(1)).await.unwrap();
+        }
+        assert_eq!(bound.held_bytes(), 48);
+        assert!(!s.has_room());
+        let blocked =
+            tokio::time::timeout(Duration::from_millis(50), s.send(StreamElement::Idle)).await;
+        assert!(
+            blocked.is_err(),
+            "a channel at its limit must make the sender wait"
+        );
+        // The gate lets go of one element: the channel is under its limit again.
+        let Some(Received::Element(env)) = rx.recv().await else {
+            panic!("expected an element")
+        };
+        drop(env);
+        tokio::time::timeout(Duration::from_secs(5), s.send(StreamElement::Idle))
+            .await
+            .unwrap()
+            .unwrap();
+        // Raising the limit wakes a waiting sender at once.
+        let waiting = tokio::spawn({
+            let s = s.clone();
+            async move { s.send(StreamElement::Idle).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished());
+        bound.set_limit(1000);
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap()
             .unwrap()
             .unwrap();
     }

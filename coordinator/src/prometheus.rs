@@ -336,6 +336,10 @@ mod tests {
             watermark_held_by: String::new(),
             watermark: None,
             alignment_paused_ms_per_s: 0,
+            in_flight_bytes: 0,
+            input_bytes_per_s: 0,
+            channel_limit_bytes: 0,
+            buffer_bytes: 0,
             hot_keys: Vec::new(),
         });
         let w = WorkerView {

@@ -319,6 +319,9 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
+/// The data plane's protocol version (`compute/src/network/frame.rs`).
+const VERSION: u16 = 2;
+
 fn hello(version: u16, worker: u32) -> Vec<u8> {
     let mut f = vec![0, 0, 0, 11, 1];
     f.extend_from_slice(&0x534c_4345u32.to_be_bytes());
@@ -364,17 +367,17 @@ fn garbage_fails_the_worker(bytes: &[u8], version: u16, problem: &str) {
 #[test]
 fn bad_input_on_the_wire_fails_cleanly() {
     // A frame announcing 1 GiB: refused before allocating.
-    garbage_fails_the_worker(&[0x40, 0, 0, 0, 2], 1, "exceeds the maximum");
+    garbage_fails_the_worker(&[0x40, 0, 0, 0, 2], VERSION, "exceeds the maximum");
     // An unknown frame type.
-    garbage_fails_the_worker(&[0, 0, 0, 1, 77], 1, "unknown frame type 77");
+    garbage_fails_the_worker(&[0, 0, 0, 1, 77], VERSION, "unknown frame type 77");
     // A credit frame too short.
-    garbage_fails_the_worker(&[0, 0, 0, 3, 3, 0, 0], 1, "malformed credit frame");
+    garbage_fails_the_worker(&[0, 0, 0, 3, 3, 0, 0], VERSION, "malformed credit frame");
     // Credit for a channel that does not exist.
     let mut credit = vec![0, 0, 0, 17, 3];
     for v in [99u32, 0, 0, 1] {
         credit.extend_from_slice(&v.to_be_bytes());
     }
-    garbage_fails_the_worker(&credit, 1, "unknown channel 99/0/0");
+    garbage_fails_the_worker(&credit, VERSION, "unknown channel 99/0/0");
     // A peer speaking another protocol version.
     garbage_fails_the_worker(&[], 9, "protocol version 9");
 }

@@ -2,8 +2,10 @@
 //! job whose sink is much slower than its source, so every channel is full.
 //!
 //! - Aligned barriers wait behind the queued data; unaligned ones overtake it and the
-//!   overtaken data is stored with the checkpoint. Both modes run on one cluster in one
-//!   test; their checkpoint durations are printed as a ratio (not asserted).
+//!   overtaken data is stored with the checkpoint; with buffer debloating the sinks'
+//!   gates hold about a second of their throughput instead of what their buffers allow.
+//!   The three run on one cluster in one test; their checkpoint durations are printed
+//!   as ratios (not asserted), the bytes in flight compared.
 //! - Workers are killed at seeded moments while unaligned checkpoints are taken: the
 //!   committed output equals the failure-free run, which only holds when the stored
 //!   in-flight data is replayed (the sources resume after it).
@@ -117,10 +119,12 @@ fn unaligned_checkpoints_replay_their_in_flight_data_through_worker_kills() {
     );
 }
 
-/// A source of one subtask feeding two slow sink subtasks (a rebalance exchange).
-fn slow_lab(mode: &str) -> String {
+/// A source of one subtask feeding two slow sink subtasks (a rebalance exchange, one
+/// channel local and one remote); `network` the job's network settings.
+fn slow_lab(mode: &str, network: &str) -> String {
     format!(
         "name: lab-{mode}\nparallelism: 1\ncheckpoint: {{ interval: 1s, mode: {mode}, timeout: 60s }}\n\
+         network: {{ {network} }}\n\
          source:\n  nexmark: {{ stream: bid, events: 24000, seed: 3 }}\n  batch_size: 64\n\
          sink:\n  blackhole: {{ delay_per_batch: 50ms }}\n  parallelism: 2\n"
     )
@@ -147,23 +151,67 @@ fn median(mut v: Vec<u64>) -> u64 {
     v.get(v.len() / 2).copied().unwrap_or(0)
 }
 
+/// What a sink task's input gate reported once: bytes in flight, throughput (bytes per
+/// second), and the per-channel limit debloating set.
+#[derive(Debug, Clone, Copy)]
+struct GateSample {
+    in_flight: u64,
+    rate: u64,
+    limit: u64,
+}
+
+/// Waits for job `id` to finish, sampling its sink tasks' gates from the job's status
+/// (workers report every second) on the way.
+fn finish_sampling_gates(cluster: &MiniCluster, id: &str) -> (Value, Vec<GateSample>) {
+    let mut samples = Vec::new();
+    for _ in 0..480 {
+        let status = cluster.status(id);
+        if matches!(status["state"].as_str(), Some("finished" | "failed")) {
+            break;
+        }
+        for t in status["tasks"].as_array().into_iter().flatten() {
+            if t["task"].as_str().is_some_and(|n| n.starts_with("sink"))
+                && t["input_bytes_per_s"].as_u64().unwrap_or(0) > 0
+            {
+                samples.push(GateSample {
+                    in_flight: t["in_flight_bytes"].as_u64().unwrap_or(0),
+                    rate: t["input_bytes_per_s"].as_u64().unwrap_or(0),
+                    limit: t["channel_limit_bytes"].as_u64().unwrap_or(0),
+                });
+            }
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    (cluster.wait_finished(id), samples)
+}
+
 #[test]
-fn under_back_pressure_unaligned_checkpoints_overtake_what_aligned_ones_wait_behind() {
+fn under_back_pressure_unaligned_overtakes_and_debloating_shrinks_what_aligned_waits_behind() {
     let _serial = serial();
     let dir = tempdir();
     let cluster = MiniCluster::start(dir.path(), 2, |_| Vec::new(), &[]);
     let mut medians = Vec::new();
-    for mode in ["aligned", "unaligned"] {
-        let job = write_job(dir.path(), &format!("{mode}.yaml"), &slow_lab(mode));
+    let mut in_flight = Vec::new();
+    let labs = [
+        ("aligned", "aligned", "debloat: false"),
+        ("aligned, debloated", "aligned", "debloat: 1s"),
+        ("unaligned", "unaligned", "debloat: false"),
+    ];
+    for (i, (what, mode, network)) in labs.into_iter().enumerate() {
+        let job = write_job(
+            dir.path(),
+            &format!("lab-{i}.yaml"),
+            &slow_lab(mode, network),
+        );
         let id = cluster.submit(dir.path(), &job, 2);
-        let status = cluster.wait_finished(&id);
+        let (status, gates) = finish_sampling_gates(&cluster, &id);
         // The final checkpoint (taken where the finished tasks wait) carries no barrier.
         let mut figures = checkpoint_figures(&status);
         figures.pop();
-        eprintln!("{mode}: (duration ms, channel-state bytes) per checkpoint: {figures:?}");
+        eprintln!("{what}: (duration ms, channel-state bytes) per checkpoint: {figures:?}");
         assert!(
             figures.len() >= 2,
-            "{mode}: too few checkpoints to compare: {status:#}"
+            "{what}: too few checkpoints to compare: {status:#}"
         );
         let stored: u64 = figures.iter().map(|f| f.1).sum();
         match mode {
@@ -171,13 +219,55 @@ fn under_back_pressure_unaligned_checkpoints_overtake_what_aligned_ones_wait_beh
             _ => assert!(stored > 0, "the overtaken data is stored: {figures:?}"),
         }
         medians.push(median(figures.iter().map(|f| f.0).collect()));
+        // The sinks' gates: bytes in flight, and how long those take to drain.
+        assert!(gates.len() >= 4, "{what}: too few gate samples: {gates:?}");
+        let debloated = network.ends_with("1s");
+        let limits: Vec<u64> = gates.iter().map(|g| g.limit).collect();
+        if debloated {
+            let max = limits.iter().copied().max().unwrap_or(0);
+            assert!(
+                max > 0 && max < 2 << 20,
+                "{what}: debloating limits each channel below its 2 MiB budget: {gates:?}"
+            );
+        } else {
+            assert!(
+                limits.iter().all(|&l| l == 0),
+                "{what}: not debloated: {gates:?}"
+            );
+        }
+        let bytes = median(gates.iter().map(|g| g.in_flight).collect());
+        let drain_ms = median(
+            gates
+                .iter()
+                .map(|g| g.in_flight * 1000 / g.rate.max(1))
+                .collect(),
+        );
+        eprintln!(
+            "{what}: sink gates hold a median {bytes} bytes in flight, {drain_ms} ms of their \
+             throughput"
+        );
+        in_flight.push((bytes, drain_ms));
     }
+    // Memory in one run, compared: debloating holds less in flight than the buffers
+    // allow, about the target's worth of throughput.
+    let (full, debloated) = (in_flight[0], in_flight[1]);
+    assert!(
+        debloated.0 < full.0,
+        "debloating must hold less in flight: {debloated:?} against {full:?}"
+    );
+    assert!(
+        debloated.1 <= 2_000,
+        "a debloated gate holds about 1 s of its throughput, not {} ms",
+        debloated.1
+    );
     // Durations are printed, not asserted (the house rule: speed is for benchmarks; under
-    // the whole suite's load the ratio fell from about 15x to 2x). That the unaligned
-    // barriers overtook queued data is shown by what they stored.
-    let (aligned, unaligned) = (medians[0], medians[1]);
+    // the whole suite's load the unaligned ratio fell from about 15x to 2x). That the
+    // unaligned barriers overtook queued data is shown by what they stored.
+    let (aligned, debloat, unaligned) = (medians[0], medians[1], medians[2]);
     eprintln!(
-        "median checkpoint: aligned {aligned} ms, unaligned {unaligned} ms ({:.1}x)",
+        "median checkpoint: aligned {aligned} ms, aligned debloated {debloat} ms, unaligned \
+         {unaligned} ms ({:.1}x, {:.1}x)",
+        aligned as f64 / debloat.max(1) as f64,
         aligned as f64 / unaligned.max(1) as f64
     );
 }

@@ -152,6 +152,10 @@ impl Sampler {
                     .map(|(key, share)| pbc::HotKey { key, share })
                     .collect(),
                 alignment_paused_ms_per_s: per_s(d_paused),
+                in_flight_bytes: t.input_in_flight_bytes(),
+                input_bytes_per_s: t.input_bytes_per_s.load(Ordering::Relaxed),
+                channel_limit_bytes: t.channel_limit_bytes.load(Ordering::Relaxed),
+                buffer_bytes: u64::from(i.buffer_bytes),
             });
         }
         out
@@ -179,6 +183,18 @@ pub fn format_line(worker: u32, m: &pbc::TaskMetrics, rss_bytes: u64) -> String 
         m.backlog,
         rss_bytes / 1024
     );
+    if m.input_bytes_per_s > 0 || m.in_flight_bytes > 0 {
+        line.push_str(&format!(
+            " in_flight_bytes={} input_bytes_per_s={}",
+            m.in_flight_bytes, m.input_bytes_per_s
+        ));
+    }
+    if m.channel_limit_bytes > 0 {
+        line.push_str(&format!(" channel_limit_bytes={}", m.channel_limit_bytes));
+    }
+    if m.buffer_bytes > 0 {
+        line.push_str(&format!(" buffer_bytes={}", m.buffer_bytes));
+    }
     if !m.watermark_held_by.is_empty() {
         line.push_str(&format!(" watermark_held_by={}", m.watermark_held_by));
     }
@@ -252,7 +268,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A task figure of the worker: the metric and its value.
 type Figure = (Metric, fn(&pbc::TaskMetrics) -> f64);
 
-const FIGURES: [Figure; 7] = [
+const FIGURES: [Figure; 10] = [
     (
         Metric::counter(
             "sluice.task.network.received",
@@ -300,6 +316,30 @@ const FIGURES: [Figure; 7] = [
             "Buffers a task's remote output channels have waiting for credit.",
         ),
         |m| m.backlog as f64,
+    ),
+    (
+        Metric::gauge(
+            "sluice.task.network.in_flight",
+            "By",
+            "Bytes a task's input channels hold, received and not yet processed.",
+        ),
+        |m| m.in_flight_bytes as f64,
+    ),
+    (
+        Metric::gauge(
+            "sluice.task.network.channel_limit",
+            "By",
+            "Bytes each input channel of a task may hold under buffer debloating (0: not debloated).",
+        ),
+        |m| m.channel_limit_bytes as f64,
+    ),
+    (
+        Metric::gauge(
+            "sluice.task.network.buffer_size",
+            "By",
+            "Network buffer size a task's remote input channels ask of their producers.",
+        ),
+        |m| m.buffer_bytes as f64,
     ),
     (
         Metric::counter(

@@ -4,9 +4,12 @@
 //! worker index) and then runs three kinds of owned tasks:
 //!
 //! - the **writer** owns the write half: it sends what the subpartitions' send loops and
-//!   the input channels' credit announcements hand it, and pings when idle;
-//! - the **reader** owns the read half and the remote input channels: buffers and
-//!   priority events go to their channel, credits to their subpartition;
+//!   the input channels' credit announcements hand it, in vectored writes that send each
+//!   buffer from where it is, and pings when idle;
+//! - the **reader** owns the read half (read through one buffer, several frames a read)
+//!   and the remote input channels: buffers and
+//!   priority events go to their channel, credits and buffer sizes to their
+//!   subpartition;
 //! - one **send loop** per subpartition (`partition::send_loop`).
 //!
 //! Anything wrong on the wire (a malformed or oversized frame, an unknown channel, a
@@ -20,22 +23,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::error::{Error, Result};
-use crate::network::frame::{self, ChannelId, Frame, MAGIC, PROTOCOL_VERSION};
+use crate::network::frame::{
+    self, ChannelId, Frame, FrameReader, FrameWriter, MAGIC, PROTOCOL_VERSION,
+};
 use crate::network::input_channel::RemoteInputChannel;
 use crate::network::partition::{Subpartition, send_loop};
 
 /// Frames the send loops of one connection may queue for its writer: buffers that left
 /// their subpartitions and wait for the socket.
 pub const WRITER_FRAMES: usize = 64;
-/// The writer's buffer in front of the socket.
-pub const WRITE_BUFFER_BYTES: usize = 64 << 10;
+/// The reader's buffer (`frame::FrameReader`), besides one maximal frame; the writer
+/// sends buffers from where they are and keeps only frame heads.
+pub const IO_BUFFER_BYTES: usize = frame::READ_BUFFER_BYTES;
 
 /// Exchanges hellos on a fresh connection; returns the peer's worker index.
 pub async fn handshake(
@@ -177,8 +183,7 @@ async fn write_loop(
     outputs: Vec<Arc<Subpartition>>,
     peer_timeout: Duration,
 ) -> Result<()> {
-    let mut wr = BufWriter::with_capacity(WRITE_BUFFER_BYTES, wr);
-    let mut scratch = BytesMut::new();
+    let mut wr = FrameWriter::new(wr);
     let ping_every = (peer_timeout / 4).max(Duration::from_millis(50));
     let mut frames_open = true;
     let mut stopped = *stop.borrow();
@@ -187,9 +192,8 @@ async fn write_loop(
             if !frames_open && stopped {
                 // Everything sent: close our half; the peer reads to the end.
                 while let Ok(f) = credits.try_recv() {
-                    frame::write_frame(&mut wr, &f, &mut scratch).await?;
+                    wr.push(&f).await?;
                 }
-                wr.flush().await?;
                 wr.shutdown().await?;
                 return Ok(());
             }
@@ -209,7 +213,7 @@ async fn write_loop(
                 }
                 _ = tokio::time::sleep(ping_every) => Frame::Ping,
             };
-            frame::write_frame(&mut wr, &frame, &mut scratch).await?;
+            wr.push(&frame).await?;
             if frames.is_empty() && credits.is_empty() {
                 wr.flush().await?;
             }
@@ -230,19 +234,16 @@ async fn write_loop(
 }
 
 async fn read_loop(
-    mut rd: OwnedReadHalf,
+    rd: OwnedReadHalf,
     mut inputs: HashMap<ChannelId, RemoteInputChannel>,
     outputs: HashMap<ChannelId, Arc<Subpartition>>,
     peer: String,
     settings: ConnectionSettings,
 ) -> Result<()> {
+    let mut rd = FrameReader::new(rd, settings.max_frame_bytes);
     let result: std::result::Result<(), String> = async {
         loop {
-            let frame = match tokio::time::timeout(
-                settings.peer_timeout,
-                frame::read_frame(&mut rd, settings.max_frame_bytes),
-            )
-            .await
+            let frame = match tokio::time::timeout(settings.peer_timeout, rd.next()).await
             {
                 Err(_) => {
                     return Err(format!(
@@ -275,6 +276,10 @@ async fn read_loop(
                 Frame::Credit { id, credits } => match outputs.get(&id) {
                     Some(p) => p.add_credit(credits),
                     None => return Err(format!("credit for unknown channel {id}")),
+                },
+                Frame::BufferSize { id, bytes } => match outputs.get(&id) {
+                    Some(p) => p.set_buffer_bytes(bytes as usize)?,
+                    None => return Err(format!("buffer size for unknown channel {id}")),
                 },
                 Frame::Ping => {}
                 Frame::Hello { .. } => return Err("a second hello".into()),

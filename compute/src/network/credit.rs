@@ -8,9 +8,16 @@
 //! to the pool. The producer's backlog, sent with every buffer, is what makes a channel
 //! ask for floating buffers.
 //!
-//! Invariant: `in_use + announced <= exclusive + floating` at all times, so a producer
-//! can never make the consumer hold more buffers than configured; a buffer sent without
-//! credit is a protocol error.
+//! Invariant: `in_use + announced + withheld <= exclusive + floating` at all times, so
+//! a producer can never make the consumer hold more buffers than configured; a buffer
+//! sent without credit is a protocol error.
+//!
+//! Buffer debloating bounds a channel in bytes too ([`ChannelBound`]): every element
+//! delivered to the gate is charged its size until the gate lets go of it, and while
+//! the channel holds its limit a freed buffer is not announced again (its credit is
+//! *withheld*, a floating one goes back to the pool) until the gate has let go of
+//! enough. The same limit sets the buffer size the channel asks its producer for
+//! ([`Frame::BufferSize`]).
 //!
 //! This file knows nothing of sockets or decoding; credit announcements go out through
 //! the [`CreditSink`] the connection provides.
@@ -18,7 +25,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::network::frame::{ChannelId, Frame};
-use crate::queue::Releasable;
+use crate::queue::{ChannelBound, Releasable};
 
 /// Where credit announcements go (the connection writer).
 pub type CreditSink = tokio::sync::mpsc::UnboundedSender<Frame>;
@@ -54,13 +61,32 @@ impl FloatingPool {
     }
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct State {
     in_use: u32,
     announced: u32,
     floating: u32,
     backlog: u32,
     done: bool,
+    /// Bytes of delivered elements the gate has not let go of.
+    held: usize,
+    /// The channel takes more buffers only while it holds less.
+    limit: usize,
+    /// Exclusive buffers freed while the channel held its limit, not announced yet.
+    withheld: u32,
+    /// The buffer size last asked of the producer (at first the configured one).
+    buffer_bytes: u32,
+}
+
+/// Smallest buffer a debloated channel asks for: below it, frame headers and wake-ups
+/// cost more than the memory saved.
+pub const MIN_BUFFER_BYTES: usize = 1 << 10;
+
+/// The buffer size a channel allowed to hold `limit` bytes asks its producer for: an
+/// eighth of it (the producer queues up to its subpartition's buffers plus one, and
+/// the channel's credit is in flight besides), within [`MIN_BUFFER_BYTES`] and `max`.
+pub fn debloated_buffer_bytes(limit: usize, max: usize) -> usize {
+    (limit / 8).clamp(MIN_BUFFER_BYTES.min(max), max)
 }
 
 /// The credit of one remote input channel.
@@ -68,6 +94,7 @@ struct State {
 pub struct InputCredit {
     id: ChannelId,
     exclusive: u32,
+    max_buffer_bytes: usize,
     pool: Arc<FloatingPool>,
     state: Mutex<State>,
     sink: CreditSink,
@@ -82,16 +109,38 @@ pub struct CreditStats {
     pub announced: u32,
     /// The producer's last announced backlog.
     pub backlog: u32,
+    /// Bytes of elements the gate has not let go of.
+    pub held_bytes: usize,
+    /// The buffer size the channel asks of its producer.
+    pub buffer_bytes: u32,
 }
 
 impl InputCredit {
-    /// Credit accounting for channel `id`.
-    pub fn new(id: ChannelId, exclusive: u32, pool: Arc<FloatingPool>, sink: CreditSink) -> Self {
+    /// Credit accounting for channel `id`, whose producer fills buffers of
+    /// `max_buffer_bytes` unless asked for smaller ones.
+    pub fn new(
+        id: ChannelId,
+        exclusive: u32,
+        max_buffer_bytes: usize,
+        pool: Arc<FloatingPool>,
+        sink: CreditSink,
+    ) -> Self {
         Self {
             id,
             exclusive: exclusive.max(1),
+            max_buffer_bytes,
             pool,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                in_use: 0,
+                announced: 0,
+                floating: 0,
+                backlog: 0,
+                done: false,
+                held: 0,
+                limit: usize::MAX,
+                withheld: 0,
+                buffer_bytes: max_buffer_bytes as u32,
+            }),
             sink,
         }
     }
@@ -126,7 +175,7 @@ impl InputCredit {
             s.in_use += 1;
             s.backlog = backlog;
             let want = backlog.saturating_sub(s.announced);
-            let got = if want > 0 && !s.done {
+            let got = if want > 0 && !s.done && s.held < s.limit {
                 self.pool.take(want)
             } else {
                 0
@@ -144,11 +193,15 @@ impl InputCredit {
         let again = {
             let mut s = self.lock();
             s.in_use = s.in_use.saturating_sub(1);
-            if s.done || (s.floating > 0 && s.backlog <= s.announced) {
+            let full = s.held >= s.limit;
+            if s.done || (s.floating > 0 && (full || s.backlog <= s.announced)) {
                 if s.floating > 0 {
                     s.floating -= 1;
                     self.pool.give(1);
                 }
+                0
+            } else if full {
+                s.withheld += 1;
                 0
             } else {
                 s.announced += 1;
@@ -165,7 +218,13 @@ impl InputCredit {
         let idle = s.floating.min(s.announced);
         s.floating -= idle;
         s.announced = 0;
+        s.withheld = 0;
         self.pool.give(idle);
+    }
+
+    /// An element of `bytes` goes to the gate; given back through [`ChannelBound`].
+    pub fn charge(&self, bytes: usize) {
+        self.lock().held += bytes;
     }
 
     /// Current figures.
@@ -175,7 +234,51 @@ impl InputCredit {
             in_use: s.in_use,
             announced: s.announced,
             backlog: s.backlog,
+            held_bytes: s.held,
+            buffer_bytes: s.buffer_bytes,
         }
+    }
+
+    /// Announces withheld credit once the channel holds less than its limit.
+    fn resume(&self, s: &mut State) -> u32 {
+        if s.withheld == 0 || s.done || s.held >= s.limit {
+            return 0;
+        }
+        let n = std::mem::take(&mut s.withheld);
+        s.announced += n;
+        n
+    }
+}
+
+impl ChannelBound for InputCredit {
+    fn held_bytes(&self) -> usize {
+        self.lock().held
+    }
+
+    fn set_limit(&self, bytes: usize) {
+        let (again, size) = {
+            let mut s = self.lock();
+            s.limit = bytes.max(1);
+            let size = debloated_buffer_bytes(s.limit, self.max_buffer_bytes) as u32;
+            let ask = (!s.done && size != s.buffer_bytes).then_some(size);
+            if ask.is_some() {
+                s.buffer_bytes = size;
+            }
+            (self.resume(&mut s), ask)
+        };
+        if let Some(bytes) = size {
+            let _ = self.sink.send(Frame::BufferSize { id: self.id, bytes });
+        }
+        self.announce(again);
+    }
+
+    fn give_back(&self, bytes: usize) {
+        let again = {
+            let mut s = self.lock();
+            s.held = s.held.saturating_sub(bytes);
+            self.resume(&mut s)
+        };
+        self.announce(again);
     }
 }
 
@@ -212,7 +315,7 @@ mod tests {
             subtask: 0,
             channel: 0,
         };
-        let c = Arc::new(InputCredit::new(id, 2, pool.clone(), tx));
+        let c = Arc::new(InputCredit::new(id, 2, 32 << 10, pool.clone(), tx));
         c.open();
         assert_eq!(credits(&mut rx), 2);
         c.on_buffer(0).unwrap();
@@ -237,5 +340,42 @@ mod tests {
         }
         assert_eq!(pool.available(), 3);
         assert_eq!(c.stats().in_use, 0);
+    }
+
+    #[test]
+    fn a_channel_at_its_byte_limit_withholds_credit_until_the_gate_lets_go() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let pool = FloatingPool::new(4);
+        let id = ChannelId {
+            chain: 1,
+            subtask: 0,
+            channel: 0,
+        };
+        let c = Arc::new(InputCredit::new(id, 2, 32 << 10, pool.clone(), tx));
+        c.open();
+        assert_eq!(credits(&mut rx), 2);
+        // Debloating: at most 16 KiB held, and buffers of 2 KiB asked of the producer.
+        c.set_limit(16 << 10);
+        match rx.try_recv() {
+            Ok(Frame::BufferSize { bytes, .. }) => assert_eq!(bytes, 2 << 10),
+            other => panic!("expected a buffer size, got {other:?}"),
+        }
+        // A buffer completes a 20 KiB element: the channel holds more than its limit.
+        c.on_buffer(0).unwrap();
+        c.charge(20 << 10);
+        c.release();
+        assert_eq!(credits(&mut rx), 0, "the freed buffer's credit is withheld");
+        // Nor does a backlog borrow floating buffers while over the limit.
+        c.on_buffer(3).unwrap();
+        assert_eq!(credits(&mut rx), 0);
+        c.release();
+        assert_eq!(c.stats().held_bytes, 20 << 10);
+        assert_eq!(c.stats().announced, 0);
+        // The gate lets go of the element: the withheld credit is announced.
+        c.give_back(20 << 10);
+        assert_eq!(credits(&mut rx), 2);
+        let s = c.stats();
+        assert_eq!((s.in_use, s.announced, s.held_bytes), (0, 2, 0));
+        assert_eq!(pool.available(), 4);
     }
 }

@@ -150,7 +150,7 @@ impl NetworkProbes {
         s
     }
 
-    /// Sums over the input channels of `task`.
+    /// Sums over the input channels of `task` (the largest buffer size of them).
     pub fn input_stats(&self, task: &str) -> CreditStats {
         let mut s = CreditStats::default();
         for (_, c) in self.inputs.iter().filter(|(t, _)| t == task) {
@@ -158,6 +158,8 @@ impl NetworkProbes {
             s.in_use += x.in_use;
             s.announced += x.announced;
             s.backlog += x.backlog;
+            s.held_bytes += x.held_bytes;
+            s.buffer_bytes = s.buffer_bytes.max(x.buffer_bytes);
         }
         s
     }
@@ -204,7 +206,7 @@ impl NetworkMemory {
             + outputs * (config.subpartition_buffers + 1)
             + connections * connection::WRITER_FRAMES;
         let bytes = buffers as u64 * config.buffer_bytes as u64
-            + (connections * connection::WRITE_BUFFER_BYTES) as u64;
+            + (connections * connection::IO_BUFFER_BYTES) as u64;
         Self {
             inputs,
             gates,
@@ -304,7 +306,7 @@ impl NetworkBuilder {
     }
 
     /// The consumer end of channel `id` (fed into `inlet`), whose producer runs on
-    /// worker `peer`.
+    /// worker `peer`; returns its credit, which bounds the channel.
     pub fn input(
         &mut self,
         task: &str,
@@ -312,13 +314,14 @@ impl NetworkBuilder {
         id: ChannelId,
         inlet: Inlet,
         pool: &Arc<FloatingPool>,
-    ) {
-        let exclusive = self.config.exclusive_buffers;
+    ) -> Arc<InputCredit> {
+        let (exclusive, buffer_bytes) = (self.config.exclusive_buffers, self.config.buffer_bytes);
         self.remote_gates.insert(Arc::as_ptr(pool) as usize);
         let plan = self.plan(peer);
         let credit = Arc::new(InputCredit::new(
             id,
             exclusive,
+            buffer_bytes,
             pool.clone(),
             plan.credit_tx.clone(),
         ));
@@ -328,7 +331,8 @@ impl NetworkBuilder {
             inlet,
             DEFAULT_MAX_ELEMENT_BYTES,
         ));
-        self.probes.inputs.push((task.to_owned(), credit));
+        self.probes.inputs.push((task.to_owned(), credit.clone()));
+        credit
     }
 
     /// Live figures of the channels registered so far.
@@ -397,13 +401,13 @@ mod tests {
     fn the_network_memory_bound_counts_every_buffer_the_settings_allow() {
         let config = NetworkConfig::default();
         // 4 remote inputs x 2 + 2 gates x 8 + 4 subpartitions x (4 + 1) + 1 connection x
-        // 64 frames = 108 buffers of 32 KiB, and a 64 KiB write buffer.
+        // 64 frames = 108 buffers of 32 KiB, and a 256 KiB read buffer.
         let need = NetworkMemory::of(&config, 4, 2, 4, 1);
-        assert_eq!(need.bytes, 108 * 32 * 1024 + 64 * 1024);
+        assert_eq!(need.bytes, 108 * 32 * 1024 + 256 * 1024);
         need.check(&config, need.bytes).unwrap();
         need.check(&config, 0).unwrap();
         let err = need.check(&config, need.bytes - 1).unwrap_err().to_string();
-        assert!(err.contains("needs 3.4 MiB of network buffers"), "{err}");
+        assert!(err.contains("needs 3.6 MiB of network buffers"), "{err}");
         assert!(
             err.contains("4 remote input channels x 2 exclusive buffers"),
             "{err}"

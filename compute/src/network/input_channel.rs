@@ -6,7 +6,8 @@
 //! credit returns to the producer only once the gate lets go of those elements. Bytes of
 //! an element that spans buffers are copied into the decoder (bounded by the largest
 //! element allowed) and their buffers freed at once, so a batch larger than all buffers
-//! of a channel cannot dead-lock it.
+//! of a channel cannot dead-lock it. Each element is also charged its size to the
+//! channel's credit until the gate lets go of it (the byte limit of buffer debloating).
 
 use std::sync::Arc;
 
@@ -73,10 +74,11 @@ impl RemoteInputChannel {
             let Some(element) = element else { break };
             self.sequence += 1;
             let end = matches!(element, StreamElement::EndOfPartition);
+            let bytes = element.size_bytes();
+            self.credit.charge(bytes);
+            let release = Release::buffer(guard.clone()).charged(self.credit.clone(), bytes);
             // A consumer that is gone has failed or been cancelled; its task reports that.
-            let _ = self
-                .inlet
-                .deliver(self.sequence, element, Release::buffer(guard.clone()));
+            let _ = self.inlet.deliver(self.sequence, element, release);
             if end {
                 self.finished = true;
                 self.credit.finish();

@@ -7,6 +7,10 @@
 //! (buffers still queued). At most `capacity` finished buffers queue: beyond that the
 //! producer waits (that wait is back pressure), so memory is bounded by configuration.
 //!
+//! An element is encoded once, into an allocation of its own; where it fills whole
+//! buffers those buffers are slices of that allocation (no copy), and only the bytes
+//! that share a buffer with other elements are copied into it.
+//!
 //! Flushing: a full buffer is finished at once; watermarks, barriers and the end of the
 //! partition finish the current buffer immediately; batches either do too
 //! (`flush_every_batch`, a buffer timeout of 0) or wait until the buffer is full or
@@ -15,13 +19,17 @@
 //! An unaligned barrier goes ahead of the queued buffers as a priority frame that needs
 //! no credit; the buffers it overtook are returned as the channel's *output* state.
 //!
+//! Buffer debloating: the consumer may ask for smaller buffers ([`Subpartition::
+//! set_buffer_bytes`]), which bounds what queues here to fewer bytes; buffers already
+//! queued keep their size.
+//!
 //! Locks are held for queue operations only, never across an await.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::sync::{Notify, mpsc};
 
 use crate::element::StreamElement;
@@ -31,6 +39,9 @@ use crate::network::frame::{ChannelId, Frame};
 
 #[derive(Debug, Default)]
 struct Inner {
+    /// Bytes per buffer now: the configured size, or the smaller one the consumer asked
+    /// for (buffer debloating).
+    buffer_bytes: usize,
     current: BytesMut,
     current_since: Option<Instant>,
     queue: VecDeque<Bytes>,
@@ -73,7 +84,10 @@ impl Subpartition {
             peer,
             buffer_bytes: buffer_bytes.max(64),
             capacity: capacity.max(1),
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                buffer_bytes: buffer_bytes.max(64),
+                ..Inner::default()
+            }),
             space: Notify::new(),
             ready: Notify::new(),
         })
@@ -94,6 +108,24 @@ impl Subpartition {
         s.credit = s.credit.saturating_add(credits);
         drop(s);
         self.ready.notify_one();
+    }
+
+    /// The consumer asks for buffers of `bytes` from now on; errors (a protocol
+    /// violation) when that is more than the configured size or less than 64 bytes.
+    pub fn set_buffer_bytes(&self, bytes: usize) -> std::result::Result<(), String> {
+        if !(64..=self.buffer_bytes).contains(&bytes) {
+            return Err(format!(
+                "channel {} asked for buffers of {bytes} bytes; they must be 64 to {}",
+                self.id, self.buffer_bytes
+            ));
+        }
+        self.lock().buffer_bytes = bytes;
+        Ok(())
+    }
+
+    /// Bytes per buffer now.
+    pub fn buffer_bytes(&self) -> usize {
+        self.lock().buffer_bytes
     }
 
     /// The connection failed: the producer fails on its next write.
@@ -130,8 +162,11 @@ impl Subpartition {
         }
     }
 
-    /// Appends encoded bytes, finishing full buffers; waits while the queue is full.
-    async fn append(&self, mut data: &[u8], flush: bool, end: bool) -> Result<()> {
+    /// Appends one encoded element, finishing full buffers; waits while the queue is
+    /// full. Where the element fills whole buffers from an empty one, they are slices of
+    /// `data` itself, sent without a copy; only the bytes that share a buffer with other
+    /// elements are copied into it.
+    async fn append(&self, mut data: Bytes, flush: bool, end: bool) -> Result<()> {
         loop {
             {
                 let mut s = self.lock();
@@ -139,20 +174,28 @@ impl Subpartition {
                     return Err(self.error(f));
                 }
                 while s.queue.len() < self.capacity {
-                    if s.current.is_empty() {
-                        s.current.reserve(self.buffer_bytes);
-                        s.current_since = Some(Instant::now());
-                    }
-                    let room = self.buffer_bytes - s.current.len();
-                    let take = room.min(data.len());
-                    s.current.extend_from_slice(&data[..take]);
-                    data = &data[take..];
-                    let full = s.current.len() >= self.buffer_bytes;
-                    if full || (data.is_empty() && flush && !s.current.is_empty()) {
-                        let buf = s.current.split().freeze();
+                    let size = s.buffer_bytes;
+                    if s.current.is_empty() && data.len() >= size {
+                        let buf = data.split_to(size);
                         s.queue.push_back(buf);
                         s.current_since = None;
                         self.ready.notify_one();
+                    } else {
+                        if s.current.is_empty() {
+                            s.current.reserve(size);
+                            s.current_since = Some(Instant::now());
+                        }
+                        let room = size.saturating_sub(s.current.len());
+                        let take = room.min(data.len());
+                        s.current.extend_from_slice(&data[..take]);
+                        data.advance(take);
+                        let full = s.current.len() >= size;
+                        if full || (data.is_empty() && flush && !s.current.is_empty()) {
+                            let buf = s.current.split().freeze();
+                            s.queue.push_back(buf);
+                            s.current_since = None;
+                            self.ready.notify_one();
+                        }
                     }
                     if data.is_empty() && (!flush || s.current.is_empty()) {
                         if end {
@@ -173,6 +216,9 @@ impl Subpartition {
 #[derive(Debug)]
 pub struct SubpartitionWriter {
     part: Arc<Subpartition>,
+    /// Room to encode into, sized by the last element (a new allocation per element:
+    /// its bytes go out as slices of it).
+    size_hint: usize,
     scratch: Vec<u8>,
     flush_every_batch: bool,
 }
@@ -182,6 +228,7 @@ impl SubpartitionWriter {
     pub fn new(part: Arc<Subpartition>, flush_every_batch: bool) -> Self {
         Self {
             part,
+            size_hint: 0,
             scratch: Vec::new(),
             flush_every_batch,
         }
@@ -201,15 +248,18 @@ impl SubpartitionWriter {
 
     /// Writes `element`; waits while the subpartition is full.
     pub async fn write(&mut self, element: &StreamElement) -> Result<()> {
-        self.scratch.clear();
-        codec::encode(element, &mut self.scratch)?;
-        let (flush, end) = match element {
-            StreamElement::Batch(_) => (self.flush_every_batch, false),
-            StreamElement::EndOfPartition => (true, true),
-            _ => (true, false),
+        let (flush, end, hint) = match element {
+            StreamElement::Batch(_) => (self.flush_every_batch, false, self.size_hint),
+            StreamElement::EndOfPartition => (true, true, 1),
+            _ => (true, false, 16),
         };
+        let mut encoded = Vec::with_capacity(hint);
+        codec::encode(element, &mut encoded)?;
+        if matches!(element, StreamElement::Batch(_)) {
+            self.size_hint = encoded.len();
+        }
         self.part.lock().elements += 1;
-        self.part.append(&self.scratch, flush, end).await
+        self.part.append(Bytes::from(encoded), flush, end).await
     }
 
     /// Sends `element` (an unaligned barrier) ahead of every queued buffer; returns the
@@ -407,5 +457,25 @@ mod tests {
             panic!("expected a buffer")
         };
         assert_eq!(data, overtaken[0]);
+    }
+
+    #[tokio::test]
+    async fn a_consumer_asks_for_smaller_buffers_within_the_configured_size() {
+        let part = Subpartition::new(id(), "peer".into(), 4096, 64);
+        assert!(part.set_buffer_bytes(8192).is_err(), "more than configured");
+        assert!(part.set_buffer_bytes(10).is_err(), "less than 64 bytes");
+        part.set_buffer_bytes(1024).unwrap();
+        let mut w = SubpartitionWriter::new(part.clone(), true);
+        w.write(&batch(1000)).await.unwrap();
+        let (tx, mut rx) = mpsc::channel(64);
+        part.add_credit(64);
+        w.write(&StreamElement::EndOfPartition).await.unwrap();
+        send_loop(part.clone(), tx, None).await.unwrap();
+        let mut sizes = Vec::new();
+        while let Ok(Frame::Buffer { data, .. }) = rx.try_recv() {
+            sizes.push(data.len());
+        }
+        assert!(sizes.len() > 4, "{sizes:?}");
+        assert!(sizes.iter().all(|&n| n <= 1024), "{sizes:?}");
     }
 }

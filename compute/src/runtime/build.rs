@@ -39,6 +39,7 @@ use crate::queue::{self, QueueReceiver, QueueSender};
 use crate::runtime::alignment::Alignment;
 use crate::runtime::chain::{Chain, SideRoute, TaskOutput};
 use crate::runtime::channel_state::{ReplayTarget, replay_for};
+use crate::runtime::debloat::DebloatConfig;
 use crate::runtime::input_gate::InputGate;
 use crate::runtime::metrics::{JobMetrics, TaskMetrics};
 use crate::runtime::router::{ChannelSender, OutputEdge, Partitioner};
@@ -247,7 +248,7 @@ pub async fn build_tasks(
                     r.push(None);
                     continue;
                 }
-                let (tx, rx) = queue::input_queue(channels, options.channel_bytes);
+                let (tx, mut rx) = queue::input_queue(channels, options.channel_bytes);
                 let pool = net.as_ref().map(|n| n.floating_pool());
                 let mut slots = Vec::with_capacity(channels);
                 for (c, sender) in tx.into_iter().enumerate() {
@@ -263,13 +264,14 @@ pub async fn build_tasks(
                             channel: c as u32,
                         };
                         let pool = pool.as_ref().ok_or_else(no_net)?;
-                        n.input(
+                        let credit = n.input(
                             &task_name(plan, chain.id, subtask),
                             worker,
                             id,
                             sender.into_inlet(),
                             pool,
                         );
+                        rx.set_bound(c, credit);
                         slots.push(None);
                     }
                 }
@@ -304,6 +306,15 @@ pub async fn build_tasks(
         .as_ref()
         .filter(|c| c.aligned_timeout_ms > 0)
         .map(|c| std::time::Duration::from_millis(c.aligned_timeout_ms));
+    let debloat = plan
+        .graph
+        .network
+        .as_ref()
+        .filter(|n| n.debloat_target_ms > 0)
+        .map(|n| DebloatConfig {
+            target: std::time::Duration::from_millis(n.debloat_target_ms),
+            max_channel_bytes: options.channel_bytes,
+        });
     let mut tasks = Vec::new();
     for chain in &plan.chains {
         // `subtask` names the task, its channels and its contexts, not only an index.
@@ -496,7 +507,9 @@ pub async fn build_tasks(
                     let rx = receivers[chain.id][subtask]
                         .take()
                         .ok_or_else(|| Error::Internal("input queue taken twice".into()))?;
-                    let mut gate = InputGate::new(rx).with_aligned_timeout(aligned_timeout);
+                    let mut gate = InputGate::new(rx)
+                        .with_aligned_timeout(aligned_timeout)
+                        .with_monitor(task_metrics.clone(), debloat);
                     let target = replay_target(plan, chain.id, subtask)?;
                     channel_keys = (0..gate_channels(plan, chain.id))
                         .map(|c| ChannelKey {

@@ -21,6 +21,8 @@
 //!   but not processed by the task before the barrier was passed on. They are still
 //!   processed as usual, and captured (cheap clones) in a [`ChannelState`] that
 //!   [`InputGate::take_channel_state`] hands to whoever stores checkpoints.
+//! - **Throughput and debloating** ([`GateMonitor`]): every period the gate measures
+//!   its throughput and, with buffer debloating, limits what each channel may hold.
 //! - The gate ends when every channel has ended; a failed channel fails the gate.
 //!
 //! The gate does not know whether a channel is local or remote (see `crate::queue`).
@@ -32,6 +34,8 @@ use bytes::Bytes;
 use crate::element::{Barrier, BarrierKind, StreamElement, Timestamp};
 use crate::error::{Error, Result};
 use crate::queue::{Envelope, PriorityEnvelope, QueueReceiver, Received};
+use crate::runtime::debloat::{DebloatConfig, GateMonitor};
+use crate::runtime::metrics::TaskMetrics;
 
 #[derive(Debug)]
 struct ChannelInfo {
@@ -81,6 +85,7 @@ pub struct InputGate {
     last_alignment: Option<std::time::Duration>,
     /// An aligned barrier waiting longer than this goes on unaligned.
     aligned_timeout: Option<std::time::Duration>,
+    monitor: Option<GateMonitor>,
 }
 
 impl InputGate {
@@ -111,7 +116,20 @@ impl InputGate {
             alignment_started: None,
             last_alignment: None,
             aligned_timeout: None,
+            monitor: None,
         }
+    }
+
+    /// Measures the gate's throughput from `metrics` (its task's counters) and, with
+    /// `debloat`, limits what its channels hold to about its target time of it.
+    pub fn with_monitor(
+        mut self,
+        metrics: std::sync::Arc<TaskMetrics>,
+        debloat: Option<DebloatConfig>,
+    ) -> Self {
+        let bounds = self.rx.bounds().to_vec();
+        self.monitor = Some(GateMonitor::new(metrics, bounds, debloat));
+        self
     }
 
     /// The current combined watermark.
@@ -169,6 +187,12 @@ impl InputGate {
 
     /// The next element for the task; `None` once all channels ended. Cancel-safe.
     pub async fn next(&mut self) -> Result<Option<StreamElement>> {
+        if let Some(m) = &mut self.monitor {
+            let now = std::time::Instant::now();
+            if m.due(now) {
+                m.tick(now, self.channels.iter().filter(|c| !c.finished).count());
+            }
+        }
         loop {
             if let Some(e) = self.ready.pop_front() {
                 return Ok(Some(e));

@@ -107,6 +107,14 @@ pub struct TaskMetrics {
     /// Nanoseconds a source task paused because it was ahead of its alignment group
     /// (counted in `idle_ns` too).
     pub alignment_paused_ns: AtomicU64,
+    /// What bounds each channel of the task's input gate (for its in-flight bytes).
+    pub input_bounds: std::sync::OnceLock<Vec<Arc<dyn crate::queue::ChannelBound>>>,
+    /// Bytes each input channel may hold, as buffer debloating last set it (0: not
+    /// debloated).
+    pub channel_limit_bytes: AtomicU64,
+    /// The input gate's measured throughput: bytes received per second of time not
+    /// spent waiting for input, smoothed (0: not measured yet).
+    pub input_bytes_per_s: AtomicU64,
 }
 
 /// Nanoseconds since this process first asked, plus one (never 0): the clock of
@@ -174,6 +182,13 @@ impl TaskMetrics {
             self.backpressured_ns
                 .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
         }
+    }
+
+    /// Bytes the task's input channels hold (received, not yet let go by its gate).
+    pub fn input_in_flight_bytes(&self) -> u64 {
+        self.input_bounds
+            .get()
+            .map_or(0, |b| b.iter().map(|b| b.held_bytes() as u64).sum())
     }
 
     /// Bytes sent on a local channel.

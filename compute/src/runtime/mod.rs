@@ -1,6 +1,7 @@
 //! The task runtime: tasks, their queues, input gates, output routers and chains.
 //!
 //! - [`input_gate`]: merges a task's channels; watermark minimum, idleness, barriers.
+//! - [`debloat`]: a gate's throughput, and buffer debloating of its channels.
 //! - [`router`]: forward / hash / rebalance / broadcast partitioning of a task's output.
 //! - [`chain`]: operators of one task called in sequence.
 //! - [`task`]: the loop of one subtask.
@@ -18,6 +19,7 @@ pub mod alignment;
 pub mod build;
 pub mod chain;
 pub mod channel_state;
+pub mod debloat;
 pub mod fault;
 pub mod input_gate;
 pub mod metrics;

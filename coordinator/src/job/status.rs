@@ -165,6 +165,14 @@ pub struct TaskStatus {
     pub watermark: Option<i64>,
     /// Milliseconds per second a source task paused, ahead of its alignment group.
     pub alignment_paused_ms_per_s: u64,
+    /// Bytes the task's input channels hold, received and not yet processed.
+    pub in_flight_bytes: u64,
+    /// The task's input throughput: bytes per second of time not spent waiting for input.
+    pub input_bytes_per_s: u64,
+    /// Buffer debloating: bytes each input channel may hold (0: not debloated).
+    pub channel_limit_bytes: u64,
+    /// The network buffer size its remote input channels ask for (0: none remote).
+    pub buffer_bytes: u64,
     /// The keys a keyed task sees most, hottest first (sampled).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hot_keys: Vec<HotKey>,
@@ -197,6 +205,10 @@ impl TaskStatus {
             watermark_held_by: t.watermark_held_by.clone(),
             watermark: t.watermark,
             alignment_paused_ms_per_s: t.alignment_paused_ms_per_s,
+            in_flight_bytes: t.in_flight_bytes,
+            input_bytes_per_s: t.input_bytes_per_s,
+            channel_limit_bytes: t.channel_limit_bytes,
+            buffer_bytes: t.buffer_bytes,
             hot_keys: t
                 .hot_keys
                 .iter()

@@ -3,7 +3,9 @@
 //! it).
 
 use super::connector;
-use super::fields::{Fields, Result, choice, duration_ms, positive_duration_ms, string, u32_in};
+use super::fields::{
+    Fields, Result, bool_value, choice, duration_ms, positive_duration_ms, string, u32_in,
+};
 use super::kafka;
 use super::marked_yaml::{Node, PosError};
 use super::pipeline;
@@ -19,6 +21,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "max_parallelism",
     "state",
     "checkpoint",
+    "network",
     "source",
     "watermark",
     "pipeline",
@@ -59,6 +62,7 @@ pub(super) fn job(root: &Node) -> Result<JobSpec> {
     let state = fields.opt("state", state)?.unwrap_or_default();
 
     let checkpoint = fields.opt("checkpoint", checkpoint)?;
+    let network = fields.opt("network", network)?;
 
     let source_entry = fields.require("source", "; e.g. `source: { nexmark: { stream: bid } }`")?;
     let mut source = connector::source(source_entry.value, "source")?;
@@ -92,6 +96,7 @@ pub(super) fn job(root: &Node) -> Result<JobSpec> {
         max_parallelism,
         state,
         checkpoint,
+        network,
         source,
         source_at: source_entry.key.pos,
         pipeline,
@@ -177,6 +182,30 @@ fn checkpoint(node: &Node, path: &str) -> Result<pb::CheckpointConfig> {
         timeout_ms,
         aligned_timeout_ms,
     })
+}
+
+/// Flink's default debloating target.
+const DEFAULT_DEBLOAT_TARGET_MS: u64 = 1000;
+
+fn network(node: &Node, path: &str) -> Result<pb::NetworkSettings> {
+    let fields = Fields::new(node, path, &["debloat"])?;
+    let debloat_target_ms = fields
+        .opt("debloat", |node, path| match bool_value(node, path) {
+            Ok(true) => Ok(DEFAULT_DEBLOAT_TARGET_MS),
+            Ok(false) => Ok(0),
+            Err(_) => positive_duration_ms(node, path).map_err(|e| {
+                PosError::new(
+                    node.pos,
+                    format!(
+                        "{}; `{path}` is true (in-flight data drains in about 1s), false, \
+                         or the time in-flight data should take to drain, e.g. `500ms`",
+                        e.message
+                    ),
+                )
+            }),
+        })?
+        .unwrap_or(0);
+    Ok(pb::NetworkSettings { debloat_target_ms })
 }
 
 fn watermark(node: &Node, path: &str) -> Result<pb::WatermarkSpec> {

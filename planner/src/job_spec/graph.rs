@@ -105,6 +105,7 @@ pub(super) fn job_graph(file: &str, spec: JobSpec) -> pb::JobGraph {
         origin_file: file.to_owned(),
         state: Some(spec.state),
         checkpoint: spec.checkpoint,
+        network: spec.network,
     }
 }
 

@@ -15,6 +15,8 @@ pub(super) struct JobSpec {
     pub state: pb::StateConfig,
     /// Periodic barriers injected by the sources, when set.
     pub checkpoint: Option<pb::CheckpointConfig>,
+    /// How data moves between tasks (buffer debloating), when set.
+    pub network: Option<pb::NetworkSettings>,
     /// Includes the watermark and batch size.
     pub source: pb::SourceSpec,
     /// Where the `source:` key is.

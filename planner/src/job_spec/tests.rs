@@ -969,6 +969,30 @@ fn an_aligned_timeout_switches_aligned_checkpoints_and_is_refused_with_unaligned
 }
 
 #[test]
+fn buffer_debloating_is_on_with_a_target_off_or_refused_with_what_it_takes() {
+    let job = |network: &str| {
+        parse_job(
+            "job.yaml",
+            &format!(
+                "name: t\n{network}source:\n  nexmark: {{ stream: bid }}\nsink:\n  stdout: {{}}\n"
+            ),
+        )
+    };
+    let target = |network: &str| job(network).unwrap().network.map(|n| n.debloat_target_ms);
+    assert_eq!(target(""), None);
+    assert_eq!(target("network: { debloat: true }\n"), Some(1000));
+    assert_eq!(target("network: { debloat: 250ms }\n"), Some(250));
+    assert_eq!(target("network: { debloat: false }\n"), Some(0));
+    let err = job("network: { debloat: soon }\n").unwrap_err().to_string();
+    assert!(err.starts_with("job.yaml:2:21:"), "{err}");
+    assert!(err.contains("`network.debloat` is true"), "{err}");
+    let err = job("network: { debloat: 0s }\n").unwrap_err().to_string();
+    assert!(err.contains("must be longer than zero"), "{err}");
+    let err = job("network: { buffers: 4 }\n").unwrap_err().to_string();
+    assert!(err.contains("buffers"), "{err}");
+}
+
+#[test]
 fn a_job_file_over_the_limit_is_refused_before_it_is_parsed() {
     // Unique junk keys: parsing this would build a map of every one of them first.
     let mut text = String::from("name: t\n");
