@@ -156,10 +156,7 @@ impl Outcome {
     /// When there is no summary line.
     #[track_caller]
     pub fn summary(&self) -> Summary {
-        let line = self
-            .stderr
-            .lines()
-            .find(|l| l.starts_with("finished "))
+        let line = summary_line(&self.stderr)
             .unwrap_or_else(|| panic!("no `finished` summary in stderr:\n{}", self.stderr));
         let counts = line.rsplit_once(": ").map_or(line, |(_, counts)| counts);
         let number_before = |suffix: &str| -> u64 {
@@ -185,6 +182,19 @@ impl Outcome {
             skipped: number_before(" skipped"),
         }
     }
+}
+
+/// The `finished NAME: N records in, ...` summary `sluice run` printed in `stderr`, from
+/// `finished` on. Workers share the run's stderr, and a worker's last message (written in
+/// pieces: stderr is unbuffered) can land in front of the summary on its line, so it is
+/// found at a word start anywhere in a line, not only at the line's start.
+pub fn summary_line(stderr: &str) -> Option<&str> {
+    stderr.lines().find_map(|l| {
+        l.match_indices("finished ")
+            .filter(|(at, _)| l[..*at].chars().last().is_none_or(|c| !c.is_alphanumeric()))
+            .map(|(at, _)| &l[at..])
+            .find(|rest| rest.contains(" records in, "))
+    })
 }
 
 /// The counts of a `sluice run` summary line.

@@ -150,17 +150,7 @@ pub fn run_with_kills_args(
         kills,
         "the job ended before every kill:\n{stderr}"
     );
-    // The workers share the run's stderr, and a worker's last message (written in
-    // pieces: stderr is unbuffered) can land in front of the summary on its line.
-    let summary = stderr
-        .lines()
-        .find_map(|l| {
-            l.match_indices("finished ")
-                .filter(|(at, _)| l[..*at].chars().last().is_none_or(|c| !c.is_alphanumeric()))
-                .map(|(at, _)| &l[at..])
-                .find(|rest| rest.contains(" records in, "))
-        })
-        .unwrap_or_else(|| panic!("no summary:\n{stderr}"));
+    let summary = crate::summary_line(&stderr).unwrap_or_else(|| panic!("no summary:\n{stderr}"));
     // A kill while the job is already restarting joins that restart.
     let restarts: usize = summary
         .rsplit_once(", ")

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use sluice_integration_tests::procs::{Background, children_of};
 use sluice_integration_tests::{
-    assert_same_rows, read_jsonl_dir, run_sluice, sluice_bin, tempdir, write_job, yaml_path,
+    assert_same_rows, read_jsonl_dir, run_sluice, sluice_bin, summary_line, tempdir, write_job,
+    yaml_path,
 };
 
 /// `examples/NAME.yaml` with a smaller source and its sink writing to `out`.
@@ -212,12 +213,7 @@ fn barriers_reach_the_sinks_in_order_in_both_modes() {
             dir.path(),
         );
         out.assert_success().assert_no_panic();
-        let line = out
-            .stderr
-            .lines()
-            .find(|l| l.starts_with("finished "))
-            .unwrap_or_default()
-            .to_owned();
+        let line = summary_line(&out.stderr).unwrap_or_default().to_owned();
         assert!(
             line.contains("barriers at sinks"),
             "{mode}: barriers must reach the sinks: {line}"

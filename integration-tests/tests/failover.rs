@@ -186,10 +186,7 @@ fn an_in_process_run_restarts_from_its_checkpoint_with_memory_state() {
         &[("SLUICE_TEST_FAIL_ONCE_AFTER", "15000")],
     );
     run.assert_success().assert_no_panic();
-    let summary = run
-        .stderr
-        .lines()
-        .find(|l| l.starts_with("finished "))
+    let summary = sluice_integration_tests::summary_line(&run.stderr)
         .unwrap_or_else(|| panic!("no summary:\n{}", run.stderr));
     assert!(summary.ends_with(", 1 restarts"), "{summary}");
     assert!(
