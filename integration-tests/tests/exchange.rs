@@ -330,8 +330,19 @@ fn hello(version: u16, worker: u32) -> Vec<u8> {
 /// a message containing `problem`, in bounded time, without panicking.
 fn garbage_fails_the_worker(bytes: &[u8], version: u16, problem: &str) {
     let dir = tempdir();
-    let (mut child, addr) = lone_worker(dir.path());
-    let mut sock = TcpStream::connect(&addr).expect("connect to the worker");
+    let (child, addr) = lone_worker(dir.path());
+    garbage_fails_the_worker_from(child, &addr, bytes, version, problem);
+}
+
+/// [`garbage_fails_the_worker`] against a worker already started; returns its stderr.
+fn garbage_fails_the_worker_from(
+    mut child: std::process::Child,
+    addr: &str,
+    bytes: &[u8],
+    version: u16,
+    problem: &str,
+) -> String {
+    let mut sock = TcpStream::connect(addr).expect("connect to the worker");
     sock.write_all(&hello(version, 0)).unwrap();
     sock.write_all(bytes).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -358,6 +369,7 @@ fn garbage_fails_the_worker(bytes: &[u8], version: u16, problem: &str) {
     );
     assert!(stderr.contains("127.0.0.1"), "the peer is named:\n{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
 }
 
 #[test]
@@ -374,6 +386,40 @@ fn bad_input_on_the_wire_fails_cleanly() {
         credit.extend_from_slice(&v.to_be_bytes());
     }
     garbage_fails_the_worker(&credit, VERSION, "unknown channel 99/0/0");
-    // A peer speaking another protocol version.
-    garbage_fails_the_worker(&[], 9, "protocol version 9");
+}
+
+#[test]
+fn a_strangers_bad_hello_is_refused_and_the_worker_still_takes_its_peer() {
+    let dir = tempdir();
+    let (mut child, addr) = lone_worker(dir.path());
+    // Random bytes, then a hello of another protocol version: both refused and logged,
+    // while the worker keeps waiting for worker 0.
+    let mut noise = TcpStream::connect(&addr).expect("connect to the worker");
+    noise.write_all(&[0xe8, 0x88, 0x11, 0x93, 7, 7, 7]).unwrap();
+    let mut stranger = TcpStream::connect(&addr).expect("connect to the worker");
+    stranger.write_all(&hello(9, 0)).unwrap();
+    // A quiet connection does not hold the others up either.
+    let _silent = TcpStream::connect(&addr).expect("connect to the worker");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "a stranger's bad hello must not fail the worker"
+    );
+    // Then the real worker 0, which breaks the protocol after its hello: that fails.
+    let stderr = garbage_fails_the_worker_from(
+        child,
+        &addr,
+        &[0, 0, 0, 1, 77],
+        VERSION,
+        "unknown frame type 77",
+    );
+    for refused in [
+        "refused a data connection: bad hello: frame of 3901231507 bytes exceeds the maximum of 64",
+        "refused a data connection: protocol version 9",
+    ] {
+        assert!(
+            stderr.contains(refused),
+            "expected {refused:?} in:\n{stderr}"
+        );
+    }
 }

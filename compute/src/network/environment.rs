@@ -2,10 +2,12 @@
 //! wires channels to connections before they start.
 //!
 //! Worker `i` connects to every peer `j > i` and accepts from every `j < i`, so each
-//! pair has exactly one connection. A connection attempt that fails its hello (wrong
-//! magic, wrong version, an unexpected worker index) fails the worker with a message
-//! naming the address and the problem. Every wait here is bounded by the connect
-//! timeout.
+//! pair has exactly one connection. A peer this worker connects to that fails its hello
+//! (wrong magic, wrong version, another worker index) fails the worker with a message
+//! naming the address and the problem; an incoming connection that fails its hello is
+//! refused and logged and the worker goes on waiting for its peers (anyone who reaches
+//! the port can send bytes; a stranger must not fail a job). Every wait here is bounded
+//! by the connect timeout, whose error lists what was refused meanwhile.
 //!
 //! [`NetworkBuilder`] collects, while tasks are built, which subpartitions go to which
 //! peer and which remote input channels come from it; [`NetworkBuilder::start`] starts
@@ -78,47 +80,68 @@ pub async fn connect_peers(
         }
         Ok::<_, Error>(out)
     };
+    // Handshakes run side by side, so a stranger that connects and says nothing does not
+    // hold up the peers; a bad handshake is refused and logged, never fatal: anyone who
+    // can reach the port can send one (the connect timeout still bounds the wait, and
+    // its error names what was refused).
     let incoming = async {
         let mut got: HashMap<u32, TcpStream> = HashMap::new();
+        let mut handshakes = JoinSet::new();
+        let mut refused: Vec<String> = Vec::new();
         while (got.len() as u32) < me {
-            let accepted = tokio::time::timeout_at(deadline.into(), listener.accept()).await;
-            let (mut stream, addr) = match accepted {
-                Err(_) => {
-                    let missing: Vec<String> = (0..me)
-                        .filter(|j| !got.contains_key(j))
-                        .map(|j| peer_name(j, &peers[j as usize]))
-                        .collect();
-                    return Err(Error::Network {
-                        peer: missing.join(", "),
-                        message: format!("did not connect within {:?}", config.connect_timeout),
-                    });
-                }
-                Ok(Err(e)) => {
-                    return Err(Error::Network {
-                        peer: "listener".into(),
-                        message: format!("accept failed: {e}"),
-                    });
-                }
-                Ok(Ok(s)) => s,
-            };
-            let index = connection::handshake(&mut stream, me, hello_timeout)
-                .await
-                .map_err(|message| {
-                    tracing::error!(peer = %addr, "refused a data connection: {message}");
-                    Error::Network {
-                        peer: addr.to_string(),
-                        message,
+            tokio::select! {
+                accepted = tokio::time::timeout_at(deadline.into(), listener.accept()) => {
+                    match accepted {
+                        Err(_) => {
+                            let missing: Vec<String> = (0..me)
+                                .filter(|j| !got.contains_key(j))
+                                .map(|j| peer_name(j, &peers[j as usize]))
+                                .collect();
+                            let mut message =
+                                format!("did not connect within {:?}", config.connect_timeout);
+                            if !refused.is_empty() {
+                                message.push_str(&format!(
+                                    "; refused meanwhile: {}",
+                                    refused.join("; ")
+                                ));
+                            }
+                            return Err(Error::Network {
+                                peer: missing.join(", "),
+                                message,
+                            });
+                        }
+                        Ok(Err(e)) => {
+                            return Err(Error::Network {
+                                peer: "listener".into(),
+                                message: format!("accept failed: {e}"),
+                            });
+                        }
+                        Ok(Ok((mut stream, addr))) => {
+                            handshakes.spawn(async move {
+                                let r = connection::handshake(&mut stream, me, hello_timeout).await;
+                                (stream, addr, r)
+                            });
+                        }
                     }
-                })?;
-            if index >= me || got.contains_key(&index) {
-                let message = format!("claims to be worker {index}, which is not expected here");
-                tracing::error!(peer = %addr, "refused a data connection: {message}");
-                return Err(Error::Network {
-                    peer: addr.to_string(),
-                    message,
-                });
+                }
+                Some(joined) = handshakes.join_next(), if !handshakes.is_empty() => {
+                    let Ok((stream, addr, r)) = joined else { continue };
+                    let problem = match r {
+                        Err(message) => message,
+                        Ok(index) if index >= me || got.contains_key(&index) => {
+                            format!("claims to be worker {index}, which is not expected here")
+                        }
+                        Ok(index) => {
+                            got.insert(index, stream);
+                            continue;
+                        }
+                    };
+                    tracing::warn!(peer = %addr, "refused a data connection: {problem}");
+                    if refused.len() < 8 {
+                        refused.push(format!("{addr}: {problem}"));
+                    }
+                }
             }
-            got.insert(index, stream);
         }
         Ok::<_, Error>(got)
     };
