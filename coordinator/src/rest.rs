@@ -385,9 +385,7 @@ async fn standby_refuses(
 /// Serves the API on `listener` until the returned handle is dropped.
 pub fn serve(c: Arc<Coordinator>, listener: TcpListener) -> AbortOnDropHandle<()> {
     AbortOnDropHandle::new(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router(c)).await {
-            tracing::error!("the coordinator's REST server stopped: {e}");
-        }
+        sluice_telemetry::http::serve(listener, router(c), Default::default()).await;
     }))
 }
 

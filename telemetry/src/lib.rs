@@ -6,11 +6,12 @@
 //! ([`Collect`]). The same snapshot is rendered as Prometheus text on `GET /metrics`
 //! ([`prometheus`]) and observed by OpenTelemetry instruments exported over OTLP
 //! ([`otlp`]), so the two can never disagree on names or values. `docs/metrics.md`
-//! lists every metric.
+//! lists every metric. [`http`] is how every role's HTTP endpoints take connections.
 //!
 //! This crate must not know about jobs, tasks or shards: roles bring their figures.
 
 pub mod family;
+pub mod http;
 pub mod logs;
 pub mod otlp;
 pub mod prometheus;

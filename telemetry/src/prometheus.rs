@@ -99,9 +99,7 @@ pub fn router(collector: Arc<dyn Collect>) -> Router {
 /// Serves [`router`] on `listener` until the handle is dropped.
 pub fn serve(collector: Arc<dyn Collect>, listener: TcpListener) -> AbortOnDropHandle<()> {
     AbortOnDropHandle::new(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router(collector)).await {
-            tracing::warn!("metrics endpoint stopped: {e}");
-        }
+        crate::http::serve(listener, router(collector), crate::http::Limits::default()).await;
     }))
 }
 
