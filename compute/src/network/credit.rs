@@ -306,10 +306,16 @@ mod tests {
         n
     }
 
-    #[test]
-    fn credit_follows_free_buffers_and_backlog_borrows_floating() {
+    /// A channel with 2 exclusive buffers of 32 KiB and a pool of `floating`, opened.
+    fn opened(
+        floating: u32,
+    ) -> (
+        Arc<InputCredit>,
+        Arc<FloatingPool>,
+        tokio::sync::mpsc::UnboundedReceiver<Frame>,
+    ) {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let pool = FloatingPool::new(3);
+        let pool = FloatingPool::new(floating);
         let id = ChannelId {
             chain: 1,
             subtask: 0,
@@ -318,6 +324,12 @@ mod tests {
         let c = Arc::new(InputCredit::new(id, 2, 32 << 10, pool.clone(), tx));
         c.open();
         assert_eq!(credits(&mut rx), 2);
+        (c, pool, rx)
+    }
+
+    #[test]
+    fn credit_follows_free_buffers_and_backlog_borrows_floating() {
+        let (c, pool, mut rx) = opened(3);
         c.on_buffer(0).unwrap();
         c.on_buffer(0).unwrap();
         assert!(c.on_buffer(0).is_err(), "no credit left");
@@ -344,16 +356,7 @@ mod tests {
 
     #[test]
     fn a_channel_at_its_byte_limit_withholds_credit_until_the_gate_lets_go() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let pool = FloatingPool::new(4);
-        let id = ChannelId {
-            chain: 1,
-            subtask: 0,
-            channel: 0,
-        };
-        let c = Arc::new(InputCredit::new(id, 2, 32 << 10, pool.clone(), tx));
-        c.open();
-        assert_eq!(credits(&mut rx), 2);
+        let (c, pool, mut rx) = opened(4);
         // Debloating: at most 16 KiB held, and buffers of 2 KiB asked of the producer.
         c.set_limit(16 << 10);
         match rx.try_recv() {
