@@ -120,12 +120,16 @@ fn unaligned_checkpoints_replay_their_in_flight_data_through_worker_kills() {
 }
 
 /// A source of one subtask feeding two slow sink subtasks (a rebalance exchange, one
-/// channel local and one remote); `network` the job's network settings.
+/// channel local and one remote); `network` the job's network settings. Each sink takes
+/// about 80 KB/s (20 batches of 16 bids a second) for about 19 s, so the default buffers
+/// (a remote channel's 10 of 32 KiB, a local one's 2 MiB) hold several seconds of its
+/// throughput: the regime debloating is for. (At 64 bids a batch they held about 1.2 s,
+/// no more than the 1 s target, and the lab compared noise.)
 fn slow_lab(mode: &str, network: &str) -> String {
     format!(
         "name: lab-{mode}\nparallelism: 1\ncheckpoint: {{ interval: 1s, mode: {mode}, timeout: 60s }}\n\
          network: {{ {network} }}\n\
-         source:\n  nexmark: {{ stream: bid, events: 24000, seed: 3 }}\n  batch_size: 64\n\
+         source:\n  nexmark: {{ stream: bid, events: 12000, seed: 3 }}\n  batch_size: 16\n\
          sink:\n  blackhole: {{ delay_per_batch: 50ms }}\n  parallelism: 2\n"
     )
 }
