@@ -7,9 +7,10 @@
 //! (buffers still queued). At most `capacity` finished buffers queue: beyond that the
 //! producer waits (that wait is back pressure), so memory is bounded by configuration.
 //!
-//! An element is encoded once, into an allocation of its own; where it fills whole
-//! buffers those buffers are slices of that allocation (no copy), and only the bytes
-//! that share a buffer with other elements are copied into it.
+//! An element is encoded as chunks ([`codec::encode_chunks`]: a batch's own Arrow
+//! buffers behind a small header); where a chunk fills whole buffers those buffers are
+//! slices of it (no copy), and only the bytes that share a buffer with other chunks are
+//! copied into it.
 //!
 //! Flushing: a full buffer is finished at once; watermarks, barriers and the end of the
 //! partition finish the current buffer immediately; batches either do too
@@ -162,10 +163,10 @@ impl Subpartition {
         }
     }
 
-    /// Appends one encoded element, finishing full buffers; waits while the queue is
-    /// full. Where the element fills whole buffers from an empty one, they are slices of
-    /// `data` itself, sent without a copy; only the bytes that share a buffer with other
-    /// elements are copied into it.
+    /// Appends one chunk of an encoded element, finishing full buffers; waits while the
+    /// queue is full. Where the chunk fills whole buffers from an empty one, they are
+    /// slices of `data` itself, sent without a copy; only the bytes that share a buffer
+    /// with other chunks are copied into it.
     async fn append(&self, mut data: Bytes, flush: bool, end: bool) -> Result<()> {
         loop {
             {
@@ -216,9 +217,6 @@ impl Subpartition {
 #[derive(Debug)]
 pub struct SubpartitionWriter {
     part: Arc<Subpartition>,
-    /// Room to encode into, sized by the last element (a new allocation per element:
-    /// its bytes go out as slices of it).
-    size_hint: usize,
     scratch: Vec<u8>,
     flush_every_batch: bool,
 }
@@ -228,7 +226,6 @@ impl SubpartitionWriter {
     pub fn new(part: Arc<Subpartition>, flush_every_batch: bool) -> Self {
         Self {
             part,
-            size_hint: 0,
             scratch: Vec::new(),
             flush_every_batch,
         }
@@ -248,18 +245,23 @@ impl SubpartitionWriter {
 
     /// Writes `element`; waits while the subpartition is full.
     pub async fn write(&mut self, element: &StreamElement) -> Result<()> {
-        let (flush, end, hint) = match element {
-            StreamElement::Batch(_) => (self.flush_every_batch, false, self.size_hint),
-            StreamElement::EndOfPartition => (true, true, 1),
-            _ => (true, false, 16),
+        let (flush, end) = match element {
+            StreamElement::Batch(_) => (self.flush_every_batch, false),
+            StreamElement::EndOfPartition => (true, true),
+            _ => (true, false),
         };
-        let mut encoded = Vec::with_capacity(hint);
-        codec::encode(element, &mut encoded)?;
-        if matches!(element, StreamElement::Batch(_)) {
-            self.size_hint = encoded.len();
-        }
+        let chunks = codec::encode_chunks(element)?;
         self.part.lock().elements += 1;
-        self.part.append(Bytes::from(encoded), flush, end).await
+        let last = chunks.len().saturating_sub(1);
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let (flush, end) = if i == last {
+                (flush, end)
+            } else {
+                (false, false)
+            };
+            self.part.append(chunk, flush, end).await?;
+        }
+        Ok(())
     }
 
     /// Sends `element` (an unaligned barrier) ahead of every queued buffer; returns the
