@@ -290,10 +290,8 @@ fn decode_batch(mut body: Buffer) -> Result<RecordBatch, CodecError> {
         .decode(&mut body)
         .map_err(ipc)?
         .ok_or_else(|| CodecError::Ipc("no record batch".into()))?;
-    if !body.is_empty() {
-        if decoder.decode(&mut body).map_err(ipc)?.is_some() {
-            return Err(CodecError::Ipc("more than one record batch".into()));
-        }
+    if !body.is_empty() && decoder.decode(&mut body).map_err(ipc)?.is_some() {
+        return Err(CodecError::Ipc("more than one record batch".into()));
     }
     decoder.finish().map_err(ipc)?;
     Ok(batch)
