@@ -10,15 +10,13 @@
 //!
 //! Copies: a batch is encoded as a list of chunks ([`encode_chunks`]) whose bodies are
 //! the batch's own Arrow buffers (Arrow's `StreamEncoder` shares them), so the producer
-//! copies only what shares a network buffer with something else. The decoder keeps the
-//! received buffers as they are and copies a complete batch once, into one allocation
-//! aligned for Arrow, which the decoded arrays then point into (no second copy by an IPC
-//! reader, no zero-filling). The arrays are validated (UTF-8, offsets): the bytes come
+//! copies only what shares a network buffer with something else. The decoder copies a
+//! batch's bytes once, as they arrive, into one allocation aligned for Arrow, which the
+//! decoded arrays then point into (no second copy by an IPC reader, no zero-filling); it
+//! keeps no received buffer, which may be a slice of a much larger socket read. The arrays are validated (UTF-8, offsets): the bytes come
 //! from the network.
 //!
 //! Nothing here knows about sockets, credits or channels.
-
-use std::collections::VecDeque;
 
 use arrow::buffer::{Buffer, MutableBuffer};
 use arrow::ipc::reader::StreamDecoder;
@@ -123,160 +121,121 @@ impl AsRef<[u8]> for Shared {
 /// Reassembles elements from the buffers of one channel.
 #[derive(Debug)]
 pub struct Decoder {
-    /// Received bytes not yet part of a returned element, as received.
-    pending: VecDeque<Bytes>,
-    pending_len: usize,
+    /// Received bytes not yet part of an element or a batch in reassembly.
+    pending: BytesMut,
+    /// A batch being received: its IPC bytes so far, and how many it has.
+    body: Option<(MutableBuffer, usize)>,
     max_element: usize,
 }
+
+/// Room a batch in reassembly gets at first; a longer one grows as its bytes arrive (so
+/// a corrupt or hostile length does not allocate its claim up front).
+const FIRST_BODY_BYTES: usize = 4 << 20;
 
 impl Decoder {
     /// A decoder refusing elements longer than `max_element` bytes.
     pub fn new(max_element: usize) -> Self {
         Self {
-            pending: VecDeque::new(),
-            pending_len: 0,
+            pending: BytesMut::new(),
+            body: None,
             max_element,
         }
     }
 
-    /// Adds the bytes of one buffer (kept, not copied).
-    pub fn push(&mut self, data: Bytes) {
-        if !data.is_empty() {
-            self.pending_len += data.len();
-            self.pending.push_back(data);
+    /// Adds the bytes of one buffer. Bytes of a batch in reassembly go straight into
+    /// its allocation: the buffer is not kept (it may be a slice of a larger read).
+    pub fn push(&mut self, mut data: &[u8]) {
+        if let Some((body, len)) = &mut self.body {
+            let take = (*len - body.len()).min(data.len());
+            body.extend_from_slice(&data[..take]);
+            data = &data[take..];
         }
+        self.pending.extend_from_slice(data);
     }
 
     /// Bytes of an incomplete element held.
     pub fn pending_bytes(&self) -> usize {
-        self.pending_len
+        self.pending.len() + self.body.as_ref().map_or(0, |(body, _)| 5 + body.len())
     }
 
     /// A copy of the bytes of the incomplete element held.
     pub fn pending(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(self.pending_len);
-        for chunk in &self.pending {
-            out.extend_from_slice(chunk);
+        let mut out = BytesMut::with_capacity(self.pending_bytes());
+        if let Some((body, len)) = &self.body {
+            out.put_u8(BATCH);
+            out.put_u32(*len as u32);
+            out.extend_from_slice(body.as_slice());
         }
+        out.extend_from_slice(&self.pending);
         out.freeze()
-    }
-
-    /// The first `N` pending bytes (fewer when fewer are held).
-    fn peek<const N: usize>(&self) -> ([u8; N], usize) {
-        let mut out = [0; N];
-        let mut n = 0;
-        for chunk in &self.pending {
-            let take = (N - n).min(chunk.len());
-            out[n..n + take].copy_from_slice(&chunk[..take]);
-            n += take;
-            if n == N {
-                break;
-            }
-        }
-        (out, n)
-    }
-
-    /// Drops the first `n` pending bytes.
-    fn skip(&mut self, mut n: usize) {
-        self.pending_len -= n;
-        while n > 0 {
-            let Some(front) = self.pending.front_mut() else {
-                return;
-            };
-            if front.len() > n {
-                front.advance(n);
-                return;
-            }
-            n -= front.len();
-            self.pending.pop_front();
-        }
-    }
-
-    /// Moves the first `n` pending bytes into one allocation aligned for Arrow.
-    fn take_aligned(&mut self, n: usize) -> Buffer {
-        let mut out = MutableBuffer::with_capacity(n);
-        let mut left = n;
-        while left > 0 {
-            let Some(front) = self.pending.front_mut() else {
-                break;
-            };
-            let take = left.min(front.len());
-            out.extend_from_slice(&front[..take]);
-            left -= take;
-            if take == front.len() {
-                self.pending.pop_front();
-            } else {
-                front.advance(take);
-            }
-        }
-        self.pending_len -= n - left;
-        out.into()
     }
 
     /// The next complete element, if the bytes so far hold one.
     pub fn next_element(&mut self) -> Result<Option<StreamElement>, CodecError> {
-        let (head, have) = self.peek::<10>();
-        if have == 0 {
-            return Ok(None);
+        if let Some((body, len)) = &self.body {
+            if body.len() < *len {
+                return Ok(None);
+            }
+            let (body, _) = self.body.take().unwrap_or_default();
+            return Ok(Some(StreamElement::Batch(decode_batch(body.into())?)));
         }
-        let tag = head[0];
+        let Some(&tag) = self.pending.first() else {
+            return Ok(None);
+        };
         let need = match tag {
             BATCH => {
-                if have < 5 {
+                if self.pending.len() < 5 {
                     return Ok(None);
                 }
-                let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+                let len = u32::from_be_bytes([
+                    self.pending[1],
+                    self.pending[2],
+                    self.pending[3],
+                    self.pending[4],
+                ]) as usize;
                 if len > self.max_element {
                     return Err(CodecError::TooLong {
                         len,
                         max: self.max_element,
                     });
                 }
-                5 + len
+                // The batch moves into an aligned allocation of its own, now and as
+                // the rest of it arrives.
+                self.pending.advance(5);
+                let mut body = MutableBuffer::with_capacity(len.min(FIRST_BODY_BYTES));
+                let take = len.min(self.pending.len());
+                body.extend_from_slice(&self.pending[..take]);
+                self.pending.advance(take);
+                self.body = Some((body, len));
+                return self.next_element();
             }
             WATERMARK => 9,
             IDLE | END => 1,
             BARRIER => 10,
             other => return Err(CodecError::UnknownTag(other)),
         };
-        if self.pending_len < need {
+        if self.pending.len() < need {
             return Ok(None);
         }
+        let mut el = self.pending.split_to(need);
+        el.advance(1);
         Ok(Some(match tag {
-            BATCH => {
-                self.skip(5);
-                let body = self.take_aligned(need - 5);
-                StreamElement::Batch(decode_batch(body)?)
-            }
-            WATERMARK => {
-                self.skip(need);
-                let mut ts = [0; 8];
-                ts.copy_from_slice(&head[1..9]);
-                StreamElement::Watermark(i64::from_be_bytes(ts))
-            }
-            IDLE => {
-                self.skip(need);
-                StreamElement::Idle
-            }
+            WATERMARK => StreamElement::Watermark(el.get_i64()),
+            IDLE => StreamElement::Idle,
             BARRIER => {
-                self.skip(need);
-                let mut id = [0; 8];
-                id.copy_from_slice(&head[1..9]);
-                let kind = match head[9] {
+                let checkpoint_id = el.get_u64();
+                let kind = match el.get_u8() {
                     0 => BarrierKind::Aligned,
                     1 => BarrierKind::Unaligned,
                     2 => BarrierKind::Savepoint,
                     k => return Err(CodecError::BarrierKind(k)),
                 };
                 StreamElement::Barrier(Barrier {
-                    checkpoint_id: u64::from_be_bytes(id),
+                    checkpoint_id,
                     kind,
                 })
             }
-            _ => {
-                self.skip(need);
-                StreamElement::EndOfPartition
-            }
+            _ => StreamElement::EndOfPartition,
         }))
     }
 }
@@ -340,7 +299,7 @@ mod tests {
             let mut dec = Decoder::new(1 << 20);
             let mut out = Vec::new();
             for chunk in bytes.chunks(cut) {
-                dec.push(Bytes::copy_from_slice(chunk));
+                dec.push(chunk);
                 while let Some(e) = dec.next_element().unwrap() {
                     out.push(e);
                 }
@@ -406,7 +365,7 @@ mod tests {
         let mut dec = Decoder::new(1 << 20);
         let mut got = None;
         for chunk in bytes[..].chunks(4093) {
-            dec.push(Bytes::copy_from_slice(chunk));
+            dec.push(chunk);
             if let Some(e) = dec.next_element().unwrap() {
                 got = Some(e);
             }
@@ -422,6 +381,25 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_longer_than_the_first_allocation_grows_and_decodes() {
+        let batch = strings(250_000);
+        let mut bytes = Vec::new();
+        encode(&StreamElement::Batch(batch.clone()), &mut bytes).unwrap();
+        assert!(bytes.len() > FIRST_BODY_BYTES, "{} bytes", bytes.len());
+        let mut dec = Decoder::new(64 << 20);
+        let mut got = Vec::new();
+        for chunk in bytes.chunks(32 << 10) {
+            dec.push(chunk);
+            assert!(dec.pending_bytes() <= bytes.len());
+            while let Some(e) = dec.next_element().unwrap() {
+                got.push(e);
+            }
+        }
+        assert!(matches!(&got[..], [StreamElement::Batch(b)] if *b == batch));
+        assert_eq!(dec.pending_bytes(), 0);
+    }
+
+    #[test]
     fn invalid_utf8_from_the_wire_is_an_error() {
         let batch = strings(10);
         let mut bytes = Vec::new();
@@ -432,7 +410,7 @@ mod tests {
             .expect("the string is in the stream");
         bytes[at] = 0xff;
         let mut dec = Decoder::new(1 << 20);
-        dec.push(Bytes::from(bytes));
+        dec.push(&bytes);
         let err = dec.next_element().unwrap_err();
         assert!(matches!(err, CodecError::Ipc(_)), "{err}");
     }
@@ -440,19 +418,19 @@ mod tests {
     #[test]
     fn corrupt_streams_are_errors() {
         let mut dec = Decoder::new(1000);
-        dec.push(Bytes::from_static(&[BATCH, 0xff, 0xff, 0xff, 0xff]));
+        dec.push(&[BATCH, 0xff, 0xff, 0xff, 0xff]);
         assert!(matches!(
             dec.next_element(),
             Err(CodecError::TooLong { .. })
         ));
         let mut dec = Decoder::new(1000);
-        dec.push(Bytes::from_static(&[42]));
+        dec.push(&[42]);
         assert!(matches!(
             dec.next_element(),
             Err(CodecError::UnknownTag(42))
         ));
         let mut dec = Decoder::new(1000);
-        dec.push(Bytes::from_static(&[BATCH, 0, 0, 0, 3, 1, 2, 3]));
+        dec.push(&[BATCH, 0, 0, 0, 3, 1, 2, 3]);
         assert!(matches!(dec.next_element(), Err(CodecError::Ipc(_))));
     }
 }

@@ -3,10 +3,10 @@
 //! Owned by its connection's reader. Each buffer is checked against credit
 //! ([`InputCredit::on_buffer`]), appended to the channel's [`Decoder`], and every element
 //! it completes goes into the gate's queue holding a [`BufferGuard`], so the buffer's
-//! credit returns to the producer only once the gate lets go of those elements. The
-//! decoder keeps the bytes of an element that spans buffers (bounded by the largest
-//! element allowed) while the buffers' credit goes back at once, so a batch larger than
-//! all buffers of a channel cannot dead-lock it. Each element is also charged its size to the
+//! credit returns to the producer only once the gate lets go of those elements. Bytes of
+//! an element that spans buffers are copied into the decoder (bounded by the largest
+//! element allowed) and their buffers freed at once, so a batch larger than all buffers
+//! of a channel cannot dead-lock it. Each element is also charged its size to the
 //! channel's credit until the gate lets go of it (the byte limit of buffer debloating).
 
 use std::sync::Arc;
@@ -65,7 +65,7 @@ impl RemoteInputChannel {
         }
         self.credit.on_buffer(backlog)?;
         let guard: Arc<BufferGuard> = Arc::new(BufferGuard(self.credit.clone()));
-        self.decoder.push(data.clone());
+        self.decoder.push(data);
         loop {
             let element = self
                 .decoder
@@ -103,7 +103,7 @@ impl RemoteInputChannel {
             ));
         }
         let mut decoder = Decoder::new(data.len());
-        decoder.push(data.clone());
+        decoder.push(data);
         match decoder.next_element() {
             Ok(Some(element)) if decoder.pending_bytes() == 0 => {
                 let partial = self.decoder.pending();

@@ -165,7 +165,7 @@ pub fn replay_for(
 fn decode_channel(key: &ChannelKey, sides: [Vec<&Bytes>; 2]) -> Result<Vec<StreamElement>> {
     let mut decoder = Decoder::new(MAX_ELEMENT);
     for bytes in sides.iter().flatten() {
-        decoder.push(Bytes::clone(bytes));
+        decoder.push(bytes);
     }
     let mut elements = Vec::new();
     let corrupt = |what: String| {
