@@ -13,8 +13,8 @@
 //! copies only what shares a network buffer with something else. The decoder copies a
 //! batch's bytes once, as they arrive, into one allocation aligned for Arrow, which the
 //! decoded arrays then point into (no second copy by an IPC reader, no zero-filling); it
-//! keeps no received buffer, which may be a slice of a much larger socket read. The arrays are validated (UTF-8, offsets): the bytes come
-//! from the network.
+//! keeps no received buffer, which may be a slice of a much larger socket read. The
+//! arrays are validated (UTF-8, offsets): the bytes come from the network.
 //!
 //! Nothing here knows about sockets, credits or channels.
 
@@ -267,20 +267,7 @@ mod tests {
 
     #[test]
     fn elements_survive_arbitrary_buffer_cuts() {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("s", DataType::Utf8, false),
-        ]));
-        let batch = RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(Int64Array::from_iter_values(0..100)),
-                Arc::new(StringArray::from_iter_values(
-                    (0..100).map(|i| format!("v{i}")),
-                )),
-            ],
-        )
-        .unwrap();
+        let batch = strings(100);
         let elements = [
             StreamElement::Watermark(5),
             StreamElement::Batch(batch.slice(10, 50)),
