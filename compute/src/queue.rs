@@ -237,10 +237,19 @@ impl std::fmt::Debug for QueueSender {
 
 impl QueueSender {
     /// Sends `element`, waiting while the channel holds its full byte budget (or the
-    /// smaller limit debloating set).
+    /// smaller limit debloating set). An element sent while the channel has room
+    /// ([`Self::has_room`]) never waits: it is charged no more than what is free (an
+    /// overdraft of at most one element, as a subpartition's), so a task that checked
+    /// for room is not stuck in the send where it cannot take a checkpoint's trigger.
     pub async fn send(&self, element: StreamElement) -> Result<()> {
         let budget = &self.budget;
-        let permits = (element.size_bytes().max(1) as u64).min(u64::from(budget.capacity)) as u32;
+        let mut permits =
+            (element.size_bytes().max(1) as u64).min(u64::from(budget.capacity)) as u32;
+        if self.has_room() {
+            permits = permits
+                .min(budget.permits.available_permits() as u32)
+                .max(1);
+        }
         budget.wait_under_limit().await;
         budget
             .permits

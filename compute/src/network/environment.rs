@@ -200,7 +200,9 @@ pub struct NetworkBuilder {
 }
 
 /// The most memory a worker's remote channels may hold: every buffer their settings let
-/// them own. (An element in reassembly is held beside them, up to one per channel.)
+/// them own. (Beside them: an element in reassembly, up to one per input channel, and
+/// the overdraft of an element a subpartition finishes beyond its queue, up to one per
+/// output channel; its full buffers are mostly slices of the batch's own Arrow buffers.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NetworkMemory {
     /// Remote input channels, each with its exclusive buffers.

@@ -4,8 +4,14 @@
 //! ([`SubpartitionWriter`]); the stream is cut into buffers of `buffer_bytes`. Finished
 //! buffers queue in the subpartition until the consumer grants credit; the connection's
 //! sender loop ([`send_loop`]) sends one buffer per credit and announces the backlog
-//! (buffers still queued). At most `capacity` finished buffers queue: beyond that the
-//! producer waits (that wait is back pressure), so memory is bounded by configuration.
+//! (buffers still queued). A producer waits (that wait is back pressure) before it
+//! starts an element while `capacity` finished buffers queue; an element it started it
+//! finishes without waiting, in buffers beyond `capacity` if need be (Flink's overdraft
+//! buffers). So memory is bounded by configuration plus one element, and a task whose
+//! output had room ([`SubpartitionWriter::has_room`]) never stalls in the middle of a
+//! send, where it cannot take a checkpoint's trigger: a back-pressured source that
+//! stalled there until the slow consumer granted credit held up unaligned checkpoints
+//! for seconds.
 //!
 //! An element is encoded as chunks ([`codec::encode_chunks`]: a batch's own Arrow
 //! buffers behind a small header); where a chunk fills whole buffers those buffers are
@@ -163,52 +169,60 @@ impl Subpartition {
         }
     }
 
-    /// Appends one chunk of an encoded element, finishing full buffers; waits while the
-    /// queue is full. Where the chunk fills whole buffers from an empty one, they are
-    /// slices of `data` itself, sent without a copy; only the bytes that share a buffer
-    /// with other chunks are copied into it.
-    async fn append(&self, mut data: Bytes, flush: bool, end: bool) -> Result<()> {
+    /// Waits until fewer than `capacity` finished buffers queue (or the subpartition
+    /// failed, which the append reports): back pressure, taken between elements.
+    async fn wait_for_room(&self) {
         loop {
             {
-                let mut s = self.lock();
-                if let Some(f) = &s.failed {
-                    return Err(self.error(f));
-                }
-                while s.queue.len() < self.capacity {
-                    let size = s.buffer_bytes;
-                    if s.current.is_empty() && data.len() >= size {
-                        let buf = data.split_to(size);
-                        s.queue.push_back(buf);
-                        s.current_since = None;
-                        self.ready.notify_one();
-                    } else {
-                        if s.current.is_empty() {
-                            s.current.reserve(size);
-                            s.current_since = Some(Instant::now());
-                        }
-                        let room = size.saturating_sub(s.current.len());
-                        let take = room.min(data.len());
-                        s.current.extend_from_slice(&data[..take]);
-                        data.advance(take);
-                        let full = s.current.len() >= size;
-                        if full || (data.is_empty() && flush && !s.current.is_empty()) {
-                            let buf = s.current.split().freeze();
-                            s.queue.push_back(buf);
-                            s.current_since = None;
-                            self.ready.notify_one();
-                        }
-                    }
-                    if data.is_empty() && (!flush || s.current.is_empty()) {
-                        if end {
-                            s.finished = true;
-                            self.ready.notify_one();
-                        }
-                        return Ok(());
-                    }
+                let s = self.lock();
+                if s.failed.is_some() || s.queue.len() < self.capacity {
+                    return;
                 }
             }
-            // Queue full: back pressure until the sender takes a buffer.
             self.space.notified().await;
+        }
+    }
+
+    /// Appends one chunk of an encoded element, finishing full buffers, without waiting
+    /// (see the module doc: an element once started is finished). Where the chunk fills
+    /// whole buffers from an empty one, they are slices of `data` itself, sent without
+    /// a copy; only the bytes that share a buffer with other chunks are copied into it.
+    fn append(&self, mut data: Bytes, flush: bool, end: bool) -> Result<()> {
+        let mut s = self.lock();
+        if let Some(f) = &s.failed {
+            return Err(self.error(f));
+        }
+        loop {
+            let size = s.buffer_bytes;
+            if s.current.is_empty() && data.len() >= size {
+                let buf = data.split_to(size);
+                s.queue.push_back(buf);
+                s.current_since = None;
+                self.ready.notify_one();
+            } else {
+                if s.current.is_empty() {
+                    s.current.reserve(size);
+                    s.current_since = Some(Instant::now());
+                }
+                let room = size.saturating_sub(s.current.len());
+                let take = room.min(data.len());
+                s.current.extend_from_slice(&data[..take]);
+                data.advance(take);
+                let full = s.current.len() >= size;
+                if full || (data.is_empty() && flush && !s.current.is_empty()) {
+                    let buf = s.current.split().freeze();
+                    s.queue.push_back(buf);
+                    s.current_since = None;
+                    self.ready.notify_one();
+                }
+            }
+            if data.is_empty() && (!flush || s.current.is_empty()) {
+                if end {
+                    s.finished = true;
+                    self.ready.notify_one();
+                }
+                return Ok(());
+            }
         }
     }
 }
@@ -243,8 +257,9 @@ impl SubpartitionWriter {
         &self.part
     }
 
-    /// Writes `element`; waits while the subpartition is full.
+    /// Writes `element`; waits before it while the subpartition is full, never during.
     pub async fn write(&mut self, element: &StreamElement) -> Result<()> {
+        self.part.wait_for_room().await;
         let (flush, end) = match element {
             StreamElement::Batch(_) => (self.flush_every_batch, false),
             StreamElement::EndOfPartition => (true, true),
@@ -259,7 +274,7 @@ impl SubpartitionWriter {
             } else {
                 (false, false)
             };
-            self.part.append(chunk, flush, end).await?;
+            self.part.append(chunk, flush, end)?;
         }
         Ok(())
     }
@@ -399,33 +414,54 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn producer_blocks_without_credit_and_resumes_with_it() {
+    async fn producer_blocks_without_credit_between_elements_and_resumes_with_it() {
         let part = Subpartition::new(id(), "peer".into(), 1024, 2);
         let mut w = SubpartitionWriter::new(part.clone(), true);
-        // A 1000-row batch is ~8 KiB: more than two 1 KiB buffers, so the write blocks.
-        let blocked = tokio::time::timeout(Duration::from_millis(100), w.write(&batch(1000))).await;
+        // A 1000-row batch is ~8 KiB: more than two 1 KiB buffers, yet a write that
+        // starts with room finishes (overdraft), so its task is never stuck mid-element.
+        tokio::time::timeout(Duration::from_secs(5), w.write(&batch(1000)))
+            .await
+            .expect("an element started with room is finished without waiting")
+            .unwrap();
+        let queued = part.stats().buffers;
+        assert!(
+            queued > 2,
+            "the element went beyond capacity: {queued} buffers"
+        );
+        assert!(!w.has_room(), "a full subpartition has no room");
+        // The next element waits for the queue to drain below capacity.
+        let blocked = tokio::time::timeout(Duration::from_millis(100), w.write(&batch(10))).await;
         assert!(
             blocked.is_err(),
             "the producer must block on a full subpartition"
         );
-        assert_eq!(part.stats().buffers, 2);
-        let (tx, mut rx) = mpsc::channel(16);
+        assert_eq!(
+            part.stats().buffers,
+            queued,
+            "nothing of the waiting element queued"
+        );
+        let (tx, mut rx) = mpsc::channel(64);
         let sender = tokio::spawn(send_loop(part.clone(), tx, None));
         part.add_credit(1);
         let Some(Frame::Buffer { backlog, data, .. }) = rx.recv().await else {
             panic!("expected a buffer")
         };
         assert_eq!(data.len(), 1024);
-        assert_eq!(backlog, 1);
+        assert_eq!(backlog, queued - 1);
+        // Credit for all but one queued buffer: room again, the next element goes in.
+        part.add_credit(queued - 2);
+        tokio::time::timeout(Duration::from_secs(5), w.write(&batch(10)))
+            .await
+            .expect("room after credit")
+            .unwrap();
         part.add_credit(100);
-        let mut w2 = SubpartitionWriter::new(part.clone(), true);
-        w2.write(&StreamElement::EndOfPartition).await.unwrap();
+        w.write(&StreamElement::EndOfPartition).await.unwrap();
         let mut n = 1;
         while let Some(f) = rx.recv().await {
             assert!(matches!(f, Frame::Buffer { .. }));
             n += 1;
         }
-        assert!(n >= 2);
+        assert!(n as u32 > queued);
         sender.await.unwrap().unwrap();
     }
 
