@@ -11,7 +11,9 @@
 //!   workers' gRPC API on 127.0.0.1, job records in a temporary directory) and two
 //!   `sluice worker --coordinator URL` child processes attached to it; the job is
 //!   submitted and deployed through the attach protocol like any other. It is Nexmark
-//!   bids (parallelism 1) into a blackhole sink (parallelism 1) over a rebalance edge,
+//!   bids (parallelism 1; by default replaying its first `--replay` 64 batches, so that
+//!   the generator's cost, about 115 ns a bid on one thread, does not cap what is
+//!   measured) into a blackhole sink (parallelism 1) over a rebalance edge,
 //!   so placement puts the source on worker 0 and the sink on worker 1 and every batch
 //!   crosses the network as Arrow IPC in credit-based buffers of `--buffer-bytes`.
 //!   Records and bytes are the source task's records and network bytes out, from the
@@ -75,6 +77,12 @@ pub struct Args {
     /// Rows per source batch.
     #[arg(long, default_value_t = 8192)]
     batch_size: u32,
+    /// The source emits its first this many batches over and over (Nexmark's
+    /// `repeat_batches`) so that the exchange, not the generator, is measured, as the raw
+    /// pair sends premade bytes; 0 generates every bid (then one source thread's
+    /// generation and encoding bound the run).
+    #[arg(long, default_value_t = 64)]
+    replay: u32,
     /// How long the raw pair sends (seconds).
     #[arg(long, default_value_t = 6.0)]
     raw_seconds: f64,
@@ -170,11 +178,12 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     };
     let rt = runtime()?;
     rt.block_on(async {
-        let graph = exchange_job(args.events, args.batch_size, 0)?;
+        let graph = exchange_job(args.events, args.batch_size, 0, args.replay)?;
         let run = run_exchange(graph, &args, host, None).await?;
         let ex = run.measurement()?;
         let line = ex
             .line("exchange", args.buffer_bytes)
+            .field("source", source_name(args.replay))
             .field("producer_cpu_s", format!("{:.2}", run.cpu_seconds[0]))
             .field("consumer_cpu_s", format!("{:.2}", run.cpu_seconds[1]));
         outln!("{line}");
@@ -191,6 +200,14 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// What the exchange's source does, for its output line.
+fn source_name(replay: u32) -> String {
+    match replay {
+        0 => "nexmark".into(),
+        n => format!("replay-{n}-batches"),
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -302,8 +319,8 @@ fn send(
 // Exchange between two worker processes
 
 /// Bids at parallelism 1 into a blackhole at parallelism 1 over a rebalance edge.
-fn exchange_job(events: u64, batch_size: u32, delay_ms: u64) -> Result<pb::JobGraph> {
-    exchange_job_with(events, batch_size, delay_ms, "")
+fn exchange_job(events: u64, batch_size: u32, delay_ms: u64, replay: u32) -> Result<pb::JobGraph> {
+    exchange_job_with(events, batch_size, delay_ms, replay, "")
 }
 
 /// [`exchange_job`] with more top-level settings (`extra`: YAML lines).
@@ -311,10 +328,11 @@ fn exchange_job_with(
     events: u64,
     batch_size: u32,
     delay_ms: u64,
+    replay: u32,
     extra: &str,
 ) -> Result<pb::JobGraph> {
     let text = format!(
-        "name: bench-exchange\nparallelism: 1\n{extra}source:\n  nexmark: {{ stream: bid, events: {events}, seed: 42 }}\n  batch_size: {batch_size}\nsink:\n  blackhole: {{ delay_per_batch: {delay_ms}ms }}\n"
+        "name: bench-exchange\nparallelism: 1\n{extra}source:\n  nexmark: {{ stream: bid, events: {events}, seed: 42, repeat_batches: {replay} }}\n  batch_size: {batch_size}\nsink:\n  blackhole: {{ delay_per_batch: {delay_ms}ms }}\n"
     );
     let mut graph =
         job_spec::parse_job("<bench exchange>", &text).map_err(|e| Error::usage(e.to_string()))?;
@@ -578,7 +596,7 @@ async fn slow_consumer(
     // Enough batches to last about --slow-seconds at the slowed pace.
     let slow_batches = ((args.slow_seconds * 1000.0) / (batch_ms + delay_ms as f64)).ceil() as u64;
     let events = (slow_batches.max(4) * u64::from(args.batch_size)).min(args.events);
-    let graph = exchange_job(events, args.batch_size, delay_ms)?;
+    let graph = exchange_job(events, args.batch_size, delay_ms, args.replay)?;
     let interval = Duration::from_millis(args.rss_interval_ms.max(10));
     let run = run_exchange(graph, args, host, Some(interval)).await?;
     let m = run.measurement()?;
@@ -633,7 +651,7 @@ async fn slow_consumer(
             ),
         ];
         for (mode, extra) in modes {
-            let graph = exchange_job_with(events, args.batch_size, delay_ms, extra)?;
+            let graph = exchange_job_with(events, args.batch_size, delay_ms, args.replay, extra)?;
             let run = run_exchange(graph, args, host, None).await?;
             outln!("{}", checkpoint_line(mode, &run.checkpoints));
         }
@@ -667,7 +685,7 @@ mod tests {
 
     #[test]
     fn the_exchange_job_is_two_chains_on_two_workers() {
-        let graph = match exchange_job(1000, 100, 5) {
+        let graph = match exchange_job(1000, 100, 5, 4) {
             Ok(g) => g,
             Err(e) => panic!("{e}"),
         };

@@ -26,6 +26,7 @@
 
 use std::collections::HashMap;
 
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -65,6 +66,10 @@ pub struct NexmarkReader {
     counters: SourceCounters,
     /// The wall-clock throttle; `None` when reading as fast as possible.
     throttle: Option<Throttle>,
+    /// `repeat_batches` (0: generate every batch), and the full batches generated so
+    /// far, which are emitted again once there are that many.
+    repeat: usize,
+    repeated: Vec<RecordBatch>,
 }
 
 /// A subtask's share of the source's wall-clock rate.
@@ -129,6 +134,8 @@ impl NexmarkReader {
             reported: Vec::new(),
             counters: SourceCounters::default(),
             throttle,
+            repeat: spec.repeat_batches as usize,
+            repeated: Vec::new(),
         };
         let starts: Vec<u64> = reader.global_splits().collect();
         reader.start_at(starts.into_iter().map(Some));
@@ -180,7 +187,7 @@ impl NexmarkReader {
     fn next_batch_of(&mut self, max_rows: usize) -> Option<SourceBatch> {
         let (local, count) = self.peek(max_rows)?;
         let next = self.next[local]?;
-        let batch = self.generator.batch(next, self.stride, count as usize);
+        let batch = self.generate(next, count as usize);
         let after = next + count * self.stride;
         if self.remaining(after) == 0 {
             self.next[local] = None;
@@ -194,6 +201,21 @@ impl NexmarkReader {
             split: local,
             batch,
         })
+    }
+
+    /// Rows `next`, `next + stride`, ... (`count` of them): generated, or with
+    /// `repeat_batches` a full batch generated earlier, emitted again.
+    fn generate(&mut self, next: u64, count: usize) -> RecordBatch {
+        if self.repeat == 0 || count != self.batch_size {
+            return self.generator.batch(next, self.stride, count);
+        }
+        let full = (self.counters.records / self.batch_size as u64) as usize;
+        if self.repeated.len() < self.repeat {
+            let batch = self.generator.batch(next, self.stride, count);
+            self.repeated.push(batch.clone());
+            return batch;
+        }
+        self.repeated[full % self.repeat].clone()
     }
 
     /// The name of global split `split`.
@@ -320,7 +342,7 @@ impl SourceReader for NexmarkReader {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{Array, AsArray, RecordBatch};
+    use arrow::array::{Array, AsArray};
     use arrow::datatypes::TimestampMillisecondType;
     use arrow::util::display::array_value_to_string;
 
@@ -336,6 +358,7 @@ mod tests {
             events_per_second: 0,
             splits,
             max_events_per_second: 0,
+            repeat_batches: 0,
         }
     }
 
@@ -378,6 +401,48 @@ mod tests {
                 out
             })
             .collect()
+    }
+
+    #[test]
+    fn repeat_batches_emits_the_first_full_batches_again_and_counts_every_row() {
+        let mut spec = spec(pb::NexmarkStream::Bid, 1000, 1);
+        spec.repeat_batches = 2;
+        let mut r = NexmarkReader::new(
+            &spec,
+            SubtaskInfo {
+                index: 0,
+                parallelism: 1,
+                fence: 0,
+            },
+            300,
+        )
+        .unwrap();
+        let mut batches = Vec::new();
+        while let Some(b) = r.next_batch_sync() {
+            batches.push(b.batch);
+        }
+        assert_eq!(
+            batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>(),
+            [300, 300, 300, 100]
+        );
+        assert_ne!(batches[0], batches[1], "the first batches are generated");
+        assert_eq!(batches[2], batches[0], "then emitted again");
+        assert_eq!(r.counters().records, 1000);
+        // The short last batch is generated: its rows are the stream's own.
+        let mut plain = spec;
+        plain.repeat_batches = 0;
+        let mut g = NexmarkReader::new(
+            &plain,
+            SubtaskInfo {
+                index: 0,
+                parallelism: 1,
+                fence: 0,
+            },
+            300,
+        )
+        .unwrap();
+        let last = std::iter::from_fn(|| g.next_batch_sync()).last().unwrap();
+        assert_eq!(last.batch, batches[3]);
     }
 
     #[test]

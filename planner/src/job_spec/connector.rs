@@ -140,6 +140,7 @@ fn nexmark(node: &Node, path: &str) -> Result<pb::NexmarkSource> {
             "events_per_second",
             "splits",
             "max_events_per_second",
+            "repeat_batches",
         ],
     )?;
     let streams = [
@@ -162,6 +163,11 @@ fn nexmark(node: &Node, path: &str) -> Result<pb::NexmarkSource> {
             .opt("splits", |node, path| u32_in(node, path, 0, u32::MAX))?
             .unwrap_or(0),
         max_events_per_second: fields.opt("max_events_per_second", u64_value)?.unwrap_or(0),
+        repeat_batches: fields
+            .opt("repeat_batches", |node, path| {
+                u32_in(node, path, 0, 1 << 16)
+            })?
+            .unwrap_or(0),
     })
 }
 

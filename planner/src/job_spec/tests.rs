@@ -132,6 +132,7 @@ fn full_example_becomes_the_expected_graph() {
             events_per_second: 10_000,
             splits: 4,
             max_events_per_second: 50_000,
+            repeat_batches: 0,
         }))
     );
     assert_eq!(
