@@ -106,15 +106,26 @@ impl LocalBound {
 
     /// Waits until the channel holds less than its limit.
     async fn wait_under_limit(&self) {
+        self.wait_until(Self::under_limit).await;
+    }
+
+    /// Waits until `ready` holds, checked again whenever bytes are given back.
+    async fn wait_until(&self, ready: impl Fn(&Self) -> bool) {
         loop {
             let notified = self.room.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.under_limit() {
+            if ready(self) {
                 return;
             }
             notified.await;
         }
+    }
+
+    /// A quarter of the budget is free and the channel holds less than its limit.
+    fn has_room(&self) -> bool {
+        self.permits.available_permits() as u64 * 4 >= u64::from(self.capacity)
+            && self.under_limit()
     }
 }
 
@@ -130,9 +141,9 @@ impl ChannelBound for LocalBound {
 
     fn give_back(&self, bytes: usize) {
         self.permits.add_permits(bytes);
-        if self.limit.load(Ordering::Relaxed) != usize::MAX {
-            self.room.notify_waiters();
-        }
+        // Wakes a sender waiting under a debloating limit or for room
+        // (`QueueSender::room`): a lock per element taken.
+        self.room.notify_waiters();
     }
 }
 
@@ -277,8 +288,12 @@ impl QueueSender {
     /// Whether a quarter of the channel's budget is free and it holds less than its
     /// limit: a send of an ordinary element would not wait.
     pub fn has_room(&self) -> bool {
-        let b = &self.budget;
-        b.permits.available_permits() as u64 * 4 >= u64::from(b.capacity) && b.under_limit()
+        self.budget.has_room()
+    }
+
+    /// Until [`Self::has_room`] holds.
+    pub async fn room(&self) {
+        self.budget.wait_until(LocalBound::has_room).await;
     }
 
     /// Bytes of the budget in use (queued, not yet taken by the gate).
@@ -422,6 +437,32 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn room_wakes_a_waiting_sender_when_the_gate_lets_go_of_an_element() {
+        // Control elements cost 16 bytes: with 40 of budget, two leave less than a
+        // quarter free.
+        let (senders, mut rx) = input_queue(1, 40);
+        let s = senders[0].clone();
+        s.send(StreamElement::Watermark(1)).await.unwrap();
+        s.send(StreamElement::Watermark(2)).await.unwrap();
+        assert!(!s.has_room());
+        let no_room = tokio::time::timeout(Duration::from_millis(50), s.room()).await;
+        assert!(no_room.is_err(), "room must wait while the channel is full");
+        let waiting = tokio::spawn({
+            let s = s.clone();
+            async move { s.room().await }
+        });
+        let Some(Received::Element(env)) = rx.recv().await else {
+            panic!("expected an element")
+        };
+        drop(env);
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("room must wake when bytes come back")
+            .unwrap();
+        assert!(s.has_room());
     }
 
     #[tokio::test]

@@ -252,6 +252,11 @@ impl SubpartitionWriter {
         s.failed.is_some() || s.queue.len() < self.part.capacity
     }
 
+    /// Until [`Self::has_room`] holds.
+    pub async fn room(&self) {
+        self.part.wait_for_room().await;
+    }
+
     /// The subpartition.
     pub fn subpartition(&self) -> &Arc<Subpartition> {
         &self.part
@@ -287,6 +292,11 @@ impl SubpartitionWriter {
         let mut s = self.part.lock();
         if let Some(f) = &s.failed {
             return Err(self.part.error(f));
+        }
+        if s.finished && s.queue.is_empty() && s.current.is_empty() {
+            // Its end is out (a finished task's checkpoint): nothing is in flight to
+            // overtake, and a frame queued now would never be sent.
+            return Ok(Vec::new());
         }
         if !s.current.is_empty() {
             let buf = s.current.split().freeze();
@@ -495,6 +505,33 @@ mod tests {
             panic!("expected a buffer")
         };
         assert_eq!(data, overtaken[0]);
+    }
+
+    #[tokio::test]
+    async fn a_barrier_after_the_end_went_out_is_not_queued_where_nothing_sends_it() {
+        let part = Subpartition::new(id(), "peer".into(), 1 << 20, 8);
+        let mut w = SubpartitionWriter::new(part.clone(), true);
+        w.write(&batch(10)).await.unwrap();
+        w.write(&StreamElement::EndOfPartition).await.unwrap();
+        let barrier = StreamElement::Barrier(Barrier {
+            checkpoint_id: 1,
+            kind: BarrierKind::Unaligned,
+        });
+        // A finished task's barrier while its end is still queued overtakes it.
+        assert_eq!(w.write_priority(&barrier).unwrap().len(), 2);
+        let (tx, mut rx) = mpsc::channel(16);
+        part.add_credit(8);
+        let sender = tokio::spawn(send_loop(part.clone(), tx, None));
+        let mut frames = 0;
+        while rx.recv().await.is_some() {
+            frames += 1;
+        }
+        assert_eq!(frames, 3, "the barrier, the batch and the end");
+        sender.await.unwrap().unwrap();
+        // Once the end is out, a later barrier has nothing to overtake and is not left
+        // queued (the connection would count the channel as unfinished).
+        assert!(w.write_priority(&barrier).unwrap().is_empty());
+        assert!(part.lock().priority.is_empty());
     }
 
     #[tokio::test]

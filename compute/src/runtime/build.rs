@@ -306,6 +306,9 @@ pub async fn build_tasks(
         .as_ref()
         .filter(|c| c.aligned_timeout_ms > 0)
         .map(|c| std::time::Duration::from_millis(c.aligned_timeout_ms));
+    let unaligned = plan.graph.checkpoint.as_ref().is_some_and(|c| {
+        c.interval_ms > 0 && c.mode == sluice_common::pb::CheckpointMode::Unaligned as i32
+    });
     let debloat = plan
         .graph
         .network
@@ -509,6 +512,7 @@ pub async fn build_tasks(
                         .ok_or_else(|| Error::Internal("input queue taken twice".into()))?;
                     let mut gate = InputGate::new(rx)
                         .with_aligned_timeout(aligned_timeout)
+                        .with_overtaking(unaligned)
                         .with_monitor(task_metrics.clone(), debloat);
                     let target = replay_target(plan, chain.id, subtask)?;
                     channel_keys = (0..gate_channels(plan, chain.id))

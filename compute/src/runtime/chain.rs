@@ -55,6 +55,13 @@ impl TaskOutput {
         self.main.iter().all(OutputEdge::has_room) && self.side.iter().all(|r| r.edge.has_room())
     }
 
+    /// Until every channel of every edge has had room (the caller checks again).
+    pub async fn room(&self) {
+        for edge in self.main.iter().chain(self.side.iter().map(|r| &r.edge)) {
+            edge.room().await;
+        }
+    }
+
     /// The output channel state the last unaligned barrier left on every edge.
     pub fn take_output_state(&mut self) -> Vec<sluice_common::channel_state::ChannelPart> {
         let side = self.side.iter_mut().map(|r| &mut r.edge);

@@ -85,6 +85,8 @@ pub struct InputGate {
     last_alignment: Option<std::time::Duration>,
     /// An aligned barrier waiting longer than this goes on unaligned.
     aligned_timeout: Option<std::time::Duration>,
+    /// Barriers may overtake data here (unaligned checkpoints, or an aligned timeout).
+    overtaking: bool,
     monitor: Option<GateMonitor>,
 }
 
@@ -116,7 +118,43 @@ impl InputGate {
             alignment_started: None,
             last_alignment: None,
             aligned_timeout: None,
+            overtaking: false,
             monitor: None,
+        }
+    }
+
+    /// Marks a gate whose job's barriers may overtake data: its task, when it cannot
+    /// send, still takes an unaligned barrier ([`Self::poll_unaligned`]).
+    pub fn with_overtaking(mut self, overtaking: bool) -> Self {
+        self.overtaking = overtaking || self.aligned_timeout.is_some();
+        self
+    }
+
+    /// Whether barriers may overtake data at this gate.
+    pub fn overtaking(&self) -> bool {
+        self.overtaking
+    }
+
+    /// For a task whose output has no room, which must not take an ordinary element:
+    /// takes the priority events that arrived (and an aligned barrier's timeout) and
+    /// returns an unaligned barrier if one is next. Never waits. A barrier behind
+    /// elements already taken from their channels stays behind them: overtaking those
+    /// would leave them in neither the snapshot nor the channel state.
+    pub fn poll_unaligned(&mut self) -> Option<StreamElement> {
+        while let Some(p) = self.rx.try_recv_priority() {
+            self.on_priority(p);
+        }
+        if self
+            .alignment_deadline()
+            .is_some_and(|d| d <= std::time::Instant::now())
+        {
+            self.alignment_timed_out();
+        }
+        match self.ready.front() {
+            Some(StreamElement::Barrier(b)) if b.kind == BarrierKind::Unaligned => {
+                self.ready.pop_front()
+            }
+            _ => None,
         }
     }
 
@@ -674,6 +712,48 @@ mod tests {
             .collect();
         // Exactly the overtaken elements: 1 and 2 on channel 0; 10 and 11 on channel 1.
         assert_eq!(captured, vec![vec![1, 2], vec![10, 11]]);
+    }
+
+    #[tokio::test]
+    async fn a_task_without_room_takes_only_an_unaligned_barrier_and_it_captures_the_queue() {
+        let (tx, rx) = input_queue(2, 1 << 20);
+        let mut gate = InputGate::new(rx).with_overtaking(true);
+        tx[0].send(batch(1)).await.unwrap();
+        tx[1].send(batch(10)).await.unwrap();
+        // Nothing overtakes yet: ordinary elements are not taken.
+        assert!(gate.poll_unaligned().is_none());
+        tx[0]
+            .send_priority(barrier(3, BarrierKind::Unaligned))
+            .unwrap();
+        tx[0].send(batch(2)).await.unwrap();
+        assert!(matches!(
+            gate.poll_unaligned(),
+            Some(StreamElement::Barrier(Barrier {
+                checkpoint_id: 3,
+                kind: BarrierKind::Unaligned,
+            }))
+        ));
+        assert!(gate.poll_unaligned().is_none());
+        // The queued elements are still delivered, in order per channel.
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(value(&next(&mut gate).await));
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, [1, 2, 10]);
+        tx[1]
+            .send_priority(barrier(3, BarrierKind::Unaligned))
+            .unwrap();
+        tx[1].send(batch(11)).await.unwrap();
+        assert_eq!(value(&next(&mut gate).await), 11);
+        let states = gate.take_channel_state();
+        let captured: Vec<Vec<i64>> = states[0]
+            .channels
+            .iter()
+            .map(|c| c.iter().map(value).collect())
+            .collect();
+        // What the barrier overtook: 1 on channel 0, 10 on channel 1.
+        assert_eq!(captured, vec![vec![1], vec![10]]);
     }
 
     #[tokio::test]

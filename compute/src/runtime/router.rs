@@ -63,6 +63,14 @@ impl ChannelSender {
         }
     }
 
+    /// Until [`Self::has_room`] holds.
+    async fn room(&self) {
+        match self {
+            ChannelSender::Local(q) => q.room().await,
+            ChannelSender::Remote(w) => w.room().await,
+        }
+    }
+
     /// Sends an unaligned barrier ahead of queued data; returns the buffers it overtook
     /// (remote channels; a local channel's consumer captures them itself).
     fn send_priority(&mut self, element: &StreamElement) -> Result<Vec<Bytes>> {
@@ -139,6 +147,13 @@ impl OutputEdge {
     /// Whether every channel has room for an ordinary element.
     pub fn has_room(&self) -> bool {
         self.senders.iter().all(ChannelSender::has_room)
+    }
+
+    /// Until every channel has room (the caller checks again: room may go meanwhile).
+    pub async fn room(&self) {
+        for s in &self.senders {
+            s.room().await;
+        }
     }
 
     /// Names each channel (in sender order) as channel state records it.

@@ -38,8 +38,8 @@ use crate::runtime::input_gate::InputGate;
 use crate::runtime::metrics::TaskMetrics;
 use crate::time::watermark::WatermarkGenerator;
 
-/// How often a back-pressured source task under the coordinator looks for room
-/// downstream (and for checkpoint triggers).
+/// How often a back-pressured task under the coordinator looks for a checkpoint's
+/// trigger or unaligned barrier while it waits for room (room itself wakes it at once).
 const ROOM_POLL: Duration = Duration::from_millis(1);
 
 /// How often processing-time operators and source idleness are checked.
@@ -235,19 +235,38 @@ impl Task {
             let waiting = Instant::now();
             let element = match &mut self.input {
                 TaskInput::Gate(gate) => {
-                    // Ends the open wait once its time was counted, whichever way the
-                    // wait ends.
-                    let _waiting = OpenWhile::begin(&self.metrics.waiting);
-                    let completed = self.link.as_mut().map(|l| &mut l.completed);
-                    let next = tokio::select! {
-                        biased;
-                        _ = cancel.changed() => continue,
-                        _ = changed(completed) => continue,
-                        _ = tokio::time::sleep(TICK), if ticks => {
-                            self.metrics.idle_ns.fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                            continue;
+                    let next = if gate.overtaking()
+                        && self.link.is_some()
+                        && !self.output.has_room()
+                    {
+                        // Back pressure where barriers may overtake: as a source does,
+                        // wait for room here rather than in a send, taking only an
+                        // unaligned barrier meanwhile, so that it passes this task at
+                        // once instead of after the slow consumer took an element.
+                        match gate.poll_unaligned() {
+                            Some(barrier) => Some(barrier),
+                            None => {
+                                // Barriers taken meanwhile may have finished a capture.
+                                self.finish_unaligned(&mut acking, false);
+                                self.wait_for_room(&mut cancel).await?;
+                                continue;
+                            }
                         }
-                        element = gate.next() => element?,
+                    } else {
+                        // Ends the open wait once its time was counted, whichever way
+                        // the wait ends.
+                        let _waiting = OpenWhile::begin(&self.metrics.waiting);
+                        let completed = self.link.as_mut().map(|l| &mut l.completed);
+                        tokio::select! {
+                            biased;
+                            _ = cancel.changed() => continue,
+                            _ = changed(completed) => continue,
+                            _ = tokio::time::sleep(TICK), if ticks => {
+                                self.metrics.idle_ns.fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                                continue;
+                            }
+                            element = gate.next() => element?,
+                        }
                     };
                     if matches!(next, Some(StreamElement::Barrier(_))) {
                         self.metrics.barriers.fetch_add(1, Ordering::Relaxed);
@@ -396,16 +415,16 @@ impl Task {
             // Biased, triggers before the final checkpoint: the coordinator asked for a
             // periodic checkpoint before the final one, and its trigger is queued by the
             // time the final one shows, so barriers reach the sinks in id order.
-            let id = tokio::select! {
+            let (id, kind) = tokio::select! {
                 biased;
                 _ = cancel.changed() => return Err(Error::Cancelled),
-                barrier = next_trigger(link.triggers.as_mut()) => barrier.checkpoint_id,
+                barrier = next_trigger(link.triggers.as_mut()) => (barrier.checkpoint_id, barrier.kind),
                 _ = link.completed.changed() => continue,
                 changed = link.final_checkpoint.changed() => {
                     if changed.is_err() {
                         return Err(Error::Cancelled);
                     }
-                    *link.final_checkpoint.borrow_and_update()
+                    (*link.final_checkpoint.borrow_and_update(), BarrierKind::Aligned)
                 }
             };
             if id == 0 || id <= last {
@@ -415,7 +434,7 @@ impl Task {
             last = id;
             let barrier = Barrier {
                 checkpoint_id: id,
-                kind: BarrierKind::Aligned,
+                kind,
             };
             self.take_checkpoint(barrier, true).await?;
             if self
@@ -510,6 +529,13 @@ impl Task {
         let start = Instant::now();
         if ended {
             self.chain.final_barrier(barrier).await?;
+            if barrier.kind == BarrierKind::Unaligned {
+                // What this finished task sent may still be queued downstream: the
+                // barrier overtakes it (it becomes this task's output channel state), so
+                // the consumers snapshot now rather than after draining it. A consumer
+                // that is gone took its part already.
+                let _ = self.output.emit(&StreamElement::Barrier(barrier)).await;
+            }
         } else {
             self.metrics.barriers.fetch_add(1, Ordering::Relaxed);
             self.chain
@@ -616,13 +642,15 @@ impl Task {
         }
     }
 
-    /// A back-pressured source task waits a moment for room downstream (counted as back
-    /// pressure), then goes round its loop, where triggers are taken.
+    /// A back-pressured task waits a moment for room downstream (counted as back
+    /// pressure), then goes round its loop, where a source takes triggers and a gate's
+    /// task an unaligned barrier.
     async fn wait_for_room(&mut self, cancel: &mut watch::Receiver<bool>) -> Result<()> {
         let start = Instant::now();
         self.metrics.blocked.begin();
         let cancelled = tokio::select! {
             _ = cancel.changed() => true,
+            _ = self.output.room() => false,
             _ = tokio::time::sleep(ROOM_POLL) => false,
         };
         let took = start.elapsed().as_nanos() as u64;
