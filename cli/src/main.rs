@@ -20,6 +20,7 @@
 
 mod bench;
 mod cluster;
+mod explain;
 mod kafka;
 mod nexmark_gen;
 mod progress;
@@ -44,8 +45,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a YAML job on the embedded local runtime.
+    /// Run a job file (YAML, or SQL when it ends in `.sql`) on the embedded local runtime.
     Run(run::RunArgs),
+    /// Print the plan a job file becomes (tasks, parallelism, partitioning, keyed
+    /// state, schemas) without running it.
+    Explain(explain::ExplainArgs),
     /// Nexmark benchmark data.
     Nexmark {
         #[command(subcommand)]
@@ -155,6 +159,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Explain(args) => explain::run(args),
         Command::Nexmark {
             command: NexmarkCommand::Gen(args),
         } => nexmark_gen::generate(args),

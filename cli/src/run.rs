@@ -17,7 +17,7 @@ use crate::{Failure, runtime};
 /// Arguments of `sluice run`.
 #[derive(Args)]
 pub struct RunArgs {
-    /// The job file.
+    /// The job file: YAML, or SQL when its name ends in `.sql`.
     job: PathBuf,
     /// No progress line and no summary.
     #[arg(long, short)]
@@ -82,7 +82,7 @@ pub fn load_job(path: &std::path::Path) -> Result<pb::JobGraph, Failure> {
 /// [`load_job`], with the file's text.
 pub fn load_job_text(path: &std::path::Path) -> Result<(String, pb::JobGraph), Failure> {
     let text = read_job_file(path)?;
-    let graph = job_spec::parse_job(&path.display().to_string(), &text)
+    let graph = sluice_planner::parse_job_file(&path.display().to_string(), &text)
         .map_err(|e| Failure::usage(e.to_string()))?;
     Ok((text, graph))
 }

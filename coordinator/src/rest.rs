@@ -195,8 +195,8 @@ async fn submit(
     if req.workers == Some(0) {
         return Err(ApiError::bad("workers", "must be at least 1"));
     }
-    let graph =
-        job_spec::parse_job(&file, &req.job).map_err(|e| ApiError::bad("job", e.to_string()))?;
+    let graph = sluice_planner::parse_job_file(&file, &req.job)
+        .map_err(|e| ApiError::bad("job", e.to_string()))?;
     let id = c
         .submit(
             graph,

@@ -30,7 +30,7 @@ pub(super) const MAX_DEPTH: usize = 64;
 
 /// A position in the job file, 1-based.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Pos {
+pub(crate) struct Pos {
     pub line: u32,
     pub column: u32,
 }
@@ -68,7 +68,7 @@ fn saturating_u32(n: usize) -> u32 {
 
 /// A mistake at a position in the file; the caller adds the file name.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct PosError {
+pub(crate) struct PosError {
     pub pos: Pos,
     pub message: String,
 }
@@ -84,13 +84,13 @@ impl PosError {
 
 /// A node of the tree and where it starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Node {
+pub(crate) struct Node {
     pub value: Value,
     pub pos: Pos,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Value {
+pub(crate) enum Value {
     /// Nothing at all, `~` or `null`, written plain. A key with no value holds a `Null`
     /// positioned at the key.
     Null,

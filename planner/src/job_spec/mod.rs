@@ -67,6 +67,7 @@ mod spec;
 mod tests;
 
 pub use duration::parse_duration_ms;
+pub(crate) use marked_yaml::{Node, Pos, PosError, Value};
 
 use sluice_common::pb;
 
@@ -112,13 +113,23 @@ pub fn parse_job(file: &str, text: &str) -> Result<pb::JobGraph, JobSpecError> {
             message,
         });
     }
-    let spec = marked_yaml::parse(text)
-        .and_then(|root| decode::job(&root))
-        .map_err(|error| JobSpecError {
-            file: file.to_owned(),
-            line: error.pos.line,
-            column: error.pos.column,
-            message: error.message,
-        })?;
+    let root = marked_yaml::parse(text).map_err(|error| at(file, error))?;
+    graph_from_tree(file, &root)
+}
+
+/// Plans the job a tree describes, with every check a job file gets: the SQL front end
+/// (`crate::sql`) builds the tree a job file would parse into, positioned in its text.
+pub(crate) fn graph_from_tree(file: &str, root: &Node) -> Result<pb::JobGraph, JobSpecError> {
+    let spec = decode::job(root).map_err(|error| at(file, error))?;
     Ok(graph::job_graph(file, spec))
+}
+
+/// `error` in `file`.
+pub(crate) fn at(file: &str, error: PosError) -> JobSpecError {
+    JobSpecError {
+        file: file.to_owned(),
+        line: error.pos.line,
+        column: error.pos.column,
+        message: error.message,
+    }
 }

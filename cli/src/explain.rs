@@ -1,0 +1,186 @@
+//! `sluice explain JOB`: the plan a job file (YAML or SQL) becomes, without running it:
+//! its tasks (chains of operators) with their parallelism, how records move between
+//! them, what keyed state each operator keeps and the schema it emits.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use clap::Args;
+use sluice_common::pb;
+use sluice_compute::plan::PhysicalPlan;
+
+use crate::Failure;
+use crate::run::load_job;
+
+/// Arguments of `sluice explain`.
+#[derive(Args)]
+pub struct ExplainArgs {
+    /// The job file: YAML, or SQL when its name ends in `.sql`.
+    job: PathBuf,
+}
+
+/// Prints the plan of the job file.
+pub fn run(args: ExplainArgs) -> Result<(), Failure> {
+    let graph = load_job(&args.job)?;
+    let plan = crate::runtime()?
+        .block_on(sluice_compute::plan::plan(
+            graph,
+            sluice_connectors::Builtin::shared(),
+        ))
+        .map_err(Failure::from_compute)?;
+    for line in explain(&plan).lines() {
+        sluice_common::output::line(format_args!("{line}"));
+    }
+    Ok(())
+}
+
+/// The plan as text, one block per task.
+pub fn explain(plan: &PhysicalPlan) -> String {
+    let g = &plan.graph;
+    let mut out = String::new();
+    let state = g.state.as_ref().map_or("memory", |s| {
+        if s.backend == pb::StateBackend::Remote as i32 {
+            "remote"
+        } else {
+            "memory"
+        }
+    });
+    let checkpoints = match &g.checkpoint {
+        Some(c) if c.interval_ms > 0 => {
+            let mode = if c.mode == pb::CheckpointMode::Unaligned as i32 {
+                "unaligned"
+            } else {
+                "aligned"
+            };
+            format!("every {} ms, {mode}", c.interval_ms)
+        }
+        _ => "none".to_owned(),
+    };
+    let _ = writeln!(
+        out,
+        "job {}: {} key groups, keyed state in {state}, checkpoints {checkpoints}",
+        g.name, plan.max_parallelism
+    );
+    for chain in &plan.chains {
+        let _ = writeln!(out, "task {} ({} subtasks)", chain.id, chain.parallelism);
+        if let Some((from, _)) = chain.input {
+            for edge in plan.chains[from]
+                .outputs
+                .iter()
+                .filter(|e| e.to_chain == chain.id)
+            {
+                let _ = writeln!(out, "  input: {} from task {from}", partitioning(edge));
+            }
+        }
+        let nodes = chain.source.iter().chain(&chain.operators);
+        for &id in nodes {
+            let node = plan.node(id);
+            let _ = writeln!(out, "  {}: {}", node.name, describe(node));
+            if let Some(state) = keyed_state(node) {
+                let _ = writeln!(out, "    keyed state: {state}");
+            }
+            let (verb, schema) = match node.kind {
+                Some(pb::node::Kind::Sink(_)) => ("writes", plan.input_schema(id)),
+                _ => ("emits", plan.output_schema(id)),
+            };
+            let columns: Vec<String> = schema
+                .fields()
+                .iter()
+                .map(|f| format!("{} {}", f.name(), f.data_type()))
+                .collect();
+            let _ = writeln!(out, "    {verb}: {}", columns.join(", "));
+        }
+        for edge in &chain.outputs {
+            let side = if edge.tag.is_empty() {
+                String::new()
+            } else {
+                format!(" (side output `{}`)", edge.tag)
+            };
+            let _ = writeln!(
+                out,
+                "  output: {} to task {}{side}",
+                partitioning(edge),
+                edge.to_chain
+            );
+        }
+    }
+    out
+}
+
+fn partitioning(edge: &sluice_compute::plan::ChainEdge) -> String {
+    match edge.partitioning {
+        pb::Partitioning::Hash if edge.key_columns.is_empty() => {
+            "all to one subtask (no key)".to_owned()
+        }
+        pb::Partitioning::Hash => format!("hash on [{}]", edge.key_columns.join(", ")),
+        pb::Partitioning::Forward => "forward".to_owned(),
+        pb::Partitioning::Rebalance => "rebalance".to_owned(),
+        pb::Partitioning::Broadcast => "broadcast".to_owned(),
+    }
+}
+
+fn describe(node: &pb::Node) -> String {
+    use pb::node::Kind;
+    match &node.kind {
+        Some(Kind::Source(s)) => match &s.kind {
+            Some(pb::source_spec::Kind::Nexmark(n)) => {
+                let stream = pb::NexmarkStream::try_from(n.stream)
+                    .map_or("?", |s| s.as_str_name())
+                    .trim_start_matches("NEXMARK_STREAM_")
+                    .to_ascii_lowercase();
+                format!("nexmark {stream}, {} events", n.events)
+            }
+            Some(pb::source_spec::Kind::File(f)) => format!("files {}", f.path),
+            Some(pb::source_spec::Kind::Kafka(k)) => {
+                format!("kafka topics {}", k.topics.join(", "))
+            }
+            None => "source".to_owned(),
+        },
+        Some(Kind::Filter(f)) => format!(
+            "WHERE {}",
+            f.predicate.as_ref().map_or("", |e| e.sql.as_str())
+        ),
+        Some(Kind::Select(s)) => {
+            let exprs: Vec<&str> = s.exprs.iter().map(|e| e.sql.as_str()).collect();
+            format!("SELECT {}", exprs.join(", "))
+        }
+        Some(Kind::Window(w)) => {
+            let kind = match &w.kind {
+                Some(pb::window_spec::Kind::Tumbling(t)) => format!("tumbling {} ms", t.size_ms),
+                Some(pb::window_spec::Kind::Sliding(s)) => {
+                    format!("sliding {} ms every {} ms", s.size_ms, s.slide_ms)
+                }
+                Some(pb::window_spec::Kind::Session(s)) => format!("session gap {} ms", s.gap_ms),
+                None => "window".to_owned(),
+            };
+            let aggs: Vec<&str> = w.aggregates.iter().map(|e| e.sql.as_str()).collect();
+            format!("{kind}: {}", aggs.join(", "))
+        }
+        Some(Kind::Dedup(d)) => format!("first row per [{}]", d.key_columns.join(", ")),
+        Some(Kind::Sink(s)) => match &s.kind {
+            Some(pb::sink_spec::Kind::Stdout(_)) => "stdout".to_owned(),
+            Some(pb::sink_spec::Kind::Blackhole(_)) => "blackhole".to_owned(),
+            Some(pb::sink_spec::Kind::File(f)) => format!("files {}", f.path),
+            Some(pb::sink_spec::Kind::Kafka(k)) => format!("kafka topic {}", k.topic),
+            None => "sink".to_owned(),
+        },
+        None => String::new(),
+    }
+}
+
+/// What an operator keeps per key, if anything.
+fn keyed_state(node: &pb::Node) -> Option<String> {
+    match &node.kind {
+        Some(pb::node::Kind::Window(w)) if w.key_columns.is_empty() => {
+            Some("one accumulator per open window (not keyed: one subtask)".to_owned())
+        }
+        Some(pb::node::Kind::Window(w)) => Some(format!(
+            "an accumulator per [{}] and open window",
+            w.key_columns.join(", ")
+        )),
+        Some(pb::node::Kind::Dedup(d)) => {
+            Some(format!("the keys [{}] seen", d.key_columns.join(", ")))
+        }
+        _ => None,
+    }
+}

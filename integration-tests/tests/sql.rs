@@ -1,0 +1,148 @@
+//! Jobs written in SQL, run by the `sluice` command as a user runs them: each SQL example
+//! gives the rows its YAML twin gives, on one process and across two worker processes,
+//! and a mistake in the SQL is a usage error at its line and column.
+
+use std::path::Path;
+
+use sluice_integration_tests::cluster::MiniCluster;
+use sluice_integration_tests::{
+    assert_same_rows, read_jsonl_dir, run_sluice, tempdir, workspace_root, write_job, yaml_path,
+};
+
+/// The example's text with a smaller source and its file sink writing to `out`.
+fn adapt(text: &str, sql: bool, out: &Path) -> String {
+    let mut adapted = String::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if sql && t.starts_with("'events'") {
+            adapted.push_str("  'events' = '100000',\n");
+        } else if sql && t.starts_with("'seed'") {
+            adapted.push_str("  'seed' = '3',\n");
+        } else if sql && t.starts_with("'path'") {
+            adapted.push_str(&format!("  'path' = '{}',\n", out.display()));
+        } else if !sql && t.starts_with("nexmark:") {
+            adapted.push_str(
+                "  nexmark: { stream: bid, events: 100000, seed: 3, max_out_of_orderness: 2s }\n",
+            );
+        } else if !sql && t.starts_with("file:") {
+            adapted.push_str(&format!(
+                "  file: {{ path: {}, format: jsonl }}\n",
+                yaml_path(out)
+            ));
+        } else {
+            adapted.push_str(line);
+            adapted.push('\n');
+        }
+    }
+    assert!(
+        adapted.contains(&out.display().to_string()) || adapted.contains(&yaml_path(out)),
+        "the example's sink was not redirected:\n{adapted}"
+    );
+    adapted
+}
+
+#[test]
+fn sql_examples_give_the_rows_of_their_yaml_twins() {
+    let examples = workspace_root().join("examples");
+    for name in ["q0-passthrough", "q1-currency", "q2-filter", "q5-hot-items"] {
+        let dir = tempdir();
+        let sql_text = std::fs::read_to_string(examples.join("sql").join(format!("{name}.sql")))
+            .expect("the SQL example");
+        let yaml_text = std::fs::read_to_string(examples.join(format!("{name}.yaml")))
+            .expect("the YAML example");
+        let (from_sql, from_yaml) = (dir.path().join("sql"), dir.path().join("yaml"));
+        let sql_job = write_job(dir.path(), "job.sql", &adapt(&sql_text, true, &from_sql));
+        let yaml_job = write_job(
+            dir.path(),
+            "job.yaml",
+            &adapt(&yaml_text, false, &from_yaml),
+        );
+        let workers = if name == "q5-hot-items" { "2" } else { "1" };
+        let a = run_sluice(
+            &["run", sql_job.to_str().unwrap(), "--workers", workers],
+            dir.path(),
+        );
+        a.assert_success().assert_no_panic();
+        let b = run_sluice(&["run", yaml_job.to_str().unwrap()], dir.path());
+        b.assert_success();
+        let (got, want) = (read_jsonl_dir(&from_sql), read_jsonl_dir(&from_yaml));
+        assert!(!want.is_empty(), "{name}: the YAML twin wrote nothing");
+        assert_same_rows(name, &got, &want);
+    }
+}
+
+#[test]
+fn a_mistake_in_sql_is_a_usage_error_at_its_line_and_column() {
+    let dir = tempdir();
+    let table = "CREATE TABLE bid WITH ('connector' = 'nexmark', 'events' = '100');\n\
+                 CREATE TABLE out WITH ('connector' = 'blackhole');\n";
+    // Found by the SQL front end.
+    write_job(
+        dir.path(),
+        "join.sql",
+        &format!("{table}INSERT INTO out SELECT * FROM bid JOIN bid b ON true;\n"),
+    );
+    let outcome = run_sluice(&["run", "join.sql"], dir.path());
+    outcome
+        .assert_code(2)
+        .assert_no_panic()
+        .assert_stderr_contains("join.sql:3:")
+        .assert_stderr_contains("JOIN is not supported yet");
+    // Found when DataFusion compiles the expression, still at its place in the file.
+    write_job(
+        dir.path(),
+        "column.sql",
+        &format!("{table}INSERT INTO out\nSELECT auction, pricee FROM bid;\n"),
+    );
+    let outcome = run_sluice(&["run", "column.sql"], dir.path());
+    outcome
+        .assert_code(2)
+        .assert_no_panic()
+        .assert_stderr_contains("column.sql:4:")
+        .assert_stderr_contains("pricee");
+}
+
+#[test]
+fn explain_shows_the_tasks_partitioning_and_state_of_a_sql_job() {
+    let dir = tempdir();
+    let example = workspace_root().join("examples/sql/q5-hot-items.sql");
+    let outcome = run_sluice(&["explain", example.to_str().unwrap()], dir.path());
+    outcome.assert_success().assert_no_panic();
+    let out = &outcome.stdout;
+    for expected in [
+        "job q5-hot-items:",
+        "(2 subtasks)",
+        "source: nexmark bid, 1000000 events",
+        "input: hash on [auction] from task 0",
+        "window: sliding 10000 ms every 2000 ms: COUNT(*) AS bids",
+        "keyed state: an accumulator per [auction] and open window",
+        "emits: auction Int64, window_start Timestamp(ms), window_end Timestamp(ms), bids Int64",
+    ] {
+        assert!(out.contains(expected), "`{expected}` missing from\n{out}");
+    }
+}
+
+#[test]
+fn a_sql_job_submitted_to_a_cluster_runs_with_remote_state_and_checkpoints() {
+    let dir = tempdir();
+    let examples = workspace_root().join("examples");
+    let sql_text = std::fs::read_to_string(examples.join("sql/q5-hot-items.sql")).unwrap();
+    let yaml_text = std::fs::read_to_string(examples.join("q5-hot-items.yaml")).unwrap();
+    let (from_sql, from_yaml) = (dir.path().join("sql"), dir.path().join("yaml"));
+    let sql_text = format!(
+        "SET 'state.backend' = 'remote';\nSET 'execution.checkpointing.interval' = '1s';\n{}",
+        adapt(&sql_text, true, &from_sql)
+    );
+    let sql_job = write_job(dir.path(), "q5.sql", &sql_text);
+    let yaml_job = write_job(dir.path(), "q5.yaml", &adapt(&yaml_text, false, &from_yaml));
+    let cluster = MiniCluster::start(dir.path(), 2, |_| Vec::new(), &[]);
+    let id = cluster.submit(dir.path(), &sql_job, 2);
+    let status = cluster.wait_finished(&id);
+    assert_eq!(status["name"], "q5-hot-items", "{status}");
+    run_sluice(&["run", yaml_job.to_str().unwrap()], dir.path()).assert_success();
+    assert_same_rows(
+        "q5 via the coordinator",
+        &read_jsonl_dir(&from_sql),
+        &read_jsonl_dir(&from_yaml),
+    );
+}

@@ -1,0 +1,1060 @@
+//! From SQL statements to the tree a job file parses into.
+//!
+//! Tables become the `source:` and `sink:` sections (a `'connector'` option names the
+//! connector, the other options are its keys; `'a.b'` is key `b` of section `a`), `SET`
+//! statements the job's settings, and the query the `pipeline:` list: `WHERE` a filter,
+//! a projection a select, a window table function with its `GROUP BY` a keyed window
+//! (then a select when the `SELECT` list orders or renames its columns).
+
+use std::collections::HashMap;
+
+use sqlparser::ast::{
+    CreateTable, CreateTableOptions, DateTimeField, Expr, FunctionArg, FunctionArgExpr,
+    FunctionArguments, GroupByExpr, Ident, ObjectName, ObjectNamePart, Query, SelectItem, SetExpr,
+    Spanned, SqlOption, Statement, TableFactor, TableObject, Value as SqlValue,
+};
+use sqlparser::dialect::GenericDialect;
+use sqlparser::parser::{Parser, ParserError};
+
+use super::SETTINGS;
+use super::text::{self, WatermarkClause, pos};
+use crate::job_spec::{Node, Pos, Value};
+
+/// A mistake at a position in the SQL text; the caller adds the file name.
+pub(super) use crate::job_spec::PosError as SqlError;
+
+pub(super) type Result<T> = std::result::Result<T, SqlError>;
+
+/// Connectors a table read by the query may name.
+const SOURCE_CONNECTORS: &[&str] = &["nexmark", "file", "kafka"];
+/// Connectors an `INSERT INTO` table may name (`print` is Flink's name for stdout).
+const SINK_CONNECTORS: &[&str] = &["print", "stdout", "blackhole", "file", "kafka"];
+
+struct Table {
+    at: Pos,
+    connector: (String, Pos),
+    /// Options other than `connector`, in the order written.
+    options: Vec<(String, Node)>,
+    watermark: Option<WatermarkClause>,
+}
+
+/// The tree of the job `text` describes; `file` gives the default job name.
+pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
+    let prepared = text::prepare(text)?;
+    let statements = Parser::parse_sql(&GenericDialect {}, &prepared.sql).map_err(parser_error)?;
+    let mut settings: Vec<(String, Node)> = Vec::new();
+    let mut tables: HashMap<String, Table> = HashMap::new();
+    let mut views: HashMap<String, &Query> = HashMap::new();
+    let mut insert = None;
+    let mut watermarks = prepared.watermarks;
+    for statement in &statements {
+        let at = pos(statement.span().start);
+        match statement {
+            Statement::Set(set) => settings.push(setting(set, at)?),
+            Statement::CreateTable(ct) => {
+                let (name, table) = create_table(ct, &mut watermarks)?;
+                if tables.contains_key(&name) || views.contains_key(&name) {
+                    return Err(SqlError::new(
+                        table.at,
+                        format!("table `{name}` is created twice"),
+                    ));
+                }
+                tables.insert(name, table);
+            }
+            Statement::CreateView(v) => {
+                let (name, at) = object_name(&v.name)?;
+                if v.materialized || !v.columns.is_empty() {
+                    return Err(unsupported(at, "materialized views and view column lists"));
+                }
+                if tables.contains_key(&name) || views.contains_key(&name) {
+                    return Err(SqlError::new(at, format!("`{name}` is created twice")));
+                }
+                views.insert(name, &v.query);
+            }
+            Statement::Insert(ins) => {
+                let at = pos(ins.insert_token.0.span.start);
+                if insert.is_some() {
+                    return Err(SqlError::new(
+                        at,
+                        "a job with several INSERT statements is not supported yet; write \
+                         one job per INSERT"
+                            .to_owned(),
+                    ));
+                }
+                insert = Some((ins, at));
+            }
+            Statement::Query(_) => {
+                return Err(SqlError::new(
+                    at,
+                    "a bare SELECT has no sink: write `INSERT INTO table SELECT ...` into a \
+                     table created WITH ('connector' = 'print') to see its rows"
+                        .to_owned(),
+                ));
+            }
+            other => {
+                let what = other.to_string();
+                let what = what
+                    .split_whitespace()
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                return Err(unsupported(at, &format!("the statement `{what} ...`")));
+            }
+        }
+    }
+    if let Some(w) = watermarks.first() {
+        return Err(SqlError::new(
+            w.at,
+            "WATERMARK is only accepted in a CREATE TABLE's column list".to_owned(),
+        ));
+    }
+    let Some((ins, insert_at)) = insert else {
+        return Err(SqlError::new(
+            Pos::START,
+            "the job has no `INSERT INTO sink SELECT ...`; nothing would run".to_owned(),
+        ));
+    };
+    let TableObject::TableName(sink_name) = &ins.table else {
+        return Err(unsupported(insert_at, "INSERT INTO a table function"));
+    };
+    if !ins.columns.is_empty() {
+        return Err(unsupported(insert_at, "an INSERT column list"));
+    }
+    let (sink_name, sink_at) = object_name(sink_name)?;
+    let Some(query) = &ins.source else {
+        return Err(SqlError::new(
+            insert_at,
+            "INSERT needs a SELECT query".to_owned(),
+        ));
+    };
+    let catalog = Catalog { tables, views };
+    let sink = catalog
+        .tables
+        .get(&sink_name)
+        .ok_or_else(|| catalog.unknown(&sink_name, sink_at))?;
+    let plan = lower_query(query, &catalog, insert_at, 0)?;
+    let tables = &catalog.tables;
+    let source = &tables[&plan.source];
+    let default_name = std::path::Path::new(file).file_stem().map_or_else(
+        || "sql-job".to_owned(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    job(
+        default_name,
+        settings,
+        (&plan.source, source),
+        (&sink_name, sink),
+        plan.pipeline,
+        insert_at,
+    )
+}
+
+/// Lays out the top level as a job file would.
+fn job(
+    default_name: String,
+    settings: Vec<(String, Node)>,
+    (source_name, source): (&str, &Table),
+    (sink_name, sink): (&str, &Table),
+    pipeline: Vec<Node>,
+    at: Pos,
+) -> Result<Node> {
+    let mut top = Section::default();
+    let mut name = scalar(default_name, Pos::START);
+    for (key, value) in settings {
+        match key.as_str() {
+            "pipeline.name" => name = value,
+            "parallelism.default" => top.put(&["parallelism"], value)?,
+            "pipeline.max-parallelism" => top.put(&["max_parallelism"], value)?,
+            "state.backend" => top.put(&["state", "backend"], value)?,
+            "state.shards" => top.put(&["state", "shards"], value)?,
+            "state.cache" => top.put(&["state", "cache"], value)?,
+            "execution.checkpointing.interval" => top.put(&["checkpoint", "interval"], value)?,
+            "execution.checkpointing.mode" => top.put(&["checkpoint", "mode"], value)?,
+            "execution.checkpointing.timeout" => top.put(&["checkpoint", "timeout"], value)?,
+            "execution.checkpointing.aligned-checkpoint-timeout" => {
+                top.put(&["checkpoint", "aligned_timeout"], value)?;
+            }
+            _ => {
+                return Err(SqlError::new(value.pos, format!("unknown setting '{key}'")));
+            }
+        }
+    }
+    top.put(&["name"], name)?;
+
+    let (connector, connector_at) = &source.connector;
+    if !SOURCE_CONNECTORS.contains(&connector.as_str()) {
+        return Err(SqlError::new(
+            *connector_at,
+            format!(
+                "table `{source_name}` is read, but connector `{connector}` only writes; a \
+                 table read by a query needs one of {}",
+                SOURCE_CONNECTORS.join(", ")
+            ),
+        ));
+    }
+    let mut src = Section::default();
+    src.put(&[connector.as_str()], map(Vec::new(), *connector_at))?;
+    for (key, value) in &source.options {
+        match key.as_str() {
+            "batch_size" => src.put(&["batch_size"], value.clone())?,
+            _ => src.put(&option_path(connector, key), value.clone())?,
+        }
+    }
+    top.put(&["source"], src.into_node(source.at))?;
+    if let Some(w) = &source.watermark {
+        top.put(&["watermark"], watermark(w)?)?;
+    }
+    top.put(&["pipeline"], seq(pipeline, at))?;
+
+    let (connector, connector_at) = &sink.connector;
+    if !SINK_CONNECTORS.contains(&connector.as_str()) {
+        return Err(SqlError::new(
+            *connector_at,
+            format!(
+                "table `{sink_name}` is written, but connector `{connector}` only reads; an \
+                 INSERT INTO table needs one of {}",
+                SINK_CONNECTORS.join(", ")
+            ),
+        ));
+    }
+    let connector = if connector == "print" {
+        "stdout"
+    } else {
+        connector.as_str()
+    };
+    let mut snk = Section::default();
+    snk.put(&[connector], map(Vec::new(), *connector_at))?;
+    for (key, value) in &sink.options {
+        match key.as_str() {
+            "parallelism" => snk.put(&["parallelism"], value.clone())?,
+            _ => snk.put(&option_path(connector, key), value.clone())?,
+        }
+    }
+    top.put(&["sink"], snk.into_node(sink.at))?;
+    Ok(top.into_node(Pos::START))
+}
+
+/// Where option `key` of `connector` goes: `'a.b'` is key `b` of the connector's `a`.
+fn option_path<'a>(connector: &'a str, key: &'a str) -> Vec<&'a str> {
+    match key.split_once('.') {
+        Some((section, rest)) => vec![connector, section, rest],
+        None => vec![connector, key],
+    }
+}
+
+/// `WATERMARK FOR col AS col [- INTERVAL 'n' UNIT]` as the job file's `watermark:`.
+fn watermark(w: &WatermarkClause) -> Result<Node> {
+    let expected = || {
+        SqlError::new(
+            w.expr_at,
+            format!(
+                "expected `{c}` or `{c} - INTERVAL 'n' SECOND` as the watermark of `{c}` \
+                 (bounded out-of-orderness); found `{}`",
+                w.expr,
+                c = w.column
+            ),
+        )
+    };
+    let expr = Parser::new(&GenericDialect {})
+        .try_with_sql(&w.expr)
+        .and_then(|mut p| p.parse_expr())
+        .map_err(|_| expected())?;
+    let delay = match &expr {
+        Expr::Identifier(id) if id.value == w.column => scalar("0ms", w.expr_at),
+        Expr::BinaryOp {
+            left,
+            op: sqlparser::ast::BinaryOperator::Minus,
+            right,
+        } if matches!(left.as_ref(), Expr::Identifier(id) if id.value == w.column) => {
+            // Positions inside the re-parsed clause are relative to it: use its own.
+            let mut delay =
+                duration(right, w.expr_at).map_err(|e| SqlError::new(w.expr_at, e.message))?;
+            delay.pos = w.expr_at;
+            delay
+        }
+        _ => return Err(expected()),
+    };
+    let mut s = Section::default();
+    s.put(&["column"], scalar(w.column.clone(), w.at))?;
+    s.put(&["max_out_of_orderness"], delay)?;
+    Ok(s.into_node(w.at))
+}
+
+/// An `INTERVAL` as a job file's duration (`INTERVAL '10' SECOND` is `10s`).
+fn duration(e: &Expr, fallback: Pos) -> Result<Node> {
+    let at = match pos(e.span().start) {
+        Pos::START => fallback,
+        p => p,
+    };
+    let expected = || {
+        SqlError::new(
+            at,
+            format!("expected an interval such as `INTERVAL '10' SECOND`, found `{e}`"),
+        )
+    };
+    let Expr::Interval(i) = e else {
+        return Err(expected());
+    };
+    let value = match i.value.as_ref() {
+        Expr::Value(v) => match &v.value {
+            SqlValue::SingleQuotedString(s) | SqlValue::Number(s, _) => s.trim().to_owned(),
+            _ => return Err(expected()),
+        },
+        _ => return Err(expected()),
+    };
+    if i.last_field.is_some() {
+        return Err(unsupported(at, "an interval range such as `DAY TO SECOND`"));
+    }
+    let unit = match &i.leading_field {
+        None => {
+            // `INTERVAL '10 seconds'`, or a job file's `INTERVAL '10s'`.
+            return Ok(scalar(spelled_duration(&value).unwrap_or(value), at));
+        }
+        Some(DateTimeField::Millisecond | DateTimeField::Milliseconds) => "ms",
+        Some(DateTimeField::Second | DateTimeField::Seconds) => "s",
+        Some(DateTimeField::Minute | DateTimeField::Minutes) => "m",
+        Some(DateTimeField::Hour | DateTimeField::Hours) => "h",
+        Some(DateTimeField::Day | DateTimeField::Days) => "d",
+        Some(other) => {
+            return Err(SqlError::new(
+                at,
+                format!(
+                    "an interval in {other} has no fixed length; use MILLISECOND, SECOND, \
+                     MINUTE, HOUR or DAY"
+                ),
+            ));
+        }
+    };
+    Ok(scalar(format!("{value}{unit}"), at))
+}
+
+/// `10 seconds` as `10s`.
+fn spelled_duration(value: &str) -> Option<String> {
+    let (number, unit) = value.split_once(char::is_whitespace)?;
+    let unit = match unit.trim().to_ascii_lowercase().trim_end_matches('s') {
+        "millisecond" => "ms",
+        "second" => "s",
+        "minute" => "m",
+        "hour" => "h",
+        "day" => "d",
+        _ => return None,
+    };
+    Some(format!("{}{unit}", number.trim()))
+}
+
+fn setting(set: &sqlparser::ast::Set, at: Pos) -> Result<(String, Node)> {
+    let sqlparser::ast::Set::SingleAssignment {
+        variable, values, ..
+    } = set
+    else {
+        return Err(unsupported(
+            at,
+            "this form of SET; write `SET 'key' = 'value'`",
+        ));
+    };
+    let key = name_text(variable);
+    let value = match values.as_slice() {
+        [v] => option_value(v, at)?,
+        _ => {
+            return Err(SqlError::new(at, format!("SET '{key}' takes one value")));
+        }
+    };
+    if !SETTINGS.iter().any(|(k, _)| *k == key) {
+        let known: Vec<String> = SETTINGS
+            .iter()
+            .map(|(k, what)| format!("'{k}' ({what})"))
+            .collect();
+        return Err(SqlError::new(
+            value.pos,
+            format!(
+                "unknown setting '{key}'; expected one of {}",
+                known.join(", ")
+            ),
+        ));
+    }
+    Ok((key, value))
+}
+
+fn create_table(
+    ct: &CreateTable,
+    watermarks: &mut Vec<WatermarkClause>,
+) -> Result<(String, Table)> {
+    let (name, at) = object_name(&ct.name)?;
+    let end = pos(ct.span().end);
+    if let Some(c) = ct.columns.first() {
+        return Err(SqlError::new(
+            pos(c.name.span.start),
+            format!(
+                "column definitions are not supported yet: table `{name}` has its \
+                 connector's columns (a WATERMARK clause alone may stand in the list)"
+            ),
+        ));
+    }
+    if ct.query.is_some() {
+        return Err(unsupported(at, "CREATE TABLE ... AS SELECT"));
+    }
+    if !ct.constraints.is_empty() || ct.primary_key.is_some() {
+        return Err(unsupported(at, "table constraints and keys"));
+    }
+    let options = match &ct.table_options {
+        CreateTableOptions::With(options) => options,
+        _ => {
+            return Err(SqlError::new(
+                at,
+                format!(
+                    "table `{name}` needs its connector: `CREATE TABLE {name} WITH \
+                     ('connector' = 'nexmark', ...)`"
+                ),
+            ));
+        }
+    };
+    let mut connector = None;
+    let mut rest: Vec<(String, Node)> = Vec::new();
+    for option in options {
+        let SqlOption::KeyValue { key, value } = option else {
+            return Err(SqlError::new(
+                at,
+                format!("table `{name}`'s options must be `'key' = 'value'` pairs"),
+            ));
+        };
+        let value = option_value(value, at)?;
+        if key.value == "connector" {
+            connector = Some((value.text().to_owned(), value.pos));
+        } else {
+            rest.push((key.value.clone(), value));
+        }
+    }
+    let Some(connector) = connector else {
+        return Err(SqlError::new(
+            at,
+            format!("table `{name}` has no 'connector' option; e.g. 'connector' = 'nexmark'"),
+        ));
+    };
+    let mine = watermarks.iter().position(|w| w.at >= at && w.at <= end);
+    let watermark = mine.map(|i| watermarks.remove(i));
+    if let Some(other) = watermarks.iter().find(|w| w.at >= at && w.at <= end) {
+        return Err(SqlError::new(
+            other.at,
+            format!("table `{name}` has more than one WATERMARK"),
+        ));
+    }
+    Ok((
+        name,
+        Table {
+            at,
+            connector,
+            options: rest,
+            watermark,
+        },
+    ))
+}
+
+/// A `WITH` option's or `SET`'s value: a quoted string, a number or a boolean.
+fn option_value(e: &Expr, fallback: Pos) -> Result<Node> {
+    let at = match pos(e.span().start) {
+        Pos::START => fallback,
+        p => p,
+    };
+    match e {
+        Expr::Value(v) => match &v.value {
+            SqlValue::SingleQuotedString(s) | SqlValue::DoubleQuotedString(s) => {
+                Ok(scalar(s.clone(), at))
+            }
+            SqlValue::Number(n, _) => Ok(scalar(n.clone(), at)),
+            SqlValue::Boolean(b) => Ok(scalar(b.to_string(), at)),
+            _ => Err(SqlError::new(
+                at,
+                format!("expected a quoted value, found `{e}`"),
+            )),
+        },
+        _ => Err(SqlError::new(
+            at,
+            format!("expected a quoted value, found `{e}`"),
+        )),
+    }
+}
+
+/// The query lowered: the table it reads and its operators.
+struct Lowered {
+    source: String,
+    pipeline: Vec<Node>,
+}
+
+/// The tables and views a job created.
+struct Catalog<'a> {
+    tables: HashMap<String, Table>,
+    views: HashMap<String, &'a Query>,
+}
+
+/// Views and subqueries nest no deeper (a view that reads itself ends here).
+const MAX_NESTING: usize = 16;
+
+impl Catalog<'_> {
+    /// What reading `name` means: a table as it is, or a view's query lowered.
+    fn read(&self, name: &str, at: Pos, depth: usize) -> Result<Lowered> {
+        if self.tables.contains_key(name) {
+            return Ok(Lowered {
+                source: name.to_owned(),
+                pipeline: Vec::new(),
+            });
+        }
+        match self.views.get(name) {
+            Some(query) => lower_query(query, self, at, depth + 1),
+            None => Err(self.unknown(name, at)),
+        }
+    }
+
+    fn unknown(&self, name: &str, at: Pos) -> SqlError {
+        let mut known: Vec<&str> = self
+            .tables
+            .keys()
+            .chain(self.views.keys())
+            .map(String::as_str)
+            .collect();
+        known.sort_unstable();
+        let known = if known.is_empty() {
+            "no table is created yet; CREATE TABLE it first".to_owned()
+        } else {
+            format!("tables: {}", known.join(", "))
+        };
+        SqlError::new(at, format!("unknown table `{name}` ({known})"))
+    }
+}
+
+/// Lowers `query` onto the operators of what it reads (a table, a view, a subquery).
+fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> Result<Lowered> {
+    if depth > MAX_NESTING {
+        return Err(SqlError::new(
+            at,
+            format!(
+                "views and subqueries nest deeper than {MAX_NESTING} (does a view read itself?)"
+            ),
+        ));
+    }
+    if query.with.is_some() {
+        return Err(unsupported(at, "WITH (common table expressions)"));
+    }
+    if query.order_by.is_some() || query.limit_clause.is_some() || query.fetch.is_some() {
+        return Err(unsupported(at, "ORDER BY, LIMIT and FETCH on a stream"));
+    }
+    let SetExpr::Select(select) = query.body.as_ref() else {
+        return Err(unsupported(
+            at,
+            "UNION, INTERSECT, EXCEPT, VALUES and nested queries",
+        ));
+    };
+    let at = pos(select.select_token.0.span.start);
+    let distinct = match &select.distinct {
+        None => false,
+        Some(sqlparser::ast::Distinct::Distinct) => true,
+        Some(_) => return Err(unsupported(at, "SELECT DISTINCT ON")),
+    };
+    if select.having.is_some() {
+        return Err(unsupported(at, "HAVING"));
+    }
+    if select.qualify.is_some() || !select.named_window.is_empty() {
+        return Err(unsupported(
+            at,
+            "OVER windows and QUALIFY (Top-N, deduplication)",
+        ));
+    }
+    let [from] = select.from.as_slice() else {
+        return Err(unsupported(at, "reading several tables (a join)"));
+    };
+    if let Some(j) = from.joins.first() {
+        return Err(unsupported(pos(j.relation.span().start), "JOIN"));
+    }
+    let group_by = match &select.group_by {
+        GroupByExpr::Expressions(exprs, modifiers) if modifiers.is_empty() => exprs.as_slice(),
+        _ => {
+            return Err(unsupported(
+                at,
+                "GROUP BY ALL, ROLLUP, CUBE and GROUPING SETS",
+            ));
+        }
+    };
+    let (input, window) = match &from.relation {
+        TableFactor::Table {
+            name, args: None, ..
+        } => {
+            let (name, at) = object_name(name)?;
+            (catalog.read(&name, at, depth)?, None)
+        }
+        TableFactor::Derived {
+            lateral: false,
+            subquery,
+            ..
+        } => (lower_query(subquery, catalog, at, depth + 1)?, None),
+        TableFactor::TableFunction { expr, .. } => {
+            let w = window_function(expr)?;
+            let (name, at) = &w.table;
+            (catalog.read(name, *at, depth)?, Some(w))
+        }
+        other => {
+            return Err(unsupported(
+                pos(other.span().start),
+                "this FROM item; read a table, or TABLE(TUMBLE | HOP | SESSION(...))",
+            ));
+        }
+    };
+    let Lowered {
+        source,
+        mut pipeline,
+    } = input;
+    let table = &catalog.tables[&source];
+    if let Some(predicate) = &select.selection {
+        pipeline.push(stage("filter", expr_node(predicate, at), at));
+    }
+    match window {
+        None => {
+            if let Some(g) = group_by.first() {
+                return Err(SqlError::new(
+                    pos(g.span().start),
+                    "GROUP BY without a window (an unbounded aggregate, whose results \
+                     update) is not supported yet; aggregate over TABLE(TUMBLE | HOP | \
+                     SESSION(...)) grouped by window_start, window_end"
+                        .to_owned(),
+                ));
+            }
+            if let Some(items) = projection(&select.projection, at)? {
+                pipeline.push(stage("select", seq(items, at), at));
+            }
+            if distinct {
+                // Each distinct row once, when first seen: the dedup operator keyed by
+                // every column (an append-only result, as in Flink).
+                let names = output_names(&select.projection, at)?;
+                pipeline.push(stage("dedup", seq(names, at), at));
+            }
+        }
+        Some(w) => {
+            if distinct {
+                return Err(unsupported(at, "SELECT DISTINCT over a window aggregate"));
+            }
+            if table.watermark.is_none() {
+                return Err(SqlError::new(
+                    w.at,
+                    format!(
+                        "a window over `{source}` needs its event time: add `WATERMARK FOR \
+                         {col} AS {col} - INTERVAL '4' SECOND` to CREATE TABLE {source}",
+                        col = w.column
+                    ),
+                ));
+            }
+            let watermarked = table.watermark.as_ref().map(|c| c.column.as_str());
+            pipeline.extend(window_stages(
+                &w,
+                watermarked,
+                group_by,
+                &select.projection,
+                at,
+            )?);
+        }
+    }
+    Ok(Lowered { source, pipeline })
+}
+
+/// A window table function: `TUMBLE(TABLE t, DESCRIPTOR(col), size)`, `HOP(TABLE t,
+/// DESCRIPTOR(col), slide, size)` or `SESSION(TABLE t, DESCRIPTOR(col), gap)`.
+struct WindowCall {
+    at: Pos,
+    table: (String, Pos),
+    column: String,
+    /// The job file's window keys (`tumbling: 10s`, ...).
+    kind: Vec<(&'static str, Node)>,
+}
+
+fn window_function(e: &Expr) -> Result<WindowCall> {
+    let at = pos(e.span().start);
+    let Expr::Function(f) = e else {
+        return Err(unsupported(
+            at,
+            "this table function; use TUMBLE, HOP or SESSION",
+        ));
+    };
+    let name = name_text(&f.name).to_ascii_uppercase();
+    let (params, usage) = match name.as_str() {
+        "TUMBLE" => (1, "TUMBLE(TABLE t, DESCRIPTOR(time_column), size)"),
+        "HOP" => (2, "HOP(TABLE t, DESCRIPTOR(time_column), slide, size)"),
+        "SESSION" => (1, "SESSION(TABLE t, DESCRIPTOR(time_column), gap)"),
+        "CUMULATE" => return Err(unsupported(at, "the CUMULATE window")),
+        _ => {
+            return Err(SqlError::new(
+                at,
+                format!("unknown window function `{name}`; expected TUMBLE, HOP or SESSION"),
+            ));
+        }
+    };
+    let FunctionArguments::List(list) = &f.args else {
+        return Err(SqlError::new(at, format!("expected {usage}")));
+    };
+    let args: Vec<&Expr> = list
+        .args
+        .iter()
+        .map(|a| match a {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Ok(e),
+            _ => Err(SqlError::new(
+                at,
+                format!("expected {usage} (named arguments are not supported yet)"),
+            )),
+        })
+        .collect::<Result<_>>()?;
+    if args.len() != 2 + params {
+        return Err(SqlError::new(at, format!("expected {usage}")));
+    }
+    let table = match args[0] {
+        Expr::Identifier(id) => (id.value.clone(), pos(id.span.start)),
+        _ => return Err(SqlError::new(at, format!("expected {usage}"))),
+    };
+    let column = match args[1] {
+        Expr::Function(d) if name_text(&d.name).eq_ignore_ascii_case("DESCRIPTOR") => {
+            match &d.args {
+                FunctionArguments::List(l) => match l.args.as_slice() {
+                    [FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Identifier(c)))] => {
+                        c.value.clone()
+                    }
+                    _ => return Err(SqlError::new(at, format!("expected {usage}"))),
+                },
+                _ => return Err(SqlError::new(at, format!("expected {usage}"))),
+            }
+        }
+        _ => return Err(SqlError::new(at, format!("expected {usage}"))),
+    };
+    let kind = match name.as_str() {
+        "TUMBLE" => vec![("tumbling", duration(args[2], at)?)],
+        "HOP" => vec![
+            ("sliding", duration(args[3], at)?),
+            ("slide", duration(args[2], at)?),
+        ],
+        _ => vec![("session", duration(args[2], at)?)],
+    };
+    Ok(WindowCall {
+        at,
+        table,
+        column,
+        kind,
+    })
+}
+
+/// The window's stages: its key, the window with its aggregates, and a select when the
+/// SELECT list differs from the window's output (keys, window_start, window_end,
+/// aggregates).
+fn window_stages(
+    w: &WindowCall,
+    watermarked: Option<&str>,
+    group_by: &[Expr],
+    projection: &[SelectItem],
+    at: Pos,
+) -> Result<Vec<Node>> {
+    let mut keys: Vec<&Ident> = Vec::new();
+    let mut bounds = 0;
+    for g in group_by {
+        let Expr::Identifier(id) = g else {
+            return Err(SqlError::new(
+                pos(g.span().start),
+                format!("GROUP BY takes column names here, found `{g}`"),
+            ));
+        };
+        match id.value.as_str() {
+            "window_start" | "window_end" => bounds += 1,
+            _ => keys.push(id),
+        }
+    }
+    if bounds != 2 {
+        return Err(SqlError::new(
+            w.at,
+            "a window aggregate groups by window_start and window_end (and its key \
+             columns)"
+                .to_owned(),
+        ));
+    }
+    let is_key = |id: &Ident| keys.iter().any(|k| k.value == id.value);
+    let is_bound = |id: &Ident| matches!(id.value.as_str(), "window_start" | "window_end");
+    let mut aggregates = Vec::new();
+    // Output columns in SELECT order, as the final select names them.
+    let mut outputs: Vec<(String, Pos)> = Vec::new();
+    let mut renamed = false;
+    for item in projection {
+        match item {
+            SelectItem::UnnamedExpr(Expr::Identifier(id)) if is_key(id) || is_bound(id) => {
+                outputs.push((id.value.clone(), pos(id.span.start)));
+            }
+            SelectItem::ExprWithAlias {
+                expr: Expr::Identifier(id),
+                alias,
+            } if is_key(id) || is_bound(id) => {
+                renamed = true;
+                outputs.push((format!("{id} AS {alias}"), pos(id.span.start)));
+            }
+            SelectItem::UnnamedExpr(Expr::Identifier(id)) => {
+                return Err(SqlError::new(
+                    pos(id.span.start),
+                    format!(
+                        "column `{}` is neither grouped nor aggregated; add it to GROUP BY \
+                         or aggregate it",
+                        id.value
+                    ),
+                ));
+            }
+            SelectItem::ExprWithAlias { expr, alias } => {
+                let p = pos(expr.span().start);
+                aggregates.push(scalar_quoted(format!("{expr} AS {alias}"), p));
+                outputs.push((alias.to_string(), p));
+            }
+            SelectItem::UnnamedExpr(e) => {
+                return Err(SqlError::new(
+                    pos(e.span().start),
+                    format!("name the aggregate: `{e} AS name`"),
+                ));
+            }
+            _ => {
+                return Err(unsupported(at, "`*` in a window aggregate's SELECT list"));
+            }
+        }
+    }
+    if aggregates.is_empty() {
+        return Err(SqlError::new(
+            at,
+            "a window aggregate needs at least one aggregate, e.g. `COUNT(*) AS n`".to_owned(),
+        ));
+    }
+    let mut stages = Vec::new();
+    if !keys.is_empty() {
+        let key_nodes = keys
+            .iter()
+            .map(|k| scalar(k.value.clone(), pos(k.span.start)))
+            .collect();
+        stages.push(stage("key_by", seq(key_nodes, at), at));
+    }
+    let mut window = Section::default();
+    for (k, v) in &w.kind {
+        window.put(&[k], v.clone())?;
+    }
+    if watermarked != Some(w.column.as_str()) {
+        window.put(&["column"], scalar(w.column.clone(), w.at))?;
+    }
+    let mut item = Section::default();
+    item.put(&["window"], window.into_node(w.at))?;
+    let aggregate_nodes: Vec<Node> = aggregates;
+    let natural: Vec<String> = keys
+        .iter()
+        .map(|k| k.value.clone())
+        .chain(["window_start".to_owned(), "window_end".to_owned()])
+        .chain(projection.iter().filter_map(|i| match i {
+            SelectItem::ExprWithAlias { expr, alias } if !matches!(expr, Expr::Identifier(_)) => {
+                Some(alias.to_string())
+            }
+            _ => None,
+        }))
+        .collect();
+    item.put(&["aggregate"], seq(aggregate_nodes, at))?;
+    stages.push(item.into_node(w.at));
+    let written: Vec<&str> = outputs.iter().map(|(o, _)| o.as_str()).collect();
+    if renamed || written != natural.iter().map(String::as_str).collect::<Vec<_>>() {
+        let items = outputs
+            .into_iter()
+            .map(|(o, p)| scalar_quoted(o, p))
+            .collect();
+        stages.push(stage("select", seq(items, at), at));
+    }
+    Ok(stages)
+}
+
+/// A plain query's SELECT list as select items; `None` for `SELECT *`.
+fn projection(items: &[SelectItem], at: Pos) -> Result<Option<Vec<Node>>> {
+    if let [SelectItem::Wildcard(_)] = items {
+        return Ok(None);
+    }
+    items
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(e) => Ok(expr_node(e, at)),
+            SelectItem::ExprWithAlias { expr, alias } => Ok(scalar_quoted(
+                format!("{expr} AS {alias}"),
+                located(expr, at),
+            )),
+            _ => Err(unsupported(at, "`*` next to other columns, or `t.*`")),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+/// The names of a plain query's output columns (for SELECT DISTINCT's key).
+fn output_names(items: &[SelectItem], at: Pos) -> Result<Vec<Node>> {
+    items
+        .iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(Expr::Identifier(id)) => {
+                Ok(scalar(id.value.clone(), pos(id.span.start)))
+            }
+            SelectItem::ExprWithAlias { expr, alias } => {
+                Ok(scalar(alias.value.clone(), located(expr, at)))
+            }
+            SelectItem::UnnamedExpr(e) => Err(SqlError::new(
+                located(e, at),
+                format!("name this column of SELECT DISTINCT: `{e} AS name`"),
+            )),
+            _ => Err(unsupported(at, "SELECT DISTINCT *; name the columns")),
+        })
+        .collect()
+}
+
+fn stage(op: &str, value: Node, at: Pos) -> Node {
+    map(vec![(scalar(op, at), value)], at)
+}
+
+fn expr_node(e: &Expr, fallback: Pos) -> Node {
+    scalar_quoted(e.to_string(), located(e, fallback))
+}
+
+fn located(e: &Expr, fallback: Pos) -> Pos {
+    match pos(e.span().start) {
+        Pos::START => fallback,
+        p => p,
+    }
+}
+
+/// A one-part table name and its position.
+fn object_name(name: &ObjectName) -> Result<(String, Pos)> {
+    match name.0.as_slice() {
+        [ObjectNamePart::Identifier(id)] => Ok((id.value.clone(), pos(id.span.start))),
+        _ => {
+            let at = pos(name.span().start);
+            Err(unsupported(
+                at,
+                &format!("the qualified name `{name}` (catalogs and databases)"),
+            ))
+        }
+    }
+}
+
+/// A dotted name's text without quotes: `'parallelism.default'` is `parallelism.default`.
+fn name_text(name: &ObjectName) -> String {
+    name.0
+        .iter()
+        .map(|p| match p {
+            ObjectNamePart::Identifier(id) => id.value.clone(),
+            other => other.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+fn unsupported(at: Pos, what: &str) -> SqlError {
+    SqlError::new(at, format!("{what} is not supported yet by Sluice's SQL"))
+}
+
+/// The parser's message, at the position it names (`... at Line: 3, Column: 5`).
+fn parser_error(e: ParserError) -> SqlError {
+    let message = e.to_string();
+    let located = message.rfind(" at Line: ").and_then(|i| {
+        let rest = &message[i + " at Line: ".len()..];
+        let (line, rest) = rest.split_once(", Column: ")?;
+        let column: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        Some((i, line.trim().parse().ok()?, column.parse().ok()?))
+    });
+    match located {
+        Some((i, line, column)) => SqlError::new(
+            Pos { line, column },
+            message[..i]
+                .trim_start_matches("sql parser error: ")
+                .to_owned(),
+        ),
+        None => SqlError::new(Pos::START, message),
+    }
+}
+
+fn scalar(text: impl Into<String>, pos: Pos) -> Node {
+    Node {
+        value: Value::Scalar {
+            text: text.into(),
+            quoted: false,
+        },
+        pos,
+    }
+}
+
+/// A string that is never read as a number or boolean (an expression).
+fn scalar_quoted(text: String, pos: Pos) -> Node {
+    Node {
+        value: Value::Scalar { text, quoted: true },
+        pos,
+    }
+}
+
+fn map(entries: Vec<(Node, Node)>, pos: Pos) -> Node {
+    Node {
+        value: Value::Map(entries),
+        pos,
+    }
+}
+
+fn seq(items: Vec<Node>, pos: Pos) -> Node {
+    Node {
+        value: Value::Seq(items),
+        pos,
+    }
+}
+
+/// A mapping built by paths (`["state", "backend"]`), in the order keys are first put.
+#[derive(Default)]
+struct Section {
+    entries: Vec<(String, Pos, Entry)>,
+}
+
+enum Entry {
+    Leaf(Node),
+    Nested(Section),
+}
+
+impl Section {
+    fn put(&mut self, path: &[&str], value: Node) -> Result<()> {
+        let Some((first, rest)) = path.split_first() else {
+            return Ok(());
+        };
+        let at = value.pos;
+        let Some(i) = self.entries.iter().position(|(k, _, _)| k == first) else {
+            let entry = if rest.is_empty() {
+                Entry::Leaf(value)
+            } else {
+                let mut nested = Section::default();
+                nested.put(rest, value)?;
+                Entry::Nested(nested)
+            };
+            self.entries.push(((*first).to_owned(), at, entry));
+            return Ok(());
+        };
+        let entry = &mut self.entries[i].2;
+        // An empty map put first (a connector with no options yet) takes options.
+        if let Entry::Leaf(Node {
+            value: Value::Map(m),
+            ..
+        }) = entry
+            && m.is_empty()
+            && !rest.is_empty()
+        {
+            *entry = Entry::Nested(Section::default());
+        }
+        match entry {
+            Entry::Nested(nested) if !rest.is_empty() => nested.put(rest, value),
+            _ => Err(SqlError::new(
+                at,
+                format!("`{}` is given twice", path.join(".")),
+            )),
+        }
+    }
+
+    fn into_node(self, pos: Pos) -> Node {
+        let entries = self
+            .entries
+            .into_iter()
+            .map(|(k, at, e)| {
+                let value = match e {
+                    Entry::Leaf(n) => n,
+                    Entry::Nested(s) => s.into_node(at),
+                };
+                (scalar(k, at), value)
+            })
+            .collect();
+        map(entries, pos)
+    }
+}
