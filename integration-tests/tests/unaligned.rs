@@ -54,16 +54,49 @@ fn windowed(out: &Path, mode: &str, delay_ms: u64, events: u64) -> String {
     )
 }
 
-/// The job's output without failures, back pressure or channel state.
-fn reference(dir: &Path, events: u64) -> Vec<Row> {
+/// The output of the job `job(out)` gives, run in one process: the reference without
+/// failures, back pressure or channel state.
+fn reference(dir: &Path, job: impl Fn(&Path) -> String) -> Vec<Row> {
     let out = dir.join("reference");
-    let job = write_job(dir, "ref.yaml", &windowed(&out, "aligned", 0, events));
+    let job = write_job(dir, "ref.yaml", &job(&out));
     run_sluice(&["run", job.to_str().unwrap()], dir)
         .assert_success()
         .assert_no_panic();
     let rows = read_jsonl_dir(&out);
     assert!(!rows.is_empty());
     rows
+}
+
+/// Runs `job(out)` on two workers killing one `kills` times (waits and victims drawn
+/// from `seed`, overridable by `SLUICE_UNALIGNED_SEED`), and checks that its output is
+/// `expected` and that the retained checkpoints stored channel state (`why` they must).
+fn killed_run_gives(
+    dir: &Path,
+    job: impl Fn(&Path) -> String,
+    kills: usize,
+    seed: u64,
+    expected: &[Row],
+    why: &str,
+) {
+    let out = dir.join("out");
+    let store = dir.join("store");
+    let job = write_job(dir, "killed.yaml", &job(&out));
+    let mut rng = rng_from_env("SLUICE_UNALIGNED_SEED", seed);
+    procs::run_with_kills_args(
+        dir,
+        &job,
+        &["--store", store.to_str().unwrap()],
+        kills,
+        &mut |n| rng.below(n),
+    );
+    assert_same_rows(
+        "output of unaligned checkpoints after worker kills",
+        &read_jsonl_dir(&out),
+        expected,
+    );
+    let (objects, bytes) = channel_state_objects(&store);
+    eprintln!("channel state left in the retained checkpoints: {objects} objects, {bytes} bytes");
+    assert!(objects > 0 && bytes > 0, "{why}");
 }
 
 /// Channel-state objects (and their bytes) left in a run's checkpoint store.
@@ -89,33 +122,15 @@ fn unaligned_checkpoints_replay_their_in_flight_data_through_worker_kills() {
     let _serial = serial();
     let dir = tempdir();
     let events = 300_000;
-    let expected = reference(dir.path(), events);
-    let out = dir.path().join("out");
-    let store = dir.path().join("store");
-    let job = write_job(
-        dir.path(),
-        "unaligned.yaml",
-        &windowed(&out, "unaligned", 10, events),
-    );
-    let mut rng = rng_from_env("SLUICE_UNALIGNED_SEED", 0x00a1_19ed);
-    procs::run_with_kills_args(
-        dir.path(),
-        &job,
-        &["--store", store.to_str().unwrap()],
-        3,
-        &mut |n| rng.below(n),
-    );
-    assert_same_rows(
-        "output of unaligned checkpoints after worker kills",
-        &read_jsonl_dir(&out),
-        &expected,
-    );
+    let expected = reference(dir.path(), |out| windowed(out, "aligned", 0, events));
     // The retained checkpoints stored in-flight data: the test exercised the replay.
-    let (objects, bytes) = channel_state_objects(&store);
-    eprintln!("channel state left in the retained checkpoints: {objects} objects, {bytes} bytes");
-    assert!(
-        objects > 0 && bytes > 0,
-        "a back-pressured job's unaligned checkpoints hold in-flight data"
+    killed_run_gives(
+        dir.path(),
+        |out| windowed(out, "unaligned", 10, events),
+        3,
+        0x00a1_19ed,
+        &expected,
+        "a back-pressured job's unaligned checkpoints hold in-flight data",
     );
 }
 
@@ -141,40 +156,14 @@ fn finished_sources(out: &Path, mode: &str, delay_ms: u64) -> String {
 fn unaligned_checkpoints_after_the_sources_finished_restore_through_worker_kills() {
     let _serial = serial();
     let dir = tempdir();
-    let reference = dir.path().join("reference");
-    let job = write_job(
+    let expected = reference(dir.path(), |out| finished_sources(out, "aligned", 0));
+    killed_run_gives(
         dir.path(),
-        "ref.yaml",
-        &finished_sources(&reference, "aligned", 0),
-    );
-    run_sluice(&["run", job.to_str().unwrap()], dir.path()).assert_success();
-    let expected = read_jsonl_dir(&reference);
-    assert!(!expected.is_empty());
-    let out = dir.path().join("out");
-    let store = dir.path().join("store");
-    let job = write_job(
-        dir.path(),
-        "finished.yaml",
-        &finished_sources(&out, "unaligned", 50),
-    );
-    let mut rng = rng_from_env("SLUICE_UNALIGNED_SEED", 0x00f1_4153);
-    procs::run_with_kills_args(
-        dir.path(),
-        &job,
-        &["--store", store.to_str().unwrap()],
+        |out| finished_sources(out, "unaligned", 50),
         2,
-        &mut |n| rng.below(n),
-    );
-    assert_same_rows(
-        "distinct keys after worker kills with finished sources",
-        &read_jsonl_dir(&out),
+        0x00f1_4153,
         &expected,
-    );
-    let (objects, bytes) = channel_state_objects(&store);
-    eprintln!("channel state left in the retained checkpoints: {objects} objects, {bytes} bytes");
-    assert!(
-        objects > 0 && bytes > 0,
-        "the checkpoints held what the sources left queued"
+        "the checkpoints held what the sources left queued",
     );
 }
 
@@ -340,7 +329,7 @@ fn a_rescale_2_to_3_restores_an_unaligned_checkpoint_by_key_group() {
     let _serial = serial();
     let dir = tempdir();
     let events = 300_000;
-    let expected = reference(dir.path(), events);
+    let expected = reference(dir.path(), |out| windowed(out, "aligned", 0, events));
     let cluster = MiniCluster::start(dir.path(), 2, |_| Vec::new(), &[]);
     let out = dir.path().join("out");
     let job = write_job(

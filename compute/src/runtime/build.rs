@@ -512,7 +512,7 @@ pub async fn build_tasks(
                         .ok_or_else(|| Error::Internal("input queue taken twice".into()))?;
                     let mut gate = InputGate::new(rx)
                         .with_aligned_timeout(aligned_timeout)
-                        .with_overtaking(unaligned)
+                        .with_unaligned(unaligned)
                         .with_monitor(task_metrics.clone(), debloat);
                     let target = replay_target(plan, chain.id, subtask)?;
                     channel_keys = (0..gate_channels(plan, chain.id))

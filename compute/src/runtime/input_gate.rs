@@ -85,8 +85,8 @@ pub struct InputGate {
     last_alignment: Option<std::time::Duration>,
     /// An aligned barrier waiting longer than this goes on unaligned.
     aligned_timeout: Option<std::time::Duration>,
-    /// Barriers may overtake data here (unaligned checkpoints, or an aligned timeout).
-    overtaking: bool,
+    /// The job takes unaligned checkpoints.
+    unaligned: bool,
     monitor: Option<GateMonitor>,
 }
 
@@ -118,21 +118,22 @@ impl InputGate {
             alignment_started: None,
             last_alignment: None,
             aligned_timeout: None,
-            overtaking: false,
+            unaligned: false,
             monitor: None,
         }
     }
 
-    /// Marks a gate whose job's barriers may overtake data: its task, when it cannot
-    /// send, still takes an unaligned barrier ([`Self::poll_unaligned`]).
-    pub fn with_overtaking(mut self, overtaking: bool) -> Self {
-        self.overtaking = overtaking || self.aligned_timeout.is_some();
+    /// Marks a gate whose job takes unaligned checkpoints.
+    pub fn with_unaligned(mut self, unaligned: bool) -> Self {
+        self.unaligned = unaligned;
         self
     }
 
-    /// Whether barriers may overtake data at this gate.
+    /// Whether barriers may overtake data at this gate (unaligned checkpoints, or an
+    /// aligned timeout): its task, when it cannot send, still takes an unaligned
+    /// barrier ([`Self::poll_unaligned`]).
     pub fn overtaking(&self) -> bool {
-        self.overtaking
+        self.unaligned || self.aligned_timeout.is_some()
     }
 
     /// For a task whose output has no room, which must not take an ordinary element:
@@ -717,7 +718,7 @@ mod tests {
     #[tokio::test]
     async fn a_task_without_room_takes_only_an_unaligned_barrier_and_it_captures_the_queue() {
         let (tx, rx) = input_queue(2, 1 << 20);
-        let mut gate = InputGate::new(rx).with_overtaking(true);
+        let mut gate = InputGate::new(rx).with_unaligned(true);
         tx[0].send(batch(1)).await.unwrap();
         tx[1].send(batch(10)).await.unwrap();
         // Nothing overtakes yet: ordinary elements are not taken.

@@ -98,6 +98,20 @@ pub fn job_file_too_large(file: &str, bytes: u64) -> Option<String> {
     })
 }
 
+/// Refuses a job file larger than [`MAX_JOB_FILE_BYTES`] before it is parsed, at its
+/// first line.
+pub(crate) fn check_size(file: &str, text: &str) -> Result<(), JobSpecError> {
+    match job_file_too_large(file, text.len() as u64) {
+        Some(message) => Err(JobSpecError {
+            file: file.to_owned(),
+            line: 1,
+            column: 1,
+            message,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Parses the job file `text`; `file` names it in errors and in `JobGraph.origin_file`.
 ///
 /// # Errors
@@ -105,14 +119,7 @@ pub fn job_file_too_large(file: &str, bytes: u64) -> Option<String> {
 /// [`MAX_JOB_FILE_BYTES`] (refused before it is parsed), YAML syntax, an unknown or
 /// missing key, a value of the wrong type or out of range, or an inconsistent pipeline.
 pub fn parse_job(file: &str, text: &str) -> Result<pb::JobGraph, JobSpecError> {
-    if let Some(message) = job_file_too_large(file, text.len() as u64) {
-        return Err(JobSpecError {
-            file: file.to_owned(),
-            line: 1,
-            column: 1,
-            message,
-        });
-    }
+    check_size(file, text)?;
     let root = marked_yaml::parse(text).map_err(|error| at(file, error))?;
     graph_from_tree(file, &root)
 }

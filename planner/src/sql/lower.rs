@@ -42,7 +42,7 @@ struct Table {
 pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
     let prepared = text::prepare(text)?;
     let statements = Parser::parse_sql(&GenericDialect {}, &prepared.sql).map_err(parser_error)?;
-    let mut settings: Vec<(String, Node)> = Vec::new();
+    let mut settings: Vec<Setting> = Vec::new();
     let mut tables: HashMap<String, Table> = HashMap::new();
     let mut views: HashMap<String, &Query> = HashMap::new();
     let mut insert = None;
@@ -152,34 +152,20 @@ pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
 /// Lays out the top level as a job file would.
 fn job(
     default_name: String,
-    settings: Vec<(String, Node)>,
+    settings: Vec<Setting>,
     (source_name, source): (&str, &Table),
     (sink_name, sink): (&str, &Table),
     pipeline: Vec<Node>,
     at: Pos,
 ) -> Result<Node> {
     let mut top = Section::default();
-    let mut name = scalar(default_name, Pos::START);
-    for (key, value) in settings {
-        match key.as_str() {
-            "pipeline.name" => name = value,
-            "parallelism.default" => top.put(&["parallelism"], value)?,
-            "pipeline.max-parallelism" => top.put(&["max_parallelism"], value)?,
-            "state.backend" => top.put(&["state", "backend"], value)?,
-            "state.shards" => top.put(&["state", "shards"], value)?,
-            "state.cache" => top.put(&["state", "cache"], value)?,
-            "execution.checkpointing.interval" => top.put(&["checkpoint", "interval"], value)?,
-            "execution.checkpointing.mode" => top.put(&["checkpoint", "mode"], value)?,
-            "execution.checkpointing.timeout" => top.put(&["checkpoint", "timeout"], value)?,
-            "execution.checkpointing.aligned-checkpoint-timeout" => {
-                top.put(&["checkpoint", "aligned_timeout"], value)?;
-            }
-            _ => {
-                return Err(SqlError::new(value.pos, format!("unknown setting '{key}'")));
-            }
-        }
+    let named = settings.iter().any(|(_, path, _)| *path == ["name"]);
+    for (_, path, value) in settings {
+        top.put(path, value)?;
     }
-    top.put(&["name"], name)?;
+    if !named {
+        top.put(&["name"], scalar(default_name, Pos::START))?;
+    }
 
     let (connector, connector_at) = &source.connector;
     if !SOURCE_CONNECTORS.contains(&connector.as_str()) {
@@ -282,10 +268,7 @@ fn watermark(w: &WatermarkClause) -> Result<Node> {
 
 /// An `INTERVAL` as a job file's duration (`INTERVAL '10' SECOND` is `10s`).
 fn duration(e: &Expr, fallback: Pos) -> Result<Node> {
-    let at = match pos(e.span().start) {
-        Pos::START => fallback,
-        p => p,
-    };
+    let at = located(e, fallback);
     let expected = || {
         SqlError::new(
             at,
@@ -342,7 +325,10 @@ fn spelled_duration(value: &str) -> Option<String> {
     Some(format!("{}{unit}", number.trim()))
 }
 
-fn setting(set: &sqlparser::ast::Set, at: Pos) -> Result<(String, Node)> {
+/// A `SET` statement: its key, where it goes in the tree, and its value.
+type Setting = (String, &'static [&'static str], Node);
+
+fn setting(set: &sqlparser::ast::Set, at: Pos) -> Result<Setting> {
     let sqlparser::ast::Set::SingleAssignment {
         variable, values, ..
     } = set
@@ -359,10 +345,10 @@ fn setting(set: &sqlparser::ast::Set, at: Pos) -> Result<(String, Node)> {
             return Err(SqlError::new(at, format!("SET '{key}' takes one value")));
         }
     };
-    if !SETTINGS.iter().any(|(k, _)| *k == key) {
+    let Some((_, path, _)) = SETTINGS.iter().find(|(k, _, _)| *k == key) else {
         let known: Vec<String> = SETTINGS
             .iter()
-            .map(|(k, what)| format!("'{k}' ({what})"))
+            .map(|(k, _, what)| format!("'{k}' ({what})"))
             .collect();
         return Err(SqlError::new(
             value.pos,
@@ -371,8 +357,8 @@ fn setting(set: &sqlparser::ast::Set, at: Pos) -> Result<(String, Node)> {
                 known.join(", ")
             ),
         ));
-    }
-    Ok((key, value))
+    };
+    Ok((key, path, value))
 }
 
 fn create_table(
@@ -451,10 +437,7 @@ fn create_table(
 
 /// A `WITH` option's or `SET`'s value: a quoted string, a number or a boolean.
 fn option_value(e: &Expr, fallback: Pos) -> Result<Node> {
-    let at = match pos(e.span().start) {
-        Pos::START => fallback,
-        p => p,
-    };
+    let at = located(e, fallback);
     match e {
         Expr::Value(v) => match &v.value {
             SqlValue::SingleQuotedString(s) | SqlValue::DoubleQuotedString(s) => {
@@ -770,6 +753,7 @@ fn window_stages(
     let is_key = |id: &Ident| keys.iter().any(|k| k.value == id.value);
     let is_bound = |id: &Ident| matches!(id.value.as_str(), "window_start" | "window_end");
     let mut aggregates = Vec::new();
+    let mut aggregate_names = Vec::new();
     // Output columns in SELECT order, as the final select names them.
     let mut outputs: Vec<(String, Pos)> = Vec::new();
     let mut renamed = false;
@@ -798,6 +782,7 @@ fn window_stages(
             SelectItem::ExprWithAlias { expr, alias } => {
                 let p = pos(expr.span().start);
                 aggregates.push(scalar_quoted(format!("{expr} AS {alias}"), p));
+                aggregate_names.push(alias.to_string());
                 outputs.push((alias.to_string(), p));
             }
             SelectItem::UnnamedExpr(e) => {
@@ -834,19 +819,14 @@ fn window_stages(
     }
     let mut item = Section::default();
     item.put(&["window"], window.into_node(w.at))?;
-    let aggregate_nodes: Vec<Node> = aggregates;
+    // The window's own output: keys, its bounds, then the aggregates.
     let natural: Vec<String> = keys
         .iter()
         .map(|k| k.value.clone())
         .chain(["window_start".to_owned(), "window_end".to_owned()])
-        .chain(projection.iter().filter_map(|i| match i {
-            SelectItem::ExprWithAlias { expr, alias } if !matches!(expr, Expr::Identifier(_)) => {
-                Some(alias.to_string())
-            }
-            _ => None,
-        }))
+        .chain(aggregate_names)
         .collect();
-    item.put(&["aggregate"], seq(aggregate_nodes, at))?;
+    item.put(&["aggregate"], seq(aggregates, at))?;
     stages.push(item.into_node(w.at));
     let written: Vec<&str> = outputs.iter().map(|(o, _)| o.as_str()).collect();
     if renamed || written != natural.iter().map(String::as_str).collect::<Vec<_>>() {

@@ -46,21 +46,55 @@ mod text;
 
 use sluice_common::pb;
 
-use crate::job_spec::{JobSpecError, at, graph_from_tree, job_file_too_large};
+use crate::job_spec::{JobSpecError, at, check_size, graph_from_tree};
 
-/// Job settings a `SET` statement may change, with what they set.
-pub const SETTINGS: &[(&str, &str)] = &[
-    ("pipeline.name", "the job's name (default: the file's name)"),
-    ("parallelism.default", "the job's parallelism"),
-    ("pipeline.max-parallelism", "the number of key groups"),
-    ("state.backend", "memory or remote"),
-    ("state.shards", "remote state's shards"),
-    ("state.cache", "remote state's cache size, e.g. 256MiB"),
-    ("execution.checkpointing.interval", "e.g. 10s"),
-    ("execution.checkpointing.mode", "aligned or unaligned"),
-    ("execution.checkpointing.timeout", "e.g. 2m"),
+/// Job settings a `SET` statement may change: the key, where it goes in the job file's
+/// tree, and what it sets.
+pub const SETTINGS: &[(&str, &[&str], &str)] = &[
+    (
+        "pipeline.name",
+        &["name"],
+        "the job's name (default: the file's name)",
+    ),
+    (
+        "parallelism.default",
+        &["parallelism"],
+        "the job's parallelism",
+    ),
+    (
+        "pipeline.max-parallelism",
+        &["max_parallelism"],
+        "the number of key groups",
+    ),
+    ("state.backend", &["state", "backend"], "memory or remote"),
+    (
+        "state.shards",
+        &["state", "shards"],
+        "remote state's shards",
+    ),
+    (
+        "state.cache",
+        &["state", "cache"],
+        "remote state's cache size, e.g. 256MiB",
+    ),
+    (
+        "execution.checkpointing.interval",
+        &["checkpoint", "interval"],
+        "e.g. 10s",
+    ),
+    (
+        "execution.checkpointing.mode",
+        &["checkpoint", "mode"],
+        "aligned or unaligned",
+    ),
+    (
+        "execution.checkpointing.timeout",
+        &["checkpoint", "timeout"],
+        "e.g. 2m",
+    ),
     (
         "execution.checkpointing.aligned-checkpoint-timeout",
+        &["checkpoint", "aligned_timeout"],
         "how long an aligned barrier waits before it goes on unaligned",
     ),
 ];
@@ -72,14 +106,7 @@ pub const SETTINGS: &[(&str, &str)] = &[
 /// construct not supported, an unknown table, setting or connector option, or anything
 /// the job file checks would refuse.
 pub fn parse_sql_job(file: &str, text: &str) -> Result<pb::JobGraph, JobSpecError> {
-    if let Some(message) = job_file_too_large(file, text.len() as u64) {
-        return Err(JobSpecError {
-            file: file.to_owned(),
-            line: 1,
-            column: 1,
-            message,
-        });
-    }
+    check_size(file, text)?;
     let root = lower::job_tree(file, text).map_err(|e| at(file, e))?;
     graph_from_tree(file, &root)
 }
