@@ -77,6 +77,20 @@ ensure_etcd() {
   command -v etcd >/dev/null 2>&1 || echo "warning: etcd could not be installed" >&2
 }
 
+# Installs Debian's OpenSSH server when missing, without letting the package start it:
+# the deploy tests start their own servers on 127.0.0.x, one per simulated host.
+ensure_sshd() {
+  [ -x /usr/sbin/sshd ] && return
+  echo "installing openssh-server (sshd for the deploy tests, server not started)" >&2
+  local policy=/usr/sbin/policy-rc.d created=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && created=1
+  fi
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server openssh-client; } >&2 || true
+  [ "$created" = 1 ] && rm -f "$policy"
+  [ -x /usr/sbin/sshd ] || echo "warning: openssh-server could not be installed" >&2
+}
+
 # Installs Debian's Chromium when missing: the web UI's test renders the coordinator's
 # pages in it, headless (it starts no server of its own).
 ensure_chromium() {
@@ -103,6 +117,9 @@ print_env() {
   fi
   if command -v etcd >/dev/null 2>&1; then
     echo "export SLUICE_TEST_ETCD=$(command -v etcd)"
+  fi
+  if [ -x /usr/sbin/sshd ]; then
+    echo "export SLUICE_TEST_SSHD=/usr/sbin/sshd"
   fi
   if az_up; then
     echo "export SLUICE_TEST_AZURE_ENDPOINT=http://127.0.0.1:${az_port}/${az_account}"
@@ -240,7 +257,7 @@ stop_kafka() { stop_pid tansu "Kafka (tansu)"; }
 stop_s3() { stop_pid seaweedfs "S3 (SeaweedFS)"; }
 
 case "${1:-}" in
-  start) start_s3; start_azurite; start_kafka; ensure_promtool; ensure_chromium; ensure_etcd; print_env ;;
+  start) start_s3; start_azurite; start_kafka; ensure_promtool; ensure_chromium; ensure_etcd; ensure_sshd; print_env ;;
   stop) stop_s3; stop_azurite; stop_kafka ;;
   env) print_env ;;
   *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

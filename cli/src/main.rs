@@ -20,6 +20,7 @@
 
 mod bench;
 mod cluster;
+mod deploy;
 mod explain;
 mod kafka;
 mod nexmark_gen;
@@ -77,6 +78,9 @@ enum Command {
     /// Run a state-service node: keyed-state shards on RocksDB behind a cache, durable
     /// in an object store.
     StateService(state_service::StateServiceArgs),
+    /// Bring up the cluster a cluster file describes on its hosts over SSH (`status`,
+    /// `destroy`: report or remove it).
+    Deploy(deploy::DeployArgs),
 }
 
 #[derive(Subcommand)]
@@ -170,6 +174,7 @@ fn main() -> ExitCode {
         Command::Job(command) => cluster::client::run(command),
         Command::Doctor(args) => cluster::doctor::run(args),
         Command::StateService(args) => state_service::serve(args),
+        Command::Deploy(args) => deploy::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -147,8 +147,10 @@ fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SubmitRequest {
-    /// The job file's text (YAML).
-    job: String,
+    /// The job file's text (YAML or SQL); without it, `from_savepoint` names the job
+    /// to run again: the graph its savepoint recorded.
+    #[serde(default)]
+    job: Option<String>,
     /// The job file's name, for error messages.
     #[serde(default)]
     file: Option<String>,
@@ -186,17 +188,28 @@ async fn submit(
 ) -> ApiResult {
     let req: SubmitRequest = body(&checked(&headers, bytes)?)?;
     let file = req.file.unwrap_or_else(|| "job".into());
-    if let Some(message) = job_spec::job_file_too_large(&file, req.job.len() as u64) {
-        return Err(ApiError::TooLarge {
-            field: "job".into(),
-            message,
-        });
-    }
     if req.workers == Some(0) {
         return Err(ApiError::bad("workers", "must be at least 1"));
     }
-    let graph = sluice_planner::parse_job_file(&file, &req.job)
-        .map_err(|e| ApiError::bad("job", e.to_string()))?;
+    let graph = match (&req.job, &req.from_savepoint) {
+        (Some(job), _) => {
+            if let Some(message) = job_spec::job_file_too_large(&file, job.len() as u64) {
+                return Err(ApiError::TooLarge {
+                    field: "job".into(),
+                    message,
+                });
+            }
+            sluice_planner::parse_job_file(&file, job)
+                .map_err(|e| ApiError::bad("job", e.to_string()))?
+        }
+        (None, Some(path)) => c.savepoint_graph(path).await?,
+        (None, None) => {
+            return Err(ApiError::bad(
+                "job",
+                "missing: the job file's text, or `from_savepoint` alone to run the savepoint's job again",
+            ));
+        }
+    };
     let id = c
         .submit(
             graph,

@@ -365,6 +365,32 @@ impl Coordinator {
 
     /// Reads a savepoint for `graph`; with remote state, also whose shards hold its
     /// state (the savepoint's job's), which no running job may be using.
+    /// The job graph savepoint `path` was taken with, to run its job again as it was
+    /// (at the parallelism it had then).
+    pub async fn savepoint_graph(&self, path: &str) -> Result<pb::JobGraph, ApiError> {
+        let store = self.options.store.as_ref();
+        let relative = store
+            .relative(path)
+            .map_err(|e| ApiError::bad("from_savepoint", e))?;
+        let meta = store::read_restorable(store, &relative)
+            .await
+            .map_err(|e| match e {
+                crate::Error::NotFound(_) => {
+                    ApiError::bad("from_savepoint", format!("no savepoint at `{relative}`"))
+                }
+                other => ApiError::bad(
+                    "from_savepoint",
+                    format!("savepoint `{relative}` cannot be used: {other}"),
+                ),
+            })?;
+        pb::JobGraph::decode(meta.job_graph).map_err(|e| {
+            ApiError::bad(
+                "from_savepoint",
+                format!("savepoint `{relative}` records no readable job graph: {e}"),
+            )
+        })
+    }
+
     async fn read_savepoint(
         &self,
         path: &str,

@@ -37,8 +37,10 @@ pub enum JobCommand {
     Submit {
         #[command(flatten)]
         client: ClientArgs,
-        /// The job file.
-        job: PathBuf,
+        /// The job file (without one, `--from-savepoint` runs the savepoint's own job
+        /// again, as it was planned).
+        #[arg(required_unless_present = "from_savepoint")]
+        job: Option<PathBuf>,
         /// Worker processes to run it on.
         #[arg(long)]
         workers: Option<usize>,
@@ -165,16 +167,22 @@ fn request(
             parallelism,
             from_savepoint,
         } => {
-            let (text, graph) = load_job_text(&job)?;
-            runtime()?
-                .block_on(sluice_compute::plan::plan(
-                    graph,
-                    sluice_connectors::Builtin::shared(),
-                ))
-                .map_err(Failure::from_compute)?;
+            let (text, file) = match &job {
+                Some(job) => {
+                    let (text, graph) = load_job_text(job)?;
+                    runtime()?
+                        .block_on(sluice_compute::plan::plan(
+                            graph,
+                            sluice_connectors::Builtin::shared(),
+                        ))
+                        .map_err(Failure::from_compute)?;
+                    (Some(text), Some(job.display().to_string()))
+                }
+                None => (None, None),
+            };
             let body = json!({
                 "job": text,
-                "file": job.display().to_string(),
+                "file": file,
                 "workers": workers,
                 "parallelism": parallelism,
                 "from_savepoint": from_savepoint,

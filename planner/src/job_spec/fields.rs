@@ -8,17 +8,17 @@
 use super::duration::parse_duration_ms;
 use super::marked_yaml::{Node, Pos, PosError, Value};
 
-pub(super) type Result<T> = std::result::Result<T, PosError>;
+pub(crate) type Result<T> = std::result::Result<T, PosError>;
 
 /// A key and its value, as written.
 #[derive(Clone, Copy)]
-pub(super) struct Entry<'a> {
+pub(crate) struct Entry<'a> {
     pub key: &'a Node,
     pub value: &'a Node,
 }
 
 /// A mapping under decoding, known to hold only allowed keys.
-pub(super) struct Fields<'a> {
+pub(crate) struct Fields<'a> {
     /// Where the mapping starts (for missing keys).
     pub pos: Pos,
     /// Dotted path of the mapping, empty at the top level.
@@ -137,7 +137,7 @@ impl<'a> Fields<'a> {
 }
 
 /// `path.key`, or `key` at the top level.
-pub(super) fn join(path: &str, key: &str) -> String {
+pub(crate) fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_owned()
     } else {
@@ -146,7 +146,7 @@ pub(super) fn join(path: &str, key: &str) -> String {
 }
 
 /// "at the top level" or "in source.file".
-pub(super) fn place(path: &str) -> String {
+pub(crate) fn place(path: &str) -> String {
     if path.is_empty() {
         "at the top level".to_owned()
     } else {
@@ -155,7 +155,7 @@ pub(super) fn place(path: &str) -> String {
 }
 
 /// "a, b or c" for messages.
-pub(super) fn one_of(names: &[&str]) -> String {
+pub(crate) fn one_of(names: &[&str]) -> String {
     match names {
         [] => "nothing".to_owned(),
         [one] => (*one).to_owned(),
@@ -214,7 +214,7 @@ fn type_error(node: &Node, expected: &str, path: &str) -> PosError {
 }
 
 /// Any scalar as text (`port: 80` reads as "80"); must not be empty.
-pub(super) fn string(node: &Node, path: &str) -> Result<String> {
+pub(crate) fn string(node: &Node, path: &str) -> Result<String> {
     match &node.value {
         Value::Scalar { text, .. } if !text.trim().is_empty() => Ok(text.clone()),
         _ => Err(type_error(node, "a non-empty string", path)),
@@ -222,7 +222,7 @@ pub(super) fn string(node: &Node, path: &str) -> Result<String> {
 }
 
 /// A plain non-negative integer; `_` may separate digits (`10_000_000`).
-pub(super) fn u64_value(node: &Node, path: &str) -> Result<u64> {
+pub(crate) fn u64_value(node: &Node, path: &str) -> Result<u64> {
     let expected = "a non-negative integer";
     let text = match &node.value {
         Value::Scalar {
@@ -245,7 +245,7 @@ pub(super) fn u64_value(node: &Node, path: &str) -> Result<u64> {
 }
 
 /// A plain integer in `min..=max`.
-pub(super) fn u32_in(node: &Node, path: &str, min: u32, max: u32) -> Result<u32> {
+pub(crate) fn u32_in(node: &Node, path: &str, min: u32, max: u32) -> Result<u32> {
     let value = u64_value(node, path)?;
     match u32::try_from(value) {
         Ok(value) if (min..=max).contains(&value) => Ok(value),
@@ -257,7 +257,7 @@ pub(super) fn u32_in(node: &Node, path: &str, min: u32, max: u32) -> Result<u32>
 }
 
 /// `true` or `false`, written plain.
-pub(super) fn bool_value(node: &Node, path: &str) -> Result<bool> {
+pub(crate) fn bool_value(node: &Node, path: &str) -> Result<bool> {
     match &node.value {
         Value::Scalar {
             text,
@@ -272,7 +272,7 @@ pub(super) fn bool_value(node: &Node, path: &str) -> Result<bool> {
 }
 
 /// A duration such as `10s` in milliseconds.
-pub(super) fn duration_ms(node: &Node, path: &str) -> Result<u64> {
+pub(crate) fn duration_ms(node: &Node, path: &str) -> Result<u64> {
     let text = match &node.value {
         Value::Scalar { text, .. } => text,
         _ => return Err(type_error(node, "a duration such as `10s`", path)),
@@ -282,7 +282,7 @@ pub(super) fn duration_ms(node: &Node, path: &str) -> Result<u64> {
 }
 
 /// A duration that must be longer than zero.
-pub(super) fn positive_duration_ms(node: &Node, path: &str) -> Result<u64> {
+pub(crate) fn positive_duration_ms(node: &Node, path: &str) -> Result<u64> {
     match duration_ms(node, path)? {
         0 => Err(PosError::new(
             node.pos,
@@ -293,7 +293,7 @@ pub(super) fn positive_duration_ms(node: &Node, path: &str) -> Result<u64> {
 }
 
 /// One of a fixed set of names, mapped to its value.
-pub(super) fn choice<T: Copy>(node: &Node, path: &str, options: &[(&str, T)]) -> Result<T> {
+pub(crate) fn choice<T: Copy>(node: &Node, path: &str, options: &[(&str, T)]) -> Result<T> {
     let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
     let text = match &node.value {
         Value::Scalar { text, .. } => text.as_str(),
@@ -324,7 +324,7 @@ pub(super) fn choice<T: Copy>(node: &Node, path: &str, options: &[(&str, T)]) ->
 
 /// A non-empty list of non-empty strings, each with its position; a single string is
 /// accepted as a list of one when `single_ok`.
-pub(super) fn string_list(node: &Node, path: &str, single_ok: bool) -> Result<Vec<(String, Pos)>> {
+pub(crate) fn string_list(node: &Node, path: &str, single_ok: bool) -> Result<Vec<(String, Pos)>> {
     let expected = if single_ok {
         "a string or a non-empty list of strings"
     } else {

@@ -26,7 +26,7 @@ use yaml_rust2::scanner::{Marker, ScanError, TScalarStyle};
 use sluice_common::pb;
 
 /// Deepest nesting of sequences and mappings accepted; job files need about six.
-pub(super) const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 
 /// A position in the job file, 1-based.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -143,7 +143,7 @@ fn abbreviate(text: &str) -> String {
 }
 
 /// Parses one YAML document into a marked tree.
-pub(super) fn parse(text: &str) -> Result<Node, PosError> {
+pub(crate) fn parse(text: &str) -> Result<Node, PosError> {
     let mut parser = Parser::new_from_str(text);
     let mut builder = TreeBuilder::default();
     loop {

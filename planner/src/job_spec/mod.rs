@@ -56,10 +56,10 @@
 mod connector;
 mod decode;
 mod duration;
-mod fields;
+pub(crate) mod fields;
 mod graph;
 mod kafka;
-mod marked_yaml;
+pub(crate) mod marked_yaml;
 mod pipeline;
 mod spec;
 

@@ -1,0 +1,723 @@
+//! `sluice deploy`: a cluster file's roles brought up on its hosts over SSH, checked,
+//! reported and removed.
+//!
+//! `sluice deploy [cluster.yaml]` checks every host first (SSH reaches it, its OS and
+//! CPU run this binary, its service manager is there), copies the binary where that
+//! checksum is missing, then starts the roles in dependency order (coordinator, state
+//! nodes, workers), each restarted only when what it runs as changed, and waits for
+//! each to be healthy: the coordinator answering its REST API, state nodes and workers
+//! registered with it under the process ids that were started. A second run with
+//! nothing changed touches nothing and says so. `status` reports every role; `destroy`
+//! stops them and removes what deploy installed (data directories only with `--purge`).
+//!
+//! This module owns the order and the checks; [`role`] renders what runs, [`ssh`]
+//! reaches hosts. It must not know job internals: health comes from the coordinator's
+//! REST API as any client sees it.
+
+mod role;
+mod ssh;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use sluice_common::outln;
+use sluice_planner::cluster_file::{ClusterSpec, HostSpec, ServiceManager, parse_cluster};
+
+use crate::cluster::client::call_any;
+use crate::{Failure, runtime};
+use role::{Kind, Role, join_host_port, roles};
+use ssh::{Input, Ssh, quote};
+
+/// Arguments of `sluice deploy`.
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct DeployArgs {
+    #[command(subcommand)]
+    action: Option<DeployAction>,
+    #[command(flatten)]
+    up: UpArgs,
+}
+
+#[derive(Subcommand)]
+enum DeployAction {
+    /// Replace the binary on every host: running jobs stop with a savepoint, roles
+    /// restart on the new binary in dependency order, the jobs resume from their
+    /// savepoints.
+    Upgrade(UpArgs),
+    /// Every role of the cluster: running or not, its pid and version, and whether the
+    /// coordinator sees it; exit code 1 when one is not healthy.
+    Status(Common),
+    /// Stop every role and remove what deploy installed; data directories stay unless
+    /// `--purge`.
+    Destroy {
+        #[command(flatten)]
+        common: Common,
+        /// Also remove data directories (state nodes' RocksDB and caches).
+        #[arg(long)]
+        purge: bool,
+    },
+}
+
+/// The cluster file and how to reach its hosts.
+#[derive(Args)]
+struct Common {
+    /// The cluster file.
+    #[arg(default_value = "cluster.yaml")]
+    file: PathBuf,
+    /// An OpenSSH config file to use instead of `~/.ssh/config` (`ssh -F`).
+    #[arg(long)]
+    ssh_config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct UpArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The binary to install (default: this `sluice`).
+    #[arg(long)]
+    binary: Option<PathBuf>,
+    /// How long each role may take to become healthy, in seconds.
+    #[arg(long, default_value_t = 60)]
+    health_timeout: u64,
+}
+
+/// Runs `sluice deploy`.
+pub fn run(args: DeployArgs) -> Result<(), Failure> {
+    match args.action {
+        None => up(args.up),
+        Some(DeployAction::Upgrade(args)) => upgrade(args),
+        Some(DeployAction::Status(common)) => status(common),
+        Some(DeployAction::Destroy { common, purge }) => destroy(common, purge),
+    }
+}
+
+/// A cluster file read and checked, and an SSH client for its hosts.
+struct Session {
+    cluster: ClusterSpec,
+    ssh: Ssh,
+}
+
+impl Session {
+    fn open(common: &Common) -> Result<Session, Failure> {
+        let name = common.file.display().to_string();
+        let text = std::fs::read_to_string(&common.file)
+            .map_err(|e| Failure::usage(format!("cannot read cluster file {name}: {e}")))?;
+        let cluster = parse_cluster(&name, &text).map_err(|e| Failure::usage(e.to_string()))?;
+        let ssh = Ssh::new(common.ssh_config.clone())
+            .map_err(|e| Failure::from(anyhow::anyhow!("temporary directory: {e}")))?;
+        Ok(Session { cluster, ssh })
+    }
+
+    /// `script` on `host`, failing with the host and the step named.
+    fn on(
+        &self,
+        host: &HostSpec,
+        step: &str,
+        script: &str,
+        input: Input<'_>,
+    ) -> Result<String, Failure> {
+        self.ssh
+            .run(host, script, input)
+            .map_err(|reason| step_failed(host, step, &reason))
+    }
+
+    fn rest_url(&self) -> String {
+        let c = &self.cluster.coordinator;
+        format!(
+            "http://{}",
+            join_host_port(&self.cluster.hosts[c.host].bind, c.http)
+        )
+    }
+
+    /// The pid a role runs under, if it runs.
+    fn pid_of(&self, role: &Role<'_>) -> Result<Option<u32>, Failure> {
+        let out = self.on(
+            role.host,
+            "finding the running role",
+            &role.find_script(),
+            Input::None,
+        )?;
+        Ok(out.trim().parse().ok().filter(|p| *p != 0))
+    }
+}
+
+fn step_failed(host: &HostSpec, step: &str, reason: &str) -> Failure {
+    Failure::from(anyhow::anyhow!(
+        "host {} ({}): {step}: {reason}",
+        host.name,
+        host.address
+    ))
+}
+
+/// Prints a progress line.
+fn say(line: &str) {
+    eprintln!("{line}");
+}
+
+fn up(args: UpArgs) -> Result<(), Failure> {
+    let started = Instant::now();
+    let (session, sha) = begin(&args)?;
+    let copied = prepare_all(&session, &args, &sha)?;
+    let rt = runtime()?;
+    let changed = copied + roll(&session, &rt, &sha, &args)?;
+    summary(&session);
+    if changed == 0 {
+        outln!("nothing to change: every host held this binary and every role ran as configured");
+    } else {
+        outln!(
+            "{changed} changes in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// The session and the checksum of the binary to install.
+fn begin(args: &UpArgs) -> Result<(Session, String), Failure> {
+    let session = Session::open(&args.common)?;
+    let binary = binary(args)?;
+    let sha = sha256_file(&binary)?;
+    say(&format!(
+        "cluster {} ({} hosts): {} (sha256 {})",
+        session.cluster.name,
+        session.cluster.hosts.len(),
+        binary.display(),
+        &sha[..12]
+    ));
+    Ok((session, sha))
+}
+
+fn binary(args: &UpArgs) -> Result<PathBuf, Failure> {
+    match &args.binary {
+        Some(path) => Ok(path.clone()),
+        None => std::env::current_exe()
+            .map_err(|e| Failure::from(anyhow::anyhow!("finding this binary: {e}"))),
+    }
+}
+
+/// Checks every host that runs a role and installs the binary where it is missing;
+/// how many hosts it was copied to. Nothing starts unless every host passes, so a host
+/// that cannot take part leaves nothing half-deployed.
+fn prepare_all(session: &Session, args: &UpArgs, sha: &str) -> Result<usize, Failure> {
+    let binary = binary(args)?;
+    let cluster = &session.cluster;
+    let roles = roles(cluster);
+    let used: Vec<&HostSpec> = cluster
+        .hosts
+        .iter()
+        .filter(|h| roles.iter().any(|r| r.host.name == h.name))
+        .collect();
+    let prepared: Vec<Result<bool, Failure>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = used
+            .iter()
+            .map(|host| scope.spawn(|| prepare(session, host, &binary, sha)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Failure::from(anyhow::anyhow!("a host check panicked")))
+                })
+            })
+            .collect()
+    });
+    let mut failures = Vec::new();
+    let mut copied = 0;
+    for (host, result) in used.iter().zip(prepared) {
+        match result {
+            Ok(true) => {
+                copied += 1;
+                say(&format!("{}: binary installed", host.name));
+            }
+            Ok(false) => say(&format!("{}: binary already there", host.name)),
+            Err(f) => failures.push(f.message().to_owned()),
+        }
+    }
+    if !failures.is_empty() {
+        return Err(Failure::from(anyhow::anyhow!(
+            "nothing was started: {}",
+            failures.join("\n")
+        )));
+    }
+    Ok(copied)
+}
+
+/// Starts, in dependency order, every role not running as configured with binary
+/// `sha`, waiting for each to be healthy before the next; how many it (re)started.
+fn roll(
+    session: &Session,
+    rt: &tokio::runtime::Runtime,
+    sha: &str,
+    args: &UpArgs,
+) -> Result<usize, Failure> {
+    let rest = session.rest_url();
+    let timeout = Duration::from_secs(args.health_timeout);
+    let mut changed = 0;
+    for role in roles(&session.cluster) {
+        let digest = sha256_bytes(role.fingerprint(sha).as_bytes())?;
+        let current = session.on(
+            role.host,
+            "reading the installed role",
+            &role.digest_script(),
+            Input::None,
+        )?;
+        let running = session.pid_of(&role)?;
+        let pid = match running {
+            Some(pid) if current.trim() == digest => {
+                say(&format!(
+                    "{}: {} unchanged (pid {pid})",
+                    role.host.name,
+                    role.kind.name()
+                ));
+                pid
+            }
+            _ => {
+                changed += 1;
+                let what = if running.is_some() {
+                    "restarting"
+                } else {
+                    "starting"
+                };
+                say(&format!("{}: {what} {}", role.host.name, role.kind.name()));
+                let env = role.env_file();
+                let out = session.on(
+                    role.host,
+                    &format!("installing the {}", role.kind.name()),
+                    &role.install_script(sha, &digest),
+                    Input::Bytes(env.as_bytes()),
+                )?;
+                match out
+                    .trim()
+                    .lines()
+                    .last()
+                    .and_then(|l| l.trim().parse::<u32>().ok())
+                {
+                    Some(pid) => pid,
+                    None => {
+                        return Err(role_failed(
+                            session,
+                            &role,
+                            "it exited right after it started",
+                        ));
+                    }
+                }
+            }
+        };
+        rt.block_on(healthy(session, &role, pid, &rest, timeout))?;
+        say(&format!(
+            "{}: {} healthy (pid {pid})",
+            role.host.name,
+            role.kind.name()
+        ));
+    }
+    Ok(changed)
+}
+
+fn summary(session: &Session) {
+    let cluster = &session.cluster;
+    let slots: u32 = cluster.workers.iter().map(|w| w.slots).sum();
+    outln!(
+        "cluster {} is up: REST API {} (1 coordinator, {} state nodes, {} workers with {slots} slots)",
+        cluster.name,
+        session.rest_url(),
+        cluster.state_nodes.len(),
+        cluster.workers.len(),
+    );
+}
+
+/// `sluice deploy upgrade`: every running job stopped with a savepoint, every role
+/// restarted on the new binary in dependency order, the jobs resumed from their
+/// savepoints.
+fn upgrade(args: UpArgs) -> Result<(), Failure> {
+    let started = Instant::now();
+    let (session, sha) = begin(&args)?;
+    prepare_all(&session, &args, &sha)?;
+    let rt = runtime()?;
+    let rest = session.rest_url();
+    let jobs = rt
+        .block_on(call_any("GET", &rest, "/v1/jobs", None))
+        .map_err(|f| Failure::from(anyhow::anyhow!("listing jobs at {rest}: {}", f.message())))?;
+    let running: Vec<(String, usize)> = jobs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|j| {
+            !matches!(
+                j["state"].as_str(),
+                Some("finished" | "cancelled" | "failed")
+            )
+        })
+        .filter_map(|j| {
+            let workers = j["workers"].as_array().map_or(1, |w| w.len().max(1));
+            Some((j["id"].as_str()?.to_owned(), workers))
+        })
+        .collect();
+    let name = format!("upgrade-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S"));
+    let paused = Instant::now();
+    let mut saved = Vec::new();
+    for (id, workers) in &running {
+        let body = serde_json::json!({ "savepoint": name });
+        let path = rt
+            .block_on(call_any(
+                "POST",
+                &rest,
+                &format!("/v1/jobs/{id}/stop"),
+                Some(body),
+            ))
+            .ok()
+            .and_then(|v| v["savepoint"].as_str().map(str::to_owned))
+            .filter(|p| !p.is_empty());
+        let Some(path) = path else {
+            return Err(Failure::from(anyhow::anyhow!(
+                "job {id} could not be stopped with a savepoint; no role was replaced{}",
+                resumed_note(&saved)
+            )));
+        };
+        say(&format!("job {id}: stopped with savepoint {path}"));
+        saved.push((id.clone(), *workers, path));
+    }
+    let changed = roll(&session, &rt, &sha, &args)
+        .map_err(|f| Failure::from(anyhow::anyhow!("{}{}", f.message(), resumed_note(&saved))))?;
+    for (id, workers, path) in &saved {
+        let body = serde_json::json!({ "from_savepoint": path, "workers": workers });
+        let new = rt
+            .block_on(call_any("POST", &rest, "/v1/jobs", Some(body)))
+            .map_err(|f| {
+                Failure::from(anyhow::anyhow!(
+                    "job {id} was stopped but not resumed: {}{}",
+                    f.message(),
+                    resumed_note(&saved)
+                ))
+            })?;
+        say(&format!(
+            "job {id}: resumed as {} from {path}",
+            new["id"].as_str().unwrap_or("?")
+        ));
+    }
+    summary(&session);
+    outln!(
+        "upgraded {changed} roles in {:.1} s; {} jobs paused for {:.1} s",
+        started.elapsed().as_secs_f64(),
+        saved.len(),
+        if saved.is_empty() {
+            0.0
+        } else {
+            paused.elapsed().as_secs_f64()
+        },
+    );
+    Ok(())
+}
+
+/// How to resume the jobs an interrupted upgrade stopped.
+fn resumed_note(saved: &[(String, usize, String)]) -> String {
+    saved
+        .iter()
+        .map(|(id, workers, path)| {
+            format!(
+                "\njob {id} is stopped: `sluice submit --from-savepoint {path} --workers {workers}` resumes it"
+            )
+        })
+        .collect()
+}
+
+/// Checks that `host` can run the binary and installs it there unless that checksum
+/// already is; true when it copied.
+fn prepare(session: &Session, host: &HostSpec, binary: &Path, sha: &str) -> Result<bool, Failure> {
+    let dir = quote(&host.install_dir);
+    let probe = format!(
+        "uname -s; uname -m; if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; \
+         then echo systemd; else echo none; fi; \
+         command -v sha256sum >/dev/null && echo sha256sum; \
+         test -x {dir}/releases/{sha}/sluice && echo present; true"
+    );
+    let out = session.on(host, "checking the host", &probe, Input::None)?;
+    let lines: Vec<&str> = out.lines().map(str::trim).collect();
+    let (os, arch) = (
+        lines.first().copied().unwrap_or(""),
+        lines.get(1).copied().unwrap_or(""),
+    );
+    if os != "Linux" || arch != std::env::consts::ARCH {
+        return Err(step_failed(
+            host,
+            "checking the host",
+            &format!(
+                "it runs {os} on {arch}; this binary is for Linux on {}",
+                std::env::consts::ARCH
+            ),
+        ));
+    }
+    if host.service == ServiceManager::Systemd && lines.get(2) != Some(&"systemd") {
+        return Err(step_failed(
+            host,
+            "checking the host",
+            "systemd is not running there (no /run/systemd/system); install systemd, or set \
+             `service: process` for this host in the cluster file",
+        ));
+    }
+    if !lines.contains(&"sha256sum") {
+        return Err(step_failed(
+            host,
+            "checking the host",
+            "sha256sum (coreutils) is missing",
+        ));
+    }
+    if lines.contains(&"present") {
+        return Ok(false);
+    }
+    let release = format!("{dir}/releases/{sha}");
+    let copy = format!(
+        "set -e\nmkdir -p {release} {dir}/bin\ncat > {release}/sluice.part\n\
+         echo '{sha}  {release}/sluice.part' | sha256sum -c --quiet\n\
+         chmod 755 {release}/sluice.part\nmv {release}/sluice.part {release}/sluice\n\
+         ln -sfn {release}/sluice {dir}/bin/sluice.part\nmv -T {dir}/bin/sluice.part {dir}/bin/sluice\n\
+         {release}/sluice --version >/dev/null"
+    );
+    session.on(host, "copying the binary", &copy, Input::File(binary))?;
+    Ok(true)
+}
+
+/// Waits until the coordinator answers and sees `role` under `pid`.
+async fn healthy(
+    session: &Session,
+    role: &Role<'_>,
+    pid: u32,
+    rest: &str,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    let mut checks = 0u32;
+    while Instant::now() < deadline {
+        match call_any("GET", rest, "/v1/cluster", None).await {
+            Ok(cluster) => {
+                if registered(&cluster, role, pid) {
+                    return Ok(());
+                }
+                last = format!("the coordinator at {rest} does not list it yet");
+            }
+            Err(e) => last = e.message().to_owned(),
+        }
+        checks += 1;
+        // A role that died will not become healthy: say so now, with its log.
+        if checks.is_multiple_of(4) && session.pid_of(role)? != Some(pid) {
+            return Err(role_failed(session, role, "it stopped while starting"));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(role_failed(
+        session,
+        role,
+        &format!("not healthy after {} s: {last}", timeout.as_secs()),
+    ))
+}
+
+/// Whether `/v1/cluster` shows `role` running as `pid`.
+fn registered(cluster: &Value, role: &Role<'_>, pid: u32) -> bool {
+    let listed = |key: &str, field: &str, value: &str| {
+        cluster[key].as_array().is_some_and(|items| {
+            items.iter().any(|item| {
+                item[field].as_str() == Some(value) && item["pid"].as_u64() == Some(u64::from(pid))
+            })
+        })
+    };
+    match role.kind {
+        Kind::Coordinator => cluster["coordinator"]["pid"].as_u64() == Some(u64::from(pid)),
+        Kind::StateNode => listed("state_nodes", "node_id", &role.host.name),
+        Kind::Worker => listed("workers", "host", &role.host.bind),
+    }
+}
+
+/// A role's failure, with the last lines it logged.
+fn role_failed(session: &Session, role: &Role<'_>, why: &str) -> Failure {
+    let log = session
+        .ssh
+        .run(role.host, &role.log_tail_script(), Input::None)
+        .unwrap_or_default();
+    let log = if log.trim().is_empty() {
+        String::new()
+    } else {
+        format!("\nits last log lines:\n{}", log.trim_end())
+    };
+    step_failed(
+        role.host,
+        &format!("starting the {}", role.kind.name()),
+        &format!("{why}; the roll stopped here (`sluice deploy status` shows what runs){log}"),
+    )
+}
+
+fn status(common: Common) -> Result<(), Failure> {
+    let session = Session::open(&common)?;
+    let rest = session.rest_url();
+    let cluster = runtime()?
+        .block_on(call_any("GET", &rest, "/v1/cluster", None))
+        .ok();
+    outln!(
+        "{:<12} {:<12} {:<8} {:<9} {:<10} VERSION",
+        "HOST",
+        "ROLE",
+        "STATE",
+        "PID",
+        "COORDINATOR"
+    );
+    let mut healthy = true;
+    for role in roles(&session.cluster) {
+        let (state, pid, seen, version) = match role_status(&session, &role) {
+            Ok(Some((pid, version))) => {
+                let seen = cluster.as_ref().is_some_and(|c| registered(c, &role, pid));
+                healthy &= seen;
+                (
+                    "running",
+                    pid.to_string(),
+                    if seen { "sees it" } else { "does not" },
+                    version,
+                )
+            }
+            Ok(None) => {
+                healthy = false;
+                ("stopped", "-".into(), "-", "-".into())
+            }
+            Err(f) => {
+                healthy = false;
+                say(f.message());
+                ("unknown", "-".into(), "-", "-".into())
+            }
+        };
+        outln!(
+            "{:<12} {:<12} {:<8} {:<9} {:<10} {version}",
+            role.host.name,
+            role.kind.name(),
+            state,
+            pid,
+            seen
+        );
+    }
+    match &cluster {
+        Some(_) => outln!("REST API {rest}"),
+        None => outln!("REST API {rest} does not answer"),
+    }
+    if healthy {
+        Ok(())
+    } else {
+        Err(Failure::from(anyhow::anyhow!("the cluster is not healthy")))
+    }
+}
+
+/// A running role's pid and version.
+fn role_status(session: &Session, role: &Role<'_>) -> Result<Option<(u32, String)>, Failure> {
+    let Some(pid) = session.pid_of(role)? else {
+        return Ok(None);
+    };
+    let version = session
+        .on(
+            role.host,
+            "reading the version",
+            &format!("\"$(readlink -f /proc/{pid}/exe)\" --version"),
+            Input::None,
+        )
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_else(|_| "?".into());
+    Ok(Some((pid, version)))
+}
+
+fn destroy(common: Common, purge: bool) -> Result<(), Failure> {
+    let session = Session::open(&common)?;
+    let cluster = &session.cluster;
+    let mut roles = roles(cluster);
+    roles.reverse();
+    let mut failures = Vec::new();
+    for role in &roles {
+        match session.on(
+            role.host,
+            &format!("removing the {}", role.kind.name()),
+            &role.remove_script(),
+            Input::None,
+        ) {
+            Ok(_) => say(&format!(
+                "{}: {} stopped and removed",
+                role.host.name,
+                role.kind.name()
+            )),
+            Err(f) => failures.push(f.message().to_owned()),
+        }
+    }
+    for host in &cluster.hosts {
+        let dir = quote(&host.install_dir);
+        let mut script = format!(
+            "rm -rf {dir}/releases {dir}/bin {dir}/run {dir}/log\nrmdir {dir}/etc 2>/dev/null; true\n"
+        );
+        if purge {
+            for role in roles.iter().filter(|r| r.host.name == host.name) {
+                for data in &role.data_dirs {
+                    script.push_str(&format!("rm -rf {}\n", quote(data)));
+                }
+            }
+            script.push_str(&format!(
+                "rm -rf {dir}/data\nrmdir {dir} 2>/dev/null; true\n"
+            ));
+        }
+        match session.on(host, "removing the installation", &script, Input::None) {
+            Ok(_) => say(&format!(
+                "{}: installation removed{}",
+                host.name,
+                if purge { " with its data" } else { "" }
+            )),
+            Err(f) => failures.push(f.message().to_owned()),
+        }
+    }
+    if failures.is_empty() {
+        outln!(
+            "cluster {} destroyed{}",
+            cluster.name,
+            if purge {
+                ""
+            } else {
+                " (data directories kept; --purge removes them)"
+            }
+        );
+        Ok(())
+    } else {
+        Err(Failure::from(anyhow::anyhow!("{}", failures.join("\n"))))
+    }
+}
+
+/// The SHA-256 of a file, by coreutils' `sha256sum` (what the hosts check it with).
+fn sha256_file(path: &Path) -> Result<String, Failure> {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .map_err(|e| Failure::from(anyhow::anyhow!("running sha256sum: {e}")))?;
+    hex_of(&out.stdout).ok_or_else(|| {
+        Failure::usage(format!(
+            "cannot read {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    })
+}
+
+fn sha256_bytes(bytes: &[u8]) -> Result<String, Failure> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| Failure::from(anyhow::anyhow!("running sha256sum: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(bytes)
+            .map_err(|e| Failure::from(anyhow::anyhow!("sha256sum: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Failure::from(anyhow::anyhow!("sha256sum: {e}")))?;
+    hex_of(&out.stdout).ok_or_else(|| Failure::from(anyhow::anyhow!("sha256sum printed nothing")))
+}
+
+fn hex_of(stdout: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(stdout);
+    let hex = text.split_whitespace().next()?;
+    (hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit())).then(|| hex.to_owned())
+}

@@ -1,0 +1,407 @@
+//! A role on a host (coordinator, state node, worker): the command line and
+//! environment it runs with, the files that describe it on the host, and the `sh`
+//! scripts that start, stop and find it under systemd or as a plain process.
+//!
+//! Everything lives under the host's install directory:
+//! `releases/<sha256>/sluice` (binaries by checksum), `bin/sluice` (the newest),
+//! `etc/<role>.env` (its environment, readable by its owner only), `etc/<role>.digest`
+//! (what it was last started as, to tell a change), `run/<role>.pid` and
+//! `log/<role>.log` (process mode), `data/` (state nodes' default data directory).
+//!
+//! This module renders text; it must not run anything.
+
+use sluice_planner::cluster_file::{ClusterSpec, HostSpec, ServiceManager};
+
+use super::ssh::quote;
+
+/// What a role is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The coordinator.
+    Coordinator,
+    /// A state-service node.
+    StateNode,
+    /// A compute worker.
+    Worker,
+}
+
+impl Kind {
+    /// Its name in files, units and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Coordinator => "coordinator",
+            Kind::StateNode => "state-node",
+            Kind::Worker => "worker",
+        }
+    }
+}
+
+/// One role of the cluster, rendered.
+pub struct Role<'a> {
+    /// What it is.
+    pub kind: Kind,
+    /// Where it runs.
+    pub host: &'a HostSpec,
+    /// Its systemd unit name, and its name in files.
+    pub service: String,
+    /// Arguments after the binary.
+    pub args: Vec<String>,
+    /// Its environment.
+    pub env: &'a [(String, String)],
+    /// Directories it needs, besides the install directory's own.
+    pub data_dirs: Vec<String>,
+}
+
+/// Every role of `cluster`, in the order they start: the coordinator, state nodes,
+/// workers.
+pub fn roles(cluster: &ClusterSpec) -> Vec<Role<'_>> {
+    let c = &cluster.coordinator;
+    let coordinator_host = &cluster.hosts[c.host];
+    let grpc = format!("http://{}", join_host_port(&coordinator_host.bind, c.grpc));
+    let store = cluster.object_store.trim_end_matches('/');
+    let role = |kind: Kind, host: usize, args: Vec<String>, data_dirs: Vec<String>| Role {
+        kind,
+        host: &cluster.hosts[host],
+        service: format!("sluice-{}-{}", cluster.name, kind.name()),
+        args,
+        env: &cluster.env,
+        data_dirs,
+    };
+    let mut roles = vec![role(
+        Kind::Coordinator,
+        c.host,
+        vec![
+            "coordinator".into(),
+            "--http".into(),
+            join_host_port(&coordinator_host.bind, c.http),
+            "--grpc".into(),
+            join_host_port(&coordinator_host.bind, c.grpc),
+            "--store".into(),
+            format!("{store}/coordinator"),
+        ],
+        Vec::new(),
+    )];
+    for node in &cluster.state_nodes {
+        let host = &cluster.hosts[node.host];
+        let data_dir = node
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| format!("{}/data/state", host.install_dir));
+        let mut args = vec![
+            "state-service".into(),
+            "--listen".into(),
+            join_host_port(&host.bind, node.port),
+            "--node-id".into(),
+            host.name.clone(),
+            "--data-dir".into(),
+            data_dir.clone(),
+            "--object-store".into(),
+            format!("{store}/state"),
+            "--coordinator".into(),
+            grpc.clone(),
+        ];
+        for (flag, value) in [
+            ("--memory", &node.memory),
+            ("--disk-cache", &node.disk_cache),
+        ] {
+            if let Some(value) = value {
+                args.extend([flag.to_owned(), value.clone()]);
+            }
+        }
+        roles.push(role(Kind::StateNode, node.host, args, vec![data_dir]));
+    }
+    for worker in &cluster.workers {
+        let host = &cluster.hosts[worker.host];
+        let mut args = vec![
+            "worker".into(),
+            "--coordinator".into(),
+            grpc.clone(),
+            "--host".into(),
+            host.bind.clone(),
+            "--listen".into(),
+            join_host_port(&host.bind, 0),
+            "--slots".into(),
+            worker.slots.to_string(),
+        ];
+        if let Some(memory) = &worker.network_memory {
+            args.extend(["--network-memory".into(), memory.clone()]);
+        }
+        roles.push(role(Kind::Worker, worker.host, args, Vec::new()));
+    }
+    roles
+}
+
+/// `host:port`, bracketing IPv6 addresses.
+pub fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+impl Role<'_> {
+    fn dir(&self) -> &str {
+        &self.host.install_dir
+    }
+
+    /// The binary of release `sha`.
+    pub fn binary(&self, sha: &str) -> String {
+        format!("{}/releases/{sha}/sluice", self.dir())
+    }
+
+    /// The command line, quoted for `sh`.
+    fn command_line(&self, sha: &str) -> String {
+        std::iter::once(self.binary(sha))
+            .chain(self.args.iter().cloned())
+            .map(|a| quote(&a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The environment file: `NAME='value'` lines, which both `sh` and systemd's
+    /// `EnvironmentFile` read.
+    pub fn env_file(&self) -> String {
+        self.env
+            .iter()
+            .map(|(k, v)| format!("{k}={}\n", single_quoted(v)))
+            .collect()
+    }
+
+    /// The systemd unit.
+    pub fn unit(&self, sha: &str) -> String {
+        format!(
+            "[Unit]\n\
+             Description=Sluice {service}\n\
+             After=network-online.target\n\
+             Wants=network-online.target\n\
+             \n\
+             [Service]\n\
+             Type=simple\n\
+             WorkingDirectory={dir}\n\
+             EnvironmentFile={dir}/etc/{service}.env\n\
+             ExecStart={command}\n\
+             Restart=on-failure\n\
+             RestartSec=2\n\
+             KillSignal=SIGTERM\n\
+             TimeoutStopSec=30\n\
+             LimitNOFILE=1048576\n\
+             \n\
+             [Install]\n\
+             WantedBy=multi-user.target\n",
+            service = self.service,
+            dir = self.dir(),
+            command = self.command_line(sha),
+        )
+    }
+
+    /// What the role is started as: equal texts mean nothing to change. The
+    /// environment's values are in it, so only its checksum is stored.
+    pub fn fingerprint(&self, sha: &str) -> String {
+        format!(
+            "{:?}\n{}\n{}",
+            self.host.service,
+            self.unit(sha),
+            self.env_file()
+        )
+    }
+
+    fn unit_path(&self) -> String {
+        format!("/etc/systemd/system/{}.service", self.service)
+    }
+
+    /// Prints the role's pid when it runs (nothing otherwise); never fails.
+    pub fn find_script(&self) -> String {
+        match self.host.service {
+            ServiceManager::Systemd => format!(
+                "systemctl is-active --quiet {s} 2>/dev/null && systemctl show -p MainPID --value {s}; true",
+                s = quote(&self.service)
+            ),
+            ServiceManager::Process => format!(
+                "p=$(cat {pid} 2>/dev/null) && [ -n \"$p\" ] && kill -0 \"$p\" 2>/dev/null && \
+                 tr '\\0' ' ' < /proc/\"$p\"/cmdline 2>/dev/null | grep -qF -- {dir}/releases/ && echo \"$p\"; true",
+                pid = quote(&format!("{}/run/{}.pid", self.dir(), self.service)),
+                dir = quote(self.dir()),
+            ),
+        }
+    }
+
+    /// Stops the role if it runs (SIGTERM, then SIGKILL after 20 s).
+    pub fn stop_script(&self) -> String {
+        match self.host.service {
+            ServiceManager::Systemd => {
+                format!("systemctl stop {} 2>/dev/null; true", quote(&self.service))
+            }
+            ServiceManager::Process => format!(
+                "p=$({find}); if [ -n \"$p\" ]; then kill -TERM \"$p\"; i=0; \
+                 while kill -0 \"$p\" 2>/dev/null && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done; \
+                 kill -KILL \"$p\" 2>/dev/null || true; fi; rm -f {pid}",
+                find = self.find_script(),
+                pid = quote(&format!("{}/run/{}.pid", self.dir(), self.service)),
+            ),
+        }
+    }
+
+    /// Writes the role's files (its environment comes on standard input), restarts it
+    /// and records `digest`; prints its pid.
+    pub fn install_script(&self, sha: &str, digest: &str) -> String {
+        let dir = quote(self.dir());
+        let s = &self.service;
+        let mut script = format!(
+            "set -e\ncd {dir}\nmkdir -p etc run log\n{mkdirs}\
+             (umask 077; cat > etc/{s}.env.part)\nmv etc/{s}.env.part etc/{s}.env\n{stop}\n",
+            mkdirs = self
+                .data_dirs
+                .iter()
+                .map(|d| format!("mkdir -p {}\n", quote(d)))
+                .collect::<String>(),
+            stop = self.stop_script(),
+        );
+        match self.host.service {
+            ServiceManager::Systemd => script.push_str(&format!(
+                "printf '%s' {unit} > {path}.part\nmv {path}.part {path}\n\
+                 systemctl daemon-reload\nsystemctl enable --quiet {s}\nsystemctl restart {s}\n",
+                unit = quote(&self.unit(sha)),
+                path = quote(&self.unit_path()),
+            )),
+            ServiceManager::Process => script.push_str(&format!(
+                "set -a\n. ./etc/{s}.env\nset +a\n\
+                 nohup setsid {command} >> log/{s}.log 2>&1 < /dev/null &\n\
+                 echo $! > run/{s}.pid\n",
+                command = self.command_line(sha),
+            )),
+        }
+        script.push_str(&format!(
+            "printf '%s\\n' {digest} > etc/{s}.digest\nsleep 1\n{find}\n",
+            digest = quote(digest),
+            find = self.find_script(),
+        ));
+        script
+    }
+
+    /// The digest the role was last started with (empty when none).
+    pub fn digest_script(&self) -> String {
+        format!(
+            "cat {}/etc/{}.digest 2>/dev/null; true",
+            quote(self.dir()),
+            self.service
+        )
+    }
+
+    /// The last lines the role logged, to explain a failure.
+    pub fn log_tail_script(&self) -> String {
+        match self.host.service {
+            ServiceManager::Systemd => format!(
+                "journalctl -u {} -n 15 --no-pager 2>&1; true",
+                quote(&self.service)
+            ),
+            ServiceManager::Process => format!(
+                "tail -n 15 {}/log/{}.log 2>&1; true",
+                quote(self.dir()),
+                self.service
+            ),
+        }
+    }
+
+    /// Stops the role and removes its unit and files.
+    pub fn remove_script(&self) -> String {
+        let s = &self.service;
+        let dir = quote(self.dir());
+        let mut script = match self.host.service {
+            ServiceManager::Systemd => format!(
+                "if command -v systemctl >/dev/null; then systemctl disable --now {s} 2>/dev/null; \
+                 rm -f {path}; systemctl daemon-reload; fi\n",
+                path = quote(&self.unit_path()),
+            ),
+            ServiceManager::Process => format!("{}\n", self.stop_script()),
+        };
+        script.push_str(&format!(
+            "rm -f {dir}/etc/{s}.env {dir}/etc/{s}.digest {dir}/run/{s}.pid\n"
+        ));
+        script
+    }
+}
+
+/// `'text'` for `sh` and systemd alike (a quote inside closes, escapes and reopens).
+fn single_quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLUSTER: &str = "\
+name: demo
+object_store: s3://bucket/sluice/
+env: { AWS_SECRET_ACCESS_KEY: \"it's secret\" }
+hosts:
+  a: { address: h1, bind: 10.0.0.1 }
+  b: { address: h2, service: process }
+coordinator: { host: a }
+state_nodes: [{ host: b, memory: 1GiB }]
+workers: [{ host: a, slots: 2 }, { host: b }]
+";
+
+    #[test]
+    fn roles_start_in_dependency_order_with_their_addresses() {
+        let cluster = sluice_planner::cluster_file::parse_cluster("c", CLUSTER).unwrap();
+        let roles = roles(&cluster);
+        let kinds: Vec<Kind> = roles.iter().map(|r| r.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                Kind::Coordinator,
+                Kind::StateNode,
+                Kind::Worker,
+                Kind::Worker
+            ]
+        );
+        assert_eq!(
+            roles[0].args,
+            [
+                "coordinator",
+                "--http",
+                "10.0.0.1:8081",
+                "--grpc",
+                "10.0.0.1:6123",
+                "--store",
+                "s3://bucket/sluice/coordinator"
+            ]
+        );
+        assert!(roles[1].args.join(" ").contains(
+            "--object-store s3://bucket/sluice/state --coordinator http://10.0.0.1:6123 --memory 1GiB"
+        ));
+        assert_eq!(roles[1].data_dirs, ["/opt/sluice/data/state"]);
+        assert!(
+            roles[2]
+                .args
+                .join(" ")
+                .contains("--host 10.0.0.1 --listen 10.0.0.1:0 --slots 2")
+        );
+        assert_eq!(roles[3].service, "sluice-demo-worker");
+        assert_eq!(join_host_port("::1", 80), "[::1]:80");
+    }
+
+    #[test]
+    fn the_environment_file_reads_back_in_sh() {
+        let cluster = sluice_planner::cluster_file::parse_cluster("c", CLUSTER).unwrap();
+        let role = &roles(&cluster)[0];
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{}printf %s \"$AWS_SECRET_ACCESS_KEY\"",
+                role.env_file().replace('\n', "; ")
+            ))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), "it's secret");
+        let unit = role.unit("abc");
+        assert!(unit.contains("ExecStart=/opt/sluice/releases/abc/sluice coordinator --http"));
+        assert!(unit.contains("EnvironmentFile=/opt/sluice/etc/sluice-demo-coordinator.env"));
+        assert!(
+            !unit.contains("secret"),
+            "secrets stay in the environment file"
+        );
+    }
+}

@@ -1,0 +1,513 @@
+//! `sluice deploy` against real OpenSSH servers: three "hosts" on this machine, each an
+//! `sshd` of Debian's `openssh-server` on its own loopback address (127.0.0.2-4) and
+//! port, with its own install directory. The deploy command drives the real `ssh`
+//! client with a config file of the test's (its key, its known_hosts), exactly as a user's
+//! `~/.ssh/config` would. Roles run as plain processes (`service: process`): no systemd
+//! runs here.
+//!
+//! `scripts/test` installs the server (without starting it) and exports
+//! `SLUICE_TEST_SSHD`; each test starts its own servers on 127.0.0.x only and stops
+//! them, and every process a test's deploy started, when it ends.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice_integration_tests::{
+    Outcome, assert_same_rows, read_jsonl_dir, run_sluice, run_sluice_env, sluice_bin, tempdir,
+    write_job, yaml_path,
+};
+use sluice_test_support::s3::s3_env;
+
+/// SSH servers standing in for hosts, and everything started under their directory.
+struct Hosts {
+    dir: PathBuf,
+    sshd: Vec<Child>,
+    /// `(address, port)` per host.
+    addrs: Vec<(String, u16)>,
+    ssh_config: PathBuf,
+}
+
+fn sshd_binary() -> PathBuf {
+    let path = std::env::var("SLUICE_TEST_SSHD").unwrap_or_else(|_| {
+        panic!(
+            "SLUICE_TEST_SSHD is not set: run the tests through scripts/test, which installs \
+             Debian's openssh-server and exports it"
+        )
+    });
+    PathBuf::from(path)
+}
+
+fn free_port_on(address: &str) -> u16 {
+    TcpListener::bind((address, 0))
+        .and_then(|l| l.local_addr())
+        .unwrap_or_else(|e| panic!("binding a port on {address}: {e}"))
+        .port()
+}
+
+fn keygen(path: &Path) {
+    let status = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .status()
+        .expect("running ssh-keygen");
+    assert!(status.success(), "ssh-keygen failed");
+}
+
+impl Hosts {
+    /// Starts an sshd on each of `addresses` accepting the test's client key.
+    fn start(dir: &Path, addresses: &[&str]) -> Hosts {
+        let sshd = sshd_binary();
+        let ssh = dir.join("ssh");
+        std::fs::create_dir_all(&ssh).unwrap();
+        keygen(&ssh.join("client_key"));
+        keygen(&ssh.join("host_key"));
+        std::fs::copy(ssh.join("client_key.pub"), ssh.join("authorized_keys")).unwrap();
+        // Privilege separation needs its empty directory when sshd runs as root.
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let mut hosts = Hosts {
+            dir: dir.to_path_buf(),
+            sshd: Vec::new(),
+            addrs: Vec::new(),
+            ssh_config: ssh.join("config"),
+        };
+        for (i, address) in addresses.iter().enumerate() {
+            let port = free_port_on(address);
+            let config = ssh.join(format!("sshd_config_{i}"));
+            std::fs::write(
+                &config,
+                format!(
+                    "ListenAddress {address}:{port}\nHostKey {key}\nAuthorizedKeysFile {auth}\n\
+                     PidFile {pid}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n\
+                     KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n",
+                    key = ssh.join("host_key").display(),
+                    auth = ssh.join("authorized_keys").display(),
+                    pid = ssh.join(format!("sshd_{i}.pid")).display(),
+                ),
+            )
+            .unwrap();
+            let child = Command::new(&sshd)
+                .args(["-D", "-e", "-f"])
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(
+                    std::fs::File::create(ssh.join(format!("sshd_{i}.log")))
+                        .map(Stdio::from)
+                        .unwrap_or_else(|_| Stdio::null()),
+                )
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {}: {e}", sshd.display()));
+            hosts.sshd.push(child);
+            hosts.addrs.push((address.to_string(), port));
+        }
+        std::fs::write(
+            &hosts.ssh_config,
+            format!(
+                "Host 127.0.0.*\n  IdentityFile {key}\n  IdentitiesOnly yes\n  \
+                 UserKnownHostsFile {known}\n  StrictHostKeyChecking accept-new\n  LogLevel ERROR\n",
+                key = ssh.join("client_key").display(),
+                known = ssh.join("known_hosts").display(),
+            ),
+        )
+        .unwrap();
+        for (address, port) in &hosts.addrs {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect((address.as_str(), *port)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "sshd on {address}:{port} did not start"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        hosts
+    }
+
+    /// `sluice deploy ARGS FILE --ssh-config ...` in the test directory.
+    fn deploy(&self, args: &[&str], file: &Path) -> Outcome {
+        let config = self.ssh_config.display().to_string();
+        let file = file.display().to_string();
+        let mut all: Vec<&str> = vec!["deploy"];
+        all.extend_from_slice(args);
+        all.extend([file.as_str(), "--ssh-config", config.as_str()]);
+        run_sluice(&all, &self.dir)
+    }
+
+    /// Processes started from this test's directory (roles a deploy left running).
+    fn processes(&self) -> Vec<(u32, String)> {
+        let needle = format!("{}/", self.dir.display());
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(&needle) && cmdline.contains("/releases/") {
+                found.push((pid, cmdline));
+            }
+        }
+        found
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for (pid, _) in self.processes() {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        for child in &mut self.sshd {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The windowed job of the coordinator tests: exactly-once file output, remote state,
+/// checkpoints every 500 ms; throttled so that it is still running while deploy
+/// upgrades the cluster under it.
+fn job(out: &Path, backend: &str, rate: u64) -> String {
+    format!(
+        "name: deployed\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
+         state: {{ backend: {backend} }}\n\
+         source:\n  nexmark: {{ stream: bid, events: 120000, seed: 5, splits: 4, max_events_per_second: {rate} }}\n\
+         watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
+         pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 2s }}\n    \
+         aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        yaml_path(out)
+    )
+}
+
+fn status(rest: &str, id: &str) -> Value {
+    let out = run_sluice(
+        &["status", id, "--json", "--coordinator", rest],
+        Path::new("."),
+    );
+    serde_json::from_str(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// Polls job `id` until `done` says so, for at most `limit`.
+fn wait_for(
+    rest: &str,
+    id: &str,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let s = status(rest, id);
+        if done(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {id}: {what} not within {limit:?}: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn line_after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.split_once(marker).map(|(_, rest)| rest.trim()))
+}
+
+#[test]
+fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
+    let dir = tempdir();
+    let root = dir.path();
+    let hosts = Hosts::start(root, &["127.0.0.2", "127.0.0.3", "127.0.0.4"]);
+    let (store, env) = match s3_env("deploy", "the object store of a deployed cluster") {
+        Some(s3) => (
+            s3.url(),
+            vec![
+                ("AWS_ENDPOINT_URL".to_string(), s3.endpoint.clone()),
+                ("AWS_ALLOW_HTTP".into(), "true".into()),
+                ("AWS_REGION".into(), "us-east-1".into()),
+                (
+                    "AWS_ACCESS_KEY_ID".into(),
+                    std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_default(),
+                ),
+                (
+                    "AWS_SECRET_ACCESS_KEY".into(),
+                    std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_default(),
+                ),
+            ],
+        ),
+        None => (format!("file://{}/store", root.display()), Vec::new()),
+    };
+    let secret = "do-not-print-this-token-7f3a";
+    let mut env_yaml = format!("  SLUICE_TEST_SECRET: {secret}\n");
+    for (k, v) in &env {
+        env_yaml.push_str(&format!("  {k}: \"{v}\"\n"));
+    }
+    let (http, grpc, state_port) = (
+        free_port_on("127.0.0.2"),
+        free_port_on("127.0.0.2"),
+        free_port_on("127.0.0.3"),
+    );
+    let host = |name: &str, i: usize| {
+        let (address, port) = &hosts.addrs[i];
+        format!(
+            "  {name}: {{ address: {address}, port: {port}, user: {user}, install_dir: {dir} }}\n",
+            user = std::env::var("USER").unwrap_or_else(|_| "root".into()),
+            dir = root.join(name).display()
+        )
+    };
+    let cluster = root.join("cluster.yaml");
+    std::fs::write(
+        &cluster,
+        format!(
+            "name: it\nobject_store: {store}\nservice: process\nenv:\n{env_yaml}hosts:\n{}{}{}\
+             coordinator: {{ host: a, http: {http}, grpc: {grpc} }}\n\
+             state_nodes: [{{ host: b, port: {state_port}, memory: 256MiB, disk_cache: 512MiB }}]\n\
+             workers: [{{ host: b, slots: 2 }}, {{ host: c, slots: 2 }}]\n",
+            host("a", 0),
+            host("b", 1),
+            host("c", 2),
+        ),
+    )
+    .unwrap();
+    let rest = format!("http://127.0.0.2:{http}");
+
+    let started = Instant::now();
+    let up = hosts.deploy(&[], &cluster);
+    up.assert_success().assert_no_panic();
+    eprintln!(
+        "deploy took {:.1} s:\n{}{}",
+        started.elapsed().as_secs_f64(),
+        up.stderr,
+        up.stdout
+    );
+    assert!(
+        up.stdout.contains(&format!("is up: REST API {rest}")),
+        "{}",
+        up.stdout
+    );
+    let again = hosts.deploy(&[], &cluster);
+    again.assert_success();
+    assert!(
+        again.stdout.contains("nothing to change"),
+        "a second deploy changes nothing:\n{}{}",
+        again.stderr,
+        again.stdout
+    );
+    let report = hosts.deploy(&["status"], &cluster);
+    report.assert_success();
+    assert_eq!(
+        report.stdout.matches(" running ").count(),
+        4,
+        "{}",
+        report.stdout
+    );
+    assert_eq!(
+        report.stdout.matches("sees it").count(),
+        4,
+        "{}",
+        report.stdout
+    );
+    let env_file = root.join("a/etc/sluice-it-coordinator.env");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&env_file).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o077, 0, "the environment file is its owner's only");
+
+    // A job with remote state on the deployed cluster, upgraded under it.
+    let out = root.join("out");
+    let job_file = write_job(root, "job.yaml", &job(&out, "remote", 8000));
+    let submitted = run_sluice(
+        &[
+            "submit",
+            job_file.to_str().unwrap(),
+            "--workers",
+            "2",
+            "--coordinator",
+            &rest,
+        ],
+        root,
+    );
+    submitted.assert_success();
+    let id = submitted.stdout.trim().to_string();
+    wait_for(&rest, &id, Duration::from_secs(60), "a checkpoint", |s| {
+        s["last_checkpoint"].as_u64() >= Some(2)
+    });
+    let new_binary = root.join("sluice-next");
+    std::fs::copy(sluice_bin(), &new_binary).unwrap();
+    // The same program with a different checksum: a release deploy has not seen.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&new_binary)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"next"))
+        .unwrap();
+    let started = Instant::now();
+    let upgraded = hosts.deploy(
+        &["upgrade", "--binary", new_binary.to_str().unwrap()],
+        &cluster,
+    );
+    upgraded.assert_success().assert_no_panic();
+    eprintln!(
+        "upgrade took {:.1} s:\n{}{}",
+        started.elapsed().as_secs_f64(),
+        upgraded.stderr,
+        upgraded.stdout
+    );
+    let resumed = line_after(&upgraded.stderr, "resumed as ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no resumed job in:\n{}", upgraded.stderr))
+        .to_string();
+    let finished = wait_for(
+        &rest,
+        &resumed,
+        Duration::from_secs(120),
+        "finishing",
+        |s| s["state"] == "finished" || s["state"] == "failed",
+    );
+    assert_eq!(finished["state"], "finished", "{finished}");
+    let report = hosts.deploy(&["status"], &cluster);
+    report.assert_success();
+    assert_eq!(
+        report.stdout.matches(" running ").count(),
+        4,
+        "{}",
+        report.stdout
+    );
+    for output in [&up, &again, &report, &upgraded] {
+        assert!(
+            !output.stdout.contains(secret) && !output.stderr.contains(secret),
+            "a secret of the cluster file was printed"
+        );
+    }
+
+    // The output equals a run without deploy or upgrade.
+    let reference = root.join("reference");
+    let reference_job = write_job(root, "reference.yaml", &job(&reference, "memory", 0));
+    run_sluice_env(&["run", reference_job.to_str().unwrap()], root, &[]).assert_success();
+    assert_same_rows(
+        "the upgraded cluster's committed output vs. a run without it",
+        &read_jsonl_dir(&out),
+        &read_jsonl_dir(&reference),
+    );
+
+    let destroyed = hosts.deploy(&["destroy"], &cluster);
+    destroyed.assert_success();
+    assert!(
+        hosts.processes().is_empty(),
+        "left running: {:?}",
+        hosts.processes()
+    );
+    for name in ["a", "c"] {
+        let left: Vec<_> = std::fs::read_dir(root.join(name))
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "host {name} keeps {left:?}");
+    }
+    assert!(
+        root.join("b/data/state").is_dir(),
+        "data directories stay without --purge"
+    );
+    let report = hosts.deploy(&["status"], &cluster);
+    report.assert_code(1);
+    assert_eq!(
+        report.stdout.matches(" stopped ").count(),
+        4,
+        "{}",
+        report.stdout
+    );
+    hosts
+        .deploy(&["destroy", "--purge"], &cluster)
+        .assert_success();
+    assert!(
+        !root.join("b/data").exists(),
+        "--purge removes data directories"
+    );
+}
+
+#[test]
+fn deploy_refuses_hosts_it_cannot_use_and_starts_nothing() {
+    let dir = tempdir();
+    let root = dir.path();
+    let hosts = Hosts::start(root, &["127.0.0.5"]);
+    let (address, port) = hosts.addrs[0].clone();
+    let closed = free_port_on("127.0.0.6");
+    let cluster = |b_address: &str, b_port: u16, service: &str| {
+        let path = root.join("cluster.yaml");
+        std::fs::write(
+            &path,
+            format!(
+                "name: bad\nobject_store: file://{root}/store\nservice: {service}\nhosts:\n  \
+                 a: {{ address: {address}, port: {port}, install_dir: {root}/a }}\n  \
+                 b: {{ address: {b_address}, port: {b_port}, install_dir: {root}/b }}\n\
+                 coordinator: {{ host: a, http: {http} }}\nworkers: [{{ host: b }}]\n",
+                root = root.display(),
+                http = free_port_on(&address),
+            ),
+        )
+        .unwrap();
+        path
+    };
+    // A host nothing answers on: named, with the step, and no role starts anywhere.
+    let out = hosts.deploy(&[], &cluster("127.0.0.6", closed, "process"));
+    out.assert_code(1).assert_no_panic();
+    out.assert_stderr_contains("nothing was started");
+    out.assert_stderr_contains("host b (127.0.0.6): checking the host: cannot connect over SSH");
+    assert!(
+        hosts.processes().is_empty(),
+        "started: {:?}",
+        hosts.processes()
+    );
+
+    // A key the host does not accept.
+    let other = root.join("ssh/other_key");
+    keygen(&other);
+    let config = std::fs::read_to_string(&hosts.ssh_config)
+        .unwrap()
+        .replace("client_key", "other_key");
+    let bad_config = root.join("ssh/config-other-key");
+    std::fs::write(&bad_config, config).unwrap();
+    let file = cluster(&address, port, "process");
+    let out = run_sluice(
+        &[
+            "deploy",
+            file.to_str().unwrap(),
+            "--ssh-config",
+            bad_config.to_str().unwrap(),
+        ],
+        root,
+    );
+    out.assert_code(1);
+    out.assert_stderr_contains(&format!(
+        "host a ({address}): checking the host: cannot connect over SSH"
+    ));
+    out.assert_stderr_contains("Permission denied (publickey)");
+
+    // A host without systemd, asked to run roles under it.
+    if !Path::new("/run/systemd/system").exists() {
+        let out = hosts.deploy(&[], &cluster(&address, port, "systemd"));
+        out.assert_code(1);
+        out.assert_stderr_contains("systemd is not running there");
+        out.assert_stderr_contains("`service: process`");
+    }
+    assert!(
+        hosts.processes().is_empty(),
+        "started: {:?}",
+        hosts.processes()
+    );
+
+    // Two roles on one port: the cluster file's line and column, before any SSH.
+    let file = cluster(&address, port, "process");
+    let text = std::fs::read_to_string(&file).unwrap().replace(
+        "workers: [{ host: b }]",
+        "workers: [{ host: b }]\nstate_nodes: [{ host: a, port: 6123 }]",
+    );
+    std::fs::write(&file, text).unwrap();
+    let out = hosts.deploy(&[], &file);
+    out.assert_code(2);
+    out.assert_stderr_contains("cluster.yaml:9:32: port 6123 on host a (127.0.0.5) is already taken by `coordinator.grpc (default 6123)`");
+}
