@@ -81,6 +81,50 @@ enum Command {
     /// Bring up the cluster a cluster file describes on its hosts over SSH (`status`,
     /// `destroy`: report or remove it).
     Deploy(deploy::DeployArgs),
+    /// Bearer tokens for the coordinator's REST API (`--auth-tokens FILE`).
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Make a new random token: prints it, and on stderr the line that admits it in a
+    /// coordinator's tokens file (which holds only its hash).
+    New {
+        /// What it may do: `read` (GET only) or `operate` (everything).
+        #[arg(long, default_value = "operate", value_parser = ["read", "operate"])]
+        role: String,
+        /// Its name in refusals and the tokens file.
+        #[arg(long, default_value = "user")]
+        name: String,
+    },
+}
+
+/// 32 random bytes from the kernel, in hex: a bearer token.
+pub(crate) fn random_token() -> Result<String, Failure> {
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|e| Failure::from(anyhow::anyhow!("reading /dev/urandom: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `sluice token new`.
+fn new_token(role: &str, name: &str) -> Result<(), Failure> {
+    if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c == '#') {
+        return Err(Failure::usage(format!(
+            "--name `{name}`: one word without `#`"
+        )));
+    }
+    let token = random_token()?;
+    sluice_common::outln!("{token}");
+    eprintln!(
+        "{role} {} {name}",
+        sluice_coordinator::auth::hash_line(&token)
+    );
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -175,6 +219,9 @@ fn main() -> ExitCode {
         Command::Doctor(args) => cluster::doctor::run(args),
         Command::StateService(args) => state_service::serve(args),
         Command::Deploy(args) => deploy::run(args),
+        Command::Token {
+            command: TokenCommand::New { role, name },
+        } => new_token(&role, &name),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -33,6 +33,7 @@
 //! through [`job::master::WorkerLauncher`]. It talks to the object store only through
 //! [`checkpoint::store`].
 
+pub mod auth;
 pub mod checkpoint;
 pub mod cluster;
 pub mod error;

@@ -20,6 +20,7 @@
 
 use std::sync::Arc;
 
+use crate::auth::Tokens;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -339,9 +340,10 @@ async fn not_found() -> Response {
     )
 }
 
-/// The API's routes.
-pub fn router(c: Arc<Coordinator>) -> Router {
-    Router::new()
+/// The API's routes; with `tokens`, every request but the public ones needs a bearer
+/// token ([`crate::auth`]).
+pub fn router(c: Arc<Coordinator>, tokens: Option<Arc<Tokens>>) -> Router {
+    let router = Router::new()
         .route("/v1/jobs", get(jobs).post(submit))
         .route("/v1/jobs/{id}", get(job))
         .route("/v1/jobs/{id}/checkpoints", get(checkpoints))
@@ -372,7 +374,15 @@ pub fn router(c: Arc<Coordinator>) -> Router {
             c.clone(),
             standby_refuses,
         ))
-        .with_state(c)
+        .with_state(c);
+    // Outermost, so that a caller without a token learns nothing, not even the leader.
+    match tokens {
+        Some(tokens) => router.layer(axum::middleware::from_fn_with_state(
+            tokens,
+            crate::auth::require_token,
+        )),
+        None => router,
+    }
 }
 
 /// A standby answers 503 naming the leader (clients given every coordinator try the
@@ -396,9 +406,13 @@ async fn standby_refuses(
 }
 
 /// Serves the API on `listener` until the returned handle is dropped.
-pub fn serve(c: Arc<Coordinator>, listener: TcpListener) -> AbortOnDropHandle<()> {
+pub fn serve(
+    c: Arc<Coordinator>,
+    listener: TcpListener,
+    tokens: Option<Arc<Tokens>>,
+) -> AbortOnDropHandle<()> {
     AbortOnDropHandle::new(tokio::spawn(async move {
-        sluice_telemetry::http::serve(listener, router(c), Default::default()).await;
+        sluice_telemetry::http::serve(listener, router(c, tokens), Default::default()).await;
     }))
 }
 

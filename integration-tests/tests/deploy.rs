@@ -184,17 +184,16 @@ fn job(out: &Path, backend: &str, rate: u64) -> String {
     )
 }
 
-fn status(rest: &str, id: &str) -> Value {
-    let out = run_sluice(
-        &["status", id, "--json", "--coordinator", rest],
-        Path::new("."),
-    );
-    serde_json::from_str(&out.stdout).unwrap_or(Value::Null)
+/// `sluice ARGS --coordinator REST` with the cluster's token.
+fn client(rest: &str, token: &str, args: &[&str]) -> Outcome {
+    let mut all = args.to_vec();
+    all.extend(["--coordinator", rest]);
+    run_sluice_env(&all, Path::new("."), &[("SLUICE_TOKEN", token)])
 }
 
 /// Polls job `id` until `done` says so, for at most `limit`.
 fn wait_for(
-    rest: &str,
+    (rest, token): (&str, &str),
     id: &str,
     limit: Duration,
     what: &str,
@@ -202,7 +201,8 @@ fn wait_for(
 ) -> Value {
     let deadline = Instant::now() + limit;
     loop {
-        let s = status(rest, id);
+        let out = client(rest, token, &["status", id, "--json"]);
+        let s: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
         if done(&s) {
             return s;
         }
@@ -313,6 +313,20 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
         "{}",
         report.stdout
     );
+    // The first deploy made an operator token, kept here; the REST API needs it.
+    let token_file = root.join("it.token");
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&token_file).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o077, 0, "the token file is its owner's only");
+    let refused = run_sluice(&["jobs", "--coordinator", &rest], root);
+    refused.assert_code(2);
+    refused.assert_stderr_contains("needs a bearer token");
+    let api = (rest.as_str(), token.as_str());
     let env_file = root.join("a/etc/sluice-it-coordinator.env");
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(&env_file).unwrap().permissions(),
@@ -322,20 +336,14 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
     // A job with remote state on the deployed cluster, upgraded under it.
     let out = root.join("out");
     let job_file = write_job(root, "job.yaml", &job(&out, "remote", 8000));
-    let submitted = run_sluice(
-        &[
-            "submit",
-            job_file.to_str().unwrap(),
-            "--workers",
-            "2",
-            "--coordinator",
-            &rest,
-        ],
-        root,
+    let submitted = client(
+        &rest,
+        &token,
+        &["submit", job_file.to_str().unwrap(), "--workers", "2"],
     );
     submitted.assert_success();
     let id = submitted.stdout.trim().to_string();
-    wait_for(&rest, &id, Duration::from_secs(60), "a checkpoint", |s| {
+    wait_for(api, &id, Duration::from_secs(60), "a checkpoint", |s| {
         s["last_checkpoint"].as_u64() >= Some(2)
     });
     let new_binary = root.join("sluice-next");
@@ -362,13 +370,9 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("no resumed job in:\n{}", upgraded.stderr))
         .to_string();
-    let finished = wait_for(
-        &rest,
-        &resumed,
-        Duration::from_secs(120),
-        "finishing",
-        |s| s["state"] == "finished" || s["state"] == "failed",
-    );
+    let finished = wait_for(api, &resumed, Duration::from_secs(120), "finishing", |s| {
+        s["state"] == "finished" || s["state"] == "failed"
+    });
     assert_eq!(finished["state"], "finished", "{finished}");
     let report = hosts.deploy(&["status"], &cluster);
     report.assert_success();
@@ -379,10 +383,12 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
         report.stdout
     );
     for output in [&up, &again, &report, &upgraded] {
-        assert!(
-            !output.stdout.contains(secret) && !output.stderr.contains(secret),
-            "a secret of the cluster file was printed"
-        );
+        for secret in [secret, token.as_str()] {
+            assert!(
+                !output.stdout.contains(secret) && !output.stderr.contains(secret),
+                "a secret was printed"
+            );
+        }
     }
 
     // The output equals a run without deploy or upgrade.

@@ -25,6 +25,9 @@ pub struct ClientArgs {
         global = true
     )]
     coordinator: String,
+    /// A bearer token for the REST API, when it requires one (never printed).
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -143,7 +146,13 @@ fn default_savepoint_name() -> String {
 /// Runs a job command.
 pub fn run(command: JobCommand) -> Result<(), Failure> {
     let (args, method, path, body) = request(command)?;
-    let value = runtime()?.block_on(call_any(method, &args.coordinator, &path, body))?;
+    let value = runtime()?.block_on(call_any(
+        method,
+        &args.coordinator,
+        &path,
+        body,
+        args.token.as_deref(),
+    ))?;
     if args.json {
         outln!(
             "{}",
@@ -254,12 +263,14 @@ fn request(
 
 /// One REST call at `path` of the first of the coordinators `bases` (`URL1,URL2`)
 /// that serves: one out of reach, or a standby (which answers 503 naming the leader),
-/// gives way to the next; the last one's answer is the result.
+/// gives way to the next; the last one's answer is the result. `token` goes as a
+/// bearer token.
 pub(crate) async fn call_any(
     method: &str,
     bases: &str,
     path: &str,
     body: Option<Value>,
+    token: Option<&str>,
 ) -> Result<Value, Failure> {
     let bases = sluice_common::url_list::url_list(bases);
     let client = reqwest::Client::builder()
@@ -269,7 +280,7 @@ pub(crate) async fn call_any(
     let mut refused = Vec::new();
     for (i, base) in bases.iter().enumerate() {
         let url = format!("{}{path}", base.trim_end_matches('/'));
-        match attempt(&client, method, &url, body.clone()).await {
+        match attempt(&client, method, &url, body.clone(), token).await {
             Ok(v) => return Ok(v),
             Err((true, f)) if i + 1 < bases.len() => refused.push(f.message().to_owned()),
             Err((_, f)) if refused.is_empty() => return Err(f),
@@ -294,11 +305,15 @@ async fn attempt(
     method: &str,
     url: &str,
     body: Option<Value>,
+    token: Option<&str>,
 ) -> Result<Value, (bool, Failure)> {
-    let request = match method {
+    let mut request = match method {
         "POST" => client.post(url).json(&body.unwrap_or(json!({}))),
         _ => client.get(url),
     };
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
     let response = request.send().await.map_err(|e| {
         (
             e.is_connect(),
@@ -331,7 +346,7 @@ async fn attempt(
     };
     Err((
         standby,
-        if status.as_u16() == 400 || status.as_u16() == 404 {
+        if matches!(status.as_u16(), 400 | 401 | 403 | 404) {
             Failure::usage(message)
         } else {
             Failure::from(anyhow::anyhow!("{message}"))

@@ -87,6 +87,10 @@ pub struct CoordinatorArgs {
     /// replaced after about this long.
     #[arg(long, default_value_t = 5000)]
     ha_lease_ttl_ms: u64,
+    /// Require a bearer token on the REST API: a file of `read|operate sha256:HEX [name]`
+    /// lines (`sluice token new` makes one).
+    #[arg(long, env = "SLUICE_AUTH_TOKENS", value_name = "FILE")]
+    auth_tokens: Option<std::path::PathBuf>,
     #[command(flatten)]
     telemetry: TelemetryArgs,
 }
@@ -99,6 +103,17 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
             args.heartbeat_timeout_ms, args.heartbeat_interval_ms
         )));
     }
+    let tokens = match &args.auth_tokens {
+        Some(path) => {
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Failure::usage(format!("--auth-tokens {name}: {e}")))?;
+            let tokens = sluice_coordinator::auth::Tokens::parse(&name, &text)
+                .map_err(|e| Failure::usage(format!("--auth-tokens: {e}")))?;
+            Some(Arc::new(tokens))
+        }
+        None => None,
+    };
     let ha = args
         .ha
         .as_deref()
@@ -167,7 +182,7 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
         };
         // Both servers run until these handles go at the end of this function.
         let _workers = coordinator.serve_workers(grpc);
-        let _rest = rest::serve(coordinator.clone(), http);
+        let _rest = rest::serve(coordinator.clone(), http, tokens.clone());
         eprintln!("coordinator listening: http={http_addr} grpc={grpc_addr}");
         let metrics = CoordinatorMetrics(coordinator.clone());
         let _telemetry = args

@@ -17,6 +17,7 @@
 mod role;
 mod ssh;
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -70,6 +71,10 @@ struct Common {
     /// An OpenSSH config file to use instead of `~/.ssh/config` (`ssh -F`).
     #[arg(long)]
     ssh_config: Option<PathBuf>,
+    /// The cluster's operator token for its REST API: made by the first deploy, read
+    /// by the other commands (default: `<name>.token` beside the cluster file).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -98,6 +103,10 @@ pub fn run(args: DeployArgs) -> Result<(), Failure> {
 struct Session {
     cluster: ClusterSpec,
     ssh: Ssh,
+    /// The operator token of the cluster's REST API (empty until one is made).
+    token: String,
+    /// Where it is kept on this machine.
+    token_file: PathBuf,
 }
 
 impl Session {
@@ -108,7 +117,71 @@ impl Session {
         let cluster = parse_cluster(&name, &text).map_err(|e| Failure::usage(e.to_string()))?;
         let ssh = Ssh::new(common.ssh_config.clone())
             .map_err(|e| Failure::from(anyhow::anyhow!("temporary directory: {e}")))?;
-        Ok(Session { cluster, ssh })
+        let token_file = common.token_file.clone().unwrap_or_else(|| {
+            common
+                .file
+                .with_file_name(format!("{}.token", cluster.name))
+        });
+        let token = std::fs::read_to_string(&token_file)
+            .map(|t| t.trim().to_owned())
+            .unwrap_or_default();
+        Ok(Session {
+            cluster,
+            ssh,
+            token,
+            token_file,
+        })
+    }
+
+    /// Makes the cluster's first operator token when there is none yet, in a file only
+    /// this user reads (the coordinator keeps only its hash).
+    fn ensure_token(&mut self) -> Result<(), Failure> {
+        if !self.token.is_empty() {
+            return Ok(());
+        }
+        let fail = |e: std::io::Error| {
+            Failure::from(anyhow::anyhow!(
+                "writing the cluster's token to {}: {e}",
+                self.token_file.display()
+            ))
+        };
+        let token = crate::random_token()?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&self.token_file)
+            .map_err(fail)?;
+        std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes()).map_err(fail)?;
+        say(&format!(
+            "made the cluster's operator token: {} (export SLUICE_TOKEN=$(cat {0}))",
+            self.token_file.display()
+        ));
+        self.token = token;
+        Ok(())
+    }
+
+    /// The coordinator's tokens file: the operator token's hash.
+    fn tokens_text(&self) -> String {
+        if self.token.is_empty() {
+            return String::new();
+        }
+        format!(
+            "operate {} deploy\n",
+            sluice_coordinator::auth::hash_line(&self.token)
+        )
+    }
+
+    fn roles(&self) -> Vec<Role<'_>> {
+        // Roles are only rendered for what is already installed when the token is not
+        // known here (status, destroy): the tokens file's text does not matter then.
+        roles(&self.cluster, &self.tokens_text())
+    }
+
+    /// One REST call to the coordinator with the cluster's token.
+    async fn api(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, Failure> {
+        let token = (!self.token.is_empty()).then_some(self.token.as_str());
+        call_any(method, &self.rest_url(), path, body, token).await
     }
 
     /// `script` on `host`, failing with the host and the step named.
@@ -177,7 +250,8 @@ fn up(args: UpArgs) -> Result<(), Failure> {
 
 /// The session and the checksum of the binary to install.
 fn begin(args: &UpArgs) -> Result<(Session, String), Failure> {
-    let session = Session::open(&args.common)?;
+    let mut session = Session::open(&args.common)?;
+    session.ensure_token()?;
     let binary = binary(args)?;
     let sha = sha256_file(&binary)?;
     say(&format!(
@@ -204,7 +278,7 @@ fn binary(args: &UpArgs) -> Result<PathBuf, Failure> {
 fn prepare_all(session: &Session, args: &UpArgs, sha: &str) -> Result<usize, Failure> {
     let binary = binary(args)?;
     let cluster = &session.cluster;
-    let roles = roles(cluster);
+    let roles = session.roles();
     let used: Vec<&HostSpec> = cluster
         .hosts
         .iter()
@@ -256,7 +330,7 @@ fn roll(
     let rest = session.rest_url();
     let timeout = Duration::from_secs(args.health_timeout);
     let mut changed = 0;
-    for role in roles(&session.cluster) {
+    for role in session.roles() {
         let digest = sha256_bytes(role.fingerprint(sha).as_bytes())?;
         let current = session.on(
             role.host,
@@ -338,7 +412,7 @@ fn upgrade(args: UpArgs) -> Result<(), Failure> {
     let rt = runtime()?;
     let rest = session.rest_url();
     let jobs = rt
-        .block_on(call_any("GET", &rest, "/v1/jobs", None))
+        .block_on(session.api("GET", "/v1/jobs", None))
         .map_err(|f| Failure::from(anyhow::anyhow!("listing jobs at {rest}: {}", f.message())))?;
     let running: Vec<(String, usize)> = jobs
         .as_array()
@@ -361,12 +435,7 @@ fn upgrade(args: UpArgs) -> Result<(), Failure> {
     for (id, workers) in &running {
         let body = serde_json::json!({ "savepoint": name });
         let path = rt
-            .block_on(call_any(
-                "POST",
-                &rest,
-                &format!("/v1/jobs/{id}/stop"),
-                Some(body),
-            ))
+            .block_on(session.api("POST", &format!("/v1/jobs/{id}/stop"), Some(body)))
             .ok()
             .and_then(|v| v["savepoint"].as_str().map(str::to_owned))
             .filter(|p| !p.is_empty());
@@ -384,7 +453,7 @@ fn upgrade(args: UpArgs) -> Result<(), Failure> {
     for (id, workers, path) in &saved {
         let body = serde_json::json!({ "from_savepoint": path, "workers": workers });
         let new = rt
-            .block_on(call_any("POST", &rest, "/v1/jobs", Some(body)))
+            .block_on(session.api("POST", "/v1/jobs", Some(body)))
             .map_err(|f| {
                 Failure::from(anyhow::anyhow!(
                     "job {id} was stopped but not resumed: {}{}",
@@ -491,7 +560,7 @@ async fn healthy(
     let mut last = String::new();
     let mut checks = 0u32;
     while Instant::now() < deadline {
-        match call_any("GET", rest, "/v1/cluster", None).await {
+        match session.api("GET", "/v1/cluster", None).await {
             Ok(cluster) => {
                 if registered(&cluster, role, pid) {
                     return Ok(());
@@ -552,7 +621,7 @@ fn status(common: Common) -> Result<(), Failure> {
     let session = Session::open(&common)?;
     let rest = session.rest_url();
     let cluster = runtime()?
-        .block_on(call_any("GET", &rest, "/v1/cluster", None))
+        .block_on(session.api("GET", "/v1/cluster", None))
         .ok();
     outln!(
         "{:<12} {:<12} {:<8} {:<9} {:<10} VERSION",
@@ -563,7 +632,7 @@ fn status(common: Common) -> Result<(), Failure> {
         "COORDINATOR"
     );
     let mut healthy = true;
-    for role in roles(&session.cluster) {
+    for role in session.roles() {
         let (state, pid, seen, version) = match role_status(&session, &role) {
             Ok(Some((pid, version))) => {
                 let seen = cluster.as_ref().is_some_and(|c| registered(c, &role, pid));
@@ -625,7 +694,7 @@ fn role_status(session: &Session, role: &Role<'_>) -> Result<Option<(u32, String
 fn destroy(common: Common, purge: bool) -> Result<(), Failure> {
     let session = Session::open(&common)?;
     let cluster = &session.cluster;
-    let mut roles = roles(cluster);
+    let mut roles = session.roles();
     roles.reverse();
     let mut failures = Vec::new();
     for role in &roles {

@@ -50,11 +50,14 @@ pub struct Role<'a> {
     pub env: &'a [(String, String)],
     /// Directories it needs, besides the install directory's own.
     pub data_dirs: Vec<String>,
+    /// Files it reads, by path, with contents that are no secret (the REST tokens'
+    /// hashes).
+    pub files: Vec<(String, String)>,
 }
 
 /// Every role of `cluster`, in the order they start: the coordinator, state nodes,
-/// workers.
-pub fn roles(cluster: &ClusterSpec) -> Vec<Role<'_>> {
+/// workers. `tokens` is the coordinator's tokens file (`--auth-tokens`).
+pub fn roles<'a>(cluster: &'a ClusterSpec, tokens: &str) -> Vec<Role<'a>> {
     let c = &cluster.coordinator;
     let coordinator_host = &cluster.hosts[c.host];
     let grpc = format!("http://{}", join_host_port(&coordinator_host.bind, c.grpc));
@@ -66,6 +69,7 @@ pub fn roles(cluster: &ClusterSpec) -> Vec<Role<'_>> {
         args,
         env: &cluster.env,
         data_dirs,
+        files: Vec::new(),
     };
     let mut roles = vec![role(
         Kind::Coordinator,
@@ -78,9 +82,15 @@ pub fn roles(cluster: &ClusterSpec) -> Vec<Role<'_>> {
             join_host_port(&coordinator_host.bind, c.grpc),
             "--store".into(),
             format!("{store}/coordinator"),
+            "--auth-tokens".into(),
+            tokens_path(coordinator_host, &cluster.name),
         ],
         Vec::new(),
     )];
+    roles[0].files.push((
+        tokens_path(coordinator_host, &cluster.name),
+        tokens.to_owned(),
+    ));
     for node in &cluster.state_nodes {
         let host = &cluster.hosts[node.host];
         let data_dir = node
@@ -129,6 +139,13 @@ pub fn roles(cluster: &ClusterSpec) -> Vec<Role<'_>> {
         roles.push(role(Kind::Worker, worker.host, args, Vec::new()));
     }
     roles
+}
+
+fn tokens_path(host: &HostSpec, cluster: &str) -> String {
+    format!(
+        "{}/etc/sluice-{cluster}-coordinator.tokens",
+        host.install_dir
+    )
 }
 
 /// `host:port`, bracketing IPv6 addresses.
@@ -199,10 +216,11 @@ impl Role<'_> {
     /// environment's values are in it, so only its checksum is stored.
     pub fn fingerprint(&self, sha: &str) -> String {
         format!(
-            "{:?}\n{}\n{}",
+            "{:?}\n{}\n{}\n{:?}",
             self.host.service,
             self.unit(sha),
-            self.env_file()
+            self.env_file(),
+            self.files
         )
     }
 
@@ -249,11 +267,20 @@ impl Role<'_> {
         let s = &self.service;
         let mut script = format!(
             "set -e\ncd {dir}\nmkdir -p etc run log\n{mkdirs}\
-             (umask 077; cat > etc/{s}.env.part)\nmv etc/{s}.env.part etc/{s}.env\n{stop}\n",
+             (umask 077; cat > etc/{s}.env.part)\nmv etc/{s}.env.part etc/{s}.env\n{files}{stop}\n",
             mkdirs = self
                 .data_dirs
                 .iter()
                 .map(|d| format!("mkdir -p {}\n", quote(d)))
+                .collect::<String>(),
+            files = self
+                .files
+                .iter()
+                .map(|(path, text)| format!(
+                    "(umask 077; printf '%s' {} > {p}.part)\nmv {p}.part {p}\n",
+                    quote(text),
+                    p = quote(path)
+                ))
                 .collect::<String>(),
             stop = self.stop_script(),
         );
@@ -318,6 +345,9 @@ impl Role<'_> {
         script.push_str(&format!(
             "rm -f {dir}/etc/{s}.env {dir}/etc/{s}.digest {dir}/run/{s}.pid\n"
         ));
+        for (path, _) in &self.files {
+            script.push_str(&format!("rm -f {}\n", quote(path)));
+        }
         script
     }
 }
@@ -346,7 +376,7 @@ workers: [{ host: a, slots: 2 }, { host: b }]
     #[test]
     fn roles_start_in_dependency_order_with_their_addresses() {
         let cluster = sluice_planner::cluster_file::parse_cluster("c", CLUSTER).unwrap();
-        let roles = roles(&cluster);
+        let roles = roles(&cluster, "read sha256:00");
         let kinds: Vec<Kind> = roles.iter().map(|r| r.kind).collect();
         assert_eq!(
             kinds,
@@ -366,7 +396,9 @@ workers: [{ host: a, slots: 2 }, { host: b }]
                 "--grpc",
                 "10.0.0.1:6123",
                 "--store",
-                "s3://bucket/sluice/coordinator"
+                "s3://bucket/sluice/coordinator",
+                "--auth-tokens",
+                "/opt/sluice/etc/sluice-demo-coordinator.tokens"
             ]
         );
         assert!(roles[1].args.join(" ").contains(
@@ -386,7 +418,8 @@ workers: [{ host: a, slots: 2 }, { host: b }]
     #[test]
     fn the_environment_file_reads_back_in_sh() {
         let cluster = sluice_planner::cluster_file::parse_cluster("c", CLUSTER).unwrap();
-        let role = &roles(&cluster)[0];
+        let roles = roles(&cluster, "");
+        let role = &roles[0];
         let out = std::process::Command::new("sh")
             .arg("-c")
             .arg(format!(
