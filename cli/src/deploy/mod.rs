@@ -48,6 +48,18 @@ enum DeployAction {
     /// restart on the new binary in dependency order, the jobs resume from their
     /// savepoints.
     Upgrade(UpArgs),
+    /// Read the cluster file and print what deploy would run where, without
+    /// connecting anywhere.
+    Check {
+        #[command(flatten)]
+        common: Common,
+        /// Also write the systemd units deploy would install, as `DIR/<host>/<unit>`.
+        #[arg(long, value_name = "DIR")]
+        write_units: Option<PathBuf>,
+        /// The binary the units would run (default: this `sluice`).
+        #[arg(long)]
+        binary: Option<PathBuf>,
+    },
     /// Every role of the cluster: running or not, its pid and version, and whether the
     /// coordinator sees it; exit code 1 when one is not healthy.
     Status(Common),
@@ -94,6 +106,11 @@ pub fn run(args: DeployArgs) -> Result<(), Failure> {
     match args.action {
         None => up(args.up),
         Some(DeployAction::Upgrade(args)) => upgrade(args),
+        Some(DeployAction::Check {
+            common,
+            write_units,
+            binary,
+        }) => check(common, write_units, binary),
         Some(DeployAction::Status(common)) => status(common),
         Some(DeployAction::Destroy { common, purge }) => destroy(common, purge),
     }
@@ -615,6 +632,53 @@ fn role_failed(session: &Session, role: &Role<'_>, why: &str) -> Failure {
         &format!("starting the {}", role.kind.name()),
         &format!("{why}; the roll stopped here (`sluice deploy status` shows what runs){log}"),
     )
+}
+
+fn check(common: Common, units: Option<PathBuf>, binary: Option<PathBuf>) -> Result<(), Failure> {
+    let session = Session::open(&common)?;
+    if let Some(dir) = units {
+        let binary = match binary {
+            Some(b) => b,
+            None => std::env::current_exe()
+                .map_err(|e| Failure::from(anyhow::anyhow!("finding this binary: {e}")))?,
+        };
+        let sha = sha256_file(&binary)?;
+        for role in session.roles() {
+            // One directory per host: every worker's unit has the same name.
+            let host_dir = dir.join(&role.host.name);
+            std::fs::create_dir_all(&host_dir).map_err(|e| {
+                Failure::usage(format!("--write-units {}: {e}", host_dir.display()))
+            })?;
+            let path = host_dir.join(format!("{}.service", role.service));
+            std::fs::write(&path, role.unit(&sha))
+                .map_err(|e| Failure::usage(format!("writing {}: {e}", path.display())))?;
+        }
+    }
+    let cluster = &session.cluster;
+    outln!(
+        "cluster {}: {} hosts, object store {}",
+        cluster.name,
+        cluster.hosts.len(),
+        cluster.object_store
+    );
+    for role in session.roles() {
+        let via = role
+            .host
+            .jump
+            .as_deref()
+            .map(|j| format!(" via {j}"))
+            .unwrap_or_default();
+        outln!(
+            "{:<12} {:<12} {}{via} ({:?}): sluice {}",
+            role.host.name,
+            role.kind.name(),
+            role.host.address,
+            role.host.service,
+            role.args.join(" ")
+        );
+    }
+    outln!("REST API {}", session.rest_url());
+    Ok(())
 }
 
 fn status(common: Common) -> Result<(), Failure> {

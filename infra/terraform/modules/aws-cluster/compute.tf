@@ -1,0 +1,121 @@
+data "aws_ami" "debian" {
+  count       = var.ami_id == null ? 1 : 0
+  most_recent = true
+  owners      = ["136693071363"] # Debian's official images
+  filter {
+    name   = "name"
+    values = ["debian-12-amd64-*"]
+  }
+  filter {
+    name   = "architecture"
+    values = ["x86_64"]
+  }
+}
+
+locals {
+  ami              = var.ami_id != null ? var.ami_id : data.aws_ami.debian[0].id
+  data_dir         = "/mnt/nvme/sluice"
+  coordinator_grpc = "http://${aws_instance.coordinator.private_ip}:6123"
+}
+
+resource "aws_instance" "coordinator" {
+  #checkov:skip=CKV_AWS_88:the coordinator is the one host operators reach (SSH jump, REST), and only from admin_cidrs
+  ami                         = local.ami
+  instance_type               = var.coordinator_instance_type
+  subnet_id                   = aws_subnet.public.id
+  associate_public_ip_address = true
+  key_name                    = var.ssh_key_name
+  iam_instance_profile        = aws_iam_instance_profile.role["coordinator"].name
+  vpc_security_group_ids      = [aws_security_group.cluster.id, aws_security_group.admin.id]
+  monitoring                  = true
+  ebs_optimized               = true
+  user_data                   = templatefile("${path.module}/templates/host.yaml.tftpl", { name = var.name, role = "coordinator", data_dir = "" })
+  metadata_options {
+    http_tokens   = "required"
+    http_endpoint = "enabled"
+  }
+  root_block_device {
+    encrypted  = true
+    kms_key_id = aws_kms_key.this.arn
+  }
+  tags = merge(var.tags, { Name = "${var.name}-coordinator", "sluice:role" = "coordinator" })
+}
+
+resource "aws_instance" "state" {
+  count                  = var.state_node_count
+  ami                    = local.ami
+  instance_type          = var.state_instance_type
+  subnet_id              = aws_subnet.private[count.index % length(aws_subnet.private)].id
+  key_name               = var.ssh_key_name
+  iam_instance_profile   = aws_iam_instance_profile.role["state"].name
+  vpc_security_group_ids = [aws_security_group.cluster.id]
+  monitoring             = true
+  ebs_optimized          = true
+  user_data              = templatefile("${path.module}/templates/host.yaml.tftpl", { name = var.name, role = "state", data_dir = local.data_dir })
+  metadata_options {
+    http_tokens   = "required"
+    http_endpoint = "enabled"
+  }
+  root_block_device {
+    encrypted  = true
+    kms_key_id = aws_kms_key.this.arn
+  }
+  tags = merge(var.tags, { Name = "${var.name}-state-${count.index}", "sluice:role" = "state" })
+}
+
+resource "aws_launch_template" "worker" {
+  name_prefix            = "${var.name}-worker-"
+  image_id               = local.ami
+  instance_type          = var.worker_instance_type
+  key_name               = var.ssh_key_name
+  vpc_security_group_ids = [aws_security_group.cluster.id]
+  ebs_optimized          = true
+  user_data = base64encode(templatefile("${path.module}/templates/worker.yaml.tftpl", {
+    name             = var.name
+    coordinator_grpc = local.coordinator_grpc
+    slots            = var.worker_slots
+    sluice_url       = var.sluice_url
+    sluice_sha256    = var.sluice_sha256
+  }))
+  iam_instance_profile {
+    name = aws_iam_instance_profile.role["worker"].name
+  }
+  metadata_options {
+    http_tokens   = "required"
+    http_endpoint = "enabled"
+  }
+  monitoring {
+    enabled = true
+  }
+  block_device_mappings {
+    device_name = "/dev/xvda"
+    ebs {
+      encrypted   = true
+      kms_key_id  = aws_kms_key.this.arn
+      volume_size = 20
+    }
+  }
+  tag_specifications {
+    resource_type = "instance"
+    tags          = merge(var.tags, { Name = "${var.name}-worker", "sluice:role" = "worker" })
+  }
+  tags = var.tags
+}
+
+resource "aws_autoscaling_group" "worker" {
+  name_prefix         = "${var.name}-worker-"
+  min_size            = var.workers.min
+  desired_capacity    = var.workers.desired
+  max_size            = var.workers.max
+  vpc_zone_identifier = aws_subnet.private[*].id
+  health_check_type   = "EC2"
+  launch_template {
+    id      = aws_launch_template.worker.id
+    version = "$Latest"
+  }
+  tag {
+    key                 = "sluice:cluster"
+    value               = var.name
+    propagate_at_launch = true
+  }
+}

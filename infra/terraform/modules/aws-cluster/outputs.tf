@@ -1,0 +1,30 @@
+module "inventory" {
+  source       = "../inventory"
+  name         = var.name
+  object_store = "s3://${aws_s3_bucket.state.bucket}/cluster"
+  ssh_user     = var.ssh_user
+  jump_host    = "${var.ssh_user}@${aws_instance.coordinator.public_ip}"
+  env          = { AWS_REGION = data.aws_region.current.name }
+  coordinator  = { address = aws_instance.coordinator.public_ip, bind = aws_instance.coordinator.private_ip }
+  state_nodes = [for s in aws_instance.state : {
+    address    = s.private_ip
+    memory     = var.state_memory
+    disk_cache = var.state_disk_cache
+    data_dir   = local.data_dir
+  }]
+}
+
+output "cluster_file" {
+  description = "The cluster file for `sluice deploy` (terraform output -raw cluster_file > cluster.yaml)."
+  value       = module.inventory.cluster_file
+}
+
+output "rest_url" {
+  description = "The coordinator's REST API, reachable from admin_cidrs."
+  value       = "http://${aws_instance.coordinator.public_ip}:8081"
+}
+
+output "bucket" {
+  description = "The bucket holding state and checkpoints."
+  value       = aws_s3_bucket.state.bucket
+}

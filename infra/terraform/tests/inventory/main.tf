@@ -1,0 +1,22 @@
+# A fixture: the inventory module rendered from made-up addresses, offline. The
+# infrastructure test writes `cluster_file` out and checks it with `sluice deploy check`.
+
+module "inventory" {
+  source       = "../../modules/inventory"
+  name         = "fixture"
+  object_store = "s3://sluice-fixture/cluster"
+  jump_host    = "admin@203.0.113.10"
+  env          = { AWS_REGION = "eu-west-1" }
+  coordinator  = { address = "203.0.113.10", bind = "10.0.0.10" }
+  state_nodes = [
+    { address = "10.0.1.10", memory = "8GiB", disk_cache = "100GiB", data_dir = "/mnt/nvme/sluice" },
+    { address = "10.0.1.11", memory = "8GiB", disk_cache = "100GiB", data_dir = "/mnt/nvme/sluice" },
+  ]
+  workers = [
+    { address = "10.0.2.10", slots = 2 },
+  ]
+}
+
+output "cluster_file" {
+  value = module.inventory.cluster_file
+}
