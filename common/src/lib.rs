@@ -25,6 +25,7 @@ pub mod output;
 pub mod process;
 pub mod rng;
 pub mod state;
+pub mod tls;
 pub mod url_list;
 
 /// The largest message on the coordinator's control stream (either way): a checkpoint's

@@ -405,14 +405,17 @@ async fn standby_refuses(
     }
 }
 
-/// Serves the API on `listener` until the returned handle is dropped.
+/// Serves the API on `listener` (over TLS with `tls`) until the returned handle is
+/// dropped.
 pub fn serve(
     c: Arc<Coordinator>,
     listener: TcpListener,
     tokens: Option<Arc<Tokens>>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> AbortOnDropHandle<()> {
     AbortOnDropHandle::new(tokio::spawn(async move {
-        sluice_telemetry::http::serve(listener, router(c, tokens), Default::default()).await;
+        sluice_telemetry::http::serve_tls(listener, router(c, tokens), Default::default(), tls)
+            .await;
     }))
 }
 

@@ -184,16 +184,26 @@ fn job(out: &Path, backend: &str, rate: u64) -> String {
     )
 }
 
-/// `sluice ARGS --coordinator REST` with the cluster's token.
-fn client(rest: &str, token: &str, args: &[&str]) -> Outcome {
+/// `sluice ARGS --coordinator REST` with the cluster's token and CA (the files the
+/// first deploy made beside the cluster file, in `dir`).
+fn client(rest: &str, dir: &Path, args: &[&str]) -> Outcome {
+    let token = std::fs::read_to_string(dir.join("it.token")).unwrap();
+    let ca = dir.join("it.tls/ca.pem");
     let mut all = args.to_vec();
     all.extend(["--coordinator", rest]);
-    run_sluice_env(&all, Path::new("."), &[("SLUICE_TOKEN", token)])
+    run_sluice_env(
+        &all,
+        dir,
+        &[
+            ("SLUICE_TOKEN", token.trim()),
+            ("SLUICE_CA", ca.to_str().unwrap()),
+        ],
+    )
 }
 
 /// Polls job `id` until `done` says so, for at most `limit`.
 fn wait_for(
-    (rest, token): (&str, &str),
+    (rest, dir): (&str, &Path),
     id: &str,
     limit: Duration,
     what: &str,
@@ -201,7 +211,7 @@ fn wait_for(
 ) -> Value {
     let deadline = Instant::now() + limit;
     loop {
-        let out = client(rest, token, &["status", id, "--json"]);
+        let out = client(rest, dir, &["status", id, "--json"]);
         let s: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
         if done(&s) {
             return s;
@@ -275,7 +285,7 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
         ),
     )
     .unwrap();
-    let rest = format!("http://127.0.0.2:{http}");
+    let rest = format!("https://127.0.0.2:{http}");
 
     let started = Instant::now();
     let up = hosts.deploy(&[], &cluster);
@@ -323,10 +333,24 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
         &std::fs::metadata(&token_file).unwrap().permissions(),
     );
     assert_eq!(mode & 0o077, 0, "the token file is its owner's only");
+    // The REST API speaks only TLS, with a certificate of the cluster's CA, and wants
+    // the token.
+    let ca = root.join("it.tls/ca.pem");
     let refused = run_sluice(&["jobs", "--coordinator", &rest], root);
     refused.assert_code(2);
+    refused.assert_stderr_contains("an https:// coordinator needs --ca");
+    let plain = run_sluice(
+        &["jobs", "--coordinator", &rest.replace("https", "http")],
+        root,
+    );
+    plain.assert_code(1);
+    let refused = run_sluice(
+        &["jobs", "--coordinator", &rest, "--ca", ca.to_str().unwrap()],
+        root,
+    );
+    refused.assert_code(2);
     refused.assert_stderr_contains("needs a bearer token");
-    let api = (rest.as_str(), token.as_str());
+    let api = (rest.as_str(), root);
     let env_file = root.join("a/etc/sluice-it-coordinator.env");
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(&env_file).unwrap().permissions(),
@@ -338,7 +362,7 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
     let job_file = write_job(root, "job.yaml", &job(&out, "remote", 8000));
     let submitted = client(
         &rest,
-        &token,
+        root,
         &["submit", job_file.to_str().unwrap(), "--workers", "2"],
     );
     submitted.assert_success();

@@ -130,3 +130,204 @@ fn a_bad_tokens_file_stops_the_coordinator_at_start() {
     out.assert_code(2);
     out.assert_stderr_contains(":1: expected `sha256:` and 64 hex digits after the role");
 }
+
+/// A CA and certificates it signs, made with rcgen for the TLS tests.
+struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+impl TestCa {
+    fn new(name: &str) -> TestCa {
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let pem = params.self_signed(&key).unwrap().pem();
+        TestCa {
+            issuer: rcgen::Issuer::new(params, key),
+            pem,
+        }
+    }
+
+    /// A certificate for 127.0.0.1, server and client use, written to `dir/name.pem`
+    /// and `dir/name.key`; expired when `expired`.
+    fn sign(&self, dir: &Path, name: &str, expired: bool) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (cert_path, key_path) = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (
+            cert_path.to_str().unwrap().to_owned(),
+            key_path.to_str().unwrap().to_owned(),
+        )
+    }
+
+    fn write(&self, dir: &Path, name: &str) -> String {
+        let path = dir.join(name);
+        std::fs::write(&path, &self.pem).unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+}
+
+/// A coordinator serving its REST API over TLS; its address.
+fn tls_coordinator(dir: &Path, tls: &[&str]) -> (Proc, String) {
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let store = dir.join(format!("store-{}", free_port()));
+    let mut args = vec![
+        "coordinator",
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        &grpc,
+        "--store",
+        store.to_str().unwrap(),
+    ];
+    args.extend_from_slice(tls);
+    let mut proc = Proc::start(&args, dir);
+    let line = proc.wait_for_line("coordinator listening:", Duration::from_secs(30));
+    let http = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http="))
+        .unwrap_or_else(|| panic!("no http= in {line:?}"))
+        .to_owned();
+    (proc, http)
+}
+
+#[test]
+fn the_rest_api_over_mutual_tls_refuses_plaintext_and_certificates_it_does_not_trust() {
+    let dir = tempdir();
+    let root = dir.path();
+    let (ca, stranger) = (TestCa::new("cluster CA"), TestCa::new("another CA"));
+    let ca_pem = ca.write(root, "ca.pem");
+    let stranger_pem = stranger.write(root, "stranger-ca.pem");
+    let (server_cert, server_key) = ca.sign(root, "server", false);
+    let (client_cert, client_key) = ca.sign(root, "client", false);
+    let (foreign_cert, foreign_key) = stranger.sign(root, "foreign", false);
+    let (_coordinator, http) = tls_coordinator(
+        root,
+        &[
+            "--tls-cert",
+            &server_cert,
+            "--tls-key",
+            &server_key,
+            "--tls-client-ca",
+            &ca_pem,
+        ],
+    );
+    let rest = format!("https://{http}");
+    let jobs = |extra: &[&str]| {
+        let mut args = vec!["jobs", "--coordinator", rest.as_str()];
+        args.extend_from_slice(extra);
+        run_sluice(&args, root)
+    };
+
+    jobs(&[
+        "--ca",
+        &ca_pem,
+        "--client-cert",
+        &client_cert,
+        "--client-key",
+        &client_key,
+    ])
+    .assert_success();
+    // Without a client certificate, with one of another CA, trusting another CA, or
+    // in plain HTTP: a clear refusal, at once.
+    let started = std::time::Instant::now();
+    let out = jobs(&["--ca", &ca_pem]);
+    out.assert_code(1);
+    out.assert_stderr_contains("cannot reach the coordinator");
+    eprintln!("no client certificate: {}", out.stderr.trim());
+    let out = jobs(&[
+        "--ca",
+        &ca_pem,
+        "--client-cert",
+        &foreign_cert,
+        "--client-key",
+        &foreign_key,
+    ]);
+    out.assert_code(1);
+    eprintln!("a foreign client certificate: {}", out.stderr.trim());
+    let out = jobs(&[
+        "--ca",
+        &stranger_pem,
+        "--client-cert",
+        &client_cert,
+        "--client-key",
+        &client_key,
+    ]);
+    out.assert_code(1);
+    out.assert_stderr_contains("UnknownIssuer");
+    let plain = format!("http://{http}");
+    let out = run_sluice(&["jobs", "--coordinator", &plain], root);
+    out.assert_code(1);
+    // A plain request gets a TLS alert back, never an HTTP answer.
+    let mut stream = std::net::TcpStream::connect(&http).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    std::io::Write::write_all(&mut stream, b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut stream, &mut answer);
+    assert!(
+        !answer.starts_with(b"HTTP/"),
+        "plain HTTP was served: {answer:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "refusals must not hang: {:?}",
+        started.elapsed()
+    );
+
+    // An expired server certificate is named as such.
+    let (old_cert, old_key) = ca.sign(root, "expired", true);
+    let (_old, old_http) = tls_coordinator(root, &["--tls-cert", &old_cert, "--tls-key", &old_key]);
+    let out = run_sluice(
+        &[
+            "jobs",
+            "--coordinator",
+            &format!("https://{old_http}"),
+            "--ca",
+            &ca_pem,
+        ],
+        root,
+    );
+    out.assert_code(1);
+    out.assert_stderr_contains("certificate expired");
+    // A key that does not fit the certificate stops the coordinator at start.
+    let out = run_sluice(
+        &[
+            "coordinator",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+            "--tls-cert",
+            &server_cert,
+            "--tls-key",
+            &client_key,
+        ],
+        root,
+    );
+    out.assert_code(2);
+    out.assert_stderr_contains("the key does not fit the certificate");
+}

@@ -37,13 +37,26 @@ impl Default for Limits {
 /// Serves `router` on `listener` within `limits`, until the future is dropped. A failed
 /// accept (out of file descriptors, say) is logged and the server goes on.
 pub async fn serve(listener: TcpListener, router: Router, limits: Limits) {
+    serve_tls(listener, router, limits, None).await;
+}
+
+/// [`serve`], over TLS with `tls`: a client that does not complete the handshake within
+/// [`Limits::header_read_timeout`] (plain HTTP, a stranger, a certificate the server's
+/// CA did not sign) is dropped, logged, without a request served.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!("accepting an HTTP connection failed: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -51,13 +64,31 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits) {
             }
         };
         let service = TowerToHyperService::new(router.clone());
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout);
             // A client that breaks off or times out ends its connection; nothing to report.
-            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+            match acceptor {
+                None => {
+                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                }
+                Some(acceptor) => {
+                    let handshake =
+                        tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(tls)) => {
+                            let _ = http.serve_connection(TokioIo::new(tls), service).await;
+                        }
+                        Ok(Err(e)) => tracing::info!("refused a TLS connection from {peer}: {e}"),
+                        Err(_) => tracing::info!(
+                            "refused a TLS connection from {peer}: no handshake in time"
+                        ),
+                    }
+                }
+            }
         });
     }
 }

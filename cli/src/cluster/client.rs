@@ -25,12 +25,58 @@ pub struct ClientArgs {
         global = true
     )]
     coordinator: String,
-    /// A bearer token for the REST API, when it requires one (never printed).
-    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true, global = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    credentials: Credentials,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+}
+
+/// How a client proves itself to the coordinator's REST API and checks the
+/// coordinator: a bearer token, the CA of an `https://` coordinator, and a client
+/// certificate where the API asks for one (mutual TLS).
+#[derive(Args, Clone, Default)]
+pub struct Credentials {
+    /// A bearer token for the REST API, when it requires one (never printed).
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// Trust this CA's certificates (PEM) for an https:// coordinator.
+    #[arg(long, env = "SLUICE_CA", value_name = "PEM", global = true)]
+    pub ca: Option<PathBuf>,
+    /// Present this client certificate (PEM) to a coordinator that asks for one.
+    #[arg(long, env = "SLUICE_CLIENT_CERT", value_name = "PEM", global = true)]
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "SLUICE_CLIENT_KEY", value_name = "PEM", global = true)]
+    pub client_key: Option<PathBuf>,
+}
+
+impl Credentials {
+    /// An HTTP client that checks the coordinator against `--ca` and presents the
+    /// client certificate.
+    fn client(&self) -> Result<reqwest::Client, Failure> {
+        sluice_common::tls::install_default_provider();
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(300));
+        let identity = match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            (None, None) => None,
+            _ => {
+                return Err(Failure::usage("--client-cert and --client-key go together"));
+            }
+        };
+        if let Some(ca) = &self.ca {
+            let config = sluice_common::tls::client_config(ca, identity)
+                .map_err(|e| Failure::usage(format!("--ca: {e}")))?;
+            builder = builder.use_preconfigured_tls(config);
+        } else if identity.is_some() {
+            return Err(Failure::usage(
+                "--client-cert needs --ca (the coordinator's CA)",
+            ));
+        }
+        builder
+            .build()
+            .map_err(|e| Failure::from(anyhow::anyhow!("HTTP client: {e}")))
+    }
 }
 
 /// A job command.
@@ -151,7 +197,7 @@ pub fn run(command: JobCommand) -> Result<(), Failure> {
         &args.coordinator,
         &path,
         body,
-        args.token.as_deref(),
+        &args.credentials,
     ))?;
     if args.json {
         outln!(
@@ -263,20 +309,22 @@ fn request(
 
 /// One REST call at `path` of the first of the coordinators `bases` (`URL1,URL2`)
 /// that serves: one out of reach, or a standby (which answers 503 naming the leader),
-/// gives way to the next; the last one's answer is the result. `token` goes as a
-/// bearer token.
+/// gives way to the next; the last one's answer is the result.
 pub(crate) async fn call_any(
     method: &str,
     bases: &str,
     path: &str,
     body: Option<Value>,
-    token: Option<&str>,
+    credentials: &Credentials,
 ) -> Result<Value, Failure> {
     let bases = sluice_common::url_list::url_list(bases);
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .map_err(|e| Failure::from(anyhow::anyhow!("HTTP client: {e}")))?;
+    if credentials.ca.is_none() && bases.iter().any(|b| b.starts_with("https://")) {
+        return Err(Failure::usage(
+            "an https:// coordinator needs --ca (or SLUICE_CA): the CA that signed its certificate",
+        ));
+    }
+    let client = credentials.client()?;
+    let token = credentials.token.as_deref();
     let mut refused = Vec::new();
     for (i, base) in bases.iter().enumerate() {
         let url = format!("{}{path}", base.trim_end_matches('/'));
@@ -315,10 +363,18 @@ async fn attempt(
         request = request.bearer_auth(token);
     }
     let response = request.send().await.map_err(|e| {
+        // The causes say what went wrong with TLS (an unknown CA, an expired
+        // certificate, a refused client certificate).
+        let mut why = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            why.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
         (
             e.is_connect(),
             Failure::from(anyhow::anyhow!(
-                "cannot reach the coordinator at {url}: {e} (set --coordinator or \
+                "cannot reach the coordinator at {url}: {why} (set --coordinator or \
                  SLUICE_COORDINATOR)"
             )),
         )

@@ -91,6 +91,15 @@ pub struct CoordinatorArgs {
     /// lines (`sluice token new` makes one).
     #[arg(long, env = "SLUICE_AUTH_TOKENS", value_name = "FILE")]
     auth_tokens: Option<std::path::PathBuf>,
+    /// Serve the REST API over TLS with this certificate (PEM, the chain leaf first).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Require REST clients to present a certificate this CA signed (mutual TLS).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_client_ca: Option<std::path::PathBuf>,
     #[command(flatten)]
     telemetry: TelemetryArgs,
 }
@@ -113,6 +122,13 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
             Some(Arc::new(tokens))
         }
         None => None,
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            sluice_common::tls::server_config(cert, key, args.tls_client_ca.as_deref())
+                .map_err(|e| Failure::usage(format!("--tls-cert: {e}")))?,
+        ),
+        _ => None,
     };
     let ha = args
         .ha
@@ -182,7 +198,7 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
         };
         // Both servers run until these handles go at the end of this function.
         let _workers = coordinator.serve_workers(grpc);
-        let _rest = rest::serve(coordinator.clone(), http, tokens.clone());
+        let _rest = rest::serve(coordinator.clone(), http, tokens.clone(), tls.clone());
         eprintln!("coordinator listening: http={http_addr} grpc={grpc_addr}");
         let metrics = CoordinatorMetrics(coordinator.clone());
         let _telemetry = args

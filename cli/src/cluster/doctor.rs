@@ -30,9 +30,8 @@ pub struct DoctorArgs {
         default_value = "http://127.0.0.1:8081"
     )]
     coordinator: String,
-    /// A bearer token for the REST API, when it requires one.
-    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    credentials: super::client::Credentials,
     /// Print the findings as JSON.
     #[arg(long)]
     json: bool,
@@ -88,14 +87,14 @@ const BACKPRESSURED: f64 = 0.5;
 pub fn run(args: DoctorArgs) -> Result<(), Failure> {
     let path = format!("/v1/jobs/{}", args.job);
     let bases = args.coordinator.as_str();
-    let token = args.token.as_deref();
+    let credentials = &args.credentials;
     let rt = runtime()?;
     let (samples, elapsed, memory) = rt.block_on(async {
-        let mut samples = vec![call_any("GET", bases, &path, None, token).await?];
+        let mut samples = vec![call_any("GET", bases, &path, None, credentials).await?];
         let start = Instant::now();
         for _ in 0..SAMPLES - 1 {
             tokio::time::sleep(Duration::from_millis(args.sample_ms / (SAMPLES - 1))).await;
-            samples.push(call_any("GET", bases, &path, None, token).await?);
+            samples.push(call_any("GET", bases, &path, None, credentials).await?);
         }
         let mut memory = Vec::new();
         for m in &args.state_metrics {

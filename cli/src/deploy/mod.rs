@@ -14,6 +14,7 @@
 //! reaches hosts. It must not know job internals: health comes from the coordinator's
 //! REST API as any client sees it.
 
+mod pki;
 mod role;
 mod ssh;
 
@@ -27,9 +28,10 @@ use serde_json::Value;
 use sluice_common::outln;
 use sluice_planner::cluster_file::{ClusterSpec, HostSpec, ServiceManager, parse_cluster};
 
-use crate::cluster::client::call_any;
+use crate::cluster::client::{Credentials, call_any};
 use crate::{Failure, runtime};
-use role::{Kind, Role, join_host_port, roles};
+use pki::Pki;
+use role::{CoordinatorFiles, Kind, Role, join_host_port, roles};
 use ssh::{Input, Ssh, quote};
 
 /// Arguments of `sluice deploy`.
@@ -124,6 +126,10 @@ struct Session {
     token: String,
     /// Where it is kept on this machine.
     token_file: PathBuf,
+    /// The cluster's CA and the coordinator's certificate (`<name>.tls/` beside the
+    /// cluster file), once a deploy made them.
+    pki: Option<Pki>,
+    pki_dir: PathBuf,
 }
 
 impl Session {
@@ -142,7 +148,10 @@ impl Session {
         let token = std::fs::read_to_string(&token_file)
             .map(|t| t.trim().to_owned())
             .unwrap_or_default();
+        let pki_dir = common.file.with_file_name(format!("{}.tls", cluster.name));
         Ok(Session {
+            pki: Pki::existing(&pki_dir),
+            pki_dir,
             cluster,
             ssh,
             token,
@@ -178,27 +187,58 @@ impl Session {
         Ok(())
     }
 
-    /// The coordinator's tokens file: the operator token's hash.
-    fn tokens_text(&self) -> String {
-        if self.token.is_empty() {
-            return String::new();
+    /// Makes the cluster's CA when there is none yet.
+    fn ensure_pki(&mut self) -> Result<(), Failure> {
+        if self.pki.is_none() {
+            let pki = Pki::ensure(&self.pki_dir, &self.cluster.name)
+                .map_err(|e| Failure::from(anyhow::anyhow!("the cluster's CA: {e}")))?;
+            say(&format!(
+                "made the cluster's CA: {} (clients trust it with --ca or SLUICE_CA)",
+                pki.ca().display()
+            ));
+            self.pki = Some(pki);
         }
-        format!(
-            "operate {} deploy\n",
-            sluice_coordinator::auth::hash_line(&self.token)
-        )
+        Ok(())
     }
 
+    /// What the coordinator is given: the operator token's hash and its certificate.
+    fn coordinator_files(&self) -> Result<CoordinatorFiles, Failure> {
+        let mut files = CoordinatorFiles::default();
+        if !self.token.is_empty() {
+            files.tokens = format!(
+                "operate {} deploy\n",
+                sluice_coordinator::auth::hash_line(&self.token)
+            );
+        }
+        if let Some(pki) = &self.pki {
+            let host = &self.cluster.hosts[self.cluster.coordinator.host];
+            let mut names = vec![host.bind.clone()];
+            if host.address != host.bind {
+                names.push(host.address.clone());
+            }
+            let cert = pki.server(&self.cluster.name, &names).map_err(|e| {
+                Failure::from(anyhow::anyhow!("the coordinator's certificate: {e}"))
+            })?;
+            files.cert = cert.cert;
+            files.key = cert.key;
+        }
+        Ok(files)
+    }
+
+    /// The roles, rendered. Status and destroy need only their names and places, so a
+    /// certificate that cannot be read there does not stop them.
     fn roles(&self) -> Vec<Role<'_>> {
-        // Roles are only rendered for what is already installed when the token is not
-        // known here (status, destroy): the tokens file's text does not matter then.
-        roles(&self.cluster, &self.tokens_text())
+        roles(&self.cluster, &self.coordinator_files().unwrap_or_default())
     }
 
-    /// One REST call to the coordinator with the cluster's token.
+    /// One REST call to the coordinator with the cluster's token and CA.
     async fn api(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, Failure> {
-        let token = (!self.token.is_empty()).then_some(self.token.as_str());
-        call_any(method, &self.rest_url(), path, body, token).await
+        let credentials = Credentials {
+            token: (!self.token.is_empty()).then(|| self.token.clone()),
+            ca: self.pki.as_ref().map(Pki::ca),
+            ..Credentials::default()
+        };
+        call_any(method, &self.rest_url(), path, body, &credentials).await
     }
 
     /// `script` on `host`, failing with the host and the step named.
@@ -216,8 +256,9 @@ impl Session {
 
     fn rest_url(&self) -> String {
         let c = &self.cluster.coordinator;
+        let scheme = if self.pki.is_some() { "https" } else { "http" };
         format!(
-            "http://{}",
+            "{scheme}://{}",
             join_host_port(&self.cluster.hosts[c.host].bind, c.http)
         )
     }
@@ -269,6 +310,7 @@ fn up(args: UpArgs) -> Result<(), Failure> {
 fn begin(args: &UpArgs) -> Result<(Session, String), Failure> {
     let mut session = Session::open(&args.common)?;
     session.ensure_token()?;
+    session.ensure_pki()?;
     let binary = binary(args)?;
     let sha = sha256_file(&binary)?;
     say(&format!(
@@ -347,7 +389,8 @@ fn roll(
     let rest = session.rest_url();
     let timeout = Duration::from_secs(args.health_timeout);
     let mut changed = 0;
-    for role in session.roles() {
+    let files = session.coordinator_files()?;
+    for role in roles(&session.cluster, &files) {
         let digest = sha256_bytes(role.fingerprint(sha).as_bytes())?;
         let current = session.on(
             role.host,
@@ -373,12 +416,12 @@ fn roll(
                     "starting"
                 };
                 say(&format!("{}: {what} {}", role.host.name, role.kind.name()));
-                let env = role.env_file();
+                let secrets = role.secret_input();
                 let out = session.on(
                     role.host,
                     &format!("installing the {}", role.kind.name()),
                     &role.install_script(sha, &digest),
-                    Input::Bytes(env.as_bytes()),
+                    Input::Bytes(secrets.as_bytes()),
                 )?;
                 match out
                     .trim()

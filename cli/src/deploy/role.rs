@@ -51,13 +51,27 @@ pub struct Role<'a> {
     /// Directories it needs, besides the install directory's own.
     pub data_dirs: Vec<String>,
     /// Files it reads, by path, with contents that are no secret (the REST tokens'
-    /// hashes).
+    /// hashes, its certificate).
     pub files: Vec<(String, String)>,
+    /// Files only its user may read (its TLS key), sent like its environment: on
+    /// standard input, never on a command line.
+    pub secrets: Vec<(String, String)>,
+}
+
+/// What the coordinator is given besides its command line.
+#[derive(Default)]
+pub struct CoordinatorFiles {
+    /// Its tokens file (`--auth-tokens`).
+    pub tokens: String,
+    /// Its REST certificate (PEM; empty: plain HTTP).
+    pub cert: String,
+    /// The certificate's key (PEM).
+    pub key: String,
 }
 
 /// Every role of `cluster`, in the order they start: the coordinator, state nodes,
-/// workers. `tokens` is the coordinator's tokens file (`--auth-tokens`).
-pub fn roles<'a>(cluster: &'a ClusterSpec, tokens: &str) -> Vec<Role<'a>> {
+/// workers.
+pub fn roles<'a>(cluster: &'a ClusterSpec, coordinator: &CoordinatorFiles) -> Vec<Role<'a>> {
     let c = &cluster.coordinator;
     let coordinator_host = &cluster.hosts[c.host];
     let grpc = format!("http://{}", join_host_port(&coordinator_host.bind, c.grpc));
@@ -70,6 +84,7 @@ pub fn roles<'a>(cluster: &'a ClusterSpec, tokens: &str) -> Vec<Role<'a>> {
         env: &cluster.env,
         data_dirs,
         files: Vec::new(),
+        secrets: Vec::new(),
     };
     let mut roles = vec![role(
         Kind::Coordinator,
@@ -87,10 +102,26 @@ pub fn roles<'a>(cluster: &'a ClusterSpec, tokens: &str) -> Vec<Role<'a>> {
         ],
         Vec::new(),
     )];
-    roles[0].files.push((
+    let first = &mut roles[0];
+    first.files.push((
         tokens_path(coordinator_host, &cluster.name),
-        tokens.to_owned(),
+        coordinator.tokens.clone(),
     ));
+    if !coordinator.cert.is_empty() {
+        let base = format!("{}/etc/{}", coordinator_host.install_dir, first.service);
+        first.args.extend([
+            "--tls-cert".into(),
+            format!("{base}.pem"),
+            "--tls-key".into(),
+            format!("{base}.key"),
+        ]);
+        first
+            .files
+            .push((format!("{base}.pem"), coordinator.cert.clone()));
+        first
+            .secrets
+            .push((format!("{base}.key"), coordinator.key.clone()));
+    }
     for node in &cluster.state_nodes {
         let host = &cluster.hosts[node.host];
         let data_dir = node
@@ -185,6 +216,25 @@ impl Role<'_> {
             .collect()
     }
 
+    /// What the install script reads on standard input: one `path<TAB>base64` line
+    /// per private file (its environment, its secrets).
+    pub fn secret_input(&self) -> String {
+        use base64::Engine;
+        let env = (
+            format!("{}/etc/{}.env", self.dir(), self.service),
+            self.env_file(),
+        );
+        std::iter::once(&env)
+            .chain(&self.secrets)
+            .map(|(path, text)| {
+                format!(
+                    "{path}\t{}\n",
+                    base64::engine::general_purpose::STANDARD.encode(text)
+                )
+            })
+            .collect()
+    }
+
     /// The systemd unit.
     pub fn unit(&self, sha: &str) -> String {
         format!(
@@ -267,7 +317,9 @@ impl Role<'_> {
         let s = &self.service;
         let mut script = format!(
             "set -e\ncd {dir}\nmkdir -p etc run log\n{mkdirs}\
-             (umask 077; cat > etc/{s}.env.part)\nmv etc/{s}.env.part etc/{s}.env\n{files}{stop}\n",
+             tab=$(printf '\\t')\n\
+             (umask 077; while IFS=\"$tab\" read -r p c; do printf '%s' \"$c\" | base64 -d > \"$p.part\"; \
+             mv \"$p.part\" \"$p\"; done)\n{files}{stop}\n",
             mkdirs = self
                 .data_dirs
                 .iter()
@@ -345,7 +397,7 @@ impl Role<'_> {
         script.push_str(&format!(
             "rm -f {dir}/etc/{s}.env {dir}/etc/{s}.digest {dir}/run/{s}.pid\n"
         ));
-        for (path, _) in &self.files {
+        for (path, _) in self.files.iter().chain(&self.secrets) {
             script.push_str(&format!("rm -f {}\n", quote(path)));
         }
         script
@@ -376,7 +428,7 @@ workers: [{ host: a, slots: 2 }, { host: b }]
     #[test]
     fn roles_start_in_dependency_order_with_their_addresses() {
         let cluster = sluice_planner::cluster_file::parse_cluster("c", CLUSTER).unwrap();
-        let roles = roles(&cluster, "read sha256:00");
+        let roles = roles(&cluster, &CoordinatorFiles::default());
         let kinds: Vec<Kind> = roles.iter().map(|r| r.kind).collect();
         assert_eq!(
             kinds,
@@ -418,7 +470,7 @@ workers: [{ host: a, slots: 2 }, { host: b }]
     #[test]
     fn the_environment_file_reads_back_in_sh() {
         let cluster = sluice_planner::cluster_file::parse_cluster("c", CLUSTER).unwrap();
-        let roles = roles(&cluster, "");
+        let roles = roles(&cluster, &CoordinatorFiles::default());
         let role = &roles[0];
         let out = std::process::Command::new("sh")
             .arg("-c")
