@@ -205,6 +205,11 @@ fn main() -> ExitCode {
         .with(sluice_telemetry::logs::OtlpLogs)
         .init();
     let cli = Cli::parse();
+    // gRPC between roles goes over mutual TLS when SLUICE_TLS_CA/CERT/KEY name files.
+    if let Err(e) = sluice_common::tls::init_cluster_tls() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Explain(args) => explain::run(args),

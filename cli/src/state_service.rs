@@ -74,10 +74,13 @@ pub fn serve(args: StateServiceArgs) -> Result<(), Failure> {
         // Scripts and tests read the bound address from this line.
         outln!("state-service listening on {}", service.local_addr());
         let _registration = args.coordinator.map(|coordinator| {
-            let endpoint = args
-                .advertise
-                .clone()
-                .unwrap_or_else(|| format!("http://{}", service.local_addr()));
+            let endpoint = args.advertise.clone().unwrap_or_else(|| {
+                format!(
+                    "{}://{}",
+                    sluice_common::tls::scheme(),
+                    service.local_addr()
+                )
+            });
             registration::start(
                 registration::Registration {
                     coordinator,

@@ -261,7 +261,14 @@ impl Coordinator {
             // ACK (40 ms on Linux): that alone doubled an empty job's start-up.
             let incoming =
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let served = tonic::transport::Server::builder()
+            let mut builder = match sluice_common::tls::grpc_server() {
+                Ok(builder) => builder,
+                Err(e) => {
+                    tracing::error!("the coordinator's gRPC server cannot start: {e}");
+                    return;
+                }
+            };
+            let served = builder
                 .add_service(tonic::service::interceptor::InterceptedService::new(
                     CoordinatorServer::new(service)
                         .max_decoding_message_size(sluice_common::MAX_CONTROL_MESSAGE_BYTES)

@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sluice_integration_tests::procs::Proc;
 use sluice_integration_tests::{
     Outcome, assert_same_rows, read_jsonl_dir, run_sluice, run_sluice_env, sluice_bin, tempdir,
     write_job, yaml_path,
@@ -175,7 +176,7 @@ fn job(out: &Path, backend: &str, rate: u64) -> String {
     format!(
         "name: deployed\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
          state: {{ backend: {backend} }}\n\
-         source:\n  nexmark: {{ stream: bid, events: 120000, seed: 5, splits: 4, max_events_per_second: {rate} }}\n\
+         source:\n  nexmark: {{ stream: bid, events: 240000, seed: 5, splits: 4, max_events_per_second: {rate} }}\n\
          watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
          pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 2s }}\n    \
          aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n\
@@ -356,6 +357,27 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
         &std::fs::metadata(&env_file).unwrap().permissions(),
     );
     assert_eq!(mode & 0o077, 0, "the environment file is its owner's only");
+
+    // gRPC between roles is mutual TLS: a process without the cluster's certificate
+    // cannot join as a worker (before, any process could attach and be sent jobs).
+    let grpc_url = format!("http://127.0.0.2:{grpc}");
+    let mut stranger = Proc::start(
+        &["worker", "--coordinator", &grpc_url, "--host", "127.0.0.9"],
+        root,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let cluster_now = client(&rest, root, &["cluster", "--json"]);
+    cluster_now.assert_success();
+    assert!(
+        !cluster_now.stdout.contains("127.0.0.9"),
+        "a worker without the cluster's certificate attached: {}",
+        cluster_now.stdout
+    );
+    stranger.kill();
+    eprintln!(
+        "the stranger worker said: {}",
+        stranger.output().lines().last().unwrap_or("")
+    );
 
     // A job with remote state on the deployed cluster, upgraded under it.
     let out = root.join("out");

@@ -66,7 +66,6 @@ use std::sync::Arc;
 
 use sluice_common::pb::state::state_service_server::StateServiceServer;
 use tokio_util::task::AbortOnDropHandle;
-use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
 pub use crate::config::{ObjectStoreClientConfig, StateServiceConfig};
@@ -190,7 +189,14 @@ pub async fn start(config: StateServiceConfig) -> Result<RunningStateService> {
     let serving = Arc::clone(&node);
     let task = tokio::spawn(async move {
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let result = Server::builder()
+        let mut builder = match sluice_common::tls::grpc_server() {
+            Ok(builder) => builder,
+            Err(e) => {
+                serving.close_all().await;
+                return Err(Error::Internal(e));
+            }
+        };
+        let result = builder
             .add_service(svc)
             .serve_with_incoming_shutdown(incoming, async {
                 let _ = stopped.await;

@@ -16,7 +16,6 @@ use sluice_common::pb::cluster::coordinator_client::CoordinatorClient;
 use sluice_common::pb::cluster::{state_node_command, state_node_message};
 use tokio::sync::mpsc;
 use tokio_util::task::AbortOnDropHandle;
-use tonic::transport::Endpoint;
 
 use crate::server::Node;
 
@@ -74,12 +73,17 @@ pub fn start(registration: Registration, node: Arc<Node>) -> AbortOnDropHandle<(
 
 /// One registration: returns when its stream ends.
 async fn attach(r: &Registration, url: &str, node: &Node) -> Result<(), String> {
-    let channel = Endpoint::from_shared(url.to_owned())
-        .map_err(|e| format!("coordinator address `{url}` is not a URL: {e}"))?
+    let channel = sluice_common::tls::endpoint(url)
+        .map_err(|e| format!("coordinator address: {e}"))?
         .connect_timeout(Duration::from_secs(3))
         .connect()
         .await
-        .map_err(|e| format!("cannot reach {url}: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "cannot reach {url}: {}",
+                sluice_common::tls::with_causes(&e)
+            )
+        })?;
     let (tx, rx) = mpsc::unbounded_channel();
     let send = |msg| {
         let _ = tx.send(pbc::StateNodeMessage { msg: Some(msg) });

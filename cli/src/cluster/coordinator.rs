@@ -179,7 +179,7 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
                 let me = Member {
                     id: args.ha_id.clone().unwrap_or_else(|| grpc_addr.to_string()),
                     http: format!("http://{http_addr}"),
-                    grpc: format!("http://{grpc_addr}"),
+                    grpc: format!("{}://{grpc_addr}", sluice_common::tls::scheme()),
                 };
                 let elector = Elector::join(HaOptions {
                     endpoints: endpoints.clone(),

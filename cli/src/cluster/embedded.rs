@@ -265,7 +265,7 @@ async fn run_job(
     let (listener, addr) = service::bind("127.0.0.1:0", "workers")
         .await
         .map_err(|e| fail(e.to_string()))?;
-    let url = format!("http://{addr}");
+    let url = format!("{}://{addr}", sluice_common::tls::scheme());
     let launcher = match options.workers {
         0 => None,
         _ => Some(Arc::new(

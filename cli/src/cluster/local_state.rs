@@ -83,7 +83,11 @@ impl LocalState {
                 };
                 let service = start_embedded(&dir, args.state_memory).await?;
                 (
-                    format!("http://{}", service.local_addr()),
+                    format!(
+                        "{}://{}",
+                        sluice_common::tls::scheme(),
+                        service.local_addr()
+                    ),
                     Some(service),
                     temp,
                 )

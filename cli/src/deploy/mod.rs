@@ -31,7 +31,7 @@ use sluice_planner::cluster_file::{ClusterSpec, HostSpec, ServiceManager, parse_
 use crate::cluster::client::{Credentials, call_any};
 use crate::{Failure, runtime};
 use pki::Pki;
-use role::{CoordinatorFiles, Kind, Role, join_host_port, roles};
+use role::{Extras, Kind, Role, TlsMaterial, join_host_port, roles};
 use ssh::{Input, Ssh, quote};
 
 /// Arguments of `sluice deploy`.
@@ -201,34 +201,43 @@ impl Session {
         Ok(())
     }
 
-    /// What the coordinator is given: the operator token's hash and its certificate.
-    fn coordinator_files(&self) -> Result<CoordinatorFiles, Failure> {
-        let mut files = CoordinatorFiles::default();
+    /// What roles are given: the operator token's hash for the coordinator, and the
+    /// CA with each host's certificate.
+    fn extras(&self) -> Result<Extras, Failure> {
+        let mut extras = Extras::default();
         if !self.token.is_empty() {
-            files.tokens = format!(
+            extras.tokens = format!(
                 "operate {} deploy\n",
                 sluice_coordinator::auth::hash_line(&self.token)
             );
         }
         if let Some(pki) = &self.pki {
-            let host = &self.cluster.hosts[self.cluster.coordinator.host];
-            let mut names = vec![host.bind.clone()];
-            if host.address != host.bind {
-                names.push(host.address.clone());
+            let mut tls = TlsMaterial {
+                ca: std::fs::read_to_string(pki.ca())
+                    .map_err(|e| Failure::from(anyhow::anyhow!("{}: {e}", pki.ca().display())))?,
+                ..TlsMaterial::default()
+            };
+            for host in &self.cluster.hosts {
+                let mut names = vec![host.bind.clone()];
+                if host.address != host.bind {
+                    names.push(host.address.clone());
+                }
+                let cert = pki
+                    .host(&self.cluster.name, &host.name, &names)
+                    .map_err(|e| {
+                        Failure::from(anyhow::anyhow!("host {}'s certificate: {e}", host.name))
+                    })?;
+                tls.hosts.insert(host.name.clone(), (cert.cert, cert.key));
             }
-            let cert = pki.server(&self.cluster.name, &names).map_err(|e| {
-                Failure::from(anyhow::anyhow!("the coordinator's certificate: {e}"))
-            })?;
-            files.cert = cert.cert;
-            files.key = cert.key;
+            extras.tls = Some(tls);
         }
-        Ok(files)
+        Ok(extras)
     }
 
     /// The roles, rendered. Status and destroy need only their names and places, so a
     /// certificate that cannot be read there does not stop them.
     fn roles(&self) -> Vec<Role<'_>> {
-        roles(&self.cluster, &self.coordinator_files().unwrap_or_default())
+        roles(&self.cluster, &self.extras().unwrap_or_default())
     }
 
     /// One REST call to the coordinator with the cluster's token and CA.
@@ -389,8 +398,8 @@ fn roll(
     let rest = session.rest_url();
     let timeout = Duration::from_secs(args.health_timeout);
     let mut changed = 0;
-    let files = session.coordinator_files()?;
-    for role in roles(&session.cluster, &files) {
+    let extras = session.extras()?;
+    for role in roles(&session.cluster, &extras) {
         let digest = sha256_bytes(role.fingerprint(sha).as_bytes())?;
         let current = session.on(
             role.host,
@@ -822,7 +831,7 @@ fn destroy(common: Common, purge: bool) -> Result<(), Failure> {
     for host in &cluster.hosts {
         let dir = quote(&host.install_dir);
         let mut script = format!(
-            "rm -rf {dir}/releases {dir}/bin {dir}/run {dir}/log\nrmdir {dir}/etc 2>/dev/null; true\n"
+            "rm -rf {dir}/releases {dir}/bin {dir}/run {dir}/log\nrm -rf {dir}/etc/tls\nrmdir {dir}/etc 2>/dev/null; true\n"
         );
         if purge {
             for role in roles.iter().filter(|r| r.host.name == host.name) {

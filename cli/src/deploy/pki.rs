@@ -1,8 +1,9 @@
 //! The cluster's certificate authority and the coordinator's certificate, made by the
 //! first deploy and kept beside the cluster file in `<name>.tls/` (only this user reads
-//! it): `ca.pem` is what clients trust (`--ca`), `ca.key` signs, `coordinator.pem` and
-//! `coordinator.key` go to the coordinator's host. A certificate is signed again only
-//! when the coordinator's addresses change, so a second deploy changes nothing.
+//! it): `ca.pem` is what clients trust (`--ca`), `ca.key` signs, `<host>.pem` and
+//! `<host>.key` go to each host, where every role presents them (gRPC between roles in
+//! both directions, the coordinator's REST API). A certificate is signed again only
+//! when its host's addresses change, so a second deploy changes nothing.
 //!
 //! This module makes and keeps certificates; it must not know how they are installed.
 
@@ -19,8 +20,8 @@ pub struct Pki {
     dir: PathBuf,
 }
 
-/// The coordinator's certificate and key, as PEM text.
-pub struct ServerCert {
+/// A host's certificate and key, as PEM text.
+pub struct HostCert {
     /// The certificate.
     pub cert: String,
     /// Its private key.
@@ -91,17 +92,17 @@ impl Pki {
         self.dir.join("ca.pem")
     }
 
-    /// The coordinator's certificate for `names` (addresses or DNS names), signed now
-    /// unless the kept one has exactly these names.
-    pub fn server(&self, cluster: &str, names: &[String]) -> Result<ServerCert, String> {
+    /// Host `host`'s certificate for `names` (addresses or DNS names), for server and
+    /// client use, signed now unless the kept one has exactly these names.
+    pub fn host(&self, cluster: &str, host: &str, names: &[String]) -> Result<HostCert, String> {
         let (cert, key, names_file) = (
-            self.dir.join("coordinator.pem"),
-            self.dir.join("coordinator.key"),
-            self.dir.join("coordinator.names"),
+            self.dir.join(format!("{host}.pem")),
+            self.dir.join(format!("{host}.key")),
+            self.dir.join(format!("{host}.names")),
         );
         let wanted = names.join("\n");
         if read(&names_file).ok().as_deref() == Some(wanted.as_str()) {
-            return Ok(ServerCert {
+            return Ok(HostCert {
                 cert: read(&cert)?,
                 key: read(&key)?,
             });
@@ -112,7 +113,7 @@ impl Pki {
         let mut params = CertificateParams::new(names.to_vec()).map_err(|e| e.to_string())?;
         params
             .distinguished_name
-            .push(DnType::CommonName, format!("sluice {cluster} coordinator"));
+            .push(DnType::CommonName, format!("sluice {cluster} {host}"));
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
@@ -121,7 +122,7 @@ impl Pki {
         let leaf = params
             .signed_by(&leaf_key, &issuer)
             .map_err(|e| e.to_string())?;
-        let made = ServerCert {
+        let made = HostCert {
             cert: leaf.pem(),
             key: leaf_key.serialize_pem(),
         };
@@ -142,16 +143,16 @@ mod tests {
         let tls = dir.path().join("demo.tls");
         let pki = Pki::ensure(&tls, "demo").unwrap();
         let names = vec!["127.0.0.2".to_string(), "coord.example".to_string()];
-        let first = pki.server("demo", &names).unwrap();
+        let first = pki.host("demo", "a", &names).unwrap();
         let again = Pki::ensure(&tls, "demo")
             .unwrap()
-            .server("demo", &names)
+            .host("demo", "a", &names)
             .unwrap();
         assert_eq!(
             first.cert, again.cert,
             "the same names keep the certificate"
         );
-        let other = pki.server("demo", &names[..1]).unwrap();
+        let other = pki.host("demo", "a", &names[..1]).unwrap();
         assert_ne!(
             first.cert, other.cert,
             "other names get another certificate"

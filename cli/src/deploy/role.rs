@@ -46,8 +46,8 @@ pub struct Role<'a> {
     pub service: String,
     /// Arguments after the binary.
     pub args: Vec<String>,
-    /// Its environment.
-    pub env: &'a [(String, String)],
+    /// Its environment: the cluster file's, and where its TLS files are.
+    pub env: Vec<(String, String)>,
     /// Directories it needs, besides the install directory's own.
     pub data_dirs: Vec<String>,
     /// Files it reads, by path, with contents that are no secret (the REST tokens'
@@ -58,30 +58,45 @@ pub struct Role<'a> {
     pub secrets: Vec<(String, String)>,
 }
 
-/// What the coordinator is given besides its command line.
+/// What roles are given besides their command lines.
 #[derive(Default)]
-pub struct CoordinatorFiles {
-    /// Its tokens file (`--auth-tokens`).
+pub struct Extras {
+    /// The coordinator's tokens file (`--auth-tokens`).
     pub tokens: String,
-    /// Its REST certificate (PEM; empty: plain HTTP).
-    pub cert: String,
-    /// The certificate's key (PEM).
-    pub key: String,
+    /// The cluster's TLS material; none: plain HTTP and gRPC.
+    pub tls: Option<TlsMaterial>,
+}
+
+/// The cluster's CA and each host's certificate, as PEM text.
+#[derive(Default)]
+pub struct TlsMaterial {
+    /// The CA's certificate.
+    pub ca: String,
+    /// Certificate and key by host name.
+    pub hosts: std::collections::HashMap<String, (String, String)>,
 }
 
 /// Every role of `cluster`, in the order they start: the coordinator, state nodes,
 /// workers.
-pub fn roles<'a>(cluster: &'a ClusterSpec, coordinator: &CoordinatorFiles) -> Vec<Role<'a>> {
+pub fn roles<'a>(cluster: &'a ClusterSpec, extras: &Extras) -> Vec<Role<'a>> {
     let c = &cluster.coordinator;
     let coordinator_host = &cluster.hosts[c.host];
-    let grpc = format!("http://{}", join_host_port(&coordinator_host.bind, c.grpc));
+    let scheme = if extras.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let grpc = format!(
+        "{scheme}://{}",
+        join_host_port(&coordinator_host.bind, c.grpc)
+    );
     let store = cluster.object_store.trim_end_matches('/');
     let role = |kind: Kind, host: usize, args: Vec<String>, data_dirs: Vec<String>| Role {
         kind,
         host: &cluster.hosts[host],
         service: format!("sluice-{}-{}", cluster.name, kind.name()),
         args,
-        env: &cluster.env,
+        env: cluster.env.clone(),
         data_dirs,
         files: Vec::new(),
         secrets: Vec::new(),
@@ -105,22 +120,16 @@ pub fn roles<'a>(cluster: &'a ClusterSpec, coordinator: &CoordinatorFiles) -> Ve
     let first = &mut roles[0];
     first.files.push((
         tokens_path(coordinator_host, &cluster.name),
-        coordinator.tokens.clone(),
+        extras.tokens.clone(),
     ));
-    if !coordinator.cert.is_empty() {
-        let base = format!("{}/etc/{}", coordinator_host.install_dir, first.service);
+    if extras.tls.is_some() {
+        let base = format!("{}/etc/tls/host", coordinator_host.install_dir);
         first.args.extend([
             "--tls-cert".into(),
             format!("{base}.pem"),
             "--tls-key".into(),
             format!("{base}.key"),
         ]);
-        first
-            .files
-            .push((format!("{base}.pem"), coordinator.cert.clone()));
-        first
-            .secrets
-            .push((format!("{base}.key"), coordinator.key.clone()));
     }
     for node in &cluster.state_nodes {
         let host = &cluster.hosts[node.host];
@@ -169,6 +178,11 @@ pub fn roles<'a>(cluster: &'a ClusterSpec, coordinator: &CoordinatorFiles) -> Ve
         }
         roles.push(role(Kind::Worker, worker.host, args, Vec::new()));
     }
+    if let Some(tls) = &extras.tls {
+        for role in &mut roles {
+            role.add_tls(tls);
+        }
+    }
     roles
 }
 
@@ -191,6 +205,23 @@ pub fn join_host_port(host: &str, port: u16) -> String {
 impl Role<'_> {
     fn dir(&self) -> &str {
         &self.host.install_dir
+    }
+
+    /// The cluster's CA and this host's certificate and key as files, named in the
+    /// environment every role reads them from (gRPC between roles, the REST API).
+    fn add_tls(&mut self, tls: &TlsMaterial) {
+        let base = format!("{}/etc/tls", self.dir());
+        let (cert, key) = tls.hosts.get(&self.host.name).cloned().unwrap_or_default();
+        self.files.push((format!("{base}/ca.pem"), tls.ca.clone()));
+        self.files.push((format!("{base}/host.pem"), cert));
+        self.secrets.push((format!("{base}/host.key"), key));
+        for (var, file) in [
+            ("SLUICE_TLS_CA", "ca.pem"),
+            ("SLUICE_TLS_CERT", "host.pem"),
+            ("SLUICE_TLS_KEY", "host.key"),
+        ] {
+            self.env.push((var.into(), format!("{base}/{file}")));
+        }
     }
 
     /// The binary of release `sha`.
@@ -316,7 +347,7 @@ impl Role<'_> {
         let dir = quote(self.dir());
         let s = &self.service;
         let mut script = format!(
-            "set -e\ncd {dir}\nmkdir -p etc run log\n{mkdirs}\
+            "set -e\ncd {dir}\nmkdir -p etc/tls run log\n{mkdirs}\
              tab=$(printf '\\t')\n\
              (umask 077; while IFS=\"$tab\" read -r p c; do printf '%s' \"$c\" | base64 -d > \"$p.part\"; \
              mv \"$p.part\" \"$p\"; done)\n{files}{stop}\n",
@@ -428,7 +459,7 @@ workers: [{ host: a, slots: 2 }, { host: b }]
     #[test]
     fn roles_start_in_dependency_order_with_their_addresses() {
         let cluster = sluice_planner::cluster_file::parse_cluster("c", CLUSTER).unwrap();
-        let roles = roles(&cluster, &CoordinatorFiles::default());
+        let roles = roles(&cluster, &Extras::default());
         let kinds: Vec<Kind> = roles.iter().map(|r| r.kind).collect();
         assert_eq!(
             kinds,
@@ -470,7 +501,7 @@ workers: [{ host: a, slots: 2 }, { host: b }]
     #[test]
     fn the_environment_file_reads_back_in_sh() {
         let cluster = sluice_planner::cluster_file::parse_cluster("c", CLUSTER).unwrap();
-        let roles = roles(&cluster, &CoordinatorFiles::default());
+        let roles = roles(&cluster, &Extras::default());
         let role = &roles[0];
         let out = std::process::Command::new("sh")
             .arg("-c")

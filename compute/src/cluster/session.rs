@@ -21,7 +21,6 @@ use sluice_common::pb::cluster::{coordinator_message as cm, worker_message as wm
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::AbortOnDropHandle;
-use tonic::transport::Endpoint;
 
 use crate::cluster::checkpoint_trace::TaskTraces;
 use crate::cluster::task_metrics;
@@ -82,6 +81,12 @@ pub async fn serve(options: SessionOptions) -> Result<()> {
                 Err(e) if e.to_string().contains("is a standby") => {
                     tracing::debug!("control stream: {e}");
                 }
+                Err(e) if sluice_common::tls::is_certificate_error(&e.to_string()) => {
+                    return Err(Error::Plan(format!(
+                        "the coordinator at {url} and this worker do not accept each \
+                         other's certificates: {e}"
+                    )));
+                }
                 Err(e) => tracing::warn!("control stream: {e}"),
             }
             if options.exit_with_coordinator {
@@ -112,13 +117,18 @@ struct Attempt {
 
 /// One attached session; returns when the stream ends.
 async fn attach(options: &SessionOptions, url: &str) -> Result<()> {
-    let channel = Endpoint::from_shared(url.to_owned())
-        .map_err(|e| Error::Plan(format!("coordinator address `{url}` is not a URL: {e}")))?
+    let channel = sluice_common::tls::endpoint(url)
+        .map_err(|e| Error::Plan(format!("coordinator address: {e}")))?
         .connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|e| Error::Internal(format!("cannot reach the coordinator at {url}: {e}")))?;
+        .map_err(|e| {
+            Error::Internal(format!(
+                "cannot reach the coordinator at {url}: {}",
+                sluice_common::tls::with_causes(&e)
+            ))
+        })?;
     let (out_tx, out_rx) = mpsc::unbounded_channel::<pbc::WorkerMessage>();
     let send = move |tx: &mpsc::UnboundedSender<pbc::WorkerMessage>, msg: wm::Msg| {
         let _ = tx.send(pbc::WorkerMessage { msg: Some(msg) });

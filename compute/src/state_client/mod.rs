@@ -50,7 +50,7 @@ use sluice_common::pb::state::state_service_client::StateServiceClient;
 use sluice_common::state::net_writes::{lookup_newest_first, with_appended};
 use sluice_common::state::{KeyedStateBackend, StateError, StateResult, StateStore, WriteOp};
 use tokio::sync::OnceCell;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub use connector::StateServiceConnector;
 pub use epoch_buffer::{Entry, EpochBuffer, Lookup};
@@ -564,21 +564,24 @@ impl RemoteState {
 
 /// A channel to the state-service node at `endpoint`.
 async fn connect_node(endpoint: &str) -> StateResult<StateServiceClient<Channel>> {
-    let channel = Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| {
-            StateError::Rejected(format!(
-                "state service address `{endpoint}` is not a valid URL: {e}"
-            ))
-        })?
+    let channel = sluice_common::tls::endpoint(endpoint)
+        .map_err(|e| StateError::Rejected(format!("state service address: {e}")))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .http2_adaptive_window(true)
         .connect()
         .await
         .map_err(|e| {
-            StateError::Unavailable(format!(
-                "cannot connect to the state service at {endpoint}: {e}"
-            ))
+            let why = format!(
+                "cannot connect to the state service at {endpoint}: {}",
+                sluice_common::tls::with_causes(&e)
+            );
+            // A certificate the other side refuses stays refused: not worth waiting for.
+            if sluice_common::tls::is_certificate_error(&why) {
+                StateError::Rejected(why)
+            } else {
+                StateError::Unavailable(why)
+            }
         })?;
     Ok(StateServiceClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -159,7 +159,11 @@ impl TestCa {
     /// A certificate for 127.0.0.1, server and client use, written to `dir/name.pem`
     /// and `dir/name.key`; expired when `expired`.
     fn sign(&self, dir: &Path, name: &str, expired: bool) -> (String, String) {
-        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        self.sign_for(dir, name, "127.0.0.1", expired)
+    }
+
+    fn sign_for(&self, dir: &Path, name: &str, san: &str, expired: bool) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(vec![san.to_string()]).unwrap();
         params.extended_key_usages = vec![
             rcgen::ExtendedKeyUsagePurpose::ServerAuth,
             rcgen::ExtendedKeyUsagePurpose::ClientAuth,
@@ -330,4 +334,66 @@ fn the_rest_api_over_mutual_tls_refuses_plaintext_and_certificates_it_does_not_t
     );
     out.assert_code(2);
     out.assert_stderr_contains("the key does not fit the certificate");
+}
+
+#[test]
+fn grpc_between_roles_runs_over_mutual_tls_with_the_same_results() {
+    let dir = tempdir();
+    let root = dir.path();
+    let ca = TestCa::new("cluster CA");
+    let ca_pem = ca.write(root, "ca.pem");
+    let (cert, key) = ca.sign(root, "host", false);
+    let job = |out: &Path| {
+        format!(
+            "name: tls\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
+             state: {{ backend: remote }}\n\
+             source:\n  nexmark: {{ stream: bid, events: 50000, seed: 3 }}\n\
+             watermark: {{ column: date_time, max_out_of_orderness: 4s }}\n\
+             pipeline:\n  - key_by: [auction]\n  - window: {{ tumbling: 2s }}\n    \
+             aggregate: [\"count(*) AS bids\"]\n\
+             sink:\n  file: {{ path: {}, format: jsonl }}\n",
+            out.display()
+        )
+    };
+    // Worker processes, the embedded coordinator and the embedded state service all
+    // talk gRPC over mutual TLS with these files.
+    let out = root.join("tls-out");
+    let file = write_job(root, "tls.yaml", &job(&out));
+    let tls = [
+        ("SLUICE_TLS_CA", ca_pem.as_str()),
+        ("SLUICE_TLS_CERT", cert.as_str()),
+        ("SLUICE_TLS_KEY", key.as_str()),
+    ];
+    run_sluice_env(
+        &["run", file.to_str().unwrap(), "--workers", "2"],
+        root,
+        &tls,
+    )
+    .assert_success()
+    .assert_no_panic();
+    let plain = root.join("plain-out");
+    let file = write_job(root, "plain.yaml", &job(&plain));
+    run_sluice(&["run", file.to_str().unwrap(), "--workers", "2"], root).assert_success();
+    sluice_integration_tests::assert_same_rows(
+        "over TLS vs. plain",
+        &sluice_integration_tests::read_jsonl_dir(&out),
+        &sluice_integration_tests::read_jsonl_dir(&plain),
+    );
+    // A certificate for another address is named as the reason, at once.
+    let (wrong_cert, wrong_key) = ca.sign_for(root, "elsewhere", "10.9.9.9", false);
+    let out = run_sluice_env(
+        &["run", file.to_str().unwrap(), "--workers", "2"],
+        root,
+        &[
+            ("SLUICE_TLS_CA", ca_pem.as_str()),
+            ("SLUICE_TLS_CERT", wrong_cert.as_str()),
+            ("SLUICE_TLS_KEY", wrong_key.as_str()),
+        ],
+    );
+    out.assert_code(1);
+    out.assert_stderr_contains("certificate not valid for name \"127.0.0.1\"");
+    // Half a configuration is refused at start.
+    let out = run_sluice_env(&["run", file.to_str().unwrap()], root, &tls[..1]);
+    out.assert_code(2);
+    out.assert_stderr_contains("SLUICE_TLS_CA, SLUICE_TLS_CERT and SLUICE_TLS_KEY go together");
 }
