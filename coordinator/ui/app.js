@@ -13,10 +13,32 @@ function esc(s) {
   return String(s ?? "").replace(/[&<>"']/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 }
 
+// A coordinator started with --auth-tokens wants a bearer token: the user pastes it
+// once; it stays in this tab's session storage only.
+const TOKEN_KEY = "sluice-token";
+
+class NeedsToken extends Error {}
+
 async function get(path) {
-  const r = await fetch(path);
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const r = await fetch(path, token ? { headers: { Authorization: `Bearer ${token}` } } : {});
+  if (r.status === 401) throw new NeedsToken((await r.json().catch(() => ({}))).error || "a token is needed");
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
+}
+
+function tokenForm(why) {
+  if (document.getElementById("token-form")) return;
+  if (timer) clearInterval(timer);
+  main.innerHTML =
+    `<form id="token-form"><p>This coordinator needs a token: ${esc(why)}</p>` +
+    `<input id="token" type="password" autocomplete="off" placeholder="token (sluice token new)" size="70"> ` +
+    `<button type="submit">Use it</button></form>`;
+  document.getElementById("token-form").addEventListener("submit", ev => {
+    ev.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value.trim());
+    start();
+  });
 }
 
 function table(header, rows) {
@@ -125,7 +147,8 @@ async function render() {
     if (m) await jobPage(decodeURIComponent(m[1])); else await overview();
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (e) {
-    main.innerHTML = `<p class="failure">${esc(e.message)}</p>`;
+    if (e instanceof NeedsToken) tokenForm(e.message);
+    else main.innerHTML = `<p class="failure">${esc(e.message)}</p>`;
   }
 }
 

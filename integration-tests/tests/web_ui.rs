@@ -197,3 +197,44 @@ fn the_web_ui_shows_the_graph_coloured_by_back_pressure_and_the_checkpoint_histo
     screenshot(&profile, &overview, "overview");
     cluster.cancel(dir, &id);
 }
+
+#[test]
+fn under_auth_tokens_the_web_ui_asks_for_a_token_instead_of_failing() {
+    let dir = tempdir();
+    let dir = dir.path();
+    let profile = dir.join("chromium-profile");
+    let tokens = dir.join("tokens");
+    std::fs::write(
+        &tokens,
+        "read sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 viewer\n",
+    )
+    .unwrap();
+    let grpc = format!(
+        "127.0.0.1:{}",
+        sluice_integration_tests::cluster::free_port()
+    );
+    let mut coordinator = sluice_integration_tests::procs::Proc::start(
+        &[
+            "coordinator",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            &grpc,
+            "--store",
+            dir.join("store").to_str().unwrap(),
+            "--auth-tokens",
+            tokens.to_str().unwrap(),
+        ],
+        dir,
+    );
+    let line = coordinator.wait_for_line("coordinator listening:", Duration::from_secs(30));
+    let http = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http="))
+        .unwrap_or_else(|| panic!("no http= in {line:?}"));
+    let dom = rendered(&profile, &format!("http://{http}/ui/"));
+    assert!(
+        dom.contains("id=\"token-form\"") && dom.contains("This coordinator needs a token"),
+        "{dom}"
+    );
+}
