@@ -375,39 +375,22 @@ impl Coordinator {
     /// The job graph savepoint `path` was taken with, to run its job again as it was
     /// (at the parallelism it had then).
     pub async fn savepoint_graph(&self, path: &str) -> Result<pb::JobGraph, ApiError> {
-        let store = self.options.store.as_ref();
-        let relative = store
-            .relative(path)
-            .map_err(|e| ApiError::bad("from_savepoint", e))?;
-        let meta = store::read_restorable(store, &relative)
-            .await
-            .map_err(|e| match e {
-                crate::Error::NotFound(_) => {
-                    ApiError::bad("from_savepoint", format!("no savepoint at `{relative}`"))
-                }
-                other => ApiError::bad(
-                    "from_savepoint",
-                    format!("savepoint `{relative}` cannot be used: {other}"),
-                ),
-            })?;
+        let meta = self.savepoint_metadata(path).await?;
         pb::JobGraph::decode(meta.job_graph).map_err(|e| {
             ApiError::bad(
                 "from_savepoint",
-                format!("savepoint `{relative}` records no readable job graph: {e}"),
+                format!("savepoint `{path}` records no readable job graph: {e}"),
             )
         })
     }
 
-    async fn read_savepoint(
-        &self,
-        path: &str,
-        graph: &pb::JobGraph,
-    ) -> Result<(CheckpointMetadata, Option<String>), ApiError> {
+    /// The `_metadata` of savepoint `path`, checked to be restorable.
+    async fn savepoint_metadata(&self, path: &str) -> Result<CheckpointMetadata, ApiError> {
         let store = self.options.store.as_ref();
         let path = &store
             .relative(path)
             .map_err(|e| ApiError::bad("from_savepoint", e))?;
-        let meta = store::read_restorable(store, path)
+        store::read_restorable(store, path)
             .await
             .map_err(|e| match e {
                 crate::Error::NotFound(_) => {
@@ -417,7 +400,16 @@ impl Coordinator {
                     "from_savepoint",
                     format!("savepoint `{path}` cannot be used: {other}"),
                 ),
-            })?;
+            })
+    }
+
+    async fn read_savepoint(
+        &self,
+        path: &str,
+        graph: &pb::JobGraph,
+    ) -> Result<(CheckpointMetadata, Option<String>), ApiError> {
+        let meta = self.savepoint_metadata(path).await?;
+        let store = self.options.store.as_ref();
         if !uses_remote_state(graph) {
             return Ok((meta, None));
         }

@@ -496,3 +496,32 @@ impl MiniCluster {
         poll_until(what, timeout, || self.logs(), check)
     }
 }
+
+/// A lone `sluice coordinator` on 127.0.0.1 (no worker, no state service) with `extra`
+/// arguments, its store a new directory in `dir`: the process and its REST address
+/// (`host:port`).
+///
+/// # Panics
+/// When it does not start.
+pub fn lone_coordinator(dir: &Path, extra: &[&str]) -> (Proc, String) {
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let store = dir.join(format!("coordinator-store-{}", free_port()));
+    let mut args = vec![
+        "coordinator",
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        &grpc,
+        "--store",
+        store.to_str().expect("UTF-8 path"),
+    ];
+    args.extend_from_slice(extra);
+    let mut proc = Proc::start(&args, dir);
+    let line = proc.wait_for_line("coordinator listening:", Duration::from_secs(30));
+    let http = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http="))
+        .unwrap_or_else(|| panic!("no http= address in {line:?}"))
+        .to_owned();
+    (proc, http)
+}

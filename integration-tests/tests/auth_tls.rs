@@ -4,9 +4,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use sluice_integration_tests::cluster::free_port;
+use sluice_integration_tests::cluster::lone_coordinator;
 use sluice_integration_tests::http::http_request;
-use sluice_integration_tests::procs::Proc;
 use sluice_integration_tests::{Outcome, run_sluice, run_sluice_env, tempdir, write_job};
 
 /// A new token of `role`: the token and its tokens-file line.
@@ -39,27 +38,7 @@ fn the_rest_api_takes_valid_tokens_only_and_read_tokens_only_read() {
         format!("# REST tokens\n{operator_line}\n{reader_line}\n"),
     )
     .unwrap();
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let mut coordinator = Proc::start(
-        &[
-            "coordinator",
-            "--http",
-            "127.0.0.1:0",
-            "--grpc",
-            &grpc,
-            "--store",
-            root.join("store").to_str().unwrap(),
-            "--auth-tokens",
-            tokens.to_str().unwrap(),
-        ],
-        root,
-    );
-    let line = coordinator.wait_for_line("coordinator listening:", Duration::from_secs(30));
-    let http = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http="))
-        .unwrap_or_else(|| panic!("no http= in {line:?}"))
-        .to_owned();
+    let (coordinator, http) = lone_coordinator(root, &["--auth-tokens", tokens.to_str().unwrap()]);
     let rest = format!("http://{http}");
 
     // No token, or a wrong one: refused with a clear message, exit code 2.
@@ -193,30 +172,6 @@ impl TestCa {
     }
 }
 
-/// A coordinator serving its REST API over TLS; its address.
-fn tls_coordinator(dir: &Path, tls: &[&str]) -> (Proc, String) {
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let store = dir.join(format!("store-{}", free_port()));
-    let mut args = vec![
-        "coordinator",
-        "--http",
-        "127.0.0.1:0",
-        "--grpc",
-        &grpc,
-        "--store",
-        store.to_str().unwrap(),
-    ];
-    args.extend_from_slice(tls);
-    let mut proc = Proc::start(&args, dir);
-    let line = proc.wait_for_line("coordinator listening:", Duration::from_secs(30));
-    let http = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http="))
-        .unwrap_or_else(|| panic!("no http= in {line:?}"))
-        .to_owned();
-    (proc, http)
-}
-
 #[test]
 fn the_rest_api_over_mutual_tls_refuses_plaintext_and_certificates_it_does_not_trust() {
     let dir = tempdir();
@@ -227,7 +182,7 @@ fn the_rest_api_over_mutual_tls_refuses_plaintext_and_certificates_it_does_not_t
     let (server_cert, server_key) = ca.sign(root, "server", false);
     let (client_cert, client_key) = ca.sign(root, "client", false);
     let (foreign_cert, foreign_key) = stranger.sign(root, "foreign", false);
-    let (_coordinator, http) = tls_coordinator(
+    let (_coordinator, http) = lone_coordinator(
         root,
         &[
             "--tls-cert",
@@ -304,7 +259,8 @@ fn the_rest_api_over_mutual_tls_refuses_plaintext_and_certificates_it_does_not_t
 
     // An expired server certificate is named as such.
     let (old_cert, old_key) = ca.sign(root, "expired", true);
-    let (_old, old_http) = tls_coordinator(root, &["--tls-cert", &old_cert, "--tls-key", &old_key]);
+    let (_old, old_http) =
+        lone_coordinator(root, &["--tls-cert", &old_cert, "--tls-key", &old_key]);
     let out = run_sluice(
         &[
             "jobs",

@@ -209,29 +209,10 @@ fn under_auth_tokens_the_web_ui_asks_for_a_token_instead_of_failing() {
         "read sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 viewer\n",
     )
     .unwrap();
-    let grpc = format!(
-        "127.0.0.1:{}",
-        sluice_integration_tests::cluster::free_port()
-    );
-    let mut coordinator = sluice_integration_tests::procs::Proc::start(
-        &[
-            "coordinator",
-            "--http",
-            "127.0.0.1:0",
-            "--grpc",
-            &grpc,
-            "--store",
-            dir.join("store").to_str().unwrap(),
-            "--auth-tokens",
-            tokens.to_str().unwrap(),
-        ],
+    let (_coordinator, http) = sluice_integration_tests::cluster::lone_coordinator(
         dir,
+        &["--auth-tokens", tokens.to_str().unwrap()],
     );
-    let line = coordinator.wait_for_line("coordinator listening:", Duration::from_secs(30));
-    let http = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http="))
-        .unwrap_or_else(|| panic!("no http= in {line:?}"));
     let dom = rendered(&profile, &format!("http://{http}/ui/"));
     assert!(
         dom.contains("id=\"token-form\"") && dom.contains("This coordinator needs a token"),
