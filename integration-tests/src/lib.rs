@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Number, Value};
 
 pub mod cluster;
+pub mod etcd;
 pub mod http;
 pub mod procs;
 pub mod service;

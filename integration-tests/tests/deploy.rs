@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sluice_integration_tests::etcd::Etcd;
 use sluice_integration_tests::procs::Proc;
 use sluice_integration_tests::{
     Outcome, assert_same_rows, read_jsonl_dir, run_sluice, run_sluice_env, sluice_bin, tempdir,
@@ -230,12 +231,10 @@ fn line_after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
         .find_map(|l| l.split_once(marker).map(|(_, rest)| rest.trim()))
 }
 
-#[test]
-fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
-    let dir = tempdir();
-    let root = dir.path();
-    let hosts = Hosts::start(root, &["127.0.0.2", "127.0.0.3", "127.0.0.4"]);
-    let (store, env) = match s3_env("deploy", "the object store of a deployed cluster") {
+/// The deployed cluster's object store: the test S3 server's bucket (with the
+/// variables roles need for it), or a directory every "host" here shares.
+fn object_store(root: &Path, test: &str) -> (String, Vec<(String, String)>) {
+    match s3_env(test, "the object store of a deployed cluster") {
         Some(s3) => (
             s3.url(),
             vec![
@@ -253,7 +252,28 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
             ],
         ),
         None => (format!("file://{}/store", root.display()), Vec::new()),
-    };
+    }
+}
+
+impl Hosts {
+    /// Host `i` as a cluster file entry named `name`, installed under the test's
+    /// directory.
+    fn entry(&self, name: &str, i: usize) -> String {
+        let (address, port) = &self.addrs[i];
+        format!(
+            "  {name}: {{ address: {address}, port: {port}, user: {user}, install_dir: {dir} }}\n",
+            user = std::env::var("USER").unwrap_or_else(|_| "root".into()),
+            dir = self.dir.join(name).display()
+        )
+    }
+}
+
+#[test]
+fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
+    let dir = tempdir();
+    let root = dir.path();
+    let hosts = Hosts::start(root, &["127.0.0.2", "127.0.0.3", "127.0.0.4"]);
+    let (store, env) = object_store(root, "deploy");
     let secret = "do-not-print-this-token-7f3a";
     let mut env_yaml = format!("  SLUICE_TEST_SECRET: {secret}\n");
     for (k, v) in &env {
@@ -264,14 +284,7 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
         free_port_on("127.0.0.2"),
         free_port_on("127.0.0.3"),
     );
-    let host = |name: &str, i: usize| {
-        let (address, port) = &hosts.addrs[i];
-        format!(
-            "  {name}: {{ address: {address}, port: {port}, user: {user}, install_dir: {dir} }}\n",
-            user = std::env::var("USER").unwrap_or_else(|_| "root".into()),
-            dir = root.join(name).display()
-        )
-    };
+    let host = |name: &str, i: usize| hosts.entry(name, i);
     let cluster = root.join("cluster.yaml");
     std::fs::write(
         &cluster,
@@ -562,4 +575,142 @@ fn deploy_refuses_hosts_it_cannot_use_and_starts_nothing() {
     let out = hosts.deploy(&[], &file);
     out.assert_code(2);
     out.assert_stderr_contains("cluster.yaml:9:32: port 6123 on host a (127.0.0.5) is already taken by `coordinator.grpc (default 6123)`");
+}
+
+#[test]
+fn two_deployed_coordinators_elect_a_leader_and_a_job_outlives_it() {
+    let dir = tempdir();
+    let root = dir.path();
+    let etcd = Etcd::start(root);
+    let hosts = Hosts::start(root, &["127.0.0.2", "127.0.0.3", "127.0.0.4"]);
+    let (store, env) = object_store(root, "deploy-ha");
+    let env_yaml: String = env
+        .iter()
+        .map(|(k, v)| format!("  {k}: \"{v}\"\n"))
+        .collect();
+    let ports: Vec<u16> = [
+        "127.0.0.2",
+        "127.0.0.2",
+        "127.0.0.3",
+        "127.0.0.3",
+        "127.0.0.4",
+    ]
+    .iter()
+    .map(|a| free_port_on(a))
+    .collect();
+    let cluster = root.join("cluster.yaml");
+    std::fs::write(
+        &cluster,
+        format!(
+            "name: it\nobject_store: {store}\nservice: process\nenv:\n  SLUICE_TEST: ha\n{env_yaml}hosts:\n{}{}{}\
+             coordinators:\n  - {{ host: a, http: {}, grpc: {} }}\n  - {{ host: b, http: {}, grpc: {} }}\n\
+             etcd: {}\n\
+             state_nodes: [{{ host: c, port: {}, memory: 256MiB, disk_cache: 512MiB }}]\n\
+             workers: [{{ host: b, slots: 2 }}, {{ host: c, slots: 2 }}]\n",
+            hosts.entry("a", 0),
+            hosts.entry("b", 1),
+            hosts.entry("c", 2),
+            ports[0],
+            ports[1],
+            ports[2],
+            ports[3],
+            etcd.url(),
+            ports[4],
+        ),
+    )
+    .unwrap();
+    let up = hosts.deploy(&[], &cluster);
+    up.assert_success().assert_no_panic();
+    let rest = format!(
+        "https://127.0.0.2:{},https://127.0.0.3:{}",
+        ports[0], ports[2]
+    );
+    assert!(
+        up.stdout
+            .contains(&format!("is up: REST API {rest} (2 coordinators")),
+        "{}",
+        up.stdout
+    );
+    let report = hosts.deploy(&["status"], &cluster);
+    report.assert_success();
+    assert_eq!(
+        report.stdout.matches("sees it").count(),
+        5,
+        "{}",
+        report.stdout
+    );
+
+    let out = root.join("out");
+    let job_file = write_job(root, "job.yaml", &job(&out, "remote", 10000));
+    let submitted = client(
+        &rest,
+        root,
+        &["submit", job_file.to_str().unwrap(), "--workers", "2"],
+    );
+    submitted.assert_success();
+    let id = submitted.stdout.trim().to_string();
+    wait_for(
+        (&rest, root),
+        &id,
+        Duration::from_secs(60),
+        "a checkpoint",
+        |s| s["last_checkpoint"].as_u64() >= Some(2),
+    );
+    // Kill the leader: the standby takes over and the job carries on from its newest
+    // checkpoint with the same workers and state node.
+    let view = client(&rest, root, &["cluster", "--json"]);
+    let view: Value = serde_json::from_str(&view.stdout).unwrap_or(Value::Null);
+    let leader = view["coordinators"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["role"] == "leader"))
+        .and_then(|c| c["id"].as_str())
+        .unwrap_or_else(|| panic!("no leader in {view}"))
+        .to_string();
+    let victim = hosts
+        .processes()
+        .into_iter()
+        .find(|(_, cmd)| {
+            cmd.contains(" coordinator ") && cmd.contains(&format!("--ha-id {leader} "))
+        })
+        .unwrap_or_else(|| panic!("the leader {leader}'s process"));
+    eprintln!(
+        "killing the leading coordinator {leader} (pid {})",
+        victim.0
+    );
+    let _ = Command::new("kill")
+        .args(["-9", &victim.0.to_string()])
+        .status();
+    let finished = wait_for(
+        (&rest, root),
+        &id,
+        Duration::from_secs(180),
+        "finishing",
+        |s| s["state"] == "finished" || s["state"] == "failed",
+    );
+    assert_eq!(finished["state"], "finished", "{finished}");
+    let reference = root.join("reference");
+    let reference_job = write_job(root, "reference.yaml", &job(&reference, "memory", 0));
+    run_sluice(&["run", reference_job.to_str().unwrap()], root).assert_success();
+    assert_same_rows(
+        "the output of a job whose leading coordinator was killed vs. a run without",
+        &read_jsonl_dir(&out),
+        &read_jsonl_dir(&reference),
+    );
+    // Deploy again: only the killed coordinator is started.
+    let again = hosts.deploy(&[], &cluster);
+    again.assert_success();
+    assert!(
+        again.stdout.contains("1 changes"),
+        "{}{}",
+        again.stderr,
+        again.stdout
+    );
+    hosts
+        .deploy(&["destroy", "--purge"], &cluster)
+        .assert_success();
+    assert!(
+        hosts.processes().is_empty(),
+        "left running: {:?}",
+        hosts.processes()
+    );
 }

@@ -15,6 +15,8 @@
 //!   a: { address: 10.0.0.1, user: admin, port: 22, jump: bastion, bind: 10.0.0.1 }
 //!   b: { address: 10.0.0.2 }
 //! coordinator: { host: a, http: 8081, grpc: 6123 }
+//! # or a leader and standbys: coordinators: [{ host: a }, { host: b }] with
+//! # etcd: etcd://10.0.0.5:2379 (an etcd cluster of yours)
 //! state_nodes:
 //!   - { host: b, port: 7071, memory: 4GiB, disk_cache: 100GiB, data_dir: /data/sluice }
 //! workers:
@@ -112,8 +114,11 @@ pub struct ClusterSpec {
     pub env: Vec<(String, String)>,
     /// The hosts, in file order.
     pub hosts: Vec<HostSpec>,
-    /// The coordinator.
-    pub coordinator: CoordinatorSpec,
+    /// The coordinators: one, or a leader and standbys elected through `etcd`.
+    pub coordinators: Vec<CoordinatorSpec>,
+    /// The etcd cluster standby coordinators elect their leader in
+    /// (`etcd://host:port[,host:port]`), required with more than one coordinator.
+    pub etcd: Option<String>,
     /// The state nodes.
     pub state_nodes: Vec<StateNodeSpec>,
     /// The workers.
@@ -128,6 +133,8 @@ const TOP_KEYS: &[&str] = &[
     "env",
     "hosts",
     "coordinator",
+    "coordinators",
+    "etcd",
     "state_nodes",
     "workers",
 ];
@@ -198,8 +205,53 @@ fn decode(root: &Node) -> Result<ClusterSpec> {
         hosts.push(host(key, value, &install_dir, service)?);
     }
     let mut places = Places::default();
-    let coordinator_entry = top.require("coordinator", " ({ host: NAME })")?;
-    let coordinator = coordinator(coordinator_entry.value, &hosts, &mut places)?;
+    let coordinators = match (top.get("coordinator"), top.get("coordinators")) {
+        (Some(one), None) => vec![coordinator(one.value, "coordinator", &hosts, &mut places)?],
+        (None, Some(list)) => match &list.value.value {
+            Value::Seq(items) if (1..=3).contains(&items.len()) => items
+                .iter()
+                .enumerate()
+                .map(|(i, n)| coordinator(n, &format!("coordinators[{i}]"), &hosts, &mut places))
+                .collect::<Result<Vec<_>>>()?,
+            _ => {
+                return Err(PosError::new(
+                    list.value.pos,
+                    format!(
+                        "expected a list of 1 to 3 coordinators for `coordinators`, found {}",
+                        list.value.describe()
+                    ),
+                ));
+            }
+        },
+        (Some(_), Some(both)) => {
+            return Err(PosError::new(
+                both.key.pos,
+                "give `coordinator` (one) or `coordinators` (a list), not both",
+            ));
+        }
+        (None, None) => {
+            return Err(PosError::new(
+                root.pos,
+                "missing `coordinator` ({ host: NAME }) or `coordinators` (a list)",
+            ));
+        }
+    };
+    let etcd = top.opt("etcd", fields::string)?;
+    match (&etcd, top.get("etcd")) {
+        (Some(url), Some(e)) if !url.starts_with("etcd://") => {
+            return Err(PosError::new(
+                e.value.pos,
+                format!("`etcd` must be etcd://host:port[,host:port], found `{url}`"),
+            ));
+        }
+        (None, _) if coordinators.len() > 1 => {
+            return Err(PosError::new(
+                root.pos,
+                "several coordinators elect their leader through etcd: add `etcd: etcd://host:port`",
+            ));
+        }
+        _ => {}
+    }
     let state_nodes = list(&top, "state_nodes")?
         .iter()
         .enumerate()
@@ -221,7 +273,8 @@ fn decode(root: &Node) -> Result<ClusterSpec> {
         object_store,
         env,
         hosts,
-        coordinator,
+        coordinators,
+        etcd,
         state_nodes,
         workers,
     })
@@ -303,9 +356,15 @@ fn host(key: &Node, value: &Node, install_dir: &str, service: ServiceManager) ->
     })
 }
 
-fn coordinator(node: &Node, hosts: &[HostSpec], places: &mut Places) -> Result<CoordinatorSpec> {
-    let f = Fields::new(node, "coordinator", &["host", "http", "grpc"])?;
+fn coordinator(
+    node: &Node,
+    path: &str,
+    hosts: &[HostSpec],
+    places: &mut Places,
+) -> Result<CoordinatorSpec> {
+    let f = Fields::new(node, path, &["host", "http", "grpc"])?;
     let host = host_ref(&f, hosts)?;
+    places.role(host, "coordinator", node, path)?;
     let http = port_or(&f, "http", 8081, &hosts[host], places)?;
     let grpc = port_or(&f, "grpc", 6123, &hosts[host], places)?;
     Ok(CoordinatorSpec { host, http, grpc })
@@ -503,7 +562,7 @@ workers:
         assert_eq!(c.hosts[1].install_dir, "/srv/sluice");
         assert_eq!(c.hosts[1].service, ServiceManager::Process);
         assert_eq!(
-            c.coordinator,
+            c.coordinators[0],
             CoordinatorSpec {
                 host: 0,
                 http: 8081,
@@ -548,6 +607,23 @@ workers:
         assert!(error("name: x\nobject_store: s3://b\nhosts: { a: { address: h } }\ncoordinator: { host: a }\n")
             .contains("no workers"));
         assert!(error("name: Prod\n").starts_with("cluster.yaml:1:7: `name` may hold only"));
+    }
+
+    #[test]
+    fn several_coordinators_need_etcd() {
+        let ha = GOOD.replace(
+            "coordinator: { host: a }",
+            "coordinators: [{ host: a }, { host: b }]\netcd: etcd://127.0.0.1:2379",
+        );
+        let c = parse_cluster("cluster.yaml", &ha).unwrap();
+        assert_eq!(c.coordinators.len(), 2);
+        assert_eq!(c.etcd.as_deref(), Some("etcd://127.0.0.1:2379"));
+        assert!(error(&ha.replace("\netcd: etcd://127.0.0.1:2379", "")).contains("add `etcd:"));
+        assert!(error(&ha.replace("etcd://", "http://")).contains("`etcd` must be etcd://"));
+        assert!(
+            error(&ha.replace("{ host: b }]", "{ host: a }]")).contains("at most one coordinator")
+        );
+        assert!(error(&format!("{ha}coordinator: {{ host: a }}\n")).contains("not both"));
     }
 
     #[test]

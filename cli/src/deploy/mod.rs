@@ -263,13 +263,21 @@ impl Session {
             .map_err(|reason| step_failed(host, step, &reason))
     }
 
+    /// Every coordinator's REST API, comma-separated: calls go to the first that
+    /// serves (a standby refuses and names the leader).
     fn rest_url(&self) -> String {
-        let c = &self.cluster.coordinator;
         let scheme = if self.pki.is_some() { "https" } else { "http" };
-        format!(
-            "{scheme}://{}",
-            join_host_port(&self.cluster.hosts[c.host].bind, c.http)
-        )
+        self.cluster
+            .coordinators
+            .iter()
+            .map(|c| {
+                format!(
+                    "{scheme}://{}",
+                    join_host_port(&self.cluster.hosts[c.host].bind, c.http)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// The pid a role runs under, if it runs.
@@ -463,9 +471,10 @@ fn summary(session: &Session) {
     let cluster = &session.cluster;
     let slots: u32 = cluster.workers.iter().map(|w| w.slots).sum();
     outln!(
-        "cluster {} is up: REST API {} (1 coordinator, {} state nodes, {} workers with {slots} slots)",
+        "cluster {} is up: REST API {} ({} coordinators, {} state nodes, {} workers with {slots} slots)",
         cluster.name,
         session.rest_url(),
+        cluster.coordinators.len(),
         cluster.state_nodes.len(),
         cluster.workers.len(),
     );
@@ -662,7 +671,16 @@ fn registered(cluster: &Value, role: &Role<'_>, pid: u32) -> bool {
         })
     };
     match role.kind {
-        Kind::Coordinator => cluster["coordinator"]["pid"].as_u64() == Some(u64::from(pid)),
+        // A coordinator alone reports its pid; under etcd the leader lists every
+        // member, leader or standby, by its id (the host's name).
+        Kind::Coordinator => {
+            cluster["coordinator"]["pid"].as_u64() == Some(u64::from(pid))
+                || cluster["coordinators"].as_array().is_some_and(|members| {
+                    members
+                        .iter()
+                        .any(|m| m["id"].as_str() == Some(role.host.name.as_str()))
+                })
+        }
         Kind::StateNode => listed("state_nodes", "node_id", &role.host.name),
         Kind::Worker => listed("workers", "host", &role.host.bind),
     }

@@ -79,17 +79,23 @@ pub struct TlsMaterial {
 /// Every role of `cluster`, in the order they start: the coordinator, state nodes,
 /// workers.
 pub fn roles<'a>(cluster: &'a ClusterSpec, extras: &Extras) -> Vec<Role<'a>> {
-    let c = &cluster.coordinator;
-    let coordinator_host = &cluster.hosts[c.host];
     let scheme = if extras.tls.is_some() {
         "https"
     } else {
         "http"
     };
-    let grpc = format!(
-        "{scheme}://{}",
-        join_host_port(&coordinator_host.bind, c.grpc)
-    );
+    // Workers and state nodes are given every coordinator; they follow the leader.
+    let grpc = cluster
+        .coordinators
+        .iter()
+        .map(|c| {
+            format!(
+                "{scheme}://{}",
+                join_host_port(&cluster.hosts[c.host].bind, c.grpc)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",");
     let store = cluster.object_store.trim_end_matches('/');
     let role = |kind: Kind, host: usize, args: Vec<String>, data_dirs: Vec<String>| Role {
         kind,
@@ -101,35 +107,42 @@ pub fn roles<'a>(cluster: &'a ClusterSpec, extras: &Extras) -> Vec<Role<'a>> {
         files: Vec::new(),
         secrets: Vec::new(),
     };
-    let mut roles = vec![role(
-        Kind::Coordinator,
-        c.host,
-        vec![
+    let mut roles = Vec::new();
+    for c in &cluster.coordinators {
+        let host = &cluster.hosts[c.host];
+        let mut args: Vec<String> = vec![
             "coordinator".into(),
             "--http".into(),
-            join_host_port(&coordinator_host.bind, c.http),
+            join_host_port(&host.bind, c.http),
             "--grpc".into(),
-            join_host_port(&coordinator_host.bind, c.grpc),
+            join_host_port(&host.bind, c.grpc),
             "--store".into(),
             format!("{store}/coordinator"),
             "--auth-tokens".into(),
-            tokens_path(coordinator_host, &cluster.name),
-        ],
-        Vec::new(),
-    )];
-    let first = &mut roles[0];
-    first.files.push((
-        tokens_path(coordinator_host, &cluster.name),
-        extras.tokens.clone(),
-    ));
-    if extras.tls.is_some() {
-        let base = format!("{}/etc/tls/host", coordinator_host.install_dir);
-        first.args.extend([
-            "--tls-cert".into(),
-            format!("{base}.pem"),
-            "--tls-key".into(),
-            format!("{base}.key"),
-        ]);
+            tokens_path(host, &cluster.name),
+        ];
+        if let Some(etcd) = &cluster.etcd {
+            args.extend([
+                "--ha".into(),
+                etcd.clone(),
+                "--ha-id".into(),
+                host.name.clone(),
+            ]);
+        }
+        if extras.tls.is_some() {
+            let base = format!("{}/etc/tls/host", host.install_dir);
+            args.extend([
+                "--tls-cert".into(),
+                format!("{base}.pem"),
+                "--tls-key".into(),
+                format!("{base}.key"),
+            ]);
+        }
+        let mut coordinator = role(Kind::Coordinator, c.host, args, Vec::new());
+        coordinator
+            .files
+            .push((tokens_path(host, &cluster.name), extras.tokens.clone()));
+        roles.push(coordinator);
     }
     for node in &cluster.state_nodes {
         let host = &cluster.hosts[node.host];
