@@ -24,9 +24,13 @@
 //! directory. It compares state sizes with each other: a checkpoint's cost should be
 //! its epoch's delta, and a rescale should move no state (`rescale_state_bytes` 0).
 //!
+//! With `--tls` each state size runs twice, plainly and then with every role (state
+//! nodes, workers, the coordinator and this process's clients) over mutual TLS with a
+//! CA made for the run, so the two lines compare in one run.
+//!
 //! Output: the header `state_mb checkpoints p50_ms p99_ms max_ms rescale_to rescale_ms
-//! rescale_state_bytes recovery_ms node_recovery_ms`, then one line per state size;
-//! progress on stderr.
+//! rescale_state_bytes recovery_ms node_recovery_ms tls`, then one line per state size
+//! (and mode); progress on stderr.
 
 use sluice_common::outln;
 use std::path::PathBuf;
@@ -47,6 +51,7 @@ use crate::harness::process::{StateServiceNode, Workers};
 use crate::harness::runtime;
 use crate::harness::table::Table;
 use crate::harness::timing::{percentile, wait_for};
+use crate::harness::tls::TlsFiles;
 use crate::state_workload::preload;
 use crate::{Error, Host, Result};
 
@@ -66,6 +71,7 @@ const TABLE: Table = Table::new(
         "rescale_state_bytes",
         "recovery_ms",
         "node_recovery_ms",
+        "tls",
     ],
     " ",
 );
@@ -91,6 +97,10 @@ pub struct Args {
     /// The state-service node's memory budget.
     #[arg(long, default_value = "512MiB", value_parser = byte_size::parse)]
     memory: u64,
+    /// Also run each state size with every role over mutual TLS (a CA and certificate
+    /// made for the run), right after its plain run (`tls` column `yes`).
+    #[arg(long)]
+    tls: bool,
     /// Directory under which each run (one per state size) gets a fresh directory for the
     /// node's data and objects, removed after it (default: the system's temporary one).
     #[arg(long)]
@@ -106,16 +116,25 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     }
     let rt = runtime()?;
     outln!("{}", TABLE.header());
+    let modes: &[bool] = if args.tls { &[false, true] } else { &[false] };
     for &size in &args.state_bytes {
-        let line = rt
-            .block_on(run_one(&args, host, size))
-            .with_context(|| format!("cluster benchmark with {size} bytes of state"))?;
-        outln!("{line}");
+        for &tls in modes {
+            let line = rt
+                .block_on(run_one(&args, host, size, tls))
+                .with_context(|| {
+                    format!("cluster benchmark with {size} bytes of state (TLS: {tls})")
+                })?;
+            outln!("{line}");
+        }
     }
     Ok(())
 }
 
-async fn run_one(args: &Args, host: &dyn Host, size: u64) -> anyhow::Result<String> {
+async fn run_one(args: &Args, host: &dyn Host, size: u64, tls: bool) -> anyhow::Result<String> {
+    // Dropped last: every role of this run talks TLS with it.
+    let tls = tls.then(TlsFiles::new).transpose()?;
+    let env = tls.as_ref().map(TlsFiles::env).unwrap_or_default();
+    let scheme = sluice_common::tls::scheme();
     // A fresh directory per size, under --work-dir when given: a second size's job
     // must not find the first one's shards in the object store.
     let base = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
@@ -130,10 +149,12 @@ async fn run_one(args: &Args, host: &dyn Host, size: u64) -> anyhow::Result<Stri
     let (listener, addr) = service::bind("127.0.0.1:0", "workers")
         .await
         .map_err(|e| anyhow!("{e}"))?;
-    let grpc = format!("http://{addr}");
-    let node = StateServiceNode::start_registered(&dir, "node", &objects, args.memory, &grpc)?;
+    let grpc = format!("{scheme}://{addr}");
+    let node =
+        StateServiceNode::start_registered(&dir, "node", &objects, args.memory, &grpc, &env)?;
     // The spare takes the node's shards when it is killed.
-    let spare = StateServiceNode::start_registered(&dir, "spare", &objects, args.memory, &grpc)?;
+    let spare =
+        StateServiceNode::start_registered(&dir, "spare", &objects, args.memory, &grpc, &env)?;
     let layout = ShardLayout::new(JOB_ID, sluice_common::DEFAULT_MAX_PARALLELISM, SHARDS);
     let loaded = Instant::now();
     let epoch = preload(
@@ -154,11 +175,11 @@ async fn run_one(args: &Args, host: &dyn Host, size: u64) -> anyhow::Result<Stri
     std::fs::create_dir_all(dir.join("coordinator"))?;
     let store =
         ObjectMetadataStore::from_url(&format!("file://{}", dir.join("coordinator").display()))?;
-    let launcher = Arc::new(Workers::new(grpc, &dir)?);
+    let launcher = Arc::new(Workers::new(grpc, &dir)?.with_env(env));
     let workers = args.workers as usize;
     let coordinator = Coordinator::new(CoordinatorOptions {
         store: Arc::new(store),
-        state: Some(host.state_connector(format!("http://{}", node.addr))),
+        state: Some(host.state_connector(format!("{scheme}://{}", node.addr))),
         launcher: Some(launcher.clone()),
         heartbeat_interval: Duration::from_millis(500),
         heartbeat_timeout: Duration::from_secs(5),
@@ -197,7 +218,16 @@ async fn run_one(args: &Args, host: &dyn Host, size: u64) -> anyhow::Result<Stri
         )
         .await
         .map_err(|e| anyhow!("{e}"))?;
-    let result = measure(args, &coordinator, &launcher, &id, size, node).await;
+    let result = measure(
+        args,
+        &coordinator,
+        &launcher,
+        &id,
+        size,
+        node,
+        tls.is_some(),
+    )
+    .await;
     let _ = coordinator.cancel(&id).await;
     server.abort();
     drop(launcher);
@@ -212,6 +242,7 @@ async fn measure(
     id: &str,
     size: u64,
     node: StateServiceNode,
+    tls: bool,
 ) -> anyhow::Result<String> {
     let status = || c.status(id).map_err(|e| anyhow!("{e}"));
     let limit = RECOVERY_LIMIT;
@@ -269,6 +300,7 @@ async fn measure(
         rescale.state_bytes_restored.to_string(),
         recovery.as_millis().to_string(),
         node_recovery.as_millis().to_string(),
+        if tls { "yes" } else { "no" }.to_string(),
     ]))
 }
 

@@ -21,6 +21,10 @@
 //!   records in and the job's status); seconds run from submitting the job, both
 //!   workers attached, to its end (scheduling, planning and connecting included,
 //!   process start not). CPU seconds are each worker's user + system time then.
+//! - **exchange over TLS** (`--tls`): the same job on two fresh workers given a CA and a
+//!   certificate made for the run (`SLUICE_TLS_*`), so that their data connection (and
+//!   their gRPC with the coordinator) is mutual TLS; `tls_ratio=` is its GB/s over the
+//!   plain exchange's.
 //! - **slow consumer** (`--slow-consumer 10x`): the same job on two fresh workers with
 //!   the sink sleeping after each batch so that it is about that many times slower than
 //!   the exchange measured just before; the producer worker's VmRSS is sampled every
@@ -57,6 +61,7 @@ use sluice_planner::job_spec;
 use crate::harness::process::Workers;
 use crate::harness::runtime;
 use crate::harness::table::{Line, field};
+use crate::harness::tls::TlsFiles;
 use crate::{Error, Host, Result};
 use sluice_common::process::{cpu_seconds, rss_bytes};
 
@@ -103,6 +108,10 @@ pub struct Args {
     /// RSS sampling period of the slow-consumer run.
     #[arg(long, default_value_t = 250)]
     rss_interval_ms: u64,
+    /// Also run the exchange over mutual TLS (a CA and certificate made for the run,
+    /// given to the workers as `SLUICE_TLS_*`) and print its ratio to the plain one.
+    #[arg(long)]
+    tls: bool,
     /// Upper bound of one measurement; workers still running then are killed.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
@@ -179,7 +188,7 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     let rt = runtime()?;
     rt.block_on(async {
         let graph = exchange_job(args.events, args.batch_size, 0, args.replay)?;
-        let run = run_exchange(graph, &args, host, None).await?;
+        let run = run_exchange(graph.clone(), &args, host, None, None).await?;
         let ex = run.measurement()?;
         let line = ex
             .line("exchange", args.buffer_bytes)
@@ -193,6 +202,25 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
                 ex.gb_per_s() / raw.gb_per_s().max(1e-12),
                 ex.gb_per_s(),
                 raw.gb_per_s()
+            );
+        }
+        if args.tls {
+            let tls = TlsFiles::new()?;
+            let run = run_exchange(graph, &args, host, None, Some(&tls)).await;
+            drop(tls);
+            let run = run?;
+            let over_tls = run.measurement()?;
+            let line = over_tls
+                .line("exchange-tls", args.buffer_bytes)
+                .field("source", source_name(args.replay))
+                .field("producer_cpu_s", format!("{:.2}", run.cpu_seconds[0]))
+                .field("consumer_cpu_s", format!("{:.2}", run.cpu_seconds[1]));
+            outln!("{line}");
+            outln!(
+                "tls_ratio={:.3} (exchange over mutual TLS {:.3} GB/s / plain {:.3} GB/s, same run)",
+                over_tls.gb_per_s() / ex.gb_per_s().max(1e-12),
+                over_tls.gb_per_s(),
+                ex.gb_per_s()
             );
         }
         if let Some(factor) = slow_factor {
@@ -449,13 +477,14 @@ impl ExchangeRun {
     }
 }
 
-/// Runs `graph` under a coordinator in this process on two fresh worker processes;
-/// with `sample_rss`, samples their VmRSS that often.
+/// Runs `graph` under a coordinator in this process on two fresh worker processes, over
+/// mutual TLS with `tls`; with `sample_rss`, samples their VmRSS that often.
 async fn run_exchange(
     graph: pb::JobGraph,
     args: &Args,
     host: &dyn Host,
     sample_rss: Option<Duration>,
+    tls: Option<&TlsFiles>,
 ) -> anyhow::Result<ExchangeRun> {
     let dir = tempfile::Builder::new()
         .prefix("sluice-bench-exchange-")
@@ -482,7 +511,9 @@ async fn run_exchange(
     });
     let server = coordinator.serve_workers(listener);
     // Dropped (killed) before `dir`, which holds their logs, is removed.
-    let workers = Workers::new(format!("http://{addr}"), dir.path())?;
+    let scheme = sluice_common::tls::scheme();
+    let workers = Workers::new(format!("{scheme}://{addr}"), dir.path())?
+        .with_env(tls.map(TlsFiles::env).unwrap_or_default());
     let timeout = Duration::from_secs(args.timeout_secs);
     let run = drive(&coordinator, &workers, graph, timeout, sample_rss).await;
     server.abort();
@@ -598,7 +629,7 @@ async fn slow_consumer(
     let events = (slow_batches.max(4) * u64::from(args.batch_size)).min(args.events);
     let graph = exchange_job(events, args.batch_size, delay_ms, args.replay)?;
     let interval = Duration::from_millis(args.rss_interval_ms.max(10));
-    let run = run_exchange(graph, args, host, Some(interval)).await?;
+    let run = run_exchange(graph, args, host, Some(interval), None).await?;
     let m = run.measurement()?;
     let line = m
         .line("slow-consumer", args.buffer_bytes)
@@ -652,7 +683,7 @@ async fn slow_consumer(
         ];
         for (mode, extra) in modes {
             let graph = exchange_job_with(events, args.batch_size, delay_ms, args.replay, extra)?;
-            let run = run_exchange(graph, args, host, None).await?;
+            let run = run_exchange(graph, args, host, None, None).await?;
             outln!("{}", checkpoint_line(mode, &run.checkpoints));
         }
     }

@@ -183,10 +183,11 @@ pub type Client = StateServiceClient<Channel>;
 
 /// A client of the node at `addr` (`host:port`), for messages of up to 64 MiB.
 pub async fn connect(addr: &str) -> anyhow::Result<Client> {
-    let url = format!("http://{addr}");
+    let url = format!("{}://{addr}", sluice_common::tls::scheme());
+    let endpoint = sluice_common::tls::endpoint(&url).map_err(|e| anyhow!("{e}"))?;
     let client = tokio::time::timeout(
         Duration::from_secs(30),
-        StateServiceClient::connect(url.clone()),
+        StateServiceClient::connect(endpoint),
     )
     .await
     .map_err(|_| anyhow!("connecting to the node at {url} timed out"))?

@@ -26,29 +26,93 @@ pub fn install_default_provider() {
 /// # Errors
 /// An unreadable file, or one without any certificate.
 pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
+    certificates_in(&path.display().to_string(), &read(path)?)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The certificates of PEM text known as `what` in errors.
+fn certificates_in(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: not a PEM certificate file: {e}", path.display()))?;
+        .map_err(|e| format!("{what}: not a PEM certificate file: {e}"))?;
     if certs.is_empty() {
-        return Err(format!("{}: no certificate in it", path.display()));
+        return Err(format!("{what}: no certificate in it"));
     }
     Ok(certs)
 }
 
-fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_file(path)
-        .map_err(|e| format!("{}: no PEM private key in it ({e})", path.display()))
+fn private_key_in(what: &str, pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(pem)
+        .map_err(|e| format!("{what}: no PEM private key in it ({e})"))
 }
 
-fn roots(ca: &Path) -> Result<RootCertStore, String> {
+fn roots_in(what: &str, pem: &[u8]) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
-    for cert in certificates(ca)? {
+    for cert in certificates_in(what, pem)? {
         roots
             .add(cert)
-            .map_err(|e| format!("{}: not a usable CA certificate: {e}", ca.display()))?;
+            .map_err(|e| format!("{what}: not a usable CA certificate: {e}"))?;
     }
     Ok(roots)
+}
+
+/// PEM text and the name errors give it (a file's path).
+type Named<'a> = (&'a str, &'a [u8]);
+
+fn server_config_of(
+    cert: Named<'_>,
+    key: Named<'_>,
+    client_ca: Option<Named<'_>>,
+) -> Result<Arc<ServerConfig>, String> {
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let builder = match client_ca {
+        Some((what, pem)) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots_in(what, pem)?),
+                provider(),
+            )
+            .build()
+            .map_err(|e| format!("{what}: {e}"))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder
+        .with_single_cert(
+            certificates_in(cert.0, cert.1)?,
+            private_key_in(key.0, key.1)?,
+        )
+        .map_err(|e| {
+            format!(
+                "{} and {}: the key does not fit the certificate: {e}",
+                cert.0, key.0
+            )
+        })?;
+    Ok(Arc::new(config))
+}
+
+fn client_config_of(
+    ca: Named<'_>,
+    identity: Option<(Named<'_>, Named<'_>)>,
+) -> Result<ClientConfig, String> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots_in(ca.0, ca.1)?);
+    match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                certificates_in(cert.0, cert.1)?,
+                private_key_in(key.0, key.1)?,
+            )
+            .map_err(|e| format!("{}: {e}", cert.0)),
+        None => Ok(builder.with_no_client_auth()),
+    }
 }
 
 /// A server presenting `cert` (with `key`); with `client_ca`, clients must present a
@@ -61,29 +125,16 @@ pub fn server_config(
     key: &Path,
     client_ca: Option<&Path>,
 ) -> Result<Arc<ServerConfig>, String> {
-    let builder = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
-    let builder = match client_ca {
-        Some(ca) => {
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
-                    .build()
-                    .map_err(|e| format!("{}: {e}", ca.display()))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let config = builder
-        .with_single_cert(certificates(cert)?, private_key(key)?)
-        .map_err(|e| {
-            format!(
-                "{} and {}: the key does not fit the certificate: {e}",
-                cert.display(),
-                key.display()
-            )
-        })?;
-    Ok(Arc::new(config))
+    let names = [cert, key].map(|p| p.display().to_string());
+    let (cert, key) = (read(cert)?, read(key)?);
+    let ca = client_ca
+        .map(|p| Ok::<_, String>((p.display().to_string(), read(p)?)))
+        .transpose()?;
+    server_config_of(
+        (&names[0], &cert),
+        (&names[1], &key),
+        ca.as_ref().map(|(n, pem)| (n.as_str(), pem.as_slice())),
+    )
 }
 
 /// A client trusting only `ca`'s certificates, presenting `identity` (certificate and
@@ -92,16 +143,22 @@ pub fn server_config(
 /// # Errors
 /// A file that cannot be read or parsed.
 pub fn client_config(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<ClientConfig, String> {
-    let builder = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots(ca)?);
-    match identity {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(certificates(cert)?, private_key(key)?)
-            .map_err(|e| format!("{}: {e}", cert.display())),
-        None => Ok(builder.with_no_client_auth()),
-    }
+    let ca_name = ca.display().to_string();
+    let ca = read(ca)?;
+    let identity = identity
+        .map(|(c, k)| {
+            Ok::<_, String>((
+                (c.display().to_string(), read(c)?),
+                (k.display().to_string(), read(k)?),
+            ))
+        })
+        .transpose()?;
+    client_config_of(
+        (&ca_name, &ca),
+        identity
+            .as_ref()
+            .map(|((cn, c), (kn, k))| ((cn.as_str(), c.as_slice()), (kn.as_str(), k.as_slice()))),
+    )
 }
 
 /// This process's identity in the cluster, for gRPC between roles (mutual TLS): the
@@ -113,10 +170,12 @@ pub struct ClusterTls {
     key: Vec<u8>,
 }
 
-static CLUSTER: std::sync::OnceLock<Option<ClusterTls>> = std::sync::OnceLock::new();
+/// Set by [`init_cluster_tls`] or [`set_cluster_tls`]; leaked so that roles hold a
+/// plain reference (it is set once per process, once more in a benchmark).
+static CLUSTER: std::sync::RwLock<Option<&'static ClusterTls>> = std::sync::RwLock::new(None);
 
-/// Reads the cluster TLS files named by the environment, once per process; true when
-/// gRPC between roles is to use them.
+/// Reads the cluster TLS files named by the environment; true when roles are to talk
+/// TLS with them.
 ///
 /// # Errors
 /// Some of the three variables set and not others, or files rustls cannot use
@@ -129,7 +188,6 @@ pub fn init_cluster_tls() -> Result<bool, String> {
             let (ca, cert, key) = (Path::new(&ca), Path::new(&cert), Path::new(&key));
             // Checked as rustls would use them, so a mistake stops the role at start.
             server_config(cert, key, Some(ca))?;
-            let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
             Some(ClusterTls {
                 ca: read(ca)?,
                 cert: read(cert)?,
@@ -144,13 +202,52 @@ pub fn init_cluster_tls() -> Result<bool, String> {
         }
     };
     let on = tls.is_some();
-    let _ = CLUSTER.set(tls);
+    set_cluster_tls(tls.map(|t| &*Box::leak(Box::new(t))));
     Ok(on)
+}
+
+/// Replaces this process's cluster identity and returns the one it had. Servers and
+/// connections read it when they start, so those already running keep theirs: a
+/// benchmark measures a cluster with and without TLS in one run this way.
+pub fn set_cluster_tls(tls: Option<&'static ClusterTls>) -> Option<&'static ClusterTls> {
+    std::mem::replace(
+        &mut *CLUSTER.write().unwrap_or_else(|p| p.into_inner()),
+        tls,
+    )
+}
+
+/// A cluster identity made now (a CA of its own and a certificate it signed for
+/// `names`, for server and client use), for benchmarks and tests that need TLS between
+/// processes of this machine: the CA, the certificate and its key, as PEM text.
+///
+/// # Errors
+/// A name rcgen cannot put in a certificate.
+pub fn ephemeral_identity(names: &[&str]) -> Result<[String; 3], String> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let mut ca = CertificateParams::default();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "Sluice ephemeral CA");
+    let ca_key = KeyPair::generate().map_err(|e| e.to_string())?;
+    let ca_pem = ca.self_signed(&ca_key).map_err(|e| e.to_string())?.pem();
+    let issuer = Issuer::new(ca, ca_key);
+    let mut leaf =
+        CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+            .map_err(|e| e.to_string())?;
+    leaf.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let key = KeyPair::generate().map_err(|e| e.to_string())?;
+    let cert = leaf.signed_by(&key, &issuer).map_err(|e| e.to_string())?;
+    Ok([ca_pem, cert.pem(), key.serialize_pem()])
 }
 
 /// The cluster TLS identity, when [`init_cluster_tls`] found one.
 pub fn cluster_tls() -> Option<&'static ClusterTls> {
-    CLUSTER.get().and_then(Option::as_ref)
+    *CLUSTER.read().unwrap_or_else(|p| p.into_inner())
 }
 
 /// `https` when roles talk TLS, `http` otherwise: the scheme of the URLs a role
@@ -164,6 +261,46 @@ pub fn scheme() -> &'static str {
 }
 
 impl ClusterTls {
+    /// An identity from PEM text: the cluster's CA, this host's certificate and its key.
+    ///
+    /// # Errors
+    /// Text rustls cannot use, or a key that does not fit the certificate.
+    pub fn from_pem(ca: Vec<u8>, cert: Vec<u8>, key: Vec<u8>) -> Result<Self, String> {
+        server_config_of(
+            ("the certificate", &cert),
+            ("its key", &key),
+            Some(("the CA", &ca)),
+        )?;
+        Ok(Self { ca, cert, key })
+    }
+
+    /// A rustls server presenting this host's certificate and requiring a client
+    /// certificate of the cluster's CA (the workers' data plane).
+    ///
+    /// # Errors
+    /// None for an identity made by [`ClusterTls::from_pem`] or [`init_cluster_tls`],
+    /// which checked the same.
+    pub fn rustls_server(&self) -> Result<Arc<ServerConfig>, String> {
+        server_config_of(
+            ("the certificate", &self.cert),
+            ("its key", &self.key),
+            Some(("the CA", &self.ca)),
+        )
+    }
+
+    /// A rustls client trusting only the cluster's CA and presenting this host's
+    /// certificate.
+    ///
+    /// # Errors
+    /// As [`ClusterTls::rustls_server`].
+    pub fn rustls_client(&self) -> Result<Arc<ClientConfig>, String> {
+        client_config_of(
+            ("the CA", &self.ca),
+            Some((("the certificate", &self.cert), ("its key", &self.key))),
+        )
+        .map(Arc::new)
+    }
+
     /// A gRPC server presenting this host's certificate and requiring a client
     /// certificate of the cluster's CA.
     pub fn server(&self) -> tonic::transport::ServerTlsConfig {

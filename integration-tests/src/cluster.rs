@@ -47,10 +47,31 @@ pub fn args_for(role: &'static str, args: &[&str]) -> impl Fn(&str) -> Vec<Strin
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding an ephemeral port")
-        .port()
+    // Below the kernel's ephemeral range: a port found free here is closed again before
+    // its owner binds it, and a process binding port 0 meanwhile (a state node started
+    // first) could otherwise be given the same one. Never the same port twice per test
+    // process, since ports handed out are not bound yet.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(12_000));
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let seed = std::process::id() as u64
+        ^ std::time::UNIX_EPOCH
+            .elapsed()
+            .unwrap_or_default()
+            .as_nanos() as u64;
+    let span = u64::from(high - low);
+    for i in 0..span {
+        let port = low + ((seed.wrapping_mul(2_654_435_761).wrapping_add(i * 7919)) % span) as u16;
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 between {low} and {high}")
 }
 
 /// The command line of state node `i` registering at `grpc` (the coordinators' gRPC

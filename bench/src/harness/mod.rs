@@ -5,6 +5,7 @@
 //! - [`resources`]: a thread that samples a process's resident memory per phase
 //!   (reading it is `sluice_common::process`'s).
 //! - [`timing`]: nearest-rank percentiles, and waiting for a condition within a bound.
+//! - [`tls`]: a CA and certificate made for a measurement over mutual TLS.
 //! - [`table`]: result lines: tables (a header, then one row per run) and lines of
 //!   `key=value` words, printed and read back.
 //!
@@ -14,6 +15,7 @@ pub mod process;
 pub mod resources;
 pub mod table;
 pub mod timing;
+pub mod tls;
 
 /// A multi-threaded runtime, one worker thread per core, for a benchmark's async work.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -65,17 +65,19 @@ impl StateServiceNode {
     /// durable tier at `store_url` and a budget of `memory` bytes, and waits for the
     /// address it prints.
     pub fn start(dir: &Path, name: &str, store_url: &str, memory: u64) -> anyhow::Result<Self> {
-        Self::start_with(dir, name, store_url, memory, &[])
+        Self::start_with(dir, name, store_url, memory, &[], &[])
     }
 
     /// [`StateServiceNode::start`] registering with the coordinator at `coordinator`
-    /// (`http://host:port` of its gRPC API) as `--node-id name`.
+    /// (`http://host:port` of its gRPC API) as `--node-id name`, with `env` besides this
+    /// process's environment (`SLUICE_TLS_*`).
     pub fn start_registered(
         dir: &Path,
         name: &str,
         store_url: &str,
         memory: u64,
         coordinator: &str,
+        env: &[(String, PathBuf)],
     ) -> anyhow::Result<Self> {
         Self::start_with(
             dir,
@@ -83,6 +85,7 @@ impl StateServiceNode {
             store_url,
             memory,
             &["--coordinator", coordinator, "--node-id", name],
+            env,
         )
     }
 
@@ -92,6 +95,7 @@ impl StateServiceNode {
         store_url: &str,
         memory: u64,
         extra: &[&str],
+        env: &[(String, PathBuf)],
     ) -> anyhow::Result<Self> {
         let exe = sluice_exe()?;
         let data_dir = dir.join(name);
@@ -103,6 +107,7 @@ impl StateServiceNode {
             .arg(&data_dir)
             .args(["--object-store", store_url, "--memory", &memory.to_string()])
             .args(extra)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
@@ -192,6 +197,8 @@ pub struct Workers {
     dir: PathBuf,
     /// Every worker started, oldest first, running or not.
     started: Mutex<Vec<WorkerProcess>>,
+    /// Environment variables of each worker besides this process's.
+    env: Vec<(String, PathBuf)>,
 }
 
 impl Workers {
@@ -202,7 +209,14 @@ impl Workers {
             coordinator,
             dir: dir.to_path_buf(),
             started: Mutex::new(Vec::new()),
+            env: Vec::new(),
         })
+    }
+
+    /// Workers started with these environment variables too (`SLUICE_TLS_*`).
+    pub fn with_env(mut self, env: Vec<(String, PathBuf)>) -> Self {
+        self.env = env;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<WorkerProcess>> {
@@ -226,6 +240,7 @@ impl Workers {
                     &self.coordinator,
                     "--exit-with-coordinator",
                 ])
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::from(create_log(&log)?))

@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::keyed::MemoryStores;
 use crate::network::NetworkConfig;
 use crate::network::environment::{self, NetworkBuilder};
+use crate::network::transport::DataTls;
 use crate::runtime::alignment::Alignment;
 use crate::runtime::build::{self, BuildOptions, Placement, RestoreFrom};
 use crate::runtime::metrics::JobMetrics;
@@ -320,7 +321,11 @@ async fn run(
     };
     let config = NetworkConfig::from_proto(deployment.network.as_ref());
     let placement = Placement::round_robin(&plan, peers.len() as u32);
-    let streams = environment::connect_peers(listener, me, &peers, &config).await?;
+    let tls = DataTls::of_process().map_err(|message| Error::Network {
+        peer: "this worker".into(),
+        message: format!("its TLS identity: {message}"),
+    })?;
+    let streams = environment::connect_peers(listener, me, &peers, &config, tls.as_deref()).await?;
     let mut net = NetworkBuilder::new(config, peers);
     let mut tasks =
         build::build_tasks(&plan, metrics, &options, &placement, me, Some(&mut net)).await?;

@@ -1,6 +1,7 @@
 //! One TCP connection between two workers, multiplexing every channel between them.
 //!
-//! A connection opens with a hello each way ([`handshake`]: magic, protocol version,
+//! A connection runs over a [`PeerStream`] (plain TCP, or TLS with the cluster's
+//! certificates) and opens with a hello each way ([`handshake`]: magic, protocol version,
 //! worker index) and then runs three kinds of owned tasks:
 //!
 //! - the **writer** owns the write half: it sends what the subpartitions' send loops and
@@ -23,9 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
@@ -35,6 +34,7 @@ use crate::network::frame::{
 };
 use crate::network::input_channel::RemoteInputChannel;
 use crate::network::partition::{Subpartition, send_loop};
+use crate::network::transport::PeerStream;
 
 /// Frames the send loops of one connection may queue for its writer: buffers that left
 /// their subpartitions and wait for the socket.
@@ -44,8 +44,8 @@ pub const WRITER_FRAMES: usize = 64;
 pub const IO_BUFFER_BYTES: usize = frame::READ_BUFFER_BYTES;
 
 /// Exchanges hellos on a fresh connection; returns the peer's worker index.
-pub async fn handshake(
-    stream: &mut TcpStream,
+pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     me: u32,
     timeout: Duration,
 ) -> std::result::Result<u32, String> {
@@ -130,14 +130,36 @@ pub struct ConnectionSettings {
 /// Starts the tasks of one connection in `tasks`. `stop` turning true tells the writer
 /// that this worker's tasks are done: it sends what is left and closes its half.
 pub fn start(
-    stream: TcpStream,
+    stream: PeerStream,
     plan: ConnectionPlan,
     settings: ConnectionSettings,
     stop: watch::Receiver<bool>,
     tasks: &mut JoinSet<Result<()>>,
 ) {
-    let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
+    match stream {
+        // Owned halves of a socket need no lock between reader and writer.
+        PeerStream::Plain(tcp) => {
+            let (rd, wr) = tcp.into_split();
+            start_halves(rd, wr, plan, settings, stop, tasks);
+        }
+        PeerStream::Tls(tls) => {
+            let (rd, wr) = tokio::io::split(*tls);
+            start_halves(rd, wr, plan, settings, stop, tasks);
+        }
+    }
+}
+
+fn start_halves<R, W>(
+    rd: R,
+    wr: W,
+    plan: ConnectionPlan,
+    settings: ConnectionSettings,
+    stop: watch::Receiver<bool>,
+    tasks: &mut JoinSet<Result<()>>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let ConnectionPlan {
         peer,
         outputs,
@@ -174,8 +196,8 @@ pub fn start(
     tasks.spawn(read_loop(rd, in_map, out_map, peer, settings));
 }
 
-async fn write_loop(
-    wr: OwnedWriteHalf,
+async fn write_loop<W: AsyncWrite + Unpin>(
+    wr: W,
     mut frames: mpsc::Receiver<Frame>,
     mut credits: mpsc::UnboundedReceiver<Frame>,
     mut stop: watch::Receiver<bool>,
@@ -233,8 +255,8 @@ async fn write_loop(
     })
 }
 
-async fn read_loop(
-    rd: OwnedReadHalf,
+async fn read_loop<R: AsyncRead + Unpin>(
+    rd: R,
     mut inputs: HashMap<ChannelId, RemoteInputChannel>,
     outputs: HashMap<ChannelId, Arc<Subpartition>>,
     peer: String,

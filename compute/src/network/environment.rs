@@ -6,8 +6,11 @@
 //! (wrong magic, wrong version, another worker index) fails the worker with a message
 //! naming the address and the problem; an incoming connection that fails its hello is
 //! refused and logged and the worker goes on waiting for its peers (anyone who reaches
-//! the port can send bytes; a stranger must not fail a job). Every wait here is bounded
-//! by the connect timeout, whose error lists what was refused meanwhile.
+//! the port can send bytes; a stranger must not fail a job). With the cluster's TLS
+//! identity every connection is mutual TLS first (`transport`): a peer whose certificate
+//! fails is named like a bad hello, a stranger without one is refused like one. Every
+//! wait here is bounded by the connect timeout, whose error lists what was refused
+//! meanwhile.
 //!
 //! [`NetworkBuilder`] collects, while tasks are built, which subpartitions go to which
 //! peer and which remote input channels come from it; [`NetworkBuilder::start`] starts
@@ -31,6 +34,7 @@ use crate::network::credit::{CreditStats, FloatingPool, InputCredit};
 use crate::network::frame::ChannelId;
 use crate::network::input_channel::RemoteInputChannel;
 use crate::network::partition::{Subpartition, SubpartitionStats, SubpartitionWriter};
+use crate::network::transport::{self, DataTls, PeerStream};
 use crate::queue::Inlet;
 
 fn peer_name(index: u32, addr: &str) -> String {
@@ -38,13 +42,14 @@ fn peer_name(index: u32, addr: &str) -> String {
 }
 
 /// Connects this worker (`me`) to every other worker of `peers` (data addresses by
-/// worker index).
+/// worker index), over TLS with `tls`.
 pub async fn connect_peers(
     listener: &TcpListener,
     me: u32,
     peers: &[String],
     config: &NetworkConfig,
-) -> Result<HashMap<u32, TcpStream>> {
+    tls: Option<&DataTls>,
+) -> Result<HashMap<u32, PeerStream>> {
     let deadline = Instant::now() + config.connect_timeout;
     let hello_timeout = Duration::from_secs(10).min(config.connect_timeout);
     let n = peers.len() as u32;
@@ -52,7 +57,7 @@ pub async fn connect_peers(
         let mut out = HashMap::new();
         for j in (me + 1)..n {
             let addr = &peers[j as usize];
-            let mut stream = loop {
+            let stream = loop {
                 match TcpStream::connect(addr.as_str()).await {
                     Ok(s) => break s,
                     Err(e) if Instant::now() >= deadline => {
@@ -64,12 +69,16 @@ pub async fn connect_peers(
                     Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
             };
-            let got = connection::handshake(&mut stream, me, hello_timeout)
-                .await
-                .map_err(|message| Error::Network {
-                    peer: peer_name(j, addr),
-                    message,
-                })?;
+            let opened = async {
+                let mut stream =
+                    within(hello_timeout, transport::connect(stream, addr, tls)).await?;
+                let got = connection::handshake(&mut stream, me, hello_timeout).await?;
+                Ok::<_, String>((stream, got))
+            };
+            let (stream, got) = opened.await.map_err(|message| Error::Network {
+                peer: peer_name(j, addr),
+                message,
+            })?;
             if got != j {
                 return Err(Error::Network {
                     peer: peer_name(j, addr),
@@ -85,7 +94,7 @@ pub async fn connect_peers(
     // can reach the port can send one (the connect timeout still bounds the wait, and
     // its error names what was refused).
     let incoming = async {
-        let mut got: HashMap<u32, TcpStream> = HashMap::new();
+        let mut got: HashMap<u32, PeerStream> = HashMap::new();
         let mut handshakes = JoinSet::new();
         let mut refused: Vec<String> = Vec::new();
         while (got.len() as u32) < me {
@@ -116,22 +125,28 @@ pub async fn connect_peers(
                                 message: format!("accept failed: {e}"),
                             });
                         }
-                        Ok(Ok((mut stream, addr))) => {
+                        Ok(Ok((stream, addr))) => {
+                            let tls = tls.cloned();
                             handshakes.spawn(async move {
-                                let r = connection::handshake(&mut stream, me, hello_timeout).await;
-                                (stream, addr, r)
+                                let opened = async {
+                                    let mut stream =
+                                        within(hello_timeout, transport::accept(stream, tls.as_ref())).await?;
+                                    let index = connection::handshake(&mut stream, me, hello_timeout).await?;
+                                    Ok::<_, String>((stream, index))
+                                };
+                                (addr, opened.await)
                             });
                         }
                     }
                 }
                 Some(joined) = handshakes.join_next(), if !handshakes.is_empty() => {
-                    let Ok((stream, addr, r)) = joined else { continue };
+                    let Ok((addr, r)) = joined else { continue };
                     let problem = match r {
                         Err(message) => message,
-                        Ok(index) if index >= me || got.contains_key(&index) => {
+                        Ok((_, index)) if index >= me || got.contains_key(&index) => {
                             format!("claims to be worker {index}, which is not expected here")
                         }
-                        Ok(index) => {
+                        Ok((stream, index)) => {
                             got.insert(index, stream);
                             continue;
                         }
@@ -149,6 +164,17 @@ pub async fn connect_peers(
     let mut all = out;
     all.extend(inc);
     Ok(all)
+}
+
+/// `opening`, or an error once `limit` has passed (a TLS handshake the peer never
+/// finishes).
+async fn within<T>(
+    limit: Duration,
+    opening: impl std::future::Future<Output = std::result::Result<T, String>>,
+) -> std::result::Result<T, String> {
+    tokio::time::timeout(limit, opening)
+        .await
+        .map_err(|_| format!("no TLS handshake within {limit:?}"))?
 }
 
 /// Live figures of this worker's remote channels, for metrics.
@@ -366,7 +392,7 @@ impl NetworkBuilder {
     }
 
     /// Starts every connection over `streams` (by peer index).
-    pub fn start(self, mut streams: HashMap<u32, TcpStream>) -> Result<RunningNetwork> {
+    pub fn start(self, mut streams: HashMap<u32, PeerStream>) -> Result<RunningNetwork> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let settings = ConnectionSettings {
             max_frame_bytes: self.config.max_frame_bytes,

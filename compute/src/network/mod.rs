@@ -14,6 +14,8 @@
 //! - [`connection`]: one connection's reader, writer and send loops; failure handling.
 //! - [`environment`]: a worker's listener, its connections to every peer, and the
 //!   registry that wires channels to connections before they start.
+//! - [`transport`]: the stream under a connection: plain TCP, or mutual TLS with the
+//!   cluster's certificates.
 //!
 //! This module knows channels, buffers and peers; it does not know operators, plans or
 //! which subtask runs where (the caller says).
@@ -25,6 +27,7 @@ pub mod environment;
 pub mod frame;
 pub mod input_channel;
 pub mod partition;
+pub mod transport;
 
 use std::time::Duration;
 
