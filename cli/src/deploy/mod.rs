@@ -11,10 +11,11 @@
 //! stops them and removes what deploy installed (data directories only with `--purge`).
 //!
 //! This module owns the order and the checks; [`role`] renders what runs, [`ssh`]
-//! reaches hosts. It must not know job internals: health comes from the coordinator's
+//! reaches hosts, [`progress`] shows the step under way. It must not know job internals: health comes from the coordinator's
 //! REST API as any client sees it.
 
 mod pki;
+mod progress;
 mod role;
 mod ssh;
 
@@ -31,6 +32,7 @@ use sluice_planner::cluster_file::{ClusterSpec, HostSpec, ServiceManager, parse_
 use crate::cluster::client::{Credentials, call_any};
 use crate::{Failure, runtime};
 use pki::Pki;
+use progress::{Progress, doing, say};
 use role::{Extras, Kind, Role, TlsMaterial, join_host_port, roles};
 use ssh::{Input, Ssh, quote};
 
@@ -105,6 +107,7 @@ struct UpArgs {
 
 /// Runs `sluice deploy`.
 pub fn run(args: DeployArgs) -> Result<(), Failure> {
+    let _progress = Progress::start();
     match args.action {
         None => up(args.up),
         Some(DeployAction::Upgrade(args)) => upgrade(args),
@@ -300,11 +303,6 @@ fn step_failed(host: &HostSpec, step: &str, reason: &str) -> Failure {
     ))
 }
 
-/// Prints a progress line.
-fn say(line: &str) {
-    eprintln!("{line}");
-}
-
 fn up(args: UpArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let (session, sha) = begin(&args)?;
@@ -360,6 +358,10 @@ fn prepare_all(session: &Session, args: &UpArgs, sha: &str) -> Result<usize, Fai
         .iter()
         .filter(|h| roles.iter().any(|r| r.host.name == h.name))
         .collect();
+    doing(format!(
+        "checking {} hosts, copying the binary where it is missing",
+        used.len()
+    ));
     let prepared: Vec<Result<bool, Failure>> = std::thread::scope(|scope| {
         let handles: Vec<_> = used
             .iter()
@@ -408,6 +410,11 @@ fn roll(
     let mut changed = 0;
     let extras = session.extras()?;
     for role in roles(&session.cluster, &extras) {
+        doing(format!(
+            "{}: checking the {}",
+            role.host.name,
+            role.kind.name()
+        ));
         let digest = sha256_bytes(role.fingerprint(sha).as_bytes())?;
         let current = session.on(
             role.host,
@@ -433,6 +440,7 @@ fn roll(
                     "starting"
                 };
                 say(&format!("{}: {what} {}", role.host.name, role.kind.name()));
+                doing(format!("{}: {what} {}", role.host.name, role.kind.name()));
                 let secrets = role.secret_input();
                 let out = session.on(
                     role.host,
@@ -457,6 +465,11 @@ fn roll(
                 }
             }
         };
+        doing(format!(
+            "{}: waiting for the {} (pid {pid}) to be healthy",
+            role.host.name,
+            role.kind.name()
+        ));
         rt.block_on(healthy(session, &role, pid, &rest, timeout))?;
         say(&format!(
             "{}: {} healthy (pid {pid})",
@@ -511,6 +524,7 @@ fn upgrade(args: UpArgs) -> Result<(), Failure> {
     let paused = Instant::now();
     let mut saved = Vec::new();
     for (id, workers) in &running {
+        doing(format!("job {id}: stopping with a savepoint"));
         let body = serde_json::json!({ "savepoint": name });
         let path = rt
             .block_on(session.api("POST", &format!("/v1/jobs/{id}/stop"), Some(body)))
@@ -529,6 +543,7 @@ fn upgrade(args: UpArgs) -> Result<(), Failure> {
     let changed = roll(&session, &rt, &sha, &args)
         .map_err(|f| Failure::from(anyhow::anyhow!("{}{}", f.message(), resumed_note(&saved))))?;
     for (id, workers, path) in &saved {
+        doing(format!("job {id}: resuming from {path}"));
         let body = serde_json::json!({ "from_savepoint": path, "workers": workers });
         let new = rt
             .block_on(session.api("POST", "/v1/jobs", Some(body)))
@@ -832,6 +847,11 @@ fn destroy(common: Common, purge: bool) -> Result<(), Failure> {
     roles.reverse();
     let mut failures = Vec::new();
     for role in &roles {
+        doing(format!(
+            "{}: stopping the {}",
+            role.host.name,
+            role.kind.name()
+        ));
         match session.on(
             role.host,
             &format!("removing the {}", role.kind.name()),
