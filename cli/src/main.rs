@@ -93,8 +93,9 @@ enum TokenCommand {
     /// Make a new random token: prints it, and on stderr the line that admits it in a
     /// coordinator's tokens file (which holds only its hash).
     New {
-        /// What it may do: `read` (GET only) or `operate` (everything).
-        #[arg(long, default_value = "operate", value_parser = ["read", "operate"])]
+        /// What it may do: `read` (GET only), `operate` (everything) or `join` (only
+        /// a worker joining by itself: `sluice worker --join`).
+        #[arg(long, default_value = "operate", value_parser = ["read", "operate", "join"])]
         role: String,
         /// Its name in refusals and the tokens file.
         #[arg(long, default_value = "user")]

@@ -245,6 +245,92 @@ pub fn ephemeral_identity(names: &[&str]) -> Result<[String; 3], String> {
     Ok([ca_pem, cert.pem(), key.serialize_pem()])
 }
 
+/// A new key and a certificate signing request for it (PEM text: key, request), which
+/// a worker joining a cluster sends to a coordinator ([`CertificateAuthority`]).
+///
+/// # Errors
+/// A name rcgen cannot put in a request.
+pub fn certificate_request(name: &str) -> Result<(String, String), String> {
+    use rcgen::{CertificateParams, DnType, KeyPair};
+    let key = KeyPair::generate().map_err(|e| e.to_string())?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name.push(DnType::CommonName, name);
+    let request = params
+        .serialize_request(&key)
+        .and_then(|r| r.pem())
+        .map_err(|e| e.to_string())?;
+    Ok((key.serialize_pem(), request))
+}
+
+/// The cluster CA's signing half, which a coordinator holds when workers it was not
+/// given may join (an auto-scaled group): it signs their certificate requests.
+pub struct CertificateAuthority {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    ca: String,
+}
+
+impl CertificateAuthority {
+    /// The CA from its certificate and key (PEM text).
+    ///
+    /// # Errors
+    /// Text that is not a certificate or a key, or a key that does not sign for it.
+    pub fn from_pem(ca: &str, key: &str) -> Result<Self, String> {
+        let signing = rcgen::KeyPair::from_pem(key).map_err(|e| format!("the CA's key: {e}"))?;
+        // A key of another certificate would sign certificates nobody trusts.
+        let cert = certificates_in("the CA certificate", ca.as_bytes())?;
+        let spki = webpki_spki(&cert[0]).ok_or("the CA certificate cannot be parsed")?;
+        if spki != rcgen::PublicKeyData::subject_public_key_info(&signing) {
+            return Err("the key is not the CA certificate's key".into());
+        }
+        let issuer = rcgen::Issuer::from_ca_cert_pem(ca, signing)
+            .map_err(|e| format!("the CA certificate: {e}"))?;
+        Ok(Self {
+            issuer,
+            ca: ca.to_owned(),
+        })
+    }
+
+    /// The CA's certificate (PEM), which the joining worker trusts from then on.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca
+    }
+
+    /// A certificate for the key in `request` (PEM), for server and client use, naming
+    /// only `address`: whatever the request asks, it is valid for the address the
+    /// worker was seen at, so it cannot pose as another host.
+    ///
+    /// # Errors
+    /// A request that is not PEM or whose signature does not verify.
+    pub fn sign_request(
+        &self,
+        request: &str,
+        address: std::net::IpAddr,
+        name: &str,
+    ) -> Result<String, String> {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose};
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(request)
+            .map_err(|e| format!("not a certificate signing request: {e}"))?;
+        let mut params =
+            CertificateParams::new(vec![address.to_string()]).map_err(|e| e.to_string())?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        csr.params = params;
+        csr.signed_by(&self.issuer)
+            .map(|c| c.pem())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The SubjectPublicKeyInfo of a certificate (DER).
+fn webpki_spki(cert: &CertificateDer<'_>) -> Option<Vec<u8>> {
+    use x509_parser::prelude::FromDer;
+    let (_, parsed) = x509_parser::certificate::X509Certificate::from_der(cert.as_ref()).ok()?;
+    Some(parsed.tbs_certificate.subject_pki.raw.to_vec())
+}
+
 /// The cluster TLS identity, when [`init_cluster_tls`] found one.
 pub fn cluster_tls() -> Option<&'static ClusterTls> {
     *CLUSTER.read().unwrap_or_else(|p| p.into_inner())
@@ -382,4 +468,55 @@ pub fn is_certificate_error(text: &str) -> bool {
     ]
     .iter()
     .any(|needle| text.contains(needle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca() -> (String, String) {
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    #[test]
+    fn a_joining_worker_gets_a_certificate_for_the_address_it_was_seen_at() {
+        let (ca_pem, ca_key) = ca();
+        let authority = CertificateAuthority::from_pem(&ca_pem, &ca_key).unwrap();
+        let (key, request) = certificate_request("worker").unwrap();
+        let address: std::net::IpAddr = "10.0.2.7".parse().unwrap();
+        let cert = authority.sign_request(&request, address, "worker").unwrap();
+        // The identity is usable as a cluster identity of this CA.
+        ClusterTls::from_pem(
+            ca_pem.into_bytes(),
+            cert.clone().into_bytes(),
+            key.into_bytes(),
+        )
+        .unwrap();
+        use x509_parser::prelude::FromDer;
+        let der = certificates_in("it", cert.as_bytes()).unwrap();
+        let (_, parsed) = x509_parser::certificate::X509Certificate::from_der(&der[0]).unwrap();
+        let names = parsed.subject_alternative_name().unwrap().unwrap();
+        assert_eq!(
+            format!("{:?}", names.value.general_names),
+            "[IPAddress([10, 0, 2, 7])]"
+        );
+        // A request that is not one, and a key of another CA, are named.
+        assert!(
+            authority
+                .sign_request("junk", address, "w")
+                .unwrap_err()
+                .contains("not a certificate signing request")
+        );
+        let (_, other_key) = ca();
+        assert_eq!(
+            CertificateAuthority::from_pem(authority.ca_pem(), &other_key)
+                .err()
+                .as_deref(),
+            Some("the key is not the CA certificate's key")
+        );
+    }
 }

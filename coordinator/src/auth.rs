@@ -30,6 +30,8 @@ pub enum Access {
     Read,
     /// Everything.
     Operate,
+    /// Only `POST /v1/workers/join`: a worker that joins by itself (an auto-scaled one).
+    Join,
 }
 
 /// The accepted tokens, by hash.
@@ -42,7 +44,7 @@ impl Tokens {
     /// Reads a tokens file's text; `file` names it in errors.
     ///
     /// # Errors
-    /// A line that is not `read|operate sha256:<64 hex digits> [name]`, with its line
+    /// A line that is not `read|operate|join sha256:<64 hex digits> [name]`, with its line
     /// number; a file without any token.
     pub fn parse(file: &str, text: &str) -> Result<Tokens, String> {
         let mut tokens = Tokens::default();
@@ -56,9 +58,10 @@ impl Tokens {
             let access = match words.next() {
                 Some("read") => Access::Read,
                 Some("operate") => Access::Operate,
+                Some("join") => Access::Join,
                 Some(other) => {
                     return Err(format!(
-                        "{at}: unknown role `{other}`; expected read or operate"
+                        "{at}: unknown role `{other}`; expected read, operate or join"
                     ));
                 }
                 None => continue,
@@ -112,6 +115,9 @@ fn parse_hex(text: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// Where workers join; the only path a join token opens.
+const JOIN_PATH: &str = "/v1/workers/join";
+
 /// Paths anyone may read: the web UI's files (which hold no data) and the API's
 /// description.
 fn public(path: &str) -> bool {
@@ -160,6 +166,14 @@ pub async fn require_token(
                 ),
             )
         }
+        Some((Access::Join, name)) if request.uri().path() != JOIN_PATH => refuse(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "token `{name}` may only join workers (POST {JOIN_PATH}); {} {} needs another",
+                request.method(),
+                request.uri().path()
+            ),
+        ),
         Some(_) => next.run(request).await,
     }
 }
@@ -204,7 +218,7 @@ mod tests {
         let err = |t: &str| Tokens::parse("t", t).unwrap_err();
         assert_eq!(
             err("admin sha256:00"),
-            "t:1: unknown role `admin`; expected read or operate"
+            "t:1: unknown role `admin`; expected read, operate or join"
         );
         assert!(err("\nread sha256:xyz").starts_with("t:2: expected `sha256:`"));
         assert!(err("read s3cret").starts_with("t:1:"));

@@ -87,11 +87,19 @@ pub struct HaOptions {
     pub me: Member,
 }
 
-/// Parses `etcd://host:port[,host:port…]` into client URLs.
+/// Parses `etcd://host:port[,host:port…]` into client URLs (`etcds://`: over mutual
+/// TLS with this process's cluster identity, `SLUICE_TLS_*`).
 pub fn parse_etcd_url(url: &str) -> Result<Vec<String>, String> {
-    let rest = url.strip_prefix("etcd://").ok_or_else(|| {
-        format!("{url:?} is not an etcd address: expected etcd://host:port[,host:port]")
-    })?;
+    let (scheme, rest) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
+        (Some(rest), _) => ("http", rest),
+        (None, Some(rest)) => ("https", rest),
+        (None, None) => {
+            return Err(format!(
+                "{url:?} is not an etcd address: expected etcd://host:port[,host:port] \
+                 (etcds:// over TLS)"
+            ));
+        }
+    };
     let endpoints: Vec<String> = rest
         .trim_end_matches('/')
         .split(',')
@@ -101,7 +109,7 @@ pub fn parse_etcd_url(url: &str) -> Result<Vec<String>, String> {
             if hp.contains('/') || !hp.contains(':') {
                 Err(format!("{hp:?} in {url:?} is not host:port"))
             } else {
-                Ok(format!("http://{hp}"))
+                Ok(format!("{scheme}://{hp}"))
             }
         })
         .collect::<Result<_, _>>()?;
@@ -159,7 +167,13 @@ impl Elector {
             .endpoints
             .iter()
             .map(|u| {
-                Endpoint::from_shared(u.clone())
+                // A user's plain etcd stays plain when the roles talk TLS to each other.
+                let endpoint = if u.starts_with("https://") {
+                    sluice_common::tls::endpoint(u)
+                } else {
+                    Endpoint::from_shared(u.clone()).map_err(|e| e.to_string())
+                };
+                endpoint
                     .map(|e| e.connect_timeout(CALL_TIMEOUT).tcp_nodelay(true))
                     .map_err(|e| format!("etcd endpoint {u:?}: {e}"))
             })
@@ -533,6 +547,10 @@ mod tests {
         assert_eq!(
             parse_etcd_url("etcd://127.0.0.1:2379,127.0.0.2:2379").unwrap(),
             vec!["http://127.0.0.1:2379", "http://127.0.0.2:2379"]
+        );
+        assert_eq!(
+            parse_etcd_url("etcds://10.0.0.1:2379").unwrap(),
+            vec!["https://10.0.0.1:2379"]
         );
         assert!(
             parse_etcd_url("http://x:1")

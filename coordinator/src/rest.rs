@@ -282,6 +282,31 @@ async fn workers(State(c): State<Arc<Coordinator>>) -> ApiResult {
     ok(c.workers())
 }
 
+/// A certificate for a worker joining with a join token (an auto-scaled one).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JoinRequest {
+    /// The worker's data address, which must be the one its request comes from.
+    host: String,
+    /// Its certificate signing request (PEM).
+    csr: String,
+}
+
+async fn join_worker(
+    State(c): State<Arc<Coordinator>>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let req: JoinRequest = body(&checked(&headers, bytes)?)?;
+    let Some(axum::Extension(axum::extract::ConnectInfo(peer))) = peer else {
+        return Err(ApiError::Internal(
+            "the server does not know the caller's address".into(),
+        ));
+    };
+    ok(c.join_worker(peer.ip(), &req.host, &req.csr)?)
+}
+
 async fn state_nodes(State(c): State<Arc<Coordinator>>) -> ApiResult {
     ok(c.state_nodes())
 }
@@ -352,6 +377,7 @@ pub fn router(c: Arc<Coordinator>, tokens: Option<Arc<Tokens>>) -> Router {
         .route("/v1/jobs/{id}/stop", post(stop))
         .route("/v1/jobs/{id}/rescale", post(rescale))
         .route("/v1/workers", get(workers))
+        .route("/v1/workers/join", post(join_worker))
         .route("/v1/state-nodes", get(state_nodes))
         .route("/v1/state-nodes/{node}/drain", post(drain_state_node))
         .route("/v1/state-nodes/rebalance", post(rebalance))

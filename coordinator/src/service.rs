@@ -132,6 +132,8 @@ pub struct Coordinator {
     jobs: Mutex<BTreeMap<String, JobEntry>>,
     /// The election this coordinator takes part in (`--ha`); without one it leads.
     elector: std::sync::OnceLock<Arc<Elector>>,
+    /// The cluster CA's signing half, when workers may join with a join token.
+    join_authority: std::sync::OnceLock<Arc<sluice_common::tls::CertificateAuthority>>,
     /// How long after a state node joined every job's shards are spread again (ms;
     /// 0: only `sluice cluster rebalance` does).
     rebalance_after_join_ms: std::sync::atomic::AtomicU64,
@@ -146,6 +148,7 @@ impl Coordinator {
             options,
             jobs: Mutex::new(BTreeMap::new()),
             elector: std::sync::OnceLock::new(),
+            join_authority: std::sync::OnceLock::new(),
             rebalance_after_join_ms: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -191,6 +194,54 @@ impl Coordinator {
     /// gRPC and REST APIs refuse with the leader's address.
     pub fn set_elector(&self, elector: Arc<Elector>) {
         let _ = self.elector.set(elector);
+    }
+
+    /// Lets workers it was not given join (`POST /v1/workers/join`): it signs their
+    /// certificates with the cluster's CA.
+    pub fn set_join_authority(&self, ca: Arc<sluice_common::tls::CertificateAuthority>) {
+        let _ = self.join_authority.set(ca);
+    }
+
+    /// A certificate of the cluster's CA for a joining worker seen at `peer`, which says
+    /// its data address is `host`: the certificate and the CA, PEM.
+    ///
+    /// # Errors
+    /// No CA here (409), a `host` other than the address the request came from, or a
+    /// request that is not a valid certificate signing request (400).
+    pub fn join_worker(
+        &self,
+        peer: std::net::IpAddr,
+        host: &str,
+        csr: &str,
+    ) -> Result<serde_json::Value, ApiError> {
+        let Some(ca) = self.join_authority.get() else {
+            return Err(ApiError::Conflict(
+                "this coordinator does not let workers join: start it with --join-ca-key \
+                 (sluice deploy does with `worker_join: true`)"
+                    .into(),
+            ));
+        };
+        let asked: std::net::IpAddr = host
+            .parse()
+            .map_err(|_| ApiError::bad("host", format!("`{host}` is not an IP address")))?;
+        // The certificate names the address the worker was seen at: a token alone does
+        // not let one host pose as another.
+        if asked.to_canonical() != peer.to_canonical() {
+            return Err(ApiError::bad(
+                "host",
+                format!(
+                    "this worker says its address is {asked} but its request came from {}; \
+                     run it with --host {}",
+                    peer.to_canonical(),
+                    peer.to_canonical()
+                ),
+            ));
+        }
+        let certificate = ca
+            .sign_request(csr, asked, &format!("sluice worker {asked}"))
+            .map_err(|e| ApiError::bad("csr", e))?;
+        tracing::info!("signed a certificate for a worker joining from {asked}");
+        Ok(serde_json::json!({ "certificate": certificate, "ca": ca.ca_pem() }))
     }
 
     /// Whether this coordinator serves now; otherwise why not (a standby, naming the
@@ -750,6 +801,48 @@ mod tests {
                 in_process_state: false,
             },
         }
+    }
+
+    #[tokio::test]
+    async fn a_joining_worker_gets_a_certificate_only_for_the_address_it_calls_from() {
+        let c = Coordinator::new(options(Arc::new(MemoryMetadataStore::new())));
+        let (_, csr) = sluice_common::tls::certificate_request("w").unwrap();
+        let peer: std::net::IpAddr = "10.0.2.7".parse().unwrap();
+        // Without the CA's key nothing is signed, and the operator is told how to enable it.
+        let no_ca = c.join_worker(peer, "10.0.2.7", &csr).unwrap_err();
+        assert!(matches!(&no_ca, ApiError::Conflict(m) if m.contains("--join-ca-key")));
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca = params.self_signed(&key).unwrap().pem();
+        c.set_join_authority(Arc::new(
+            sluice_common::tls::CertificateAuthority::from_pem(&ca, &key.serialize_pem()).unwrap(),
+        ));
+        let signed = c.join_worker(peer, "10.0.2.7", &csr).unwrap();
+        assert!(
+            signed["certificate"]
+                .as_str()
+                .unwrap()
+                .contains("BEGIN CERTIFICATE")
+        );
+        assert_eq!(signed["ca"].as_str(), Some(ca.as_str()));
+        // Another host's address, or a request that is not one, is refused by field.
+        match c.join_worker(peer, "10.0.2.8", &csr) {
+            Err(ApiError::BadRequest { field, message }) => {
+                assert_eq!(field, "host");
+                assert!(
+                    message.contains(
+                        "says its address is 10.0.2.8 but its request came from 10.0.2.7"
+                    ),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            c.join_worker(peer, "10.0.2.7", "junk"),
+            Err(ApiError::BadRequest { field, .. }) if field == "csr"
+        ));
     }
 
     /// A coordinator that died while a rescale 2 → 4 deployed its new attempt left the

@@ -15,7 +15,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice_integration_tests::etcd::Etcd;
 use sluice_integration_tests::procs::Proc;
 use sluice_integration_tests::{
     Outcome, assert_same_rows, read_jsonl_dir, run_sluice, run_sluice_env, sluice_bin, tempdir,
@@ -47,6 +46,20 @@ fn free_port_on(address: &str) -> u16 {
         .and_then(|l| l.local_addr())
         .unwrap_or_else(|e| panic!("binding a port on {address}: {e}"))
         .port()
+}
+
+/// A port free on every one of `addresses` (etcd's one client port for all members).
+fn free_port_on_all(addresses: &[&str]) -> u16 {
+    for _ in 0..50 {
+        let port = free_port_on(addresses[0]);
+        if addresses[1..]
+            .iter()
+            .all(|a| TcpListener::bind((*a, port)).is_ok())
+        {
+            return port;
+        }
+    }
+    panic!("no port free on all of {addresses:?} in 50 tries")
 }
 
 fn keygen(path: &Path) {
@@ -150,7 +163,11 @@ impl Hosts {
                 continue;
             };
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if cmdline.contains(&needle) && cmdline.contains("/releases/") {
+            // Sluice's roles run from a release; the etcd members deploy runs are
+            // known by their cluster token.
+            if cmdline.contains(&needle)
+                && (cmdline.contains("/releases/") || cmdline.contains("--initial-cluster-token"))
+            {
                 found.push((pid, cmdline));
             }
         }
@@ -565,13 +582,34 @@ fn deploy_refuses_hosts_it_cannot_use_and_starts_nothing() {
         hosts.processes()
     );
 
+    // The good cluster file with `from` replaced by `to`.
+    let edited = |from: &str, to: &str| {
+        let file = cluster(&address, port, "process");
+        let text = std::fs::read_to_string(&file).unwrap().replace(from, to);
+        std::fs::write(&file, text).unwrap();
+        file
+    };
+    // An etcd member on a host without that etcd: named before anything starts.
+    let file = edited(
+        "coordinator: {",
+        "etcd: { hosts: [a], binary: /nonexistent/etcd }\ncoordinator: {",
+    );
+    let out = hosts.deploy(&[], &file);
+    out.assert_code(1).assert_no_panic();
+    out.assert_stderr_contains(&format!(
+        "host a ({address}): checking the host: it runs an etcd member and `/nonexistent/etcd --version` does not answer there"
+    ));
+    assert!(
+        hosts.processes().is_empty(),
+        "started: {:?}",
+        hosts.processes()
+    );
+
     // Two roles on one port: the cluster file's line and column, before any SSH.
-    let file = cluster(&address, port, "process");
-    let text = std::fs::read_to_string(&file).unwrap().replace(
+    let file = edited(
         "workers: [{ host: b }]",
         "workers: [{ host: b }]\nstate_nodes: [{ host: a, port: 6123 }]",
     );
-    std::fs::write(&file, text).unwrap();
     let out = hosts.deploy(&[], &file);
     out.assert_code(2);
     out.assert_stderr_contains("cluster.yaml:9:32: port 6123 on host a (127.0.0.5) is already taken by `coordinator.grpc (default 6123)`");
@@ -581,8 +619,12 @@ fn deploy_refuses_hosts_it_cannot_use_and_starts_nothing() {
 fn two_deployed_coordinators_elect_a_leader_and_a_job_outlives_it() {
     let dir = tempdir();
     let root = dir.path();
-    let etcd = Etcd::start(root);
-    let hosts = Hosts::start(root, &["127.0.0.2", "127.0.0.3", "127.0.0.4"]);
+    let addresses = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+    let hosts = Hosts::start(root, &addresses);
+    // Deploy runs the etcd the coordinators elect through: a member on each host,
+    // over mutual TLS with the cluster's certificates.
+    let etcd_binary = std::env::var("SLUICE_TEST_ETCD").unwrap_or_else(|_| "etcd".into());
+    let (etcd_client, etcd_peer) = (free_port_on_all(&addresses), free_port_on_all(&addresses));
     let (store, env) = object_store(root, "deploy-ha");
     let env_yaml: String = env
         .iter()
@@ -604,9 +646,9 @@ fn two_deployed_coordinators_elect_a_leader_and_a_job_outlives_it() {
         format!(
             "name: it\nobject_store: {store}\nservice: process\nenv:\n  SLUICE_TEST: ha\n{env_yaml}hosts:\n{}{}{}\
              coordinators:\n  - {{ host: a, http: {}, grpc: {} }}\n  - {{ host: b, http: {}, grpc: {} }}\n\
-             etcd: {}\n\
+             etcd: {{ hosts: [a, b, c], client_port: {etcd_client}, peer_port: {etcd_peer}, binary: {etcd_binary} }}\n\
              state_nodes: [{{ host: c, port: {}, memory: 256MiB, disk_cache: 512MiB }}]\n\
-             workers: [{{ host: b, slots: 2 }}, {{ host: c, slots: 2 }}]\n",
+             workers: [{{ host: b, slots: 1 }}]\nworker_join: true\n",
             hosts.entry("a", 0),
             hosts.entry("b", 1),
             hosts.entry("c", 2),
@@ -614,7 +656,6 @@ fn two_deployed_coordinators_elect_a_leader_and_a_job_outlives_it() {
             ports[1],
             ports[2],
             ports[3],
-            etcd.url(),
             ports[4],
         ),
     )
@@ -635,10 +676,57 @@ fn two_deployed_coordinators_elect_a_leader_and_a_job_outlives_it() {
     report.assert_success();
     assert_eq!(
         report.stdout.matches("sees it").count(),
-        5,
+        4,
         "{}",
         report.stdout
     );
+    assert_eq!(
+        report.stdout.matches("healthy").count() - report.stdout.matches("unhealthy").count(),
+        3,
+        "three etcd members: {}",
+        report.stdout
+    );
+
+    // A worker deploy was not given (an auto-scaled one) joins with the join token:
+    // a coordinator signs it a certificate for its address, and the job's second slot
+    // is its, so records cross between it and the deployed worker over mutual TLS.
+    let grpc = format!(
+        "https://127.0.0.2:{},https://127.0.0.3:{}",
+        ports[1], ports[3]
+    );
+    let join_args = |token_file: &str| {
+        vec![
+            "worker".to_string(),
+            "--coordinator".into(),
+            grpc.clone(),
+            "--host".into(),
+            "127.0.0.4".into(),
+            "--listen".into(),
+            "127.0.0.4:0".into(),
+            "--join".into(),
+            rest.clone(),
+            "--join-token-file".into(),
+            token_file.into(),
+            "--join-ca".into(),
+            root.join("it.tls/ca.pem").display().to_string(),
+        ]
+    };
+    let wrong = root.join("wrong-token");
+    std::fs::write(&wrong, "0".repeat(64)).unwrap();
+    let refused = run_sluice(
+        &join_args(wrong.to_str().unwrap())
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        root,
+    );
+    refused.assert_code(1).assert_no_panic();
+    refused.assert_stderr_contains("joining the cluster at");
+    refused.assert_stderr_contains("the bearer token is not valid here");
+    let token_file = root.join("it.join-token");
+    let args = join_args(token_file.to_str().unwrap());
+    let mut joined = Proc::start(&args.iter().map(String::as_str).collect::<Vec<_>>(), root);
+    joined.wait_for_line("joined the cluster at", Duration::from_secs(30));
 
     let out = root.join("out");
     let job_file = write_job(root, "job.yaml", &job(&out, "remote", 10000));
@@ -705,6 +793,7 @@ fn two_deployed_coordinators_elect_a_leader_and_a_job_outlives_it() {
         again.stderr,
         again.stdout
     );
+    joined.kill();
     hosts
         .deploy(&["destroy", "--purge"], &cluster)
         .assert_success();

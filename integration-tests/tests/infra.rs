@@ -103,24 +103,49 @@ fn the_inventory_output_is_a_cluster_file_deploy_accepts() {
         &fixture,
         &["apply", "-auto-approve", "-input=false", "-no-color"],
     );
-    let cluster = terraform(&fixture, &["output", "-raw", "cluster_file"]);
-    let file = dir.path().join("cluster.yaml");
+    accepted_by_deploy_check(
+        &fixture,
+        dir.path(),
+        "cluster_file",
+        &[
+            "cluster fixture: 4 hosts, object store s3://sluice-fixture/cluster",
+            "state-1      state-node   10.0.1.11 via admin@203.0.113.10",
+            "--listen 10.0.1.11:7071 --node-id state-1 --data-dir /mnt/nvme/sluice",
+            "--coordinator http://10.0.0.10:6123",
+            "REST API http://10.0.0.10:8081",
+        ],
+    );
+    // Three coordinators: deploy runs an etcd member on each and they elect through it.
+    let cluster = accepted_by_deploy_check(
+        &fixture,
+        dir.path(),
+        "cluster_file_ha",
+        &[
+            "coordinator-2 etcd",
+            "--initial-cluster coordinator=http://10.0.0.10:2380,coordinator-1=http://10.0.0.11:2380,coordinator-2=http://10.0.0.12:2380",
+            "--ha etcd://10.0.0.10:2379,10.0.0.11:2379,10.0.0.12:2379 --ha-id coordinator-1",
+            "--coordinator http://10.0.0.10:6123,http://10.0.0.11:6123,http://10.0.0.12:6123",
+        ],
+    );
+    assert!(cluster.contains("\"worker_join\": true"), "{cluster}");
+}
+
+/// The fixture's `output` written out as a cluster file, which `sluice deploy check`
+/// accepts printing each of `expected`; the file's text.
+fn accepted_by_deploy_check(fixture: &Path, dir: &Path, output: &str, expected: &[&str]) -> String {
+    let cluster = terraform(fixture, &["output", "-raw", output]);
+    let file = dir.join(format!("{output}.yaml"));
     std::fs::write(&file, &cluster).unwrap();
-    let out = run_sluice(&["deploy", "check", file.to_str().unwrap()], dir.path());
+    let out = run_sluice(&["deploy", "check", file.to_str().unwrap()], dir);
     out.assert_success();
-    for expected in [
-        "cluster fixture: 4 hosts, object store s3://sluice-fixture/cluster",
-        "state-1      state-node   10.0.1.11 via admin@203.0.113.10",
-        "--listen 10.0.1.11:7071 --node-id state-1 --data-dir /mnt/nvme/sluice",
-        "--coordinator http://10.0.0.10:6123",
-        "REST API http://10.0.0.10:8081",
-    ] {
+    for expected in expected {
         assert!(
             out.stdout.contains(expected),
             "{expected:?} in:\n{}",
             out.stdout
         );
     }
+    cluster
 }
 
 #[test]

@@ -16,11 +16,14 @@
 //!   b: { address: 10.0.0.2 }
 //! coordinator: { host: a, http: 8081, grpc: 6123 }
 //! # or a leader and standbys: coordinators: [{ host: a }, { host: b }] with
-//! # etcd: etcd://10.0.0.5:2379 (an etcd cluster of yours)
+//! # etcd: etcd://10.0.0.5:2379 (an etcd cluster of yours), or an etcd deploy runs:
+//! # etcd: { hosts: [a, b, c], client_port: 2379, peer_port: 2380, data_dir: /var/lib/x,
+//! #         binary: /usr/bin/etcd }        # 1, 3 or 5 members; the host's etcd by default
 //! state_nodes:
 //!   - { host: b, port: 7071, memory: 4GiB, disk_cache: 100GiB, data_dir: /data/sluice }
 //! workers:
 //!   - { host: b, slots: 2, network_memory: 1GiB }
+//! worker_join: true   # workers not listed (auto-scaled) join with the join token
 //! ```
 //!
 //! `address` is what SSH connects to (a name in the user's SSH config works); `bind` is
@@ -103,6 +106,22 @@ pub struct WorkerSpec {
     pub network_memory: Option<String>,
 }
 
+/// An etcd cluster `sluice deploy` runs on some of the hosts (the etcd binary is the
+/// host's own, Debian's `etcd-server` for one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdSpec {
+    /// Indexes into [`ClusterSpec::hosts`], one member each.
+    pub hosts: Vec<usize>,
+    /// The port clients (the coordinators) use.
+    pub client_port: u16,
+    /// The port members talk to each other on.
+    pub peer_port: u16,
+    /// Each member's data directory (default: under the host's install directory).
+    pub data_dir: Option<String>,
+    /// The etcd executable on the hosts.
+    pub binary: String,
+}
+
 /// A checked cluster file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterSpec {
@@ -117,12 +136,18 @@ pub struct ClusterSpec {
     /// The coordinators: one, or a leader and standbys elected through `etcd`.
     pub coordinators: Vec<CoordinatorSpec>,
     /// The etcd cluster standby coordinators elect their leader in
-    /// (`etcd://host:port[,host:port]`), required with more than one coordinator.
+    /// (`etcd://host:port[,host:port]`), when it is the user's.
     pub etcd: Option<String>,
+    /// The etcd cluster deploy runs, when it is deploy's (one of the two is required
+    /// with more than one coordinator).
+    pub managed_etcd: Option<EtcdSpec>,
     /// The state nodes.
     pub state_nodes: Vec<StateNodeSpec>,
     /// The workers.
     pub workers: Vec<WorkerSpec>,
+    /// Whether workers not listed (an auto-scaled group) may join with the cluster's
+    /// join token; the coordinators then hold the CA's key to sign their certificates.
+    pub worker_join: bool,
 }
 
 const TOP_KEYS: &[&str] = &[
@@ -137,6 +162,7 @@ const TOP_KEYS: &[&str] = &[
     "etcd",
     "state_nodes",
     "workers",
+    "worker_join",
 ];
 const HOST_KEYS: &[&str] = &[
     "address",
@@ -236,21 +262,31 @@ fn decode(root: &Node) -> Result<ClusterSpec> {
             ));
         }
     };
-    let etcd = top.opt("etcd", fields::string)?;
-    match (&etcd, top.get("etcd")) {
-        (Some(url), Some(e)) if !url.starts_with("etcd://") => {
-            return Err(PosError::new(
-                e.value.pos,
-                format!("`etcd` must be etcd://host:port[,host:port], found `{url}`"),
-            ));
+    let (etcd, managed_etcd) = match top.get("etcd") {
+        None => (None, None),
+        Some(e) if matches!(e.value.value, Value::Map(_)) => {
+            (None, Some(etcd_members(e.value, &hosts, &mut places)?))
         }
-        (None, _) if coordinators.len() > 1 => {
-            return Err(PosError::new(
-                root.pos,
-                "several coordinators elect their leader through etcd: add `etcd: etcd://host:port`",
-            ));
+        Some(e) => {
+            let url = fields::string(e.value, "etcd")?;
+            if !url.starts_with("etcd://") && !url.starts_with("etcds://") {
+                return Err(PosError::new(
+                    e.value.pos,
+                    format!(
+                        "`etcd` must be etcd://host:port[,host:port] (etcds:// over TLS), or \
+                         {{ hosts: [...] }} for an etcd deploy runs; found `{url}`"
+                    ),
+                ));
+            }
+            (Some(url), None)
         }
-        _ => {}
+    };
+    if etcd.is_none() && managed_etcd.is_none() && coordinators.len() > 1 {
+        return Err(PosError::new(
+            root.pos,
+            "several coordinators elect their leader through etcd: add `etcd: etcd://host:port` \
+             (yours) or `etcd: { hosts: [NAME, ...] }` (deploy runs it)",
+        ));
     }
     let state_nodes = list(&top, "state_nodes")?
         .iter()
@@ -275,8 +311,69 @@ fn decode(root: &Node) -> Result<ClusterSpec> {
         hosts,
         coordinators,
         etcd,
+        managed_etcd,
         state_nodes,
         workers,
+        worker_join: top.opt("worker_join", fields::bool_value)?.unwrap_or(false),
+    })
+}
+
+fn etcd_members(node: &Node, hosts: &[HostSpec], places: &mut Places) -> Result<EtcdSpec> {
+    let f = Fields::new(
+        node,
+        "etcd",
+        &["hosts", "client_port", "peer_port", "data_dir", "binary"],
+    )?;
+    let entry = f.require("hosts", " (the hosts that run an etcd member)")?;
+    let Value::Seq(items) = &entry.value.value else {
+        return Err(PosError::new(
+            entry.value.pos,
+            format!(
+                "expected a list of host names for `etcd.hosts`, found {}",
+                entry.value.describe()
+            ),
+        ));
+    };
+    if ![1, 3, 5].contains(&items.len()) {
+        return Err(PosError::new(
+            entry.value.pos,
+            format!(
+                "etcd needs 1, 3 or 5 members (a majority must live), found {}",
+                items.len()
+            ),
+        ));
+    }
+    let mut members: Vec<usize> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("etcd.hosts[{i}]");
+        let name = fields::string(item, &path)?;
+        let Some(host) = hosts.iter().position(|h| h.name == name) else {
+            let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
+            return Err(PosError::new(
+                item.pos,
+                format!(
+                    "`{name}` names no host under `hosts`; the hosts are {}",
+                    fields::one_of(&names)
+                ),
+            ));
+        };
+        places.role(host, "etcd member", item, &path)?;
+        members.push(host);
+    }
+    let mut ports = [("client_port", 2379), ("peer_port", 2380)].map(|(k, d)| (k, d, 0));
+    for (key, default, value) in &mut ports {
+        for &host in &members {
+            *value = port_or(&f, key, *default, &hosts[host], places)?;
+        }
+    }
+    Ok(EtcdSpec {
+        hosts: members,
+        client_port: ports[0].2,
+        peer_port: ports[1].2,
+        data_dir: f.opt("data_dir", absolute)?,
+        binary: f
+            .opt("binary", fields::string)?
+            .unwrap_or_else(|| "etcd".to_owned()),
     })
 }
 
@@ -620,10 +717,41 @@ workers:
         assert_eq!(c.etcd.as_deref(), Some("etcd://127.0.0.1:2379"));
         assert!(error(&ha.replace("\netcd: etcd://127.0.0.1:2379", "")).contains("add `etcd:"));
         assert!(error(&ha.replace("etcd://", "http://")).contains("`etcd` must be etcd://"));
+        let tls = parse_cluster("c", &ha.replace("etcd://", "etcds://")).unwrap();
+        assert_eq!(tls.etcd.as_deref(), Some("etcds://127.0.0.1:2379"));
         assert!(
             error(&ha.replace("{ host: b }]", "{ host: a }]")).contains("at most one coordinator")
         );
         assert!(error(&format!("{ha}coordinator: {{ host: a }}\n")).contains("not both"));
+    }
+
+    #[test]
+    fn deploy_may_run_the_etcd_members_itself() {
+        let ha = GOOD.replace(
+            "coordinator: { host: a }",
+            "coordinators: [{ host: a }, { host: b }]\netcd: { hosts: [a], client_port: 2479 }",
+        );
+        let c = parse_cluster("cluster.yaml", &ha).unwrap();
+        let etcd = c.managed_etcd.expect("a managed etcd");
+        assert_eq!(
+            (
+                etcd.hosts,
+                etcd.client_port,
+                etcd.peer_port,
+                etcd.binary.as_str()
+            ),
+            (vec![0], 2479, 2380, "etcd")
+        );
+        assert_eq!(c.etcd, None);
+        let two = error(&ha.replace("hosts: [a]", "hosts: [a, b]"));
+        assert!(two.contains("1, 3 or 5 members"), "{two}");
+        let unknown = error(&ha.replace("hosts: [a]", "hosts: [z]"));
+        assert!(unknown.contains("`z` names no host"), "{unknown}");
+        // The member's client port is the coordinator's gRPC port on the same host.
+        let taken = error(&ha.replace("client_port: 2479", "client_port: 6123"));
+        assert!(taken.contains("port 6123 on host a"), "{taken}");
+        let typo = error(&ha.replace("client_port", "clients_port"));
+        assert!(typo.contains("clients_port"), "{typo}");
     }
 
     #[test]

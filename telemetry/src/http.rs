@@ -63,7 +63,12 @@ pub async fn serve_tls(
                 continue;
             }
         };
-        let service = TowerToHyperService::new(router.clone());
+        // Handlers that must know who calls (a joining worker's address) read it here.
+        let service = TowerToHyperService::new(
+            router
+                .clone()
+                .layer(axum::Extension(axum::extract::ConnectInfo(peer))),
+        );
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let _permit = permit;

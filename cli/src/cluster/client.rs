@@ -49,6 +49,10 @@ pub struct Credentials {
     /// The client certificate's private key (PEM).
     #[arg(long, env = "SLUICE_CLIENT_KEY", value_name = "PEM", global = true)]
     pub client_key: Option<PathBuf>,
+    /// Call from this address (a joining worker calls from its data address, which
+    /// its certificate will name).
+    #[arg(skip)]
+    pub local_address: Option<std::net::IpAddr>,
 }
 
 impl Credentials {
@@ -56,7 +60,9 @@ impl Credentials {
     /// client certificate.
     fn client(&self) -> Result<reqwest::Client, Failure> {
         sluice_common::tls::install_default_provider();
-        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(300));
+        let mut builder = reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .local_address(self.local_address);
         let identity = match (&self.client_cert, &self.client_key) {
             (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
             (None, None) => None,

@@ -74,7 +74,8 @@ pub struct CoordinatorArgs {
     /// only that command does).
     #[arg(long, default_value_t = 10_000)]
     rebalance_after_join_ms: u64,
-    /// Elect a leader among coordinators through etcd: `etcd://host:port[,host:port]`.
+    /// Elect a leader among coordinators through etcd: `etcd://host:port[,host:port]`
+    /// (`etcds://`: over mutual TLS with the SLUICE_TLS_* identity).
     #[arg(long, value_name = "etcd://HOST:PORT")]
     ha: Option<String>,
     /// This coordinator's name in the election (default: its gRPC address).
@@ -87,7 +88,7 @@ pub struct CoordinatorArgs {
     /// replaced after about this long.
     #[arg(long, default_value_t = 5000)]
     ha_lease_ttl_ms: u64,
-    /// Require a bearer token on the REST API: a file of `read|operate sha256:HEX [name]`
+    /// Require a bearer token on the REST API: a file of `read|operate|join sha256:HEX [name]`
     /// lines (`sluice token new` makes one).
     #[arg(long, env = "SLUICE_AUTH_TOKENS", value_name = "FILE")]
     auth_tokens: Option<std::path::PathBuf>,
@@ -100,6 +101,11 @@ pub struct CoordinatorArgs {
     /// Require REST clients to present a certificate this CA signed (mutual TLS).
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     tls_client_ca: Option<std::path::PathBuf>,
+    /// Let workers it was not given join with a join token (`sluice worker --join`):
+    /// the cluster CA's key (PEM), whose certificate is SLUICE_TLS_CA. The coordinator
+    /// signs each joining worker a certificate for the address it calls from.
+    #[arg(long, env = "SLUICE_JOIN_CA_KEY", value_name = "PEM")]
+    join_ca_key: Option<std::path::PathBuf>,
     #[command(flatten)]
     telemetry: TelemetryArgs,
 }
@@ -129,6 +135,27 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
                 .map_err(|e| Failure::usage(format!("--tls-cert: {e}")))?,
         ),
         _ => None,
+    };
+    let join_authority = match &args.join_ca_key {
+        Some(key) => {
+            let ca = std::env::var_os("SLUICE_TLS_CA").ok_or_else(|| {
+                Failure::usage(
+                    "--join-ca-key needs the cluster's TLS identity (SLUICE_TLS_CA, \
+                     SLUICE_TLS_CERT, SLUICE_TLS_KEY): joining workers get certificates of that CA",
+                )
+            })?;
+            let read = |path: &std::path::Path| {
+                std::fs::read_to_string(path)
+                    .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))
+            };
+            let authority = sluice_common::tls::CertificateAuthority::from_pem(
+                &read(std::path::Path::new(&ca))?,
+                &read(key)?,
+            )
+            .map_err(|e| Failure::usage(format!("--join-ca-key {}: {e}", key.display())))?;
+            Some(Arc::new(authority))
+        }
+        None => None,
     };
     let ha = args
         .ha
@@ -166,6 +193,9 @@ pub fn serve(args: CoordinatorArgs) -> Result<(), Failure> {
             heartbeat_timeout: Duration::from_millis(args.heartbeat_timeout_ms),
             master,
         });
+        if let Some(authority) = join_authority {
+            coordinator.set_join_authority(authority);
+        }
         coordinator.set_rebalance_after_join(Duration::from_millis(args.rebalance_after_join_ms));
         let (grpc, grpc_addr) = service::bind(&args.grpc, "workers")
             .await

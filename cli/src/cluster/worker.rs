@@ -40,6 +40,18 @@ pub struct WorkerArgs {
     /// With --coordinator: jobs this worker runs at once.
     #[arg(long, default_value_t = 1)]
     slots: u32,
+    /// With --coordinator: join a TLS cluster without certificate files of its own
+    /// (an auto-scaled worker): the coordinators' REST API (`https://HOST:PORT[,…]`),
+    /// which signs a certificate for this worker's address with the cluster's CA.
+    #[arg(long, value_name = "URL", requires_all = ["join_token_file", "join_ca", "coordinator"])]
+    join: Option<String>,
+    /// With --join: a file holding a join token (`sluice token new --role join`).
+    #[arg(long, value_name = "FILE", requires = "join")]
+    join_token_file: Option<PathBuf>,
+    /// With --join: the cluster's CA certificate (PEM), which the coordinators' REST API
+    /// is checked against.
+    #[arg(long, value_name = "PEM", requires = "join")]
+    join_ca: Option<PathBuf>,
     /// With --coordinator: exit when the coordinator goes away.
     #[arg(long)]
     exit_with_coordinator: bool,
@@ -70,6 +82,9 @@ pub fn worker(args: WorkerArgs) -> Result<(), Failure> {
     env.network_memory = args.network_memory;
     let live: Arc<dyn Collect> = env.live.clone();
     if let Some(url) = &args.coordinator {
+        if let Some(rest) = &args.join {
+            rt.block_on(join(&args, rest))?;
+        }
         let options = SessionOptions {
             coordinator: url.clone(),
             host: args.host.clone(),
@@ -136,6 +151,73 @@ fn finish(name: &str, r: &pbc::Report) -> Result<(), Failure> {
     eprintln!(
         "finished {name}: {} records in, {} out, {} late, {} skipped",
         r.records_in, r.records_out, r.late, r.skipped
+    );
+    Ok(())
+}
+
+/// Gets this worker's certificate from a coordinator with a join token, and makes it
+/// the process's cluster identity; the key never leaves the process (a restart joins
+/// again).
+async fn join(args: &WorkerArgs, rest: &str) -> Result<(), Failure> {
+    if sluice_common::tls::cluster_tls().is_some() {
+        return Err(Failure::usage(
+            "--join fetches this worker's certificate: do not also set SLUICE_TLS_CA, \
+             SLUICE_TLS_CERT and SLUICE_TLS_KEY",
+        ));
+    }
+    let token_file = args.join_token_file.clone().unwrap_or_default();
+    let token = std::fs::read_to_string(&token_file)
+        .map_err(|e| Failure::usage(format!("--join-token-file {}: {e}", token_file.display())))?
+        .trim()
+        .to_owned();
+    if token.is_empty() {
+        return Err(Failure::usage(format!(
+            "--join-token-file {}: the file is empty",
+            token_file.display()
+        )));
+    }
+    let (key, request) =
+        sluice_common::tls::certificate_request(&format!("sluice worker {}", args.host))
+            .map_err(|e| Failure::from(anyhow::anyhow!("making this worker's key: {e}")))?;
+    let credentials = crate::cluster::client::Credentials {
+        token: Some(token),
+        ca: args.join_ca.clone(),
+        // The certificate names the address the request comes from: this worker's.
+        local_address: args.host.parse().ok(),
+        ..Default::default()
+    };
+    let answer = crate::cluster::client::call_any(
+        "POST",
+        rest,
+        "/v1/workers/join",
+        Some(serde_json::json!({ "host": args.host, "csr": request })),
+        &credentials,
+    )
+    .await
+    .map_err(|f| {
+        Failure::from(anyhow::anyhow!(
+            "joining the cluster at {rest}: {}",
+            f.message()
+        ))
+    })?;
+    let field = |name: &str| {
+        answer[name].as_str().map(str::to_owned).ok_or_else(|| {
+            Failure::from(anyhow::anyhow!(
+                "joining the cluster at {rest}: the answer has no `{name}`"
+            ))
+        })
+    };
+    let (certificate, ca) = (field("certificate")?, field("ca")?);
+    let identity = sluice_common::tls::ClusterTls::from_pem(
+        ca.into_bytes(),
+        certificate.into_bytes(),
+        key.into_bytes(),
+    )
+    .map_err(|e| Failure::from(anyhow::anyhow!("the certificate {rest} signed: {e}")))?;
+    sluice_common::tls::set_cluster_tls(Some(Box::leak(Box::new(identity))));
+    eprintln!(
+        "joined the cluster at {rest}: a certificate for {}",
+        args.host
     );
     Ok(())
 }

@@ -65,7 +65,8 @@ enum DeployAction {
         binary: Option<PathBuf>,
     },
     /// Every role of the cluster: running or not, its pid and version, and whether the
-    /// coordinator sees it; exit code 1 when one is not healthy.
+    /// coordinator sees it (an etcd member: whether it answers healthy); exit code 1
+    /// when one is not healthy.
     Status(Common),
     /// Stop every role and remove what deploy installed; data directories stay unless
     /// `--purge`.
@@ -133,6 +134,9 @@ struct Session {
     /// cluster file), once a deploy made them.
     pki: Option<Pki>,
     pki_dir: PathBuf,
+    /// The token workers not listed join with (`worker_join: true`; empty until made).
+    join_token: String,
+    join_token_file: PathBuf,
 }
 
 impl Session {
@@ -152,7 +156,15 @@ impl Session {
             .map(|t| t.trim().to_owned())
             .unwrap_or_default();
         let pki_dir = common.file.with_file_name(format!("{}.tls", cluster.name));
+        let join_token_file = common
+            .file
+            .with_file_name(format!("{}.join-token", cluster.name));
+        let join_token = std::fs::read_to_string(&join_token_file)
+            .map(|t| t.trim().to_owned())
+            .unwrap_or_default();
         Ok(Session {
+            join_token,
+            join_token_file,
             pki: Pki::existing(&pki_dir),
             pki_dir,
             cluster,
@@ -163,30 +175,24 @@ impl Session {
     }
 
     /// Makes the cluster's first operator token when there is none yet, in a file only
-    /// this user reads (the coordinator keeps only its hash).
+    /// this user reads (the coordinator keeps only its hash); with `worker_join`, the
+    /// join token too.
     fn ensure_token(&mut self) -> Result<(), Failure> {
-        if !self.token.is_empty() {
-            return Ok(());
-        }
-        let fail = |e: std::io::Error| {
-            Failure::from(anyhow::anyhow!(
-                "writing the cluster's token to {}: {e}",
+        if self.token.is_empty() {
+            self.token = new_token_file(&self.token_file, "operator token")?;
+            say(&format!(
+                "made the cluster's operator token: {} (export SLUICE_TOKEN=$(cat {0}))",
                 self.token_file.display()
-            ))
-        };
-        let token = crate::random_token()?;
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&self.token_file)
-            .map_err(fail)?;
-        std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes()).map_err(fail)?;
-        say(&format!(
-            "made the cluster's operator token: {} (export SLUICE_TOKEN=$(cat {0}))",
-            self.token_file.display()
-        ));
-        self.token = token;
+            ));
+        }
+        if self.cluster.worker_join && self.join_token.is_empty() {
+            self.join_token = new_token_file(&self.join_token_file, "join token")?;
+            say(&format!(
+                "made the cluster's join token for workers not listed: {} \
+                 (sluice worker --join ... --join-token-file)",
+                self.join_token_file.display()
+            ));
+        }
         Ok(())
     }
 
@@ -214,6 +220,12 @@ impl Session {
                 sluice_coordinator::auth::hash_line(&self.token)
             );
         }
+        if self.cluster.worker_join && !self.join_token.is_empty() {
+            extras.tokens.push_str(&format!(
+                "join {} workers\n",
+                sluice_coordinator::auth::hash_line(&self.join_token)
+            ));
+        }
         if let Some(pki) = &self.pki {
             let mut tls = TlsMaterial {
                 ca: std::fs::read_to_string(pki.ca())
@@ -225,6 +237,16 @@ impl Session {
                 if host.address != host.bind {
                     names.push(host.address.clone());
                 }
+                // A host on a loopback address other than 127.0.0.1 dials out from
+                // 127.0.0.1, and etcd checks a peer's certificate against the address it
+                // connects from.
+                if host
+                    .bind
+                    .parse::<std::net::Ipv4Addr>()
+                    .is_ok_and(|ip| ip.is_loopback() && ip != std::net::Ipv4Addr::LOCALHOST)
+                {
+                    names.push("127.0.0.1".into());
+                }
                 let cert = pki
                     .host(&self.cluster.name, &host.name, &names)
                     .map_err(|e| {
@@ -233,6 +255,13 @@ impl Session {
                 tls.hosts.insert(host.name.clone(), (cert.cert, cert.key));
             }
             extras.tls = Some(tls);
+            if self.cluster.worker_join {
+                let path = pki.ca_key();
+                extras.ca_key = Some(
+                    std::fs::read_to_string(&path)
+                        .map_err(|e| Failure::from(anyhow::anyhow!("{}: {e}", path.display())))?,
+                );
+            }
         }
         Ok(extras)
     }
@@ -409,7 +438,9 @@ fn roll(
     let timeout = Duration::from_secs(args.health_timeout);
     let mut changed = 0;
     let extras = session.extras()?;
-    for role in roles(&session.cluster, &extras) {
+    let mut members = Vec::new();
+    let mut remaining = roles(&session.cluster, &extras).into_iter().peekable();
+    while let Some(role) = remaining.next() {
         doing(format!(
             "{}: checking the {}",
             role.host.name,
@@ -465,17 +496,26 @@ fn roll(
                 }
             }
         };
-        doing(format!(
-            "{}: waiting for the {} (pid {pid}) to be healthy",
-            role.host.name,
-            role.kind.name()
-        ));
-        rt.block_on(healthy(session, &role, pid, &rest, timeout))?;
-        say(&format!(
-            "{}: {} healthy (pid {pid})",
-            role.host.name,
-            role.kind.name()
-        ));
+        // An etcd member alone has no quorum: every member starts before any is
+        // waited for.
+        members.push((role, pid));
+        if members[0].0.kind == Kind::Etcd && remaining.peek().is_some_and(|r| r.kind == Kind::Etcd)
+        {
+            continue;
+        }
+        for (role, pid) in members.drain(..) {
+            doing(format!(
+                "{}: waiting for the {} (pid {pid}) to be healthy",
+                role.host.name,
+                role.kind.name()
+            ));
+            rt.block_on(healthy(session, &extras, &role, pid, &rest, timeout))?;
+            say(&format!(
+                "{}: {} healthy (pid {pid})",
+                role.host.name,
+                role.kind.name()
+            ));
+        }
     }
     Ok(changed)
 }
@@ -589,11 +629,24 @@ fn resumed_note(saved: &[(String, usize, String)]) -> String {
 /// already is; true when it copied.
 fn prepare(session: &Session, host: &HostSpec, binary: &Path, sha: &str) -> Result<bool, Failure> {
     let dir = quote(&host.install_dir);
+    // The etcd member deploy runs here uses the host's own etcd.
+    let etcd_binary = session.cluster.managed_etcd.as_ref().and_then(|e| {
+        e.hosts
+            .iter()
+            .any(|&h| session.cluster.hosts[h].name == host.name)
+            .then_some(e.binary.as_str())
+    });
+    let etcd = etcd_binary.map_or(String::new(), |b| {
+        format!(
+            "v=$({b} --version 2>/dev/null | head -n 1) && echo \"etcd-version $v\"; ",
+            b = quote(b)
+        )
+    });
     let probe = format!(
         "uname -s; uname -m; if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; \
          then echo systemd; else echo none; fi; \
          command -v sha256sum >/dev/null && echo sha256sum; \
-         test -x {dir}/releases/{sha}/sluice && echo present; true"
+         test -x {dir}/releases/{sha}/sluice && echo present; {etcd}true"
     );
     let out = session.on(host, "checking the host", &probe, Input::None)?;
     let lines: Vec<&str> = out.lines().map(str::trim).collect();
@@ -626,6 +679,20 @@ fn prepare(session: &Session, host: &HostSpec, binary: &Path, sha: &str) -> Resu
             "sha256sum (coreutils) is missing",
         ));
     }
+    if let Some(binary) = etcd_binary
+        && !lines
+            .iter()
+            .any(|l| l.starts_with("etcd-version etcd Version:"))
+    {
+        return Err(step_failed(
+            host,
+            "checking the host",
+            &format!(
+                "it runs an etcd member and `{binary} --version` does not answer there; \
+                 install etcd (Debian: etcd-server) or set `etcd.binary` in the cluster file"
+            ),
+        ));
+    }
     if lines.contains(&"present") {
         return Ok(false);
     }
@@ -644,6 +711,7 @@ fn prepare(session: &Session, host: &HostSpec, binary: &Path, sha: &str) -> Resu
 /// Waits until the coordinator answers and sees `role` under `pid`.
 async fn healthy(
     session: &Session,
+    extras: &Extras,
     role: &Role<'_>,
     pid: u32,
     rest: &str,
@@ -652,15 +720,26 @@ async fn healthy(
     let deadline = Instant::now() + timeout;
     let mut last = String::new();
     let mut checks = 0u32;
+    let etcd = match role.kind {
+        Kind::Etcd => Some(EtcdProbe::new(&session.cluster, extras, role)?),
+        _ => None,
+    };
     while Instant::now() < deadline {
-        match session.api("GET", "/v1/cluster", None).await {
-            Ok(cluster) => {
-                if registered(&cluster, role, pid) {
-                    return Ok(());
-                }
-                last = format!("the coordinator at {rest} does not list it yet");
+        if let Some(etcd) = &etcd {
+            match etcd.health().await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
             }
-            Err(e) => last = e.message().to_owned(),
+        } else {
+            match session.api("GET", "/v1/cluster", None).await {
+                Ok(cluster) => {
+                    if registered(&cluster, role, pid) {
+                        return Ok(());
+                    }
+                    last = format!("the coordinator at {rest} does not list it yet");
+                }
+                Err(e) => last = e.message().to_owned(),
+            }
         }
         checks += 1;
         // A role that died will not become healthy: say so now, with its log.
@@ -698,6 +777,70 @@ fn registered(cluster: &Value, role: &Role<'_>, pid: u32) -> bool {
         }
         Kind::StateNode => listed("state_nodes", "node_id", &role.host.name),
         Kind::Worker => listed("workers", "host", &role.host.bind),
+        // etcd is not the coordinator's to list; its own health endpoint tells.
+        Kind::Etcd => false,
+    }
+}
+
+/// An etcd member's health endpoint, called with a host certificate of the cluster
+/// when the cluster talks TLS (the members require one of their clients).
+struct EtcdProbe {
+    url: String,
+    client: reqwest::Client,
+}
+
+impl EtcdProbe {
+    fn new(cluster: &ClusterSpec, extras: &Extras, role: &Role<'_>) -> Result<Self, Failure> {
+        let etcd = cluster.managed_etcd.as_ref().ok_or_else(|| {
+            Failure::from(anyhow::anyhow!("an etcd role without `etcd: {{ hosts }}`"))
+        })?;
+        let scheme = if extras.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(5));
+        if let Some(tls) = &extras.tls {
+            sluice_common::tls::install_default_provider();
+            let (cert, key) = tls.hosts.get(&role.host.name).cloned().unwrap_or_default();
+            let config = sluice_common::tls::ClusterTls::from_pem(
+                tls.ca.clone().into_bytes(),
+                cert.into_bytes(),
+                key.into_bytes(),
+            )
+            .and_then(|t| t.rustls_client())
+            .map_err(|e| step_failed(role.host, "checking the etcd member", &e))?;
+            builder = builder.use_preconfigured_tls((*config).clone());
+        }
+        let client = builder
+            .build()
+            .map_err(|e| Failure::from(anyhow::anyhow!("HTTP client: {e}")))?;
+        Ok(Self {
+            url: format!(
+                "{scheme}://{}/health",
+                join_host_port(&role.host.bind, etcd.client_port)
+            ),
+            client,
+        })
+    }
+
+    /// Ok when the member answers healthy (it has a leader, so a quorum).
+    async fn health(&self) -> Result<(), String> {
+        let response = self
+            .client
+            .get(&self.url)
+            .send()
+            .await
+            .map_err(|e| format!("{}: {}", self.url, sluice_common::tls::with_causes(&e)))?;
+        let body: Value = response
+            .json()
+            .await
+            .map_err(|e| format!("{}: not etcd's health answer: {e}", self.url))?;
+        if body["health"] == "true" {
+            Ok(())
+        } else {
+            Err(format!("{} answers {body}", self.url))
+        }
     }
 }
 
@@ -769,9 +912,8 @@ fn check(common: Common, units: Option<PathBuf>, binary: Option<PathBuf>) -> Res
 fn status(common: Common) -> Result<(), Failure> {
     let session = Session::open(&common)?;
     let rest = session.rest_url();
-    let cluster = runtime()?
-        .block_on(session.api("GET", "/v1/cluster", None))
-        .ok();
+    let rt = runtime()?;
+    let cluster = rt.block_on(session.api("GET", "/v1/cluster", None)).ok();
     outln!(
         "{:<12} {:<12} {:<8} {:<9} {:<10} VERSION",
         "HOST",
@@ -781,15 +923,29 @@ fn status(common: Common) -> Result<(), Failure> {
         "COORDINATOR"
     );
     let mut healthy = true;
-    for role in session.roles() {
+    // Status needs only the roles' names and places (and etcd's certificates), so a
+    // certificate that cannot be read does not stop it.
+    let extras = session.extras().unwrap_or_default();
+    for role in roles(&session.cluster, &extras) {
         let (state, pid, seen, version) = match role_status(&session, &role) {
             Ok(Some((pid, version))) => {
-                let seen = cluster.as_ref().is_some_and(|c| registered(c, &role, pid));
+                let seen = if role.kind == Kind::Etcd {
+                    let probe = EtcdProbe::new(&session.cluster, &extras, &role)?;
+                    rt.block_on(probe.health()).is_ok()
+                } else {
+                    cluster.as_ref().is_some_and(|c| registered(c, &role, pid))
+                };
                 healthy &= seen;
                 (
                     "running",
                     pid.to_string(),
-                    if seen { "sees it" } else { "does not" },
+                    match (role.kind, seen) {
+                        // The column is the coordinator's view; etcd answers for itself.
+                        (Kind::Etcd, true) => "healthy",
+                        (Kind::Etcd, false) => "unhealthy",
+                        (_, true) => "sees it",
+                        (_, false) => "does not",
+                    },
                     version,
                 )
             }
@@ -835,7 +991,7 @@ fn role_status(session: &Session, role: &Role<'_>) -> Result<Option<(u32, String
             &format!("\"$(readlink -f /proc/{pid}/exe)\" --version"),
             Input::None,
         )
-        .map(|v| v.trim().to_owned())
+        .map(|v| v.lines().next().unwrap_or("").trim().to_owned())
         .unwrap_or_else(|_| "?".into());
     Ok(Some((pid, version)))
 }
@@ -943,4 +1099,23 @@ fn hex_of(stdout: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(stdout);
     let hex = text.split_whitespace().next()?;
     (hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit())).then(|| hex.to_owned())
+}
+
+/// A new random token in a new file only this user reads.
+fn new_token_file(path: &Path, what: &str) -> Result<String, Failure> {
+    let fail = |e: std::io::Error| {
+        Failure::from(anyhow::anyhow!(
+            "writing the cluster's {what} to {}: {e}",
+            path.display()
+        ))
+    };
+    let token = crate::random_token()?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(fail)?;
+    std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes()).map_err(fail)?;
+    Ok(token)
 }

@@ -87,7 +87,12 @@ impl Pki {
         })
     }
 
-    /// What clients trust.
+    /// The CA's private key, which coordinators hold when workers may join.
+    pub fn ca_key(&self) -> PathBuf {
+        self.dir.join("ca.key")
+    }
+
+    /// The CA's certificate: what clients trust.
     pub fn ca(&self) -> PathBuf {
         self.dir.join("ca.pem")
     }

@@ -23,6 +23,8 @@ pub enum Kind {
     StateNode,
     /// A compute worker.
     Worker,
+    /// A member of the etcd cluster deploy runs for the coordinators' election.
+    Etcd,
 }
 
 impl Kind {
@@ -32,6 +34,7 @@ impl Kind {
             Kind::Coordinator => "coordinator",
             Kind::StateNode => "state-node",
             Kind::Worker => "worker",
+            Kind::Etcd => "etcd",
         }
     }
 }
@@ -44,6 +47,8 @@ pub struct Role<'a> {
     pub host: &'a HostSpec,
     /// Its systemd unit name, and its name in files.
     pub service: String,
+    /// The executable when it is not this release's `sluice` (the host's etcd).
+    pub program: Option<String>,
     /// Arguments after the binary.
     pub args: Vec<String>,
     /// Its environment: the cluster file's, and where its TLS files are.
@@ -65,6 +70,8 @@ pub struct Extras {
     pub tokens: String,
     /// The cluster's TLS material; none: plain HTTP and gRPC.
     pub tls: Option<TlsMaterial>,
+    /// The CA's key (PEM), for coordinators that sign joining workers' certificates.
+    pub ca_key: Option<String>,
 }
 
 /// The cluster's CA and each host's certificate, as PEM text.
@@ -76,14 +83,94 @@ pub struct TlsMaterial {
     pub hosts: std::collections::HashMap<String, (String, String)>,
 }
 
-/// Every role of `cluster`, in the order they start: the coordinator, state nodes,
-/// workers.
+/// Every role of `cluster`, in the order they start: etcd members (when deploy runs
+/// them), the coordinators, state nodes, workers.
 pub fn roles<'a>(cluster: &'a ClusterSpec, extras: &Extras) -> Vec<Role<'a>> {
     let scheme = if extras.tls.is_some() {
         "https"
     } else {
         "http"
     };
+    let mut roles = Vec::new();
+    // The coordinators' `--ha`: the user's etcd, or the members started here.
+    let mut etcd_url = cluster.etcd.clone();
+    if let Some(etcd) = &cluster.managed_etcd {
+        let at = |host: usize, port: u16| {
+            format!(
+                "{scheme}://{}",
+                join_host_port(&cluster.hosts[host].bind, port)
+            )
+        };
+        let initial = etcd
+            .hosts
+            .iter()
+            .map(|&h| format!("{}={}", cluster.hosts[h].name, at(h, etcd.peer_port)))
+            .collect::<Vec<_>>()
+            .join(",");
+        for &h in &etcd.hosts {
+            let host = &cluster.hosts[h];
+            let data_dir = etcd
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| format!("{}/data/etcd", host.install_dir));
+            let mut args: Vec<String> = [
+                ("--name", host.name.clone()),
+                ("--data-dir", data_dir.clone()),
+                ("--listen-client-urls", at(h, etcd.client_port)),
+                ("--advertise-client-urls", at(h, etcd.client_port)),
+                ("--listen-peer-urls", at(h, etcd.peer_port)),
+                ("--initial-advertise-peer-urls", at(h, etcd.peer_port)),
+                ("--initial-cluster", initial.clone()),
+                (
+                    "--initial-cluster-token",
+                    format!("sluice-{}", cluster.name),
+                ),
+                ("--initial-cluster-state", "new".to_owned()),
+            ]
+            .into_iter()
+            .flat_map(|(flag, value)| [flag.to_owned(), value])
+            .collect();
+            if extras.tls.is_some() {
+                // Clients (the coordinators) and peers alike present a certificate of
+                // the cluster's CA, as every other channel of the cluster does.
+                let base = format!("{}/etc/tls", host.install_dir);
+                for prefix in ["", "peer-"] {
+                    args.extend([
+                        format!("--{prefix}cert-file"),
+                        format!("{base}/host.pem"),
+                        format!("--{prefix}key-file"),
+                        format!("{base}/host.key"),
+                        format!("--{prefix}trusted-ca-file"),
+                        format!("{base}/ca.pem"),
+                        format!("--{prefix}client-cert-auth"),
+                    ]);
+                }
+            }
+            roles.push(Role {
+                kind: Kind::Etcd,
+                host,
+                service: format!("sluice-{}-etcd", cluster.name),
+                program: Some(etcd.binary.clone()),
+                args,
+                env: Vec::new(),
+                data_dirs: vec![data_dir],
+                files: Vec::new(),
+                secrets: Vec::new(),
+            });
+        }
+        let members = etcd
+            .hosts
+            .iter()
+            .map(|&h| join_host_port(&cluster.hosts[h].bind, etcd.client_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let scheme = if extras.tls.is_some() {
+            "etcds"
+        } else {
+            "etcd"
+        };
+        etcd_url = Some(format!("{scheme}://{members}"));
+    }
     // Workers and state nodes are given every coordinator; they follow the leader.
     let grpc = cluster
         .coordinators
@@ -101,13 +188,13 @@ pub fn roles<'a>(cluster: &'a ClusterSpec, extras: &Extras) -> Vec<Role<'a>> {
         kind,
         host: &cluster.hosts[host],
         service: format!("sluice-{}-{}", cluster.name, kind.name()),
+        program: None,
         args,
         env: cluster.env.clone(),
         data_dirs,
         files: Vec::new(),
         secrets: Vec::new(),
     };
-    let mut roles = Vec::new();
     for c in &cluster.coordinators {
         let host = &cluster.hosts[c.host];
         let mut args: Vec<String> = vec![
@@ -121,7 +208,7 @@ pub fn roles<'a>(cluster: &'a ClusterSpec, extras: &Extras) -> Vec<Role<'a>> {
             "--auth-tokens".into(),
             tokens_path(host, &cluster.name),
         ];
-        if let Some(etcd) = &cluster.etcd {
+        if let Some(etcd) = &etcd_url {
             args.extend([
                 "--ha".into(),
                 etcd.clone(),
@@ -139,6 +226,13 @@ pub fn roles<'a>(cluster: &'a ClusterSpec, extras: &Extras) -> Vec<Role<'a>> {
             ]);
         }
         let mut coordinator = role(Kind::Coordinator, c.host, args, Vec::new());
+        if let Some(key) = &extras.ca_key {
+            let path = format!("{}/etc/tls/ca.key", host.install_dir);
+            coordinator
+                .args
+                .extend(["--join-ca-key".into(), path.clone()]);
+            coordinator.secrets.push((path, key.clone()));
+        }
         coordinator
             .files
             .push((tokens_path(host, &cluster.name), extras.tokens.clone()));
@@ -244,7 +338,7 @@ impl Role<'_> {
 
     /// The command line, quoted for `sh`.
     fn command_line(&self, sha: &str) -> String {
-        std::iter::once(self.binary(sha))
+        std::iter::once(self.program.clone().unwrap_or_else(|| self.binary(sha)))
             .chain(self.args.iter().cloned())
             .map(|a| quote(&a))
             .collect::<Vec<_>>()
@@ -331,10 +425,19 @@ impl Role<'_> {
             ),
             ServiceManager::Process => format!(
                 "p=$(cat {pid} 2>/dev/null) && [ -n \"$p\" ] && kill -0 \"$p\" 2>/dev/null && \
-                 tr '\\0' ' ' < /proc/\"$p\"/cmdline 2>/dev/null | grep -qF -- {dir}/releases/ && echo \"$p\"; true",
+                 tr '\\0' ' ' < /proc/\"$p\"/cmdline 2>/dev/null | grep -qF -- {marker} && echo \"$p\"; true",
                 pid = quote(&format!("{}/run/{}.pid", self.dir(), self.service)),
-                dir = quote(self.dir()),
+                marker = quote(&self.marker()),
             ),
+        }
+    }
+
+    /// What the command line of this role's process contains, so that a reused pid
+    /// is not taken for it: the release directory, or an etcd member's data directory.
+    fn marker(&self) -> String {
+        match (&self.program, self.data_dirs.first()) {
+            (Some(_), Some(data)) => data.clone(),
+            _ => format!("{}/releases/", self.dir()),
         }
     }
 
@@ -531,6 +634,65 @@ workers: [{ host: a, slots: 2 }, { host: b }]
         assert!(
             !unit.contains("secret"),
             "secrets stay in the environment file"
+        );
+    }
+
+    #[test]
+    fn etcd_members_start_first_and_the_coordinators_elect_through_them() {
+        let text = CLUSTER.replace(
+            "coordinator: { host: a }",
+            "coordinators: [{ host: a }, { host: b }]\netcd: { hosts: [a], binary: /usr/bin/etcd }",
+        );
+        let cluster = sluice_planner::cluster_file::parse_cluster("c", &text).unwrap();
+        let tls = TlsMaterial {
+            ca: "CA".into(),
+            hosts: [("a".into(), ("CERT".into(), "KEY".into()))].into(),
+        };
+        let extras = Extras {
+            tokens: String::new(),
+            tls: Some(tls),
+            ca_key: Some("CAKEY".into()),
+        };
+        let roles = roles(&cluster, &extras);
+        let etcd = &roles[0];
+        assert_eq!(etcd.kind, Kind::Etcd);
+        let line = etcd.args.join(" ");
+        for expected in [
+            "--name a --data-dir /opt/sluice/data/etcd",
+            "--listen-client-urls https://10.0.0.1:2379",
+            "--initial-cluster a=https://10.0.0.1:2380",
+            "--initial-cluster-token sluice-demo",
+            "--cert-file /opt/sluice/etc/tls/host.pem",
+            "--peer-trusted-ca-file /opt/sluice/etc/tls/ca.pem --peer-client-cert-auth",
+        ] {
+            assert!(line.contains(expected), "{expected} in {line}");
+        }
+        // The host's etcd runs, not this release; its digest ignores the release, so an
+        // upgrade of Sluice does not restart etcd.
+        assert!(
+            etcd.unit("abc")
+                .contains("ExecStart=/usr/bin/etcd --name a")
+        );
+        assert_eq!(etcd.fingerprint("abc"), etcd.fingerprint("def"));
+        assert_eq!(etcd.marker(), "/opt/sluice/data/etcd");
+        let coordinator = roles[1].args.join(" ");
+        assert!(
+            coordinator.contains("--ha etcds://10.0.0.1:2379"),
+            "{coordinator}"
+        );
+        // With workers joining, the coordinators hold the CA's key, as a secret file.
+        assert!(coordinator.contains("--join-ca-key /opt/sluice/etc/tls/ca.key"));
+        assert!(
+            roles[1]
+                .secrets
+                .iter()
+                .any(|(p, k)| p.ends_with("ca.key") && k == "CAKEY")
+        );
+        // Files the member reads (its key never on a command line) are installed with it.
+        assert!(
+            etcd.secrets
+                .iter()
+                .any(|(p, k)| p.ends_with("host.key") && k == "KEY")
         );
     }
 }

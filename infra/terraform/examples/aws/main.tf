@@ -1,6 +1,7 @@
 # A Sluice cluster on AWS: terraform apply, then
 #   terraform output -raw cluster_file > cluster.yaml
 #   sluice deploy cluster.yaml
+#   terraform apply -var join_token=$(cat demo.join-token) -var cluster_ca="$(cat demo.tls/ca.pem)"
 # (auto-scaled workers start themselves and register with the coordinator.)
 
 terraform {
@@ -43,6 +44,19 @@ variable "sluice_sha256" {
   type        = string
 }
 
+variable "join_token" {
+  description = "After the first sluice deploy: the contents of demo.join-token (auto-scaled workers join with it)."
+  type        = string
+  default     = ""
+  sensitive   = true
+}
+
+variable "cluster_ca" {
+  description = "After the first sluice deploy: the contents of demo.tls/ca.pem."
+  type        = string
+  default     = ""
+}
+
 module "sluice" {
   source             = "../../modules/aws-cluster"
   name               = "demo"
@@ -51,6 +65,9 @@ module "sluice" {
   ssh_key_name       = var.ssh_key_name
   sluice_url         = var.sluice_url
   sluice_sha256      = var.sluice_sha256
+  join_token         = var.join_token
+  cluster_ca         = var.cluster_ca
+  coordinator_count  = 1 # 3: a leader and standbys, with etcd members deploy runs on them
   state_node_count   = 2
   workers            = { min = 2, desired = 2, max = 6 }
   tags               = { project = "sluice-demo" }

@@ -13,13 +13,18 @@ data "aws_ami" "debian" {
 }
 
 locals {
-  ami              = var.ami_id != null ? var.ami_id : data.aws_ami.debian[0].id
-  data_dir         = "/mnt/nvme/sluice"
-  coordinator_grpc = "http://${aws_instance.coordinator.private_ip}:6123"
+  ami      = var.ami_id != null ? var.ami_id : data.aws_ami.debian[0].id
+  data_dir = "/mnt/nvme/sluice"
+  # Workers are given every coordinator and follow the leader.
+  coordinator_grpc = join(",", [for c in aws_instance.coordinator : "https://${c.private_ip}:6123"])
+  coordinator_rest = join(",", [for c in aws_instance.coordinator : "https://${c.private_ip}:8081"])
 }
 
+# The coordinators: one, or a leader and standbys that elect through the etcd members
+# deploy runs on these same hosts (Debian's etcd-server, installed by cloud-init).
 resource "aws_instance" "coordinator" {
-  #checkov:skip=CKV_AWS_88:the coordinator is the one host operators reach (SSH jump, REST), and only from admin_cidrs
+  #checkov:skip=CKV_AWS_88:the coordinators are the hosts operators reach (SSH jump, REST), and only from admin_cidrs
+  count                       = var.coordinator_count
   ami                         = local.ami
   instance_type               = var.coordinator_instance_type
   subnet_id                   = aws_subnet.public.id
@@ -29,7 +34,7 @@ resource "aws_instance" "coordinator" {
   vpc_security_group_ids      = [aws_security_group.cluster.id, aws_security_group.admin.id]
   monitoring                  = true
   ebs_optimized               = true
-  user_data                   = templatefile("${path.module}/templates/host.yaml.tftpl", { name = var.name, role = "coordinator", data_dir = "" })
+  user_data                   = templatefile("${path.module}/templates/host.yaml.tftpl", { name = var.name, role = "coordinator", data_dir = "", etcd = var.coordinator_count > 1 })
   metadata_options {
     http_tokens   = "required"
     http_endpoint = "enabled"
@@ -38,7 +43,7 @@ resource "aws_instance" "coordinator" {
     encrypted  = true
     kms_key_id = aws_kms_key.this.arn
   }
-  tags = merge(var.tags, { Name = "${var.name}-coordinator", "sluice:role" = "coordinator" })
+  tags = merge(var.tags, { Name = "${var.name}-coordinator-${count.index}", "sluice:role" = "coordinator" })
 }
 
 resource "aws_instance" "state" {
@@ -51,7 +56,7 @@ resource "aws_instance" "state" {
   vpc_security_group_ids = [aws_security_group.cluster.id]
   monitoring             = true
   ebs_optimized          = true
-  user_data              = templatefile("${path.module}/templates/host.yaml.tftpl", { name = var.name, role = "state", data_dir = local.data_dir })
+  user_data              = templatefile("${path.module}/templates/host.yaml.tftpl", { name = var.name, role = "state", data_dir = local.data_dir, etcd = false })
   metadata_options {
     http_tokens   = "required"
     http_endpoint = "enabled"
@@ -73,6 +78,9 @@ resource "aws_launch_template" "worker" {
   user_data = base64encode(templatefile("${path.module}/templates/worker.yaml.tftpl", {
     name             = var.name
     coordinator_grpc = local.coordinator_grpc
+    coordinator_rest = local.coordinator_rest
+    join_token       = var.join_token
+    cluster_ca       = var.cluster_ca
     slots            = var.worker_slots
     sluice_url       = var.sluice_url
     sluice_sha256    = var.sluice_sha256
@@ -112,6 +120,14 @@ resource "aws_autoscaling_group" "worker" {
   launch_template {
     id      = aws_launch_template.worker.id
     version = "$Latest"
+  }
+  # Setting the join token after the first deploy changes the launch template: the
+  # workers are replaced, a few at a time, by ones that join.
+  instance_refresh {
+    strategy = "Rolling"
+    preferences {
+      min_healthy_percentage = 50
+    }
   }
   tag {
     key                 = "sluice:cluster"

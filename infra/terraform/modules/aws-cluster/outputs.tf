@@ -3,9 +3,10 @@ module "inventory" {
   name         = var.name
   object_store = "s3://${aws_s3_bucket.state.bucket}/cluster"
   ssh_user     = var.ssh_user
-  jump_host    = "${var.ssh_user}@${aws_instance.coordinator.public_ip}"
+  jump_host    = "${var.ssh_user}@${aws_instance.coordinator[0].public_ip}"
   env          = { AWS_REGION = data.aws_region.current.name }
-  coordinator  = { address = aws_instance.coordinator.public_ip, bind = aws_instance.coordinator.private_ip }
+  coordinators = [for c in aws_instance.coordinator : { address = c.public_ip, bind = c.private_ip }]
+  worker_join  = true
   state_nodes = [for s in aws_instance.state : {
     address    = s.private_ip
     memory     = var.state_memory
@@ -20,8 +21,8 @@ output "cluster_file" {
 }
 
 output "rest_url" {
-  description = "The coordinator's REST API, reachable from admin_cidrs."
-  value       = "http://${aws_instance.coordinator.public_ip}:8081"
+  description = "The coordinators' REST API, reachable from admin_cidrs (https once sluice deploy has made the cluster's CA)."
+  value       = join(",", [for c in aws_instance.coordinator : "https://${c.public_ip}:8081"])
 }
 
 output "bucket" {

@@ -52,6 +52,16 @@ variable "ami_id" {
   default     = null
 }
 
+variable "coordinator_count" {
+  description = "Coordinators: 1, or 3 or 5 (a leader and standbys; deploy runs an etcd member on each for their election)."
+  type        = number
+  default     = 1
+  validation {
+    condition     = contains([1, 3, 5], var.coordinator_count)
+    error_message = "coordinator_count must be 1, 3 or 5 (etcd needs a majority of its members)."
+  }
+}
+
 variable "coordinator_instance_type" {
   description = "The coordinator's instance type."
   type        = string
@@ -127,6 +137,27 @@ variable "sluice_sha256" {
   validation {
     condition     = can(regex("^[0-9a-f]{64}$", var.sluice_sha256))
     error_message = "sluice_sha256: 64 lowercase hex digits."
+  }
+}
+
+variable "join_token" {
+  description = "The token auto-scaled workers join with: the <name>.join-token file the first `sluice deploy` makes beside the cluster file. Empty until then; workers keep retrying to join."
+  type        = string
+  default     = ""
+  sensitive   = true
+  validation {
+    condition     = var.join_token == "" || can(regex("^[0-9a-f]{64}$", var.join_token))
+    error_message = "join_token: the 64 hex digits of <name>.join-token."
+  }
+}
+
+variable "cluster_ca" {
+  description = "The cluster's CA certificate (PEM): <name>.tls/ca.pem, made by the first `sluice deploy`. Workers check the coordinators against it when they join."
+  type        = string
+  default     = ""
+  validation {
+    condition     = var.cluster_ca == "" || startswith(trimspace(var.cluster_ca), "-----BEGIN CERTIFICATE-----")
+    error_message = "cluster_ca: a PEM certificate (the contents of <name>.tls/ca.pem)."
   }
 }
 

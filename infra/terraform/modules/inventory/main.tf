@@ -41,12 +41,16 @@ variable "env" {
   default     = {}
 }
 
-variable "coordinator" {
-  description = "The coordinator host: the address SSH reaches and the one roles bind."
-  type = object({
+variable "coordinators" {
+  description = "The coordinator hosts (1, or 3 or 5 electing a leader through etcd members deploy runs on them): the address SSH reaches and the one roles bind."
+  type = list(object({
     address = string
     bind    = string
-  })
+  }))
+  validation {
+    condition     = contains([1, 3, 5], length(var.coordinators))
+    error_message = "coordinators must list 1, 3 or 5 hosts (etcd needs a majority of its members)."
+  }
 }
 
 variable "state_nodes" {
@@ -72,6 +76,12 @@ variable "workers" {
   default = []
 }
 
+variable "worker_join" {
+  description = "Whether workers not listed (an auto-scaling group) join with the cluster's join token."
+  type        = bool
+  default     = false
+}
+
 variable "service" {
   description = "How hosts keep roles running: systemd or process."
   type        = string
@@ -84,8 +94,17 @@ variable "service" {
 
 locals {
   jump = var.jump_host == null ? {} : { jump = var.jump_host }
+  # The first coordinator's host keeps the name `coordinator`; standbys are numbered.
+  coordinator_hosts = [for i, c in var.coordinators : i == 0 ? "coordinator" : "coordinator-${i}"]
+  # One coordinator, or a leader and standbys with an etcd member deploy runs on each.
+  ha = length(var.coordinators) > 1
+  coordinator_roles = {
+    coordinator  = local.ha ? null : { host = "coordinator", http = 8081, grpc = 6123 }
+    coordinators = local.ha ? [for h in local.coordinator_hosts : { host = h, http = 8081, grpc = 6123 }] : null
+    etcd         = local.ha ? { hosts = local.coordinator_hosts, client_port = 2379, peer_port = 2380 } : null
+  }
   hosts = merge(
-    { coordinator = { address = var.coordinator.address, bind = var.coordinator.bind, user = var.ssh_user } },
+    { for i, c in var.coordinators : local.coordinator_hosts[i] => { address = c.address, bind = c.bind, user = var.ssh_user } },
     { for i, s in var.state_nodes : "state-${i}" => merge({ address = s.address, user = var.ssh_user }, local.jump) },
     { for i, w in var.workers : "worker-${i}" => merge({ address = w.address, user = var.ssh_user }, local.jump) },
   )
@@ -95,7 +114,6 @@ locals {
       object_store = var.object_store
       service      = var.service
       hosts        = local.hosts
-      coordinator  = { host = "coordinator", http = 8081, grpc = 6123 }
       state_nodes = [for i, s in var.state_nodes : {
         host = "state-${i}", port = 7071, memory = s.memory, disk_cache = s.disk_cache, data_dir = s.data_dir
       }]
@@ -104,6 +122,8 @@ locals {
       workers = length(var.workers) > 0 ? [for i, w in var.workers : { host = "worker-${i}", slots = w.slots }] : [{ host = "coordinator", slots = 1 }]
     },
     length(var.env) > 0 ? { env = var.env } : {},
+    var.worker_join ? { worker_join = true } : {},
+    { for k, v in local.coordinator_roles : k => v if v != null },
   )
 }
 

@@ -7,7 +7,7 @@ module "inventory" {
   object_store = "s3://sluice-fixture/cluster"
   jump_host    = "admin@203.0.113.10"
   env          = { AWS_REGION = "eu-west-1" }
-  coordinator  = { address = "203.0.113.10", bind = "10.0.0.10" }
+  coordinators = [{ address = "203.0.113.10", bind = "10.0.0.10" }]
   state_nodes = [
     { address = "10.0.1.10", memory = "8GiB", disk_cache = "100GiB", data_dir = "/mnt/nvme/sluice" },
     { address = "10.0.1.11", memory = "8GiB", disk_cache = "100GiB", data_dir = "/mnt/nvme/sluice" },
@@ -19,4 +19,25 @@ module "inventory" {
 
 output "cluster_file" {
   value = module.inventory.cluster_file
+}
+
+# Three coordinators: a leader and standbys electing through etcd members deploy runs.
+module "inventory_ha" {
+  source       = "../../modules/inventory"
+  name         = "fixture-ha"
+  worker_join  = true
+  object_store = "s3://sluice-fixture/cluster"
+  jump_host    = "admin@203.0.113.10"
+  coordinators = [
+    { address = "203.0.113.10", bind = "10.0.0.10" },
+    { address = "203.0.113.11", bind = "10.0.0.11" },
+    { address = "203.0.113.12", bind = "10.0.0.12" },
+  ]
+  state_nodes = [
+    { address = "10.0.1.10", memory = "8GiB", disk_cache = "100GiB", data_dir = "/mnt/nvme/sluice" },
+  ]
+}
+
+output "cluster_file_ha" {
+  value = module.inventory_ha.cluster_file
 }
