@@ -287,7 +287,9 @@ stop_kafka() { stop_pid tansu "Kafka (tansu)"; }
 stop_s3() { stop_pid seaweedfs "S3 (SeaweedFS)"; }
 
 case "${1:-}" in
-  start) start_s3; start_azurite; start_kafka; ensure_promtool; ensure_chromium; ensure_etcd; ensure_sshd; ensure_infra_tools; print_env ;;
+  # Installs first: a package install (systemd, cloud-init) has stopped a broker started
+  # before it, and its tests then found no Kafka.
+  start) ensure_promtool; ensure_chromium; ensure_etcd; ensure_sshd; ensure_infra_tools; start_s3; start_azurite; start_kafka; print_env ;;
   stop) stop_s3; stop_azurite; stop_kafka ;;
   env) print_env ;;
   *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;

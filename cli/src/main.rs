@@ -26,6 +26,7 @@ mod kafka;
 mod nexmark_gen;
 mod progress;
 mod run;
+mod sql_shell;
 mod state_service;
 mod telemetry;
 
@@ -51,6 +52,9 @@ enum Command {
     /// Print the plan a job file becomes (tasks, parallelism, partitioning, keyed
     /// state, schemas) without running it.
     Explain(explain::ExplainArgs),
+    /// An interactive SQL shell: define tables, run queries and watch their rows,
+    /// `SHOW TABLES`, `DESCRIBE`, `EXPLAIN`; INSERTs go to `--coordinator` when given.
+    Sql(sql_shell::SqlArgs),
     /// Nexmark benchmark data.
     Nexmark {
         #[command(subcommand)]
@@ -214,6 +218,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Explain(args) => explain::run(args),
+        Command::Sql(args) => sql_shell::run(args),
         Command::Nexmark {
             command: NexmarkCommand::Gen(args),
         } => nexmark_gen::generate(args),

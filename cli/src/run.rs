@@ -70,6 +70,7 @@ impl RunArgs {
             from_savepoint: self.from_savepoint.clone(),
             progress: !self.quiet,
             telemetry: self.telemetry.clone(),
+            cancel: None,
         }
     }
 }

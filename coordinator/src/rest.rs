@@ -163,6 +163,18 @@ struct SubmitRequest {
     from_savepoint: Option<String>,
 }
 
+/// `POST /v1/sql`: a job written in SQL, as `sluice sql` sends it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SqlRequest {
+    /// The statements: settings, tables and views, and one INSERT.
+    sql: String,
+    #[serde(default)]
+    workers: Option<usize>,
+    #[serde(default)]
+    parallelism: Option<u32>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SavepointRequest {
@@ -211,18 +223,43 @@ async fn submit(
             ));
         }
     };
-    let id = c
-        .submit(
-            graph,
-            SubmitOptions {
-                workers: req.workers,
-                from_savepoint: req.from_savepoint,
-                parallelism: req.parallelism,
-                job_id: None,
-            },
-        )
-        .await?;
+    let options = SubmitOptions {
+        workers: req.workers,
+        from_savepoint: req.from_savepoint,
+        parallelism: req.parallelism,
+        job_id: None,
+    };
+    created(c.submit(graph, options).await?)
+}
+
+/// `201 Created` with the new job's id.
+fn created(id: String) -> ApiResult {
     Ok((StatusCode::CREATED, axum::Json(json!({ "id": id }))).into_response())
+}
+
+async fn submit_sql(
+    State(c): State<Arc<Coordinator>>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let req: SqlRequest = body(&checked(&headers, bytes)?)?;
+    if req.workers == Some(0) {
+        return Err(ApiError::bad("workers", "must be at least 1"));
+    }
+    if let Some(message) = job_spec::job_file_too_large("sql", req.sql.len() as u64) {
+        return Err(ApiError::TooLarge {
+            field: "sql".into(),
+            message,
+        });
+    }
+    let graph = sluice_planner::sql::parse_sql_job("query.sql", &req.sql)
+        .map_err(|e| ApiError::bad("sql", e.to_string()))?;
+    let options = SubmitOptions {
+        workers: req.workers,
+        parallelism: req.parallelism,
+        ..SubmitOptions::default()
+    };
+    created(c.submit(graph, options).await?)
 }
 
 async fn jobs(State(c): State<Arc<Coordinator>>) -> ApiResult {
@@ -371,6 +408,7 @@ pub fn router(c: Arc<Coordinator>, tokens: Option<Arc<Tokens>>) -> Router {
     let router = Router::new()
         .route("/v1/jobs", get(jobs).post(submit))
         .route("/v1/jobs/{id}", get(job))
+        .route("/v1/sql", post(submit_sql))
         .route("/v1/jobs/{id}/checkpoints", get(checkpoints))
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/savepoints", post(savepoint))

@@ -224,12 +224,30 @@ pub fn run_sluice(args: &[&str], cwd: &Path) -> Outcome {
 /// # Panics
 /// When the binary cannot be started or does not finish within [`TIMEOUT`].
 pub fn run_sluice_env(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Outcome {
+    run_sluice_input(args, cwd, env, None)
+}
+
+/// Like [`run_sluice_env`], with `input` (when given) written to its standard input,
+/// which is then closed.
+///
+/// # Panics
+/// When the binary cannot be started or does not finish within [`TIMEOUT`].
+pub fn run_sluice_input(
+    args: &[&str],
+    cwd: &Path,
+    env: &[(&str, &str)],
+    input: Option<&str>,
+) -> Outcome {
     let bin = sluice_bin();
     let command = format!("sluice {}", args.join(" "));
     let mut cmd = Command::new(&bin);
     cmd.args(args)
         .current_dir(cwd)
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in env {
@@ -238,6 +256,13 @@ pub fn run_sluice_env(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Outcom
     let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        let text = text.to_owned();
+        // A writer of its own: the child may fill its output pipes before it reads all.
+        std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut stdin, text.as_bytes());
+        });
+    }
     let mut out_pipe = child.stdout.take().expect("piped stdout");
     let mut err_pipe = child.stderr.take().expect("piped stderr");
     let out_reader = std::thread::spawn(move || {

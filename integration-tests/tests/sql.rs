@@ -5,8 +5,10 @@
 use std::path::Path;
 
 use sluice_integration_tests::cluster::MiniCluster;
+use sluice_integration_tests::http::http_request;
 use sluice_integration_tests::{
-    assert_same_rows, read_jsonl_dir, run_sluice, tempdir, workspace_root, write_job, yaml_path,
+    assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, run_sluice_input, tempdir,
+    workspace_root, write_job, yaml_path,
 };
 
 /// The example's text with a smaller source and its file sink writing to `out`.
@@ -145,4 +147,119 @@ fn a_sql_job_submitted_to_a_cluster_runs_with_remote_state_and_checkpoints() {
         &read_jsonl_dir(&from_sql),
         &read_jsonl_dir(&from_yaml),
     );
+}
+
+const SHELL_SOURCE: &str = "CREATE TABLE bid WITH ('connector' = 'nexmark', 'stream' = 'bid', \
+                            'events' = '3000', 'seed' = '7');";
+const SHELL_QUERY: &str = "SELECT auction, bidder, price FROM bid WHERE price > 5000";
+
+/// `SHELL_QUERY` over `SHELL_SOURCE` into a JSON-lines file sink at `out`.
+fn shell_job(out: &Path) -> String {
+    format!(
+        "{SHELL_SOURCE}\nCREATE TABLE out WITH ('connector' = 'file', 'path' = '{}', \
+         'format' = 'jsonl');\nINSERT INTO out\n{SHELL_QUERY};\n",
+        out.display()
+    )
+}
+
+/// The rows of the shell query, run as a job file: the shell's reference.
+fn shell_reference(dir: &Path) -> Vec<sluice_integration_tests::Row> {
+    let out = dir.join("reference");
+    write_job(dir, "reference.sql", &shell_job(&out));
+    run_sluice(&["run", "reference.sql"], dir).assert_success();
+    let rows = read_jsonl_dir(&out);
+    assert!(!rows.is_empty(), "the reference query wrote nothing");
+    rows
+}
+
+/// `sluice sql` fed from a pipe, as a script feeds it: the session keeps its tables,
+/// answers SHOW TABLES, DESCRIBE and EXPLAIN, a SELECT prints the rows the same query
+/// writes as a job file, a mistake points into the statement typed (not the session's
+/// hidden text) without ending the session, and the exit code says one failed.
+#[test]
+fn the_sql_shell_keeps_a_session_and_runs_its_queries_here() {
+    let dir = tempdir();
+    let expected = shell_reference(dir.path());
+    let out = dir.path().join("inserted");
+    let script = format!(
+        "{SHELL_SOURCE}\nSHOW TABLES;\nDESCRIBE bid;\n{SHELL_QUERY};\n\
+         SELECT auction, pricee\n  FROM bid;\nEXPLAIN {SHELL_QUERY};\n{}QUIT;\nSELECT 1;\n",
+        shell_job(&out).replacen(SHELL_SOURCE, "", 1)
+    );
+    let outcome = run_sluice_input(&["sql"], dir.path(), &[], Some(&script));
+    outcome
+        .assert_code(1)
+        .assert_no_panic()
+        .assert_stderr_contains("error at line 1, column 17: ")
+        .assert_stderr_contains("pricee")
+        .assert_stderr_contains("1 statement(s) failed");
+    let stdout = &outcome.stdout;
+    for expected in [
+        "table `bid` created",
+        "bid\ttable\tnexmark",
+        "auction\tInt64",
+        "date_time\tTimestamp(ms)",
+        "source: nexmark bid",
+        "filter: WHERE price > 5000",
+        "table `out` created",
+        "3000 records in",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "`{expected}` missing from\n{stdout}"
+        );
+    }
+    let printed: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    let printed = parse_jsonl(&printed.join("\n"), "the shell's SELECT");
+    assert_same_rows("the shell's SELECT", &printed, &expected);
+    assert_same_rows("the shell's INSERT", &read_jsonl_dir(&out), &expected);
+}
+
+/// With `--coordinator`, the shell's INSERT is a job on the cluster (`POST /v1/sql`),
+/// whose output equals the job file's; a SELECT there is refused (its rows would print
+/// on a worker), and a bad statement posted straight to `/v1/sql` is refused at its line
+/// and column.
+#[test]
+fn the_sql_shell_submits_inserts_to_a_coordinator() {
+    let dir = tempdir();
+    let expected = shell_reference(dir.path());
+    let cluster = MiniCluster::start(dir.path(), 1, |_| Vec::new(), &[]);
+    let out = dir.path().join("submitted");
+    let script = format!(
+        "{SHELL_SOURCE}\n{SHELL_QUERY};\n{}",
+        shell_job(&out).replacen(SHELL_SOURCE, "", 1)
+    );
+    let outcome = run_sluice_input(
+        &["sql", "--coordinator", &cluster.url()],
+        dir.path(),
+        &[],
+        Some(&script),
+    );
+    outcome
+        .assert_code(1)
+        .assert_no_panic()
+        .assert_stderr_contains("a SELECT shows its rows only when run here");
+    let id = outcome
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("submitted job "))
+        .unwrap_or_else(|| panic!("no job submitted:\n{}", outcome.stdout))
+        .trim()
+        .to_owned();
+    let status = cluster.wait_finished(&id);
+    assert_eq!(status["state"], "finished", "{status}");
+    assert_same_rows(
+        "the shell's INSERT on a cluster",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+    let (code, body) = http_request(
+        &cluster.http,
+        "POST",
+        "/v1/sql",
+        Some(&serde_json::json!({ "sql": format!("{SHELL_SOURCE}\nINSERT INTO nowhere\nSELECT 1;") }).to_string()),
+    );
+    assert_eq!(code, 400, "{body}");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("query.sql:2:"), "{body}");
 }

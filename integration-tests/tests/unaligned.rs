@@ -9,6 +9,8 @@
 //! - Workers are killed at seeded moments while unaligned checkpoints are taken: the
 //!   committed output equals the failure-free run, which only holds when the stored
 //!   in-flight data is replayed (the sources resume after it).
+//! - Aligned checkpoints with an `aligned_timeout` whose alignment outlasts it go on
+//!   unaligned and store what they overtook; worker kills then restore from them.
 //! - A rescale 2 -> 3 restores an unaligned checkpoint at another parallelism: the
 //!   in-flight records follow their key groups to the new subtasks.
 //!
@@ -131,6 +133,29 @@ fn unaligned_checkpoints_replay_their_in_flight_data_through_worker_kills() {
         0x00a1_19ed,
         &expected,
         "a back-pressured job's unaligned checkpoints hold in-flight data",
+    );
+}
+
+/// Aligned checkpoints with `aligned_timeout` under the coordinator. The windows feed
+/// one slow sink subtask over two channels, one local (its 2 MiB bound) and one remote
+/// (10 buffers of 32 KiB), so the sink gets a barrier on the remote channel long before
+/// the one queued behind the local channel's megabytes: alignment outlasts the timeout
+/// and the barrier goes on unaligned, storing what it overtook. Workers are killed
+/// meanwhile: the output equals the failure-free run, and the retained checkpoints
+/// hold channel state (aligned checkpoints without the timeout store none).
+#[test]
+fn aligned_checkpoints_that_wait_too_long_turn_unaligned_and_restore_through_worker_kills() {
+    let _serial = serial();
+    let dir = tempdir();
+    let events = 150_000;
+    let expected = reference(dir.path(), |out| windowed(out, "aligned", 0, events));
+    killed_run_gives(
+        dir.path(),
+        |out| windowed(out, "aligned, aligned_timeout: 100ms", 10, events) + "  parallelism: 1\n",
+        2,
+        0x0a11_9ed7,
+        &expected,
+        "alignments behind a local channel's megabytes outlast a 100 ms aligned_timeout",
     );
 }
 

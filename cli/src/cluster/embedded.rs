@@ -61,6 +61,9 @@ pub struct RunOptions {
     /// Where the run's metrics go (its coordinator's and its in-process worker's; worker
     /// processes get the same endpoint).
     pub telemetry: TelemetryArgs,
+    /// Cancels the job when cancelled (the SQL shell's Ctrl-C); it then ends as
+    /// cancelled, an error.
+    pub cancel: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// What a finished job did.
@@ -351,7 +354,16 @@ async fn run_job(
             !options.progress,
         )
     };
-    let status = coordinator.wait(&id).await;
+    let status = match &options.cancel {
+        None => coordinator.wait(&id).await,
+        Some(cancel) => tokio::select! {
+            status = coordinator.wait(&id) => status,
+            () = cancel.cancelled() => {
+                let _ = coordinator.cancel(&id).await;
+                coordinator.wait(&id).await
+            }
+        },
+    };
     progress.finish();
     drop((server, worker, launcher));
     // The last export carries the job's final figures.

@@ -38,42 +38,58 @@ struct Table {
     watermark: Option<WatermarkClause>,
 }
 
-/// The tree of the job `text` describes; `file` gives the default job name.
-pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
-    let prepared = text::prepare(text)?;
-    let statements = Parser::parse_sql(&GenericDialect {}, &prepared.sql).map_err(parser_error)?;
-    let mut settings: Vec<Setting> = Vec::new();
-    let mut tables: HashMap<String, Table> = HashMap::new();
-    let mut views: HashMap<String, &Query> = HashMap::new();
-    let mut insert = None;
-    let mut watermarks = prepared.watermarks;
-    for statement in &statements {
+/// What the statements of a SQL text define, in the order written.
+struct Statements<'a> {
+    settings: Vec<Setting>,
+    tables: HashMap<String, Table>,
+    views: HashMap<String, &'a Query>,
+    /// Tables and views by name, as they were created.
+    order: Vec<String>,
+    insert: Option<(&'a sqlparser::ast::Insert, Pos)>,
+}
+
+/// Walks `statements`: settings, tables and views, and at most one INSERT; anything else
+/// is refused at its position.
+fn collect<'a>(
+    statements: &'a [Statement],
+    watermarks: &mut Vec<WatermarkClause>,
+) -> Result<Statements<'a>> {
+    let mut out = Statements {
+        settings: Vec::new(),
+        tables: HashMap::new(),
+        views: HashMap::new(),
+        order: Vec::new(),
+        insert: None,
+    };
+    for statement in statements {
         let at = pos(statement.span().start);
         match statement {
-            Statement::Set(set) => settings.push(setting(set, at)?),
+            Statement::Set(set) => out.settings.push(setting(set, at)?),
             Statement::CreateTable(ct) => {
-                let (name, table) = create_table(ct, &mut watermarks)?;
-                if tables.contains_key(&name) || views.contains_key(&name) {
+                let (name, table) = create_table(ct, watermarks)?;
+                if out.tables.contains_key(&name) || out.views.contains_key(&name) {
                     return Err(SqlError::new(
                         table.at,
                         format!("table `{name}` is created twice"),
                     ));
                 }
-                tables.insert(name, table);
+                out.order.push(name.clone());
+                out.tables.insert(name, table);
             }
             Statement::CreateView(v) => {
                 let (name, at) = object_name(&v.name)?;
                 if v.materialized || !v.columns.is_empty() {
                     return Err(unsupported(at, "materialized views and view column lists"));
                 }
-                if tables.contains_key(&name) || views.contains_key(&name) {
+                if out.tables.contains_key(&name) || out.views.contains_key(&name) {
                     return Err(SqlError::new(at, format!("`{name}` is created twice")));
                 }
-                views.insert(name, &v.query);
+                out.order.push(name.clone());
+                out.views.insert(name, &v.query);
             }
             Statement::Insert(ins) => {
                 let at = pos(ins.insert_token.0.span.start);
-                if insert.is_some() {
+                if out.insert.is_some() {
                     return Err(SqlError::new(
                         at,
                         "a job with several INSERT statements is not supported yet; write \
@@ -81,7 +97,7 @@ pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
                             .to_owned(),
                     ));
                 }
-                insert = Some((ins, at));
+                out.insert = Some((ins, at));
             }
             Statement::Query(_) => {
                 return Err(SqlError::new(
@@ -102,12 +118,66 @@ pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
             }
         }
     }
-    if let Some(w) = watermarks.first() {
-        return Err(SqlError::new(
+    Ok(out)
+}
+
+/// A WATERMARK clause no CREATE TABLE took is a mistake.
+fn no_stray_watermark(watermarks: &[WatermarkClause]) -> Result<()> {
+    match watermarks.first() {
+        Some(w) => Err(SqlError::new(
             w.at,
             "WATERMARK is only accepted in a CREATE TABLE's column list".to_owned(),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A table or view a SQL text creates, as a shell lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Defined {
+    /// Its name.
+    pub name: String,
+    /// The table's connector; `None` for a view.
+    pub connector: Option<String>,
+}
+
+/// The tables and views `text` creates (settings, tables and views only: an INSERT is
+/// refused), checked as a job's would be up to the query.
+pub(super) fn defined(text: &str) -> Result<Vec<Defined>> {
+    let prepared = text::prepare(text)?;
+    let statements = Parser::parse_sql(&GenericDialect {}, &prepared.sql).map_err(parser_error)?;
+    let mut watermarks = prepared.watermarks;
+    let found = collect(&statements, &mut watermarks)?;
+    if let Some((_, at)) = found.insert {
+        return Err(SqlError::new(
+            at,
+            "only SET, CREATE TABLE and CREATE VIEW define; an INSERT runs a job".to_owned(),
         ));
     }
+    no_stray_watermark(&watermarks)?;
+    Ok(found
+        .order
+        .into_iter()
+        .map(|name| Defined {
+            connector: found.tables.get(&name).map(|t| t.connector.0.clone()),
+            name,
+        })
+        .collect())
+}
+
+/// The tree of the job `text` describes; `file` gives the default job name.
+pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
+    let prepared = text::prepare(text)?;
+    let statements = Parser::parse_sql(&GenericDialect {}, &prepared.sql).map_err(parser_error)?;
+    let mut watermarks = prepared.watermarks;
+    let Statements {
+        settings,
+        tables,
+        views,
+        insert,
+        ..
+    } = collect(&statements, &mut watermarks)?;
+    no_stray_watermark(&watermarks)?;
     let Some((ins, insert_at)) = insert else {
         return Err(SqlError::new(
             Pos::START,

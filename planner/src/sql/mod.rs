@@ -44,6 +44,8 @@
 mod lower;
 mod text;
 
+pub use lower::Defined;
+
 use sluice_common::pb;
 
 use crate::job_spec::{JobSpecError, at, check_size, graph_from_tree};
@@ -109,6 +111,16 @@ pub fn parse_sql_job(file: &str, text: &str) -> Result<pb::JobGraph, JobSpecErro
     check_size(file, text)?;
     let root = lower::job_tree(file, text).map_err(|e| at(file, e))?;
     graph_from_tree(file, &root)
+}
+
+/// The tables and views the SQL `text` creates, in order, checked (`SET`, `CREATE TABLE`
+/// and `CREATE VIEW` only: what a SQL shell keeps between queries).
+///
+/// # Errors
+/// The first mistake, at its line and column, as [`parse_sql_job`] reports it.
+pub fn sql_definitions(file: &str, text: &str) -> Result<Vec<Defined>, JobSpecError> {
+    check_size(file, text)?;
+    lower::defined(text).map_err(|e| at(file, e))
 }
 
 /// Whether `path` names a SQL job file (by its extension).

@@ -346,3 +346,26 @@ fn no_input_panics_the_front_end() {
     );
     assert!(error(&deep).contains("recursion limit"), "{}", error(&deep));
 }
+
+#[test]
+fn a_session_lists_what_it_defines_and_refuses_what_would_run() {
+    let text = "SET 'parallelism.default' = '2';\n\
+                CREATE TABLE bid WITH ('connector' = 'nexmark', 'stream' = 'bid');\n\
+                CREATE VIEW pricey AS SELECT auction, price FROM bid WHERE price > 10;\n";
+    let defined = super::sql_definitions("s.sql", text).unwrap_or_else(|e| panic!("{e}"));
+    let listed: Vec<(&str, Option<&str>)> = defined
+        .iter()
+        .map(|d| (d.name.as_str(), d.connector.as_deref()))
+        .collect();
+    assert_eq!(listed, [("bid", Some("nexmark")), ("pricey", None)]);
+    let insert = format!("{text}INSERT INTO bid SELECT * FROM bid;\n");
+    let e = super::sql_definitions("s.sql", &insert).unwrap_err();
+    assert_eq!((e.line, e.column), (4, 1), "{e}");
+    assert!(e.message.contains("an INSERT runs a job"), "{e}");
+    let e = super::sql_definitions(
+        "s.sql",
+        "CREATE TABLE t WITH ('connector' = 'nexmark');\nDROP TABLE t;",
+    )
+    .unwrap_err();
+    assert_eq!(e.line, 2, "{e}");
+}
