@@ -367,5 +367,8 @@ fn a_session_lists_what_it_defines_and_refuses_what_would_run() {
         "CREATE TABLE t WITH ('connector' = 'nexmark');\nDROP TABLE t;",
     )
     .unwrap_err();
-    assert_eq!(e.line, 2, "{e}");
+    assert!(
+        e.message.contains("`DROP TABLE ...` is not supported"),
+        "{e}"
+    );
 }
