@@ -263,3 +263,67 @@ fn the_sql_shell_submits_inserts_to_a_coordinator() {
     let error = body["error"].as_str().unwrap_or_default();
     assert!(error.contains("query.sql:2:"), "{body}");
 }
+
+/// The shell on a terminal, as a user meets it: Python's `pty` plays the terminal (a
+/// real pseudo-terminal, so rustyline edits lines and the kernel turns Ctrl-C into
+/// SIGINT). An endless query prints rows until Ctrl-C cancels it; the session (its
+/// table) is still there afterwards, QUIT ends the shell with success, and the history
+/// is kept under `$HOME`.
+#[test]
+fn on_a_terminal_ctrl_c_cancels_the_query_and_keeps_the_session() {
+    const DRIVER: &str = r#"
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], ["sluice", "sql"])
+def read(seconds, until=None):
+    out, end = b"", time.time() + seconds
+    while time.time() < end and not (until and until in out):
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                out += os.read(fd, 1 << 16)
+            except OSError:
+                break
+    return out.decode(errors="replace")
+print("BANNER", "Sluice SQL shell" in read(20, b"sluice> "))
+os.write(fd, b"CREATE TABLE bid WITH ('connector' = 'nexmark', 'stream' = 'bid');\r")
+print("CREATED", "table `bid` created" in read(20, b"created"))
+os.write(fd, b"SELECT auction FROM bid;\r")
+print("ROWS", read(4).count('"auction"') > 0)
+os.write(fd, b"\x03")
+read(10, b"query cancelled")
+os.write(fd, b"SHOW TABLES;\r")
+print("SESSION", "bid\ttable\tnexmark" in read(20, b"nexmark"))
+os.write(fd, b"QUIT;\r")
+read(10)
+_, status = os.waitpid(pid, 0)
+print("EXIT", os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1)
+"#;
+    let dir = tempdir();
+    let out = std::process::Command::new("timeout")
+        .args(["120", "python3", "-c", DRIVER])
+        .arg(sluice_integration_tests::sluice_bin())
+        .env("HOME", dir.path())
+        .current_dir(dir.path())
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "BANNER True",
+        "CREATED True",
+        "ROWS True",
+        "SESSION True",
+        "EXIT 0",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "`{expected}` missing:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(
+        dir.path().join(".cache/sluice/sql_history").exists(),
+        "the history is kept"
+    );
+}
