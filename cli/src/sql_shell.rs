@@ -91,10 +91,12 @@ statements end with `;`:
 /// The name the shell's hidden job text goes by in the planner's messages.
 const FILE: &str = "shell.sql";
 
-/// The session: what defines, as SQL text in the order typed.
+/// The session: what defines, as SQL text in the order typed, and the tables and views
+/// that text creates (as the planner checked it when the last definition was added).
 #[derive(Default)]
 struct Session {
     definitions: Vec<String>,
+    tables: Vec<Defined>,
 }
 
 impl Session {
@@ -115,11 +117,6 @@ impl Session {
         text.push_str(prefix);
         text.push_str(statement);
         (text, placement)
-    }
-
-    fn tables(&self) -> Vec<Defined> {
-        let (text, _) = self.with("", "");
-        sql_definitions(FILE, &text).unwrap_or_default()
     }
 }
 
@@ -181,12 +178,12 @@ impl Shell {
                 Ok(())
             }
             Command::ShowTables => {
-                let tables = self.session.tables();
+                let tables = &self.session.tables;
                 if tables.is_empty() {
                     println!("no tables yet: CREATE TABLE t (...) WITH ('connector' = ...);");
                 }
                 for t in tables {
-                    match t.connector {
+                    match &t.connector {
                         Some(c) => println!("{}\ttable\t{c}", t.name),
                         None => println!("{}\tview", t.name),
                     }
@@ -224,10 +221,12 @@ impl Shell {
             }
             Command::Define => {
                 let (text, at) = self.session.with("", statement);
-                let before = self.session.tables().len();
-                sql_definitions(FILE, &text).map_err(|e| at.spec(&e))?;
+                let tables = sql_definitions(FILE, &text).map_err(|e| at.spec(&e))?;
+                // A CREATE adds one at the end; a SET adds none.
+                let created = tables.get(self.session.tables.len()).cloned();
                 self.session.definitions.push(statement.to_owned());
-                match self.session.tables().get(before) {
+                self.session.tables = tables;
+                match created {
                     Some(t) if t.connector.is_some() => println!("table `{}` created", t.name),
                     Some(t) => println!("view `{}` created", t.name),
                     None => println!("set"),
@@ -266,8 +265,9 @@ impl Shell {
         if name.is_empty() {
             return Err("DESCRIBE needs a table or view: DESCRIBE t;".to_owned());
         }
-        let Some(t) = self.session.tables().into_iter().find(|t| t.name == name) else {
-            let known: Vec<String> = self.session.tables().into_iter().map(|t| t.name).collect();
+        let tables = &self.session.tables;
+        let Some(t) = tables.iter().find(|t| t.name == name) else {
+            let known: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
             return Err(format!(
                 "no table or view `{name}`; the session has: {}",
                 if known.is_empty() {
@@ -383,6 +383,13 @@ fn complete(buffer: &str) -> Option<&str> {
     }
 }
 
+/// What the input gave.
+enum Read {
+    Line(String),
+    /// Ctrl-C at the prompt: what is typed of the statement is dropped.
+    Dropped,
+}
+
 /// Lines from the terminal (edited, with history) or from a pipe.
 enum Input {
     Terminal(Box<rustyline::DefaultEditor>, Option<std::path::PathBuf>),
@@ -404,25 +411,22 @@ impl Input {
         Input::Pipe(std::io::stdin().lock())
     }
 
-    /// The next line; `None` at the end of input (Ctrl-D). Ctrl-C drops what is typed.
-    fn line(&mut self, continued: bool) -> Option<String> {
+    /// The next line; `None` at the end of input (Ctrl-D).
+    fn line(&mut self, continued: bool) -> Option<Read> {
         match self {
-            Input::Terminal(editor, _) => loop {
+            Input::Terminal(editor, _) => {
                 let prompt = if continued { "     -> " } else { "sluice> " };
                 match editor.readline(prompt) {
-                    Ok(line) => return Some(line),
-                    Err(rustyline::error::ReadlineError::Interrupted) if continued => {
-                        return Some(String::from("\u{0}"));
-                    }
-                    Err(rustyline::error::ReadlineError::Interrupted) => {}
-                    Err(_) => return None,
+                    Ok(line) => Some(Read::Line(line)),
+                    Err(rustyline::error::ReadlineError::Interrupted) => Some(Read::Dropped),
+                    Err(_) => None,
                 }
-            },
+            }
             Input::Pipe(stdin) => {
                 let mut line = String::new();
                 match stdin.read_line(&mut line) {
                     Ok(0) | Err(_) => None,
-                    Ok(_) => Some(line),
+                    Ok(_) => Some(Read::Line(line)),
                 }
             }
         }
@@ -455,11 +459,11 @@ pub fn run(args: SqlArgs) -> Result<(), Failure> {
     };
     let mut buffer = String::new();
     let mut failed = 0usize;
-    while let Some(line) = input.line(!buffer.trim().is_empty()) {
-        if line == "\u{0}" {
+    while let Some(read) = input.line(!buffer.trim().is_empty()) {
+        let Read::Line(line) = read else {
             buffer.clear();
             continue;
-        }
+        };
         buffer.push_str(line.trim_end_matches(['\n', '\r']));
         buffer.push('\n');
         let Some(statement) = complete(&buffer).map(str::to_owned) else {
@@ -522,6 +526,7 @@ mod tests {
     fn errors_point_into_the_statement_typed_not_the_session() {
         let session = Session {
             definitions: vec!["CREATE TABLE a WITH ()".into(), "SET 'x' = 'y'".into()],
+            tables: Vec::new(),
         };
         let (text, at) = session.with(
             "CREATE TABLE o WITH ();\nINSERT INTO o ",

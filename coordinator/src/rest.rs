@@ -201,20 +201,9 @@ async fn submit(
 ) -> ApiResult {
     let req: SubmitRequest = body(&checked(&headers, bytes)?)?;
     let file = req.file.unwrap_or_else(|| "job".into());
-    if req.workers == Some(0) {
-        return Err(ApiError::bad("workers", "must be at least 1"));
-    }
+    check_workers(req.workers)?;
     let graph = match (&req.job, &req.from_savepoint) {
-        (Some(job), _) => {
-            if let Some(message) = job_spec::job_file_too_large(&file, job.len() as u64) {
-                return Err(ApiError::TooLarge {
-                    field: "job".into(),
-                    message,
-                });
-            }
-            sluice_planner::parse_job_file(&file, job)
-                .map_err(|e| ApiError::bad("job", e.to_string()))?
-        }
+        (Some(job), _) => job_graph("job", &file, job)?,
         (None, Some(path)) => c.savepoint_graph(path).await?,
         (None, None) => {
             return Err(ApiError::bad(
@@ -232,6 +221,26 @@ async fn submit(
     created(c.submit(graph, options).await?)
 }
 
+/// A `workers` of 0 is refused.
+fn check_workers(workers: Option<usize>) -> Result<(), ApiError> {
+    match workers {
+        Some(0) => Err(ApiError::bad("workers", "must be at least 1")),
+        _ => Ok(()),
+    }
+}
+
+/// The graph of the job file `text` (named `file`, YAML or SQL by its extension) sent
+/// as `field`: refused when too large, or at its mistake's line and column.
+fn job_graph(field: &str, file: &str, text: &str) -> Result<sluice_common::pb::JobGraph, ApiError> {
+    if let Some(message) = job_spec::job_file_too_large(file, text.len() as u64) {
+        return Err(ApiError::TooLarge {
+            field: field.into(),
+            message,
+        });
+    }
+    sluice_planner::parse_job_file(file, text).map_err(|e| ApiError::bad(field, e.to_string()))
+}
+
 /// `201 Created` with the new job's id.
 fn created(id: String) -> ApiResult {
     Ok((StatusCode::CREATED, axum::Json(json!({ "id": id }))).into_response())
@@ -243,17 +252,8 @@ async fn submit_sql(
     bytes: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let req: SqlRequest = body(&checked(&headers, bytes)?)?;
-    if req.workers == Some(0) {
-        return Err(ApiError::bad("workers", "must be at least 1"));
-    }
-    if let Some(message) = job_spec::job_file_too_large("sql", req.sql.len() as u64) {
-        return Err(ApiError::TooLarge {
-            field: "sql".into(),
-            message,
-        });
-    }
-    let graph = sluice_planner::sql::parse_sql_job("query.sql", &req.sql)
-        .map_err(|e| ApiError::bad("sql", e.to_string()))?;
+    check_workers(req.workers)?;
+    let graph = job_graph("sql", "query.sql", &req.sql)?;
     let options = SubmitOptions {
         workers: req.workers,
         parallelism: req.parallelism,
