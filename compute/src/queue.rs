@@ -17,15 +17,52 @@
 //! queued elements; there is at most one per checkpoint and channel. A priority event
 //! carries the channel's sequence number at the moment it was sent, so the gate knows
 //! exactly which queued elements it overtook.
+//!
+//! An aligned barrier that may time out (`Barrier::times_out`) is *announced* as it is
+//! queued ([`QueueReceiver::announced`]), as Flink's input channels announce a barrier
+//! behind buffers: the gate learns of it before it reaches it, and when its time is up
+//! takes the elements in front of it aside and lets it overtake them. Such a barrier is
+//! also sent without waiting for the channel's budget (16 bytes over it at most), so a
+//! back-pressured producer can pass it on.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::{Notify, Semaphore, mpsc};
 
-use crate::element::StreamElement;
+use crate::element::{Barrier, StreamElement};
 use crate::error::{Error, Result};
+
+/// Aligned barriers that may time out, queued in front of one gate and not taken yet.
+#[derive(Debug, Default)]
+pub struct Announced {
+    count: AtomicUsize,
+    barriers: Mutex<Vec<Announcement>>,
+}
+
+/// One announced barrier.
+#[derive(Debug, Clone, Copy)]
+pub struct Announcement {
+    /// The channel index in the gate.
+    pub channel: usize,
+    /// The barrier's position in its channel.
+    pub sequence: u64,
+    /// The barrier.
+    pub barrier: Barrier,
+}
+
+impl Announced {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Announcement>> {
+        self.barriers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self, a: Announcement) {
+        let mut b = self.lock();
+        b.push(a);
+        self.count.store(b.len(), Ordering::Release);
+    }
+}
 
 /// Default byte budget of one channel.
 pub const DEFAULT_CHANNEL_BYTES: usize = 2 << 20;
@@ -180,12 +217,22 @@ pub struct PriorityEnvelope {
 pub struct Inlet {
     tx: mpsc::UnboundedSender<Envelope>,
     priority: mpsc::UnboundedSender<PriorityEnvelope>,
+    announced: Arc<Announced>,
     channel: usize,
 }
 
 impl Inlet {
     /// Delivers the element at position `sequence`.
     pub fn deliver(&self, sequence: u64, element: StreamElement, release: Release) -> Result<()> {
+        if let StreamElement::Barrier(barrier) = &element
+            && barrier.times_out()
+        {
+            self.announced.add(Announcement {
+                channel: self.channel,
+                sequence,
+                barrier: *barrier,
+            });
+        }
         self.tx
             .send(Envelope {
                 channel: self.channel,
@@ -253,6 +300,12 @@ impl QueueSender {
     /// overdraft of at most one element, as a subpartition's), so a task that checked
     /// for room is not stuck in the send where it cannot take a checkpoint's trigger.
     pub async fn send(&self, element: StreamElement) -> Result<()> {
+        if let StreamElement::Barrier(b) = &element
+            && b.times_out()
+        {
+            let sequence = self.sequence.fetch_add(1, Ordering::AcqRel) + 1;
+            return self.inlet.deliver(sequence, element, Release::default());
+        }
         let budget = &self.budget;
         let mut permits =
             (element.size_bytes().max(1) as u64).min(u64::from(budget.capacity)) as u32;
@@ -311,6 +364,7 @@ impl QueueSender {
 pub struct QueueReceiver {
     rx: mpsc::UnboundedReceiver<Envelope>,
     priority: mpsc::UnboundedReceiver<PriorityEnvelope>,
+    announced: Arc<Announced>,
     channels: usize,
     bounds: Vec<Arc<dyn ChannelBound>>,
 }
@@ -353,6 +407,25 @@ impl QueueReceiver {
         self.rx.try_recv().ok()
     }
 
+    /// The announced barriers not taken yet (see the module doc); cheap when none are.
+    pub fn announced(&self) -> Vec<Announcement> {
+        if self.announced.count.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        self.announced.lock().clone()
+    }
+
+    /// The gate took (or let overtake) barrier `checkpoint_id` of `channel`, and every
+    /// older one there.
+    pub fn taken(&self, channel: usize, checkpoint_id: u64) {
+        if self.announced.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut b = self.announced.lock();
+        b.retain(|a| a.channel != channel || a.barrier.checkpoint_id > checkpoint_id);
+        self.announced.count.store(b.len(), Ordering::Release);
+    }
+
     /// Number of input channels.
     pub fn channels(&self) -> usize {
         self.channels
@@ -376,12 +449,14 @@ impl QueueReceiver {
 pub fn input_queue(channels: usize, capacity_bytes: usize) -> (Vec<QueueSender>, QueueReceiver) {
     let (tx, rx) = mpsc::unbounded_channel();
     let (ptx, prx) = mpsc::unbounded_channel();
+    let announced = Arc::new(Announced::default());
     let capacity = capacity_bytes.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize)) as u32;
     let senders: Vec<QueueSender> = (0..channels)
         .map(|channel| QueueSender {
             inlet: Inlet {
                 tx: tx.clone(),
                 priority: ptx.clone(),
+                announced: announced.clone(),
                 channel,
             },
             budget: Arc::new(LocalBound::new(capacity)),
@@ -397,6 +472,7 @@ pub fn input_queue(channels: usize, capacity_bytes: usize) -> (Vec<QueueSender>,
         QueueReceiver {
             rx,
             priority: prx,
+            announced,
             channels,
             bounds,
         },

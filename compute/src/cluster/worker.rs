@@ -217,7 +217,7 @@ fn connect_tasks(tasks: &mut [Task], link: AttemptLink) -> AbortOnDropHandle<()>
                     }
                     let kind = if unaligned { BarrierKind::Unaligned } else { BarrierKind::Aligned };
                     for (task, tx) in &sources {
-                        if tx.send(Barrier { checkpoint_id: id, kind }).is_err() {
+                        if tx.send(Barrier::new(id, kind)).is_err() {
                             let _ = events.send(AttemptEvent::Checkpoint(CheckpointEvent::Decline {
                                 checkpoint_id: id,
                                 task: *task,

@@ -103,6 +103,7 @@ pub fn encode_chunks(element: &StreamElement) -> crate::Result<Vec<Bytes>> {
                 BarrierKind::Unaligned => 1,
                 BarrierKind::Savepoint => 2,
             });
+            head.put_u64(b.timeout_at_ms);
         }
         StreamElement::EndOfPartition => head.put_u8(END),
     }
@@ -211,7 +212,7 @@ impl Decoder {
             }
             WATERMARK => 9,
             IDLE | END => 1,
-            BARRIER => 10,
+            BARRIER => 18,
             other => return Err(CodecError::UnknownTag(other)),
         };
         if self.pending.len() < need {
@@ -233,6 +234,7 @@ impl Decoder {
                 StreamElement::Barrier(Barrier {
                     checkpoint_id,
                     kind,
+                    timeout_at_ms: el.get_u64(),
                 })
             }
             _ => StreamElement::EndOfPartition,
@@ -274,6 +276,7 @@ mod tests {
             StreamElement::Barrier(Barrier {
                 checkpoint_id: 3,
                 kind: BarrierKind::Aligned,
+                timeout_at_ms: 0,
             }),
             StreamElement::Idle,
             StreamElement::EndOfPartition,

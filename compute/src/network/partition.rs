@@ -26,6 +26,12 @@
 //! An unaligned barrier goes ahead of the queued buffers as a priority frame that needs
 //! no credit; the buffers it overtook are returned as the channel's *output* state.
 //!
+//! An aligned barrier that may time out (`Barrier::times_out`) is written without
+//! waiting for room, in a buffer of its own, and remembered while it queues: when its
+//! time is up, [`SubpartitionWriter::overtake`] takes it out of the queue and sends it
+//! ahead as an unaligned barrier (Flink's timeout of an aligned barrier at the
+//! producer); the buffers in front of it become the channel's output state.
+//!
 //! Buffer debloating: the consumer may ask for smaller buffers ([`Subpartition::
 //! set_buffer_bytes`]), which bounds what queues here to fewer bytes; buffers already
 //! queued keep their size.
@@ -58,6 +64,20 @@ struct Inner {
     finished: bool,
     elements: u64,
     bytes_out: u64,
+    /// Buffers the sender loop took off the queue so far.
+    sent_buffers: u64,
+    /// Aligned barriers that may time out, while queued.
+    barriers: Vec<QueuedBarrier>,
+}
+
+/// An aligned barrier in the queue, in a buffer of its own.
+#[derive(Debug, Clone, Copy)]
+struct QueuedBarrier {
+    checkpoint_id: u64,
+    /// Its buffer's number among all the subpartition's buffers.
+    buffer: u64,
+    /// Elements written before it.
+    elements: u64,
 }
 
 /// One subpartition, shared by its producer and the connection's sender loop.
@@ -264,6 +284,11 @@ impl SubpartitionWriter {
 
     /// Writes `element`; waits before it while the subpartition is full, never during.
     pub async fn write(&mut self, element: &StreamElement) -> Result<()> {
+        if let StreamElement::Barrier(b) = element
+            && b.times_out()
+        {
+            return self.write_barrier(b);
+        }
         self.part.wait_for_room().await;
         let (flush, end) = match element {
             StreamElement::Batch(_) => (self.flush_every_batch, false),
@@ -282,6 +307,83 @@ impl SubpartitionWriter {
             self.part.append(chunk, flush, end)?;
         }
         Ok(())
+    }
+
+    /// Queues aligned barrier `b`, which may time out, in a buffer of its own without
+    /// waiting for room, and remembers where.
+    fn write_barrier(&mut self, b: &crate::element::Barrier) -> Result<()> {
+        self.scratch.clear();
+        codec::encode(&StreamElement::Barrier(*b), &mut self.scratch)?;
+        let mut s = self.part.lock();
+        if let Some(f) = &s.failed {
+            return Err(self.part.error(f));
+        }
+        if !s.current.is_empty() {
+            let buf = s.current.split().freeze();
+            s.queue.push_back(buf);
+            s.current_since = None;
+        }
+        let at = QueuedBarrier {
+            checkpoint_id: b.checkpoint_id,
+            buffer: s.sent_buffers + s.queue.len() as u64,
+            elements: s.elements,
+        };
+        s.barriers.push(at);
+        s.elements += 1;
+        s.queue.push_back(Bytes::copy_from_slice(&self.scratch));
+        drop(s);
+        self.part.ready.notify_one();
+        Ok(())
+    }
+
+    /// Whether aligned barrier `checkpoint_id` still queues here.
+    pub fn barrier_queued(&self, checkpoint_id: u64) -> bool {
+        let mut s = self.part.lock();
+        let sent = s.sent_buffers;
+        s.barriers.retain(|b| b.buffer >= sent);
+        s.barriers.iter().any(|b| b.checkpoint_id == checkpoint_id)
+    }
+
+    /// Aligned barrier `checkpoint_id`, if it still queues here, leaves ahead of the
+    /// buffers in front of it as an unaligned one; returns those buffers (its output
+    /// state), or `None` when it had left already.
+    pub fn overtake(&mut self, checkpoint_id: u64) -> Result<Option<Vec<Bytes>>> {
+        self.scratch.clear();
+        let unaligned =
+            crate::element::Barrier::new(checkpoint_id, crate::element::BarrierKind::Unaligned);
+        codec::encode(&StreamElement::Barrier(unaligned), &mut self.scratch)?;
+        let mut s = self.part.lock();
+        if let Some(f) = &s.failed {
+            return Err(self.part.error(f));
+        }
+        let sent = s.sent_buffers;
+        s.barriers.retain(|b| b.buffer >= sent);
+        let Some(i) = s
+            .barriers
+            .iter()
+            .position(|b| b.checkpoint_id == checkpoint_id)
+        else {
+            return Ok(None);
+        };
+        let at = s.barriers.remove(i);
+        let index = (at.buffer - sent) as usize;
+        let overtaken: Vec<Bytes> = s.queue.iter().take(index).cloned().collect();
+        s.queue.remove(index);
+        // The consumer never sees the barrier in band: what follows it is numbered one
+        // lower there, and so it is here from now on.
+        s.elements -= 1;
+        for b in &mut s.barriers {
+            if b.buffer > at.buffer {
+                b.buffer -= 1;
+                b.elements -= 1;
+            }
+        }
+        s.priority
+            .push_back((at.elements, Bytes::copy_from_slice(&self.scratch)));
+        drop(s);
+        self.part.ready.notify_one();
+        self.part.space.notify_one();
+        Ok(Some(overtaken))
     }
 
     /// Sends `element` (an unaligned barrier) ahead of every queued buffer; returns the
@@ -341,6 +443,7 @@ pub async fn send_loop(
             } else if s.credit > 0 && !s.queue.is_empty() {
                 s.credit -= 1;
                 let data = s.queue.pop_front().unwrap_or_default();
+                s.sent_buffers += 1;
                 s.bytes_out += data.len() as u64;
                 Step::Send(Frame::Buffer {
                     id: part.id,
@@ -485,6 +588,7 @@ mod tests {
             .write_priority(&StreamElement::Barrier(Barrier {
                 checkpoint_id: 1,
                 kind: BarrierKind::Unaligned,
+                timeout_at_ms: 0,
             }))
             .unwrap();
         assert_eq!(overtaken.len(), 2, "both queued buffers were overtaken");
@@ -508,6 +612,90 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_aligned_barrier_whose_time_is_up_overtakes_the_buffers_in_front_of_it() {
+        // Capacity 1: the second batch already fills the queue, yet the barrier that
+        // may time out goes in without waiting.
+        let part = Subpartition::new(id(), "peer".into(), 1 << 20, 1);
+        let mut w = SubpartitionWriter::new(part.clone(), true);
+        w.write(&batch(10)).await.unwrap();
+        let aligned = Barrier {
+            checkpoint_id: 4,
+            kind: BarrierKind::Aligned,
+            timeout_at_ms: 1,
+        };
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            w.write(&StreamElement::Barrier(aligned)),
+        )
+        .await
+        .expect("a barrier that may time out does not wait for room")
+        .unwrap();
+        part.add_credit(100);
+        // Sent before its time was up: nothing to overtake.
+        let (tx, mut rx) = mpsc::channel(16);
+        let sender = AbortOnDropHandle::new(tokio::spawn(send_loop(part.clone(), tx, None)));
+        for _ in 0..2 {
+            assert!(matches!(rx.recv().await, Some(Frame::Buffer { .. })));
+        }
+        assert!(!w.barrier_queued(4));
+        assert!(w.overtake(4).unwrap().is_none());
+        drop(sender);
+
+        let part = Subpartition::new(id(), "peer".into(), 1 << 20, 8);
+        let mut w = SubpartitionWriter::new(part.clone(), true);
+        w.write(&batch(10)).await.unwrap();
+        w.write(&batch(20)).await.unwrap();
+        w.write(&StreamElement::Barrier(aligned)).await.unwrap();
+        w.write(&batch(30)).await.unwrap();
+        assert!(w.barrier_queued(4));
+        let overtaken = w.overtake(4).unwrap().expect("still queued");
+        assert_eq!(overtaken.len(), 2, "the two batches in front of it");
+        assert!(!w.barrier_queued(4));
+        // A later unaligned barrier counts the elements the consumer will see: three
+        // batches, the overtaken barrier not among them.
+        let later = StreamElement::Barrier(Barrier {
+            checkpoint_id: 5,
+            kind: BarrierKind::Unaligned,
+            timeout_at_ms: 0,
+        });
+        assert_eq!(w.write_priority(&later).unwrap().len(), 3);
+        let (tx, mut rx) = mpsc::channel(16);
+        let _sender = AbortOnDropHandle::new(tokio::spawn(send_loop(part.clone(), tx, None)));
+        let mut priority = Vec::new();
+        for _ in 0..2 {
+            let Some(Frame::Priority { sequence, data, .. }) = rx.recv().await else {
+                panic!("expected the barriers first")
+            };
+            let mut d = codec::Decoder::new(1 << 10);
+            d.push(&data);
+            let Ok(Some(StreamElement::Barrier(b))) = d.next_element() else {
+                panic!("not a barrier")
+            };
+            priority.push((sequence, b.checkpoint_id, b.kind));
+        }
+        assert_eq!(
+            priority,
+            [
+                (2, 4, BarrierKind::Unaligned),
+                (3, 5, BarrierKind::Unaligned)
+            ]
+        );
+        part.add_credit(8);
+        let mut buffers = Vec::new();
+        for _ in 0..3 {
+            let Some(Frame::Buffer { data, .. }) = rx.recv().await else {
+                panic!("expected a buffer")
+            };
+            buffers.push(data);
+        }
+        assert_eq!(
+            &buffers[..2],
+            &overtaken[..],
+            "the barrier's buffer is gone"
+        );
+    }
+
+    #[tokio::test]
     async fn a_barrier_after_the_end_went_out_is_not_queued_where_nothing_sends_it() {
         let part = Subpartition::new(id(), "peer".into(), 1 << 20, 8);
         let mut w = SubpartitionWriter::new(part.clone(), true);
@@ -516,6 +704,7 @@ mod tests {
         let barrier = StreamElement::Barrier(Barrier {
             checkpoint_id: 1,
             kind: BarrierKind::Unaligned,
+            timeout_at_ms: 0,
         });
         // A finished task's barrier while its end is still queued overtakes it.
         assert_eq!(w.write_priority(&barrier).unwrap().len(), 2);

@@ -259,6 +259,7 @@ mod tests {
         Barrier {
             checkpoint_id,
             kind: BarrierKind::Aligned,
+            timeout_at_ms: 0,
         }
     }
 

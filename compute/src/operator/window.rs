@@ -1058,6 +1058,7 @@ mod tests {
                         let barrier = Barrier {
                             checkpoint_id: i as u64 + 1,
                             kind: crate::element::BarrierKind::Aligned,
+                            timeout_at_ms: 0,
                         };
                         op.on_barrier(barrier, &mut out).await.unwrap();
                         state.seal(i as u64 + 1).await.unwrap();
@@ -1207,6 +1208,7 @@ mod tests {
                     let barrier = Barrier {
                         checkpoint_id: 1,
                         kind: crate::element::BarrierKind::Aligned,
+                        timeout_at_ms: 0,
                     };
                     op.on_barrier(barrier, &mut out).await.unwrap();
                     state.seal(1).await.unwrap();

@@ -548,6 +548,8 @@ pub async fn build_tasks(
                 metrics: task_metrics,
                 channel_keys,
                 unaligned: Vec::new(),
+                held: Vec::new(),
+                aligned_timeout,
                 link: None,
             });
         }

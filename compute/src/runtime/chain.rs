@@ -62,6 +62,27 @@ impl TaskOutput {
         }
     }
 
+    /// Whether aligned barrier `checkpoint_id` still queues at a remote channel.
+    pub fn barrier_queued(&self, checkpoint_id: u64) -> bool {
+        self.main
+            .iter()
+            .chain(self.side.iter().map(|r| &r.edge))
+            .any(|e| e.barrier_queued(checkpoint_id))
+    }
+
+    /// Aligned barrier `checkpoint_id` overtakes what queues in front of it on every
+    /// edge ([`Self::take_output_state`] returns what it overtook).
+    pub fn overtake(&mut self, checkpoint_id: u64) -> Result<()> {
+        for e in self
+            .main
+            .iter_mut()
+            .chain(self.side.iter_mut().map(|r| &mut r.edge))
+        {
+            e.overtake(checkpoint_id)?;
+        }
+        Ok(())
+    }
+
     /// The output channel state the last unaligned barrier left on every edge.
     pub fn take_output_state(&mut self) -> Vec<sluice_common::channel_state::ChannelPart> {
         let side = self.side.iter_mut().map(|r| &mut r.edge);

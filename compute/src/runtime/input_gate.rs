@@ -11,10 +11,15 @@
 //!   elements are kept aside, still holding their share of the channel's bound, so its
 //!   producer is back-pressured) until every open channel delivered N; then the barrier
 //!   is passed on once and the channels are unblocked in order.
-//! - **Aligned-checkpoint timeout**: an aligned barrier that has waited longer than the
-//!   gate's `aligned_timeout` for its channels is passed on as an unaligned one, as in
-//!   Flink: the channels that delivered it are unblocked, and the others record what
-//!   they deliver until their barrier arrives (the checkpoint's channel state).
+//! - **Aligned-checkpoint timeout**: an aligned barrier carries the time its checkpoint
+//!   stops waiting (`Barrier::timeout_at_ms`: the checkpoint's start plus the job's
+//!   `aligned_timeout`, as in Flink). Then it is passed on as an unaligned one: the
+//!   channels that delivered it are unblocked, and the others record what they deliver
+//!   until their barrier arrives (the checkpoint's channel state). A barrier still
+//!   queued behind elements of its channel was announced by the queue; when its time is
+//!   up the gate takes the elements in front of it aside and lets it overtake them, as
+//!   an unaligned barrier would have (the producer does the same with what it has not
+//!   sent yet, `network::partition`). So a task with one input switches too.
 //! - **Unaligned barriers** arrive on the priority lane and are passed on at once, when
 //!   the first channel delivers them. Elements they overtook are the checkpoint's
 //!   *channel state*: for each channel, the elements sent before that channel's barrier
@@ -152,7 +157,10 @@ impl InputGate {
             self.alignment_timed_out();
         }
         match self.ready.front() {
-            Some(StreamElement::Barrier(b)) if b.kind == BarrierKind::Unaligned => {
+            // An aligned barrier that may time out is sent on without waiting for room.
+            Some(StreamElement::Barrier(b))
+                if b.kind == BarrierKind::Unaligned || b.times_out() =>
+            {
                 self.ready.pop_front()
             }
             _ => None,
@@ -341,12 +349,14 @@ impl InputGate {
                 self.advance();
             }
             StreamElement::Barrier(barrier) if barrier.kind == BarrierKind::Unaligned => {
+                self.rx.taken(ch, barrier.checkpoint_id);
                 // An unaligned barrier in band (its producer could not send it ahead):
                 // it overtook nothing on this channel.
                 let sequence = 0;
                 self.on_unaligned(ch, sequence, barrier, Bytes::new());
             }
             StreamElement::Barrier(barrier) if barrier.checkpoint_id <= self.last_emitted => {
+                self.rx.taken(ch, barrier.checkpoint_id);
                 // Barrier N, aligned, after N went on unaligned (a timeout here, or
                 // another channel's unaligned barrier): this channel's part of the
                 // channel state is complete.
@@ -365,6 +375,7 @@ impl InputGate {
                 self.capture_complete();
             }
             StreamElement::Barrier(barrier) => {
+                self.rx.taken(ch, barrier.checkpoint_id);
                 let c = &mut self.channels[ch];
                 c.barrier = Some(barrier.checkpoint_id);
                 if self
@@ -429,10 +440,10 @@ impl InputGate {
             old.complete = false;
             self.captured.push(old);
         }
-        self.ready.push_back(StreamElement::Barrier(Barrier {
-            checkpoint_id: id,
-            kind: BarrierKind::Unaligned,
-        }));
+        self.ready.push_back(StreamElement::Barrier(Barrier::new(
+            id,
+            BarrierKind::Unaligned,
+        )));
         if self.pending_barrier.is_some_and(|p| p.checkpoint_id <= id) {
             self.pending_barrier = None;
             self.last_alignment = self.alignment_started.take().map(|t| t.elapsed());
@@ -451,23 +462,83 @@ impl InputGate {
         }
     }
 
-    /// When the pending aligned barrier stops waiting (with an aligned timeout).
+    /// When the pending aligned barrier, or the first announced one still queued, stops
+    /// waiting (with an aligned timeout).
     fn alignment_deadline(&self) -> Option<std::time::Instant> {
-        let timeout = self.aligned_timeout?;
-        self.pending_barrier?;
-        Some(self.alignment_started? + timeout)
+        match (self.pending_deadline(), self.queued_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// The pending aligned barrier waited its timeout: it goes on unaligned.
+    fn pending_deadline(&self) -> Option<std::time::Instant> {
+        let b = self.pending_barrier?;
+        if b.timeout_at_ms > 0 {
+            Some(crate::element::instant_of_unix_ms(b.timeout_at_ms))
+        } else {
+            Some(self.alignment_started? + self.aligned_timeout?)
+        }
+    }
+
+    /// The first deadline of an announced barrier that would still make a difference:
+    /// of a checkpoint not passed on yet, or whose channel state is being recorded.
+    fn queued_deadline(&self) -> Option<std::time::Instant> {
+        let capturing = self.capturing.as_ref().map(|c| c.checkpoint_id);
+        self.rx
+            .announced()
+            .iter()
+            .filter(|a| {
+                let id = a.barrier.checkpoint_id;
+                id > self.last_emitted || capturing == Some(id)
+            })
+            .map(|a| a.barrier.timeout_at_ms)
+            .min()
+            .map(crate::element::instant_of_unix_ms)
+    }
+
+    /// An aligned barrier's time is up: the pending one goes on unaligned, and those
+    /// still queued overtake what is in front of them.
     fn alignment_timed_out(&mut self) {
-        let Some(b) = self.pending_barrier else {
-            return;
-        };
-        if b.checkpoint_id <= self.last_emitted {
+        let now = crate::element::unix_ms();
+        if let Some(b) = self.pending_barrier
+            && b.checkpoint_id > self.last_emitted
+            && self
+                .pending_deadline()
+                .is_some_and(|d| d <= std::time::Instant::now())
+        {
+            self.start_capture(b);
+            self.capture_complete();
+        }
+        let due: Vec<_> = self
+            .rx
+            .announced()
+            .into_iter()
+            .filter(|a| a.barrier.timeout_at_ms <= now)
+            .collect();
+        if due.is_empty() {
             return;
         }
-        self.start_capture(b);
-        self.capture_complete();
+        // Everything queued goes aside, the due barriers with it.
+        while let Some(env) = self.rx.try_recv() {
+            self.channels[env.channel].stash.push_back(env);
+        }
+        for a in due {
+            self.rx.taken(a.channel, a.barrier.checkpoint_id);
+            let c = &mut self.channels[a.channel];
+            let Some(at) = c.stash.iter().position(|e| {
+                e.sequence == a.sequence
+                    && matches!(&e.item, Ok(StreamElement::Barrier(b)) if b.checkpoint_id == a.barrier.checkpoint_id)
+            }) else {
+                // Taken already (processed, or aside behind a block): nothing to do.
+                continue;
+            };
+            if a.barrier.checkpoint_id <= c.barrier.unwrap_or(0) {
+                continue;
+            }
+            c.stash.remove(at);
+            let barrier = Barrier::new(a.barrier.checkpoint_id, BarrierKind::Unaligned);
+            self.on_unaligned(a.channel, a.sequence - 1, barrier, Bytes::new());
+        }
     }
 
     fn capture_complete(&mut self) {
@@ -582,6 +653,7 @@ mod tests {
         StreamElement::Barrier(Barrier {
             checkpoint_id: id,
             kind,
+            timeout_at_ms: 0,
         })
     }
 
@@ -732,6 +804,7 @@ mod tests {
             Some(StreamElement::Barrier(Barrier {
                 checkpoint_id: 3,
                 kind: BarrierKind::Unaligned,
+                timeout_at_ms: 0,
             }))
         ));
         assert!(gate.poll_unaligned().is_none());
@@ -758,6 +831,64 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_queued_barrier_whose_time_is_up_overtakes_what_is_in_front_of_it() {
+        // One channel: no alignment ever waits, yet the barrier queued behind elements
+        // goes on unaligned once its checkpoint's time is up, as in Flink.
+        let (tx, rx) = input_queue(1, 1 << 20);
+        let mut gate = InputGate::new(rx);
+        let timeout_at_ms = crate::element::unix_ms() + 100;
+        tx[0].send(batch(1)).await.unwrap();
+        tx[0].send(batch(2)).await.unwrap();
+        let aligned = StreamElement::Barrier(Barrier {
+            checkpoint_id: 3,
+            kind: BarrierKind::Aligned,
+            timeout_at_ms,
+        });
+        tx[0].send(aligned).await.unwrap();
+        tx[0].send(batch(4)).await.unwrap();
+        assert_eq!(value(&next(&mut gate).await), 1);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(matches!(
+            next(&mut gate).await,
+            StreamElement::Barrier(Barrier {
+                checkpoint_id: 3,
+                kind: BarrierKind::Unaligned,
+                ..
+            })
+        ));
+        assert_eq!(value(&next(&mut gate).await), 2);
+        assert_eq!(value(&next(&mut gate).await), 4);
+        let states = gate.take_channel_state();
+        assert_eq!(states.len(), 1);
+        assert!(states[0].complete);
+        let captured: Vec<i64> = states[0].channels[0].iter().map(value).collect();
+        assert_eq!(captured, [2], "what the barrier overtook");
+
+        // Reached before its time is up, it is an ordinary aligned barrier.
+        let (tx, rx) = input_queue(1, 1 << 20);
+        let mut gate = InputGate::new(rx);
+        tx[0].send(batch(1)).await.unwrap();
+        tx[0]
+            .send(StreamElement::Barrier(Barrier {
+                checkpoint_id: 3,
+                kind: BarrierKind::Aligned,
+                timeout_at_ms: crate::element::unix_ms() + 60_000,
+            }))
+            .await
+            .unwrap();
+        assert_eq!(value(&next(&mut gate).await), 1);
+        assert!(matches!(
+            next(&mut gate).await,
+            StreamElement::Barrier(Barrier {
+                kind: BarrierKind::Aligned,
+                ..
+            })
+        ));
+        assert!(gate.take_channel_state().is_empty());
+        assert!(gate.rx.announced().is_empty());
+    }
+
+    #[tokio::test]
     async fn an_aligned_barrier_that_waits_too_long_goes_on_unaligned() {
         let (tx, rx) = input_queue(2, 1 << 20);
         let mut gate = InputGate::new(rx).with_aligned_timeout(Some(Duration::from_millis(100)));
@@ -769,7 +900,8 @@ mod tests {
             next(&mut gate).await,
             StreamElement::Barrier(Barrier {
                 checkpoint_id: 3,
-                kind: BarrierKind::Unaligned
+                kind: BarrierKind::Unaligned,
+                ..
             })
         ));
         assert!(started.elapsed() >= Duration::from_millis(100));

@@ -162,6 +162,30 @@ impl OutputEdge {
         self
     }
 
+    /// Whether aligned barrier `checkpoint_id` still queues at a remote channel (a
+    /// local one's consumer lets it overtake itself).
+    pub fn barrier_queued(&self, checkpoint_id: u64) -> bool {
+        self.senders.iter().any(|s| match s {
+            ChannelSender::Remote(w) => w.barrier_queued(checkpoint_id),
+            ChannelSender::Local(_) => false,
+        })
+    }
+
+    /// Aligned barrier `checkpoint_id`, where it still queues, overtakes what is in
+    /// front of it as an unaligned one; what it overtook is the output state
+    /// [`Self::take_output_state`] then returns.
+    pub fn overtake(&mut self, checkpoint_id: u64) -> Result<()> {
+        self.output_state.clear();
+        for s in &mut self.senders {
+            let overtaken = match s {
+                ChannelSender::Remote(w) => w.overtake(checkpoint_id)?.unwrap_or_default(),
+                ChannelSender::Local(_) => Vec::new(),
+            };
+            self.output_state.push(overtaken);
+        }
+        Ok(())
+    }
+
     /// The output channel state the last unaligned barrier left (the buffers it
     /// overtook), once; empty channels are left out.
     pub fn take_output_state(&mut self) -> Vec<ChannelPart> {

@@ -41,6 +41,8 @@ use crate::time::watermark::WatermarkGenerator;
 /// How often a back-pressured task under the coordinator looks for a checkpoint's
 /// trigger or unaligned barrier while it waits for room (room itself wakes it at once).
 const ROOM_POLL: Duration = Duration::from_millis(1);
+/// How often a task waiting for input looks at its held acknowledgements.
+const HELD_POLL: Duration = Duration::from_millis(5);
 
 /// How often processing-time operators and source idleness are checked.
 const TICK: Duration = Duration::from_millis(100);
@@ -192,6 +194,11 @@ pub struct Task {
     /// Unaligned checkpoints whose barrier passed while the gate still captures the
     /// elements it overtook: their acknowledgements wait for the channel state.
     pub unaligned: Vec<PendingUnaligned>,
+    /// Aligned checkpoints whose barrier still queues at a remote output and may time
+    /// out there: their acknowledgements wait to learn whether it overtakes anything.
+    pub held: Vec<HeldAck>,
+    /// The job's `aligned_timeout`: a source's aligned barriers carry the time it ends.
+    pub aligned_timeout: Option<Duration>,
     /// The coordinator's checkpoints.
     pub link: Option<CheckpointLink>,
 }
@@ -230,6 +237,7 @@ impl Task {
                 self.on_tick().await?;
             }
             self.on_coordinator().await?;
+            self.release_held(&mut acking, false)?;
             // Only the wait for input races the clock and cancellation: receiving is
             // cancel-safe, pushing through the chain is not, so it happens outside.
             let waiting = Instant::now();
@@ -257,10 +265,13 @@ impl Task {
                         // the wait ends.
                         let _waiting = OpenWhile::begin(&self.metrics.waiting);
                         let completed = self.link.as_mut().map(|l| &mut l.completed);
+                        let holding = !self.held.is_empty();
                         tokio::select! {
                             biased;
                             _ = cancel.changed() => continue,
                             _ = changed(completed) => continue,
+                            // A held acknowledgement is looked at again soon.
+                            _ = tokio::time::sleep(HELD_POLL), if holding => continue,
                             _ = tokio::time::sleep(TICK), if ticks => {
                                 self.metrics.idle_ns.fetch_add(waiting.elapsed().as_nanos() as u64, Ordering::Relaxed);
                                 continue;
@@ -320,7 +331,7 @@ impl Task {
                 Some(element) => {
                     let start = Instant::now();
                     let barrier = match &element {
-                        StreamElement::Barrier(b) => Some((b.checkpoint_id, b.kind)),
+                        StreamElement::Barrier(b) => Some(*b),
                         _ => None,
                     };
                     self.chain.push(element, &mut self.output).await?;
@@ -328,7 +339,8 @@ impl Task {
                     self.metrics
                         .work_ns
                         .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
-                    if let Some((id, kind)) = barrier {
+                    if let Some(b) = barrier {
+                        let (id, kind) = (b.checkpoint_id, b.kind);
                         let durable = self.chain.take_durable(id);
                         match &self.link {
                             Some(link) => {
@@ -352,6 +364,12 @@ impl Task {
                                         durable,
                                         output: self.output.take_output_state(),
                                     });
+                                } else if b.times_out() && self.output.barrier_queued(id) {
+                                    self.held.push(HeldAck {
+                                        ack,
+                                        durable,
+                                        timeout_at_ms: b.timeout_at_ms,
+                                    });
                                 } else {
                                     send_ack(link, ack, durable, &mut acking);
                                 }
@@ -369,6 +387,7 @@ impl Task {
             self.finish_unaligned(&mut acking, false);
         }
         self.finish_unaligned(&mut acking, true);
+        self.release_held(&mut acking, true)?;
         // Every checkpoint this task passed is acknowledged (or declined) before it says
         // it finished.
         for h in acking {
@@ -432,11 +451,7 @@ impl Task {
                 continue;
             }
             last = id;
-            let barrier = Barrier {
-                checkpoint_id: id,
-                kind,
-            };
-            self.take_checkpoint(barrier, true).await?;
+            self.take_checkpoint(Barrier::new(id, kind), true).await?;
             if self
                 .link
                 .as_ref()
@@ -501,10 +516,16 @@ impl Task {
     /// upstream): a source's positions, then the barrier through the chain (injected
     /// downstream; or, once the input `ended`, only handled by the operators), then the
     /// acknowledgement. A source that cannot record its positions declines.
-    async fn take_checkpoint(&mut self, barrier: Barrier, ended: bool) -> Result<()> {
+    async fn take_checkpoint(&mut self, mut barrier: Barrier, ended: bool) -> Result<()> {
         let Some(link) = self.link.as_ref() else {
             return Ok(());
         };
+        if let Some(timeout) = self.aligned_timeout
+            && barrier.kind == BarrierKind::Aligned
+            && !ended
+        {
+            barrier.timeout_at_ms = crate::element::unix_ms() + timeout.as_millis() as u64;
+        }
         let (id, task, events) = (barrier.checkpoint_id, link.task, link.events.clone());
         let positions = match &self.input {
             TaskInput::Source(src) => src.reader.positions(),
@@ -560,7 +581,7 @@ impl Task {
                 return Ok(());
             }
         };
-        let _ = events.send(CheckpointEvent::Ack {
+        let ack = CheckpointEvent::Ack {
             checkpoint_id: id,
             task,
             positions,
@@ -569,7 +590,68 @@ impl Task {
             alignment_micros: 0,
             source_records,
             channel_state,
-        });
+        };
+        if barrier.times_out() && self.output.barrier_queued(id) {
+            self.held.push(HeldAck {
+                ack,
+                durable: Vec::new(),
+                timeout_at_ms: barrier.timeout_at_ms,
+            });
+        } else {
+            let _ = events.send(ack);
+        }
+        Ok(())
+    }
+
+    /// Sends the held acknowledgements whose barrier left its outputs; a barrier whose
+    /// time is up overtakes what queues in front of it first, which becomes the
+    /// acknowledgement's output state. At the `end` of the input every one is sent: its
+    /// barrier stays in band.
+    fn release_held(&mut self, acking: &mut Vec<AbortOnDropHandle<()>>, end: bool) -> Result<()> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let Some(link) = &self.link else {
+            self.held.clear();
+            return Ok(());
+        };
+        let now = crate::element::unix_ms();
+        let mut i = 0;
+        while i < self.held.len() {
+            let h = &self.held[i];
+            let id = match &h.ack {
+                CheckpointEvent::Ack { checkpoint_id, .. } => *checkpoint_id,
+                _ => 0,
+            };
+            let queued = !end && self.output.barrier_queued(id);
+            if queued && now < h.timeout_at_ms {
+                i += 1;
+                continue;
+            }
+            let HeldAck {
+                mut ack, durable, ..
+            } = self.held.remove(i);
+            if queued {
+                self.output.overtake(id)?;
+                let output = self.output.take_output_state();
+                match channel_state_object(id, Vec::new(), output) {
+                    Ok(object) => {
+                        if let CheckpointEvent::Ack { channel_state, .. } = &mut ack {
+                            *channel_state = object;
+                        }
+                    }
+                    Err(reason) => {
+                        let _ = link.events.send(CheckpointEvent::Decline {
+                            checkpoint_id: id,
+                            task: link.task,
+                            reason,
+                        });
+                        continue;
+                    }
+                }
+            }
+            send_ack(link, ack, durable, acking);
+        }
         Ok(())
     }
 
@@ -874,6 +956,15 @@ impl SourceInput {
             a.set((!g.is_idle()).then(|| g.current()));
         }
     }
+}
+
+/// An aligned checkpoint's acknowledgement waiting for its barrier to leave the task's
+/// outputs or to overtake what queues there.
+pub struct HeldAck {
+    ack: CheckpointEvent,
+    durable: Vec<crate::keyed::Durable>,
+    /// When the barrier overtakes (Unix milliseconds).
+    timeout_at_ms: u64,
 }
 
 /// An unaligned checkpoint's acknowledgement waiting for the gate's channel state.
