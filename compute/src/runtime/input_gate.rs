@@ -252,13 +252,15 @@ impl InputGate {
                 self.on_priority(p);
                 continue;
             }
-            if let Some(env) = self.pop_stash() {
-                self.process(env)?;
-                continue;
-            }
+            // Before what is kept aside: a barrier's time may be up while the gate works
+            // through elements an earlier barrier overtook.
             let deadline = self.alignment_deadline();
             if deadline.is_some_and(|d| d <= std::time::Instant::now()) {
                 self.alignment_timed_out();
+                continue;
+            }
+            if let Some(env) = self.pop_stash() {
+                self.process(env)?;
                 continue;
             }
             let received = match deadline {
@@ -506,6 +508,7 @@ impl InputGate {
                 .pending_deadline()
                 .is_some_and(|d| d <= std::time::Instant::now())
         {
+            tracing::debug!(checkpoint = b.checkpoint_id, "alignment timed out");
             self.start_capture(b);
             self.capture_complete();
         }
@@ -536,6 +539,12 @@ impl InputGate {
                 continue;
             }
             c.stash.remove(at);
+            tracing::debug!(
+                channel = a.channel,
+                checkpoint = a.barrier.checkpoint_id,
+                queued = c.stash.len(),
+                "a queued aligned barrier timed out and overtakes"
+            );
             let barrier = Barrier::new(a.barrier.checkpoint_id, BarrierKind::Unaligned);
             self.on_unaligned(a.channel, a.sequence - 1, barrier, Bytes::new());
         }

@@ -631,6 +631,7 @@ impl Task {
             let HeldAck {
                 mut ack, durable, ..
             } = self.held.remove(i);
+            tracing::debug!(task = %self.name, checkpoint = id, queued, "held acknowledgement released");
             if queued {
                 self.output.overtake(id)?;
                 let output = self.output.take_output_state();
