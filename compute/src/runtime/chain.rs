@@ -83,6 +83,26 @@ impl TaskOutput {
         Ok(())
     }
 
+    /// Whether every consumer took everything this (finished) task sent.
+    pub fn drained(&self) -> bool {
+        self.main
+            .iter()
+            .chain(self.side.iter().map(|r| &r.edge))
+            .all(OutputEdge::drained)
+    }
+
+    /// Sends unaligned barrier `element` ahead of what queues on every edge.
+    pub fn emit_priority(&mut self, element: &StreamElement) -> Result<()> {
+        for e in self
+            .main
+            .iter_mut()
+            .chain(self.side.iter_mut().map(|r| &mut r.edge))
+        {
+            e.emit_priority(element)?;
+        }
+        Ok(())
+    }
+
     /// The output channel state the last unaligned barrier left on every edge.
     pub fn take_output_state(&mut self) -> Vec<sluice_common::channel_state::ChannelPart> {
         let side = self.side.iter_mut().map(|r| &mut r.edge);

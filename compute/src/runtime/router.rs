@@ -202,6 +202,26 @@ impl OutputEdge {
             .collect()
     }
 
+    /// Sends `element` (an unaligned barrier) ahead of what queues on every channel;
+    /// what it overtook is the output state [`Self::take_output_state`] then returns.
+    pub fn emit_priority(&mut self, element: &StreamElement) -> Result<()> {
+        self.output_state.clear();
+        for s in &mut self.senders {
+            let overtaken = s.send_priority(element)?;
+            self.output_state.push(overtaken);
+        }
+        Ok(())
+    }
+
+    /// Whether every channel's consumer took everything sent, its end included (a
+    /// finished task's output).
+    pub fn drained(&self) -> bool {
+        self.senders.iter().all(|s| match s {
+            ChannelSender::Local(q) => q.bytes_in_use() == 0,
+            ChannelSender::Remote(w) => w.subpartition().is_done(),
+        })
+    }
+
     /// Sends `element` to the right channels.
     pub async fn emit(&mut self, element: &StreamElement) -> Result<()> {
         let metrics = &*self.metrics;
@@ -209,12 +229,7 @@ impl OutputEdge {
             if let StreamElement::Barrier(b) = element
                 && b.kind == BarrierKind::Unaligned
             {
-                self.output_state.clear();
-                for s in &mut self.senders {
-                    let overtaken = s.send_priority(element)?;
-                    self.output_state.push(overtaken);
-                }
-                return Ok(());
+                return self.emit_priority(element);
             }
             for s in &mut self.senders {
                 s.send(element.clone(), metrics).await?;

@@ -368,6 +368,7 @@ impl Task {
                                     self.held.push(HeldAck {
                                         ack,
                                         durable,
+                                        finished: false,
                                         timeout_at_ms: b.timeout_at_ms,
                                     });
                                 } else {
@@ -417,12 +418,16 @@ impl Task {
         let mut taken = 0u64;
         // The newest checkpoint this task took here.
         let mut last = 0u64;
+        let mut acking = Vec::new();
         loop {
+            self.release_held(&mut acking, false)?;
+            let holding = !self.held.is_empty();
             let Some(link) = self.link.as_mut() else {
                 return Ok(());
             };
             let done = *link.completed.borrow();
             if taken > 0 && done >= taken {
+                self.release_held(&mut acking, true)?;
                 return self.pass_on_completed(taken).await;
             }
             if done > link.notified {
@@ -439,6 +444,8 @@ impl Task {
                 _ = cancel.changed() => return Err(Error::Cancelled),
                 barrier = next_trigger(link.triggers.as_mut()) => (barrier.checkpoint_id, barrier.kind),
                 _ = link.completed.changed() => continue,
+                // A held acknowledgement is looked at again soon.
+                _ = tokio::time::sleep(HELD_POLL), if holding => continue,
                 changed = link.final_checkpoint.changed() => {
                     if changed.is_err() {
                         return Err(Error::Cancelled);
@@ -520,9 +527,11 @@ impl Task {
         let Some(link) = self.link.as_ref() else {
             return Ok(());
         };
+        // The job's final checkpoint is taken where every task waits: nothing queues.
+        let last = *link.final_checkpoint.borrow() == barrier.checkpoint_id;
         if let Some(timeout) = self.aligned_timeout
             && barrier.kind == BarrierKind::Aligned
-            && !ended
+            && !last
         {
             barrier.timeout_at_ms = crate::element::unix_ms() + timeout.as_millis() as u64;
         }
@@ -591,10 +600,16 @@ impl Task {
             source_records,
             channel_state,
         };
-        if barrier.times_out() && self.output.barrier_queued(id) {
+        let queued = if ended {
+            !self.output.drained()
+        } else {
+            self.output.barrier_queued(id)
+        };
+        if barrier.times_out() && queued {
             self.held.push(HeldAck {
                 ack,
                 durable: Vec::new(),
+                finished: ended,
                 timeout_at_ms: barrier.timeout_at_ms,
             });
         } else {
@@ -623,17 +638,31 @@ impl Task {
                 CheckpointEvent::Ack { checkpoint_id, .. } => *checkpoint_id,
                 _ => 0,
             };
-            let queued = !end && self.output.barrier_queued(id);
+            let queued = !end
+                && if h.finished {
+                    !self.output.drained()
+                } else {
+                    self.output.barrier_queued(id)
+                };
             if queued && now < h.timeout_at_ms {
                 i += 1;
                 continue;
             }
             let HeldAck {
-                mut ack, durable, ..
+                mut ack,
+                durable,
+                finished,
+                ..
             } = self.held.remove(i);
-            tracing::debug!(task = %self.name, checkpoint = id, queued, "held acknowledgement released");
+            tracing::debug!(task = %self.name, checkpoint = id, queued, finished, "held acknowledgement released");
             if queued {
-                self.output.overtake(id)?;
+                if finished {
+                    let unaligned = Barrier::new(id, BarrierKind::Unaligned);
+                    self.output
+                        .emit_priority(&StreamElement::Barrier(unaligned))?;
+                } else {
+                    self.output.overtake(id)?;
+                }
                 let output = self.output.take_output_state();
                 match channel_state_object(id, Vec::new(), output) {
                     Ok(object) => {
@@ -964,6 +993,9 @@ impl SourceInput {
 pub struct HeldAck {
     ack: CheckpointEvent,
     durable: Vec<crate::keyed::Durable>,
+    /// Taken by a task that finished: its barrier is, in effect, behind everything its
+    /// outputs still hold, and overtakes it all when its time is up.
+    finished: bool,
     /// When the barrier overtakes (Unix milliseconds).
     timeout_at_ms: u64,
 }
