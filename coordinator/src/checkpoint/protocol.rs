@@ -162,6 +162,12 @@ pub enum AbortReason {
     MetadataWriteFailed(String),
     /// The job is failing over, or this coordinator was fenced.
     JobFailover,
+    /// Every task reached the end of its input: the final checkpoint takes its place.
+    InputEnded,
+    /// The job is being rescaled: its tasks are replaced.
+    Rescale,
+    /// The job was cancelled.
+    Cancelled,
     /// Another coordinator committed a checkpoint with this id.
     Fenced,
 }

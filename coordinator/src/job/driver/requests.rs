@@ -262,7 +262,7 @@ impl Driver {
         }
         self.transition(JobEvent::RescaleRequested);
         if let Some(p) = self.protocol.as_mut() {
-            let out = p.abort_all(now, AbortReason::JobFailover);
+            let out = p.abort_all(now, AbortReason::Rescale);
             self.protocol_actions(now, out, acts);
         }
         self.cancel_attempt(now, None, Then::Redeploy, acts);
@@ -426,7 +426,7 @@ impl Driver {
                 self.answer_all("the job was cancelled", acts);
                 self.periodic(false);
                 if let Some(p) = self.protocol.as_mut() {
-                    let out = p.abort_all(now, AbortReason::JobFailover);
+                    let out = p.abort_all(now, AbortReason::Cancelled);
                     self.protocol_actions(now, out, acts);
                 }
                 let then = Then::End {

@@ -199,7 +199,7 @@ impl Driver {
         self.answer_requests("the job reached the end of its input", acts);
         let p = self.protocol.as_mut().expect("checked above");
         p.set_periodic(false);
-        let out = p.abort_all(now, AbortReason::JobFailover);
+        let out = p.abort_all(now, AbortReason::InputEnded);
         self.protocol_actions(now, out, acts);
         self.trigger_final(now, acts);
     }
