@@ -139,6 +139,7 @@ enum NexmarkCommand {
 }
 
 /// A failure with the exit code it maps to.
+#[derive(Debug)]
 pub struct Failure {
     code: u8,
     message: String,

@@ -309,10 +309,12 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
             "name: it\nobject_store: {store}\nservice: process\nenv:\n{env_yaml}hosts:\n{}{}{}\
              coordinator: {{ host: a, http: {http}, grpc: {grpc} }}\n\
              state_nodes: [{{ host: b, port: {state_port}, memory: 256MiB, disk_cache: 512MiB }}]\n\
-             workers: [{{ host: b, slots: 2 }}, {{ host: c, slots: 2 }}]\n",
+             workers: [{{ host: b, slots: 2 }}, {{ host: c, slots: 2 }}]\n\
+             releases: {releases}/{{version}}/sluice\n",
             host("a", 0),
             host("b", 1),
             host("c", 2),
+            releases = root.join("releases").display(),
         ),
     )
     .unwrap();
@@ -422,7 +424,9 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
     wait_for(api, &id, Duration::from_secs(60), "a checkpoint", |s| {
         s["last_checkpoint"].as_u64() >= Some(2)
     });
-    let new_binary = root.join("sluice-next");
+    // The next release, where the cluster file's `releases` says release `next` lies.
+    let new_binary = root.join("releases/next/sluice");
+    std::fs::create_dir_all(new_binary.parent().unwrap()).unwrap();
     std::fs::copy(sluice_bin(), &new_binary).unwrap();
     // The same program with a different checksum: a release deploy has not seen.
     std::fs::OpenOptions::new()
@@ -431,11 +435,13 @@ fn deploy_runs_a_job_upgrades_under_it_and_destroys_on_three_ssh_hosts() {
         .and_then(|mut f| std::io::Write::write_all(&mut f, b"next"))
         .unwrap();
     let started = Instant::now();
-    let upgraded = hosts.deploy(
-        &["upgrade", "--binary", new_binary.to_str().unwrap()],
-        &cluster,
-    );
+    let upgraded = hosts.deploy(&["upgrade", "--version", "next"], &cluster);
     upgraded.assert_success().assert_no_panic();
+    assert!(
+        upgraded.stderr.contains("release next: "),
+        "{}",
+        upgraded.stderr
+    );
     eprintln!(
         "upgrade took {:.1} s:\n{}{}",
         started.elapsed().as_secs_f64(),
@@ -604,6 +610,45 @@ fn deploy_refuses_hosts_it_cannot_use_and_starts_nothing() {
         "started: {:?}",
         hosts.processes()
     );
+
+    // A binary for another architecture: the host is named, nothing is copied.
+    let foreign = root.join("sluice-aarch64");
+    let mut bytes = std::fs::read(sluice_bin()).unwrap();
+    bytes[18..20].copy_from_slice(&0xb7u16.to_le_bytes());
+    std::fs::write(&foreign, bytes).unwrap();
+    let file = cluster(&address, port, "process");
+    let out = hosts.deploy(&["--binary", foreign.to_str().unwrap()], &file);
+    out.assert_code(1).assert_no_panic();
+    out.assert_stderr_contains(&format!(
+        "host a ({address}): checking the host: it runs Linux on {}; this binary is for Linux on aarch64",
+        std::env::consts::ARCH
+    ));
+    let sum = Command::new("sha256sum").arg(&foreign).output().unwrap();
+    let sha = String::from_utf8_lossy(&sum.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    for host in ["a", "b"] {
+        assert!(
+            !root.join(host).join("releases").join(&sha).exists(),
+            "the foreign binary was copied to host {host}"
+        );
+    }
+    // A release the cluster file's `releases` does not hold.
+    let file = edited(
+        "workers: [{ host: b }]",
+        &format!(
+            "workers: [{{ host: b }}]\nreleases: {}/r/{{version}}/sluice",
+            root.display()
+        ),
+    );
+    let out = hosts.deploy(&["upgrade", "--version", "7.0"], &file);
+    out.assert_code(2).assert_no_panic();
+    out.assert_stderr_contains(&format!(
+        "release 7.0: {}/r/7.0/sluice is not a file (from `releases` in the cluster file)",
+        root.display()
+    ));
 
     // Two roles on one port: the cluster file's line and column, before any SSH.
     let file = edited(

@@ -24,6 +24,9 @@
 //! workers:
 //!   - { host: b, slots: 2, network_memory: 1GiB }
 //! worker_join: true   # workers not listed (auto-scaled) join with the join token
+//! version: 0.3.0       # the release every host runs (default: the deploying binary)
+//! releases: https://downloads.example.com/sluice/{version}/sluice-linux-x86_64
+//! #         where release {version} is fetched from: https://, http://, file:/// or a path
 //! ```
 //!
 //! `address` is what SSH connects to (a name in the user's SSH config works); `bind` is
@@ -148,6 +151,11 @@ pub struct ClusterSpec {
     /// Whether workers not listed (an auto-scaled group) may join with the cluster's
     /// join token; the coordinators then hold the CA's key to sign their certificates.
     pub worker_join: bool,
+    /// The release every host runs, fetched from `releases` (`None`: the binary deploy
+    /// is given, or the deploying one).
+    pub version: Option<String>,
+    /// Where release `{version}` is fetched from: a URL or path template.
+    pub releases: Option<String>,
 }
 
 const TOP_KEYS: &[&str] = &[
@@ -163,6 +171,8 @@ const TOP_KEYS: &[&str] = &[
     "state_nodes",
     "workers",
     "worker_join",
+    "version",
+    "releases",
 ];
 const HOST_KEYS: &[&str] = &[
     "address",
@@ -304,6 +314,29 @@ fn decode(root: &Node) -> Result<ClusterSpec> {
             "the cluster has no workers: add `workers: [{ host: NAME }]`",
         ));
     }
+    let releases = match top.get("releases") {
+        Some(e) => {
+            let template = fields::string(e.value, "releases")?;
+            check_releases(&template).map_err(|m| PosError::new(e.value.pos, m))?;
+            Some(template)
+        }
+        None => None,
+    };
+    let version = match top.get("version") {
+        Some(e) => {
+            let version = fields::string(e.value, "version")?;
+            check_version(&version).map_err(|m| PosError::new(e.value.pos, m))?;
+            if releases.is_none() {
+                return Err(PosError::new(
+                    e.key.pos,
+                    "`version` needs `releases`, the URL or path its binary is fetched from \
+                     (with `{version}` in it)",
+                ));
+            }
+            Some(version)
+        }
+        None => None,
+    };
     Ok(ClusterSpec {
         name,
         object_store,
@@ -315,7 +348,47 @@ fn decode(root: &Node) -> Result<ClusterSpec> {
         state_nodes,
         workers,
         worker_join: top.opt("worker_join", fields::bool_value)?.unwrap_or(false),
+        version,
+        releases,
     })
+}
+
+/// A release version names a path segment: letters, digits, `.`, `-`, `_` and `+`.
+pub fn check_version(version: &str) -> std::result::Result<(), String> {
+    let fits = !version.is_empty()
+        && version.len() <= 64
+        && !version.starts_with('.')
+        && version
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '+'));
+    if fits {
+        Ok(())
+    } else {
+        Err(format!(
+            "a version may hold only letters, digits, `.`, `-`, `_` and `+` (at most 64, not \
+             starting with `.`), found `{version}`"
+        ))
+    }
+}
+
+fn check_releases(template: &str) -> std::result::Result<(), String> {
+    if !template.contains("{version}") {
+        return Err(format!(
+            "`releases` must name where each version is, with `{{version}}` in it; found \
+             `{template}`"
+        ));
+    }
+    let kind_ok = ["https://", "http://", "file:///", "/"]
+        .iter()
+        .any(|p| template.starts_with(p));
+    if kind_ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "`releases` must be an https://, http:// or file:/// URL or an absolute path, \
+             found `{template}`"
+        ))
+    }
 }
 
 fn etcd_members(node: &Node, hosts: &[HostSpec], places: &mut Places) -> Result<EtcdSpec> {
@@ -704,6 +777,39 @@ workers:
         assert!(error("name: x\nobject_store: s3://b\nhosts: { a: { address: h } }\ncoordinator: { host: a }\n")
             .contains("no workers"));
         assert!(error("name: Prod\n").starts_with("cluster.yaml:1:7: `name` may hold only"));
+    }
+
+    #[test]
+    fn a_version_is_fetched_from_releases() {
+        let plain = parse_cluster("c", GOOD).unwrap();
+        assert_eq!((plain.version, plain.releases), (None, None));
+        let with =
+            format!("{GOOD}version: 1.10\nreleases: https://dl.example.com/{{version}}/sluice\n");
+        let c = parse_cluster("c", &with).unwrap();
+        assert_eq!(c.version.as_deref(), Some("1.10"));
+        assert_eq!(
+            c.releases.as_deref(),
+            Some("https://dl.example.com/{version}/sluice")
+        );
+        let path = format!("{GOOD}releases: /srv/releases/{{version}}/sluice\n");
+        assert!(parse_cluster("c", &path).unwrap().version.is_none());
+        assert_eq!(
+            error(&format!("{GOOD}version: 0.3.0\n")),
+            "cluster.yaml:14:1: `version` needs `releases`, the URL or path its binary is \
+             fetched from (with `{version}` in it)"
+        );
+        assert!(
+            error(&format!("{GOOD}releases: https://dl.example.com/sluice\n"))
+                .starts_with("cluster.yaml:14:11: `releases` must name where each version is")
+        );
+        assert!(
+            error(&format!("{GOOD}releases: ftp://x/{{version}}\n"))
+                .contains("must be an https://")
+        );
+        assert!(
+            error(&format!("{GOOD}version: ../x\nreleases: /r/{{version}}\n"))
+                .starts_with("cluster.yaml:14:10: a version may hold only")
+        );
     }
 
     #[test]

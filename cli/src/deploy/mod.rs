@@ -16,6 +16,7 @@
 
 mod pki;
 mod progress;
+mod release;
 mod role;
 mod ssh;
 
@@ -98,9 +99,13 @@ struct Common {
 struct UpArgs {
     #[command(flatten)]
     common: Common,
-    /// The binary to install (default: this `sluice`).
-    #[arg(long)]
+    /// The binary to install (default: the cluster file's `version`, else this `sluice`).
+    #[arg(long, conflicts_with = "version")]
     binary: Option<PathBuf>,
+    /// The release to install, fetched from the cluster file's `releases` (default: its
+    /// `version`).
+    #[arg(long)]
+    version: Option<String>,
     /// How long each role may take to become healthy, in seconds.
     #[arg(long, default_value_t = 60)]
     health_timeout: u64,
@@ -334,8 +339,8 @@ fn step_failed(host: &HostSpec, step: &str, reason: &str) -> Failure {
 
 fn up(args: UpArgs) -> Result<(), Failure> {
     let started = Instant::now();
-    let (session, sha) = begin(&args)?;
-    let copied = prepare_all(&session, &args, &sha)?;
+    let (session, binary, sha) = begin(&args)?;
+    let copied = prepare_all(&session, &binary, &sha)?;
     let rt = runtime()?;
     let changed = copied + roll(&session, &rt, &sha, &args)?;
     summary(&session);
@@ -350,12 +355,12 @@ fn up(args: UpArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The session and the checksum of the binary to install.
-fn begin(args: &UpArgs) -> Result<(Session, String), Failure> {
+/// The session, the binary to install and its checksum.
+fn begin(args: &UpArgs) -> Result<(Session, PathBuf, String), Failure> {
     let mut session = Session::open(&args.common)?;
+    let binary = binary(&session.cluster, args)?;
     session.ensure_token()?;
     session.ensure_pki()?;
-    let binary = binary(args)?;
     let sha = sha256_file(&binary)?;
     say(&format!(
         "cluster {} ({} hosts): {} (sha256 {})",
@@ -364,22 +369,47 @@ fn begin(args: &UpArgs) -> Result<(Session, String), Failure> {
         binary.display(),
         &sha[..12]
     ));
-    Ok((session, sha))
+    Ok((session, binary, sha))
 }
 
-fn binary(args: &UpArgs) -> Result<PathBuf, Failure> {
-    match &args.binary {
-        Some(path) => Ok(path.clone()),
-        None => std::env::current_exe()
-            .map_err(|e| Failure::from(anyhow::anyhow!("finding this binary: {e}"))),
+/// `--binary`, else the release `--version` or the cluster file's `version` names,
+/// else this `sluice`.
+fn binary(cluster: &ClusterSpec, args: &UpArgs) -> Result<PathBuf, Failure> {
+    if let Some(path) = &args.binary {
+        return Ok(path.clone());
     }
+    let Some(version) = args.version.as_deref().or(cluster.version.as_deref()) else {
+        return std::env::current_exe()
+            .map_err(|e| Failure::from(anyhow::anyhow!("finding this binary: {e}")));
+    };
+    sluice_planner::cluster_file::check_version(version)
+        .map_err(|e| Failure::usage(format!("--version: {e}")))?;
+    let Some(template) = &cluster.releases else {
+        return Err(Failure::usage(format!(
+            "--version {version}: the cluster file has no `releases`, the URL or path with \
+             {{version}} in it that releases are fetched from"
+        )));
+    };
+    doing(format!("fetching release {version}"));
+    let path = release::fetch(template, version)?;
+    say(&format!("release {version}: {}", path.display()));
+    if let (Some(asked), Some(written)) = (&args.version, &cluster.version)
+        && asked != written
+    {
+        say(&format!(
+            "note: the cluster file says `version: {written}`; set it to {asked} there, or the \
+             next `sluice deploy` installs {written} again"
+        ));
+    }
+    Ok(path)
 }
 
 /// Checks every host that runs a role and installs the binary where it is missing;
 /// how many hosts it was copied to. Nothing starts unless every host passes, so a host
 /// that cannot take part leaves nothing half-deployed.
-fn prepare_all(session: &Session, args: &UpArgs, sha: &str) -> Result<usize, Failure> {
-    let binary = binary(args)?;
+fn prepare_all(session: &Session, binary: &Path, sha: &str) -> Result<usize, Failure> {
+    let arch = release::elf_arch(binary)
+        .map_err(|e| Failure::usage(format!("{}: {e}", binary.display())))?;
     let cluster = &session.cluster;
     let roles = session.roles();
     let used: Vec<&HostSpec> = cluster
@@ -394,7 +424,7 @@ fn prepare_all(session: &Session, args: &UpArgs, sha: &str) -> Result<usize, Fai
     let prepared: Vec<Result<bool, Failure>> = std::thread::scope(|scope| {
         let handles: Vec<_> = used
             .iter()
-            .map(|host| scope.spawn(|| prepare(session, host, &binary, sha)))
+            .map(|host| scope.spawn(|| prepare(session, host, binary, arch, sha)))
             .collect();
         handles
             .into_iter()
@@ -538,8 +568,8 @@ fn summary(session: &Session) {
 /// savepoints.
 fn upgrade(args: UpArgs) -> Result<(), Failure> {
     let started = Instant::now();
-    let (session, sha) = begin(&args)?;
-    prepare_all(&session, &args, &sha)?;
+    let (session, binary, sha) = begin(&args)?;
+    prepare_all(&session, &binary, &sha)?;
     let rt = runtime()?;
     let rest = session.rest_url();
     let jobs = rt
@@ -627,7 +657,13 @@ fn resumed_note(saved: &[(String, usize, String)]) -> String {
 
 /// Checks that `host` can run the binary and installs it there unless that checksum
 /// already is; true when it copied.
-fn prepare(session: &Session, host: &HostSpec, binary: &Path, sha: &str) -> Result<bool, Failure> {
+fn prepare(
+    session: &Session,
+    host: &HostSpec,
+    binary: &Path,
+    binary_arch: &str,
+    sha: &str,
+) -> Result<bool, Failure> {
     let dir = quote(&host.install_dir);
     // The etcd member deploy runs here uses the host's own etcd.
     let etcd_binary = session.cluster.managed_etcd.as_ref().and_then(|e| {
@@ -654,14 +690,11 @@ fn prepare(session: &Session, host: &HostSpec, binary: &Path, sha: &str) -> Resu
         lines.first().copied().unwrap_or(""),
         lines.get(1).copied().unwrap_or(""),
     );
-    if os != "Linux" || arch != std::env::consts::ARCH {
+    if os != "Linux" || arch != binary_arch {
         return Err(step_failed(
             host,
             "checking the host",
-            &format!(
-                "it runs {os} on {arch}; this binary is for Linux on {}",
-                std::env::consts::ARCH
-            ),
+            &format!("it runs {os} on {arch}; this binary is for Linux on {binary_arch}"),
         ));
     }
     if host.service == ServiceManager::Systemd && lines.get(2) != Some(&"systemd") {
