@@ -125,6 +125,7 @@ fn the_inventory_output_is_a_cluster_file_deploy_accepts() {
             "--initial-cluster coordinator=http://10.0.0.10:2380,coordinator-1=http://10.0.0.11:2380,coordinator-2=http://10.0.0.12:2380",
             "--ha etcd://10.0.0.10:2379,10.0.0.11:2379,10.0.0.12:2379 --ha-id coordinator-1",
             "--coordinator http://10.0.0.10:6123,http://10.0.0.11:6123,http://10.0.0.12:6123",
+            "release 0.4.0 from https://downloads.example.com/sluice/0.4.0/sluice-linux-x86_64",
         ],
     );
     assert!(cluster.contains("\"worker_join\": true"), "{cluster}");

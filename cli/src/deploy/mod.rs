@@ -922,6 +922,15 @@ fn check(common: Common, units: Option<PathBuf>, binary: Option<PathBuf>) -> Res
         cluster.hosts.len(),
         cluster.object_store
     );
+    match (&cluster.version, &cluster.releases) {
+        (Some(version), Some(template)) => outln!(
+            "release {version} from {}",
+            release::shown(&template.replace("{version}", version))
+        ),
+        _ => outln!(
+            "binary: the one deploy is given (--binary, --version), else the deploying sluice"
+        ),
+    }
     for role in session.roles() {
         let via = role
             .host

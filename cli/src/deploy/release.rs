@@ -72,7 +72,7 @@ pub fn elf_arch(path: &Path) -> Result<&'static str, String> {
 
 /// A URL as it may be printed: no user information, no query (a presigned URL's
 /// signature or a token must not reach a terminal or a log).
-fn shown(url: &str) -> String {
+pub fn shown(url: &str) -> String {
     let without_query = url.split(['?', '#']).next().unwrap_or(url);
     match without_query.split_once("://") {
         Some((scheme, rest)) => {

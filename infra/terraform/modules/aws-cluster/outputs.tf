@@ -7,6 +7,9 @@ module "inventory" {
   env          = { AWS_REGION = data.aws_region.current.name }
   coordinators = [for c in aws_instance.coordinator : { address = c.public_ip, bind = c.private_ip }]
   worker_join  = true
+  # deploy installs this release on the hosts it starts roles on (null: its own binary)
+  sluice_version  = var.sluice_version
+  sluice_releases = var.sluice_releases
   state_nodes = [for s in aws_instance.state : {
     address    = s.private_ip
     memory     = var.state_memory

@@ -131,6 +131,22 @@ variable "sluice_url" {
   }
 }
 
+variable "sluice_version" {
+  description = "The release `sluice deploy` installs on the hosts it starts roles on, fetched from sluice_releases (null: the deploying binary). Keep it the release sluice_url points at."
+  type        = string
+  default     = null
+}
+
+variable "sluice_releases" {
+  description = "Where `sluice deploy` fetches release {version} from: a URL with {version} in it (null: no named releases)."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.sluice_releases == null || strcontains(coalesce(var.sluice_releases, "x"), "{version}")
+    error_message = "sluice_releases must contain {version}."
+  }
+}
+
 variable "sluice_sha256" {
   description = "The binary's SHA-256; a worker refuses a download that does not match."
   type        = string

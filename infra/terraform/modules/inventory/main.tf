@@ -23,6 +23,26 @@ variable "object_store" {
   }
 }
 
+variable "sluice_version" {
+  description = "The Sluice release every host runs, fetched from sluice_releases; null: the binary of whoever runs `sluice deploy`."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.sluice_version == null || can(regex("^[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,63}$", var.sluice_version))
+    error_message = "sluice_version may hold only letters, digits, ., -, _ and + (at most 64)."
+  }
+}
+
+variable "sluice_releases" {
+  description = "Where release {version} is fetched from: an https://, http:// or file:/// URL or a path with {version} in it."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.sluice_releases == null || strcontains(coalesce(var.sluice_releases, "x"), "{version}")
+    error_message = "sluice_releases must contain {version}."
+  }
+}
+
 variable "ssh_user" {
   description = "The SSH user on every host."
   type        = string
@@ -123,6 +143,8 @@ locals {
     },
     length(var.env) > 0 ? { env = var.env } : {},
     var.worker_join ? { worker_join = true } : {},
+    var.sluice_releases != null ? { releases = var.sluice_releases } : {},
+    var.sluice_version != null ? { version = var.sluice_version } : {},
     { for k, v in local.coordinator_roles : k => v if v != null },
   )
 }

@@ -23,11 +23,13 @@ output "cluster_file" {
 
 # Three coordinators: a leader and standbys electing through etcd members deploy runs.
 module "inventory_ha" {
-  source       = "../../modules/inventory"
-  name         = "fixture-ha"
-  worker_join  = true
-  object_store = "s3://sluice-fixture/cluster"
-  jump_host    = "admin@203.0.113.10"
+  source          = "../../modules/inventory"
+  name            = "fixture-ha"
+  worker_join     = true
+  sluice_version  = "0.4.0"
+  sluice_releases = "https://downloads.example.com/sluice/{version}/sluice-linux-x86_64"
+  object_store    = "s3://sluice-fixture/cluster"
+  jump_host       = "admin@203.0.113.10"
   coordinators = [
     { address = "203.0.113.10", bind = "10.0.0.10" },
     { address = "203.0.113.11", bind = "10.0.0.11" },
