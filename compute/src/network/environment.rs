@@ -451,14 +451,14 @@ mod tests {
     #[test]
     fn the_network_memory_bound_counts_every_buffer_the_settings_allow() {
         let config = NetworkConfig::default();
-        // 4 remote inputs x 2 + 2 gates x 8 + 4 subpartitions x (4 + 1) + 1 connection x
-        // 64 frames = 108 buffers of 32 KiB, and a 256 KiB read buffer.
+        // 4 remote inputs x 2 + 2 gates x 16 + 4 subpartitions x (16 + 1) + 1 connection
+        // x 64 frames = 172 buffers of 32 KiB, and a 256 KiB read buffer.
         let need = NetworkMemory::of(&config, 4, 2, 4, 1);
-        assert_eq!(need.bytes, 108 * 32 * 1024 + 256 * 1024);
+        assert_eq!(need.bytes, 172 * 32 * 1024 + 256 * 1024);
         need.check(&config, need.bytes).unwrap();
         need.check(&config, 0).unwrap();
         let err = need.check(&config, need.bytes - 1).unwrap_err().to_string();
-        assert!(err.contains("needs 3.6 MiB of network buffers"), "{err}");
+        assert!(err.contains("needs 5.6 MiB of network buffers"), "{err}");
         assert!(
             err.contains("4 remote input channels x 2 exclusive buffers"),
             "{err}"

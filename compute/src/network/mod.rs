@@ -61,11 +61,16 @@ impl Default for NetworkConfig {
         Self {
             buffer_bytes: 32 << 10,
             exclusive_buffers: 2,
-            floating_buffers: 8,
+            // Floating buffers and the producer's queue cover the time a buffer and its
+            // credit take to cross two processes' schedulers: with Flink's 8 and 4 here,
+            // q5 across two workers on 2 cores left the sources back-pressured half
+            // the time while their consumers idled (0.74-0.78 of one process); with 16
+            // and 16, 0.92-0.93 (`sluice bench nexmark --query q5 --workers 1|2`).
+            floating_buffers: 16,
             buffer_timeout: Duration::from_millis(100),
             flush_every_batch: false,
             max_frame_bytes: (32 << 10) + 64,
-            subpartition_buffers: 4,
+            subpartition_buffers: 16,
             peer_timeout: Duration::from_secs(20),
             connect_timeout: Duration::from_secs(30),
         }
