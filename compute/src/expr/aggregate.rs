@@ -4,9 +4,12 @@
 //! function is one the window operator can keep incrementally in keyed state and
 //! compiles its argument as a scalar expression. The accumulation itself lives in
 //! `window::accumulator`, where partial results are merged into state.
+//!
+//! `FILTER (WHERE cond)` needs no state of its own: every supported function skips nulls,
+//! so the argument becomes `CASE WHEN cond THEN arg END` (`count(*)` counts a constant).
 
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
-use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::{Expr, lit, when};
 
 use super::{CompiledExpr, ExprCompiler};
 use crate::error::{Error, Result};
@@ -72,9 +75,15 @@ impl AggregateCall {
         };
         let fname = agg.func.name().to_ascii_lowercase();
         let params = agg.params;
-        if params.distinct || params.filter.is_some() || !params.order_by.is_empty() {
+        if params.distinct {
             return Err(Error::Plan(format!(
-                "`{sql}`: DISTINCT, FILTER and ORDER BY inside aggregates are not supported"
+                "`{sql}`: {}(DISTINCT ...) is not supported in windows yet",
+                fname.to_ascii_uppercase()
+            )));
+        }
+        if !params.order_by.is_empty() {
+            return Err(Error::Plan(format!(
+                "`{sql}`: ORDER BY inside an aggregate is not supported in windows"
             )));
         }
         let mut func = match fname.as_str() {
@@ -96,16 +105,23 @@ impl AggregateCall {
             ))
         })?;
         let is_star = func == AggFunc::Count && matches!(&arg, Expr::Literal(v, _) if !v.is_null());
-        if is_star {
-            func = AggFunc::CountStar;
-            return Ok(Self {
-                func,
-                arg: None,
-                arg_kind: ArgKind::Int,
-                name,
-                output_type: DataType::Int64,
-            });
-        }
+        let arg = match params.filter {
+            // Rows the filter refuses become nulls, which every function skips.
+            Some(filter) => when(*filter, if is_star { lit(true) } else { arg })
+                .end()
+                .map_err(|e| Error::Plan(format!("`{sql}`: cannot plan its FILTER: {e}")))?,
+            None if is_star => {
+                func = AggFunc::CountStar;
+                return Ok(Self {
+                    func,
+                    arg: None,
+                    arg_kind: ArgKind::Int,
+                    name,
+                    output_type: DataType::Int64,
+                });
+            }
+            None => arg,
+        };
         let arg = compiler.plan(arg, &df_schema, schema)?;
         let arg_kind = match &arg.data_type {
             DataType::Int8
@@ -178,6 +194,15 @@ mod tests {
             (AggFunc::CountStar, "bids")
         );
         let sum = AggregateCall::compile(&c, "sum(price * 2)", &s).unwrap();
+        let cheap = "count(*) FILTER (WHERE price < 10) AS cheap";
+        let cheap = AggregateCall::compile(&c, cheap, &s).unwrap();
+        assert_eq!((cheap.func, cheap.arg.is_some()), (AggFunc::Count, true));
+        let dear = "sum(price) FILTER (WHERE name = 'x') AS dear";
+        let dear = AggregateCall::compile(&c, dear, &s).unwrap();
+        assert_eq!(
+            (dear.func, dear.output_type),
+            (AggFunc::Sum, DataType::Int64)
+        );
         assert_eq!((sum.func, sum.arg_kind), (AggFunc::Sum, ArgKind::Int));
         let avg = AggregateCall::compile(&c, "avg(price) AS a", &s).unwrap();
         assert_eq!(avg.output_type, DataType::Float64);
@@ -195,6 +220,7 @@ mod tests {
             ("count(DISTINCT price)", "DISTINCT"),
             ("median(price)", "median"),
             ("sum(nope)", "nope"),
+            ("count(*) FILTER (WHERE nope > 1)", "nope"),
         ] {
             let err = AggregateCall::compile(&c, sql, &s).unwrap_err().to_string();
             assert!(err.contains(needle), "{sql}: {err}");
