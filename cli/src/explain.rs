@@ -62,7 +62,12 @@ pub fn explain(plan: &PhysicalPlan) -> String {
         g.name, plan.max_parallelism
     );
     for chain in &plan.chains {
-        let _ = writeln!(out, "task {} ({} subtasks)", chain.id, chain.parallelism);
+        let plural = if chain.parallelism == 1 { "" } else { "s" };
+        let _ = writeln!(
+            out,
+            "task {} ({} subtask{plural})",
+            chain.id, chain.parallelism
+        );
         if let Some((from, _)) = chain.input {
             for edge in plan.chains[from]
                 .outputs

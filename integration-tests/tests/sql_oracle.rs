@@ -1,0 +1,194 @@
+//! The SQL examples checked against an independent engine: each `examples/sql/*.sql`
+//! query runs under `sluice run` on bids from `sluice nexmark gen`, and its rows must
+//! equal what DuckDB (installed by scripts/test in a virtual environment) answers for the
+//! equivalent batch query over the same CSV files. Windows over a bounded input all fire
+//! at its end, so a streaming window query's output is its batch answer.
+
+use std::path::Path;
+use std::process::Command;
+
+use sluice_integration_tests::{
+    assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, tempdir, workspace_root,
+};
+
+/// The bid table over CSV files, with the examples' watermark.
+const BID_TABLE: &str = "CREATE TABLE bid (\n  WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND\n) \
+WITH ('connector' = 'file', 'path' = 'BIDS', 'format' = 'csv', 'schema.auction' = 'int64', \
+'schema.bidder' = 'int64', 'schema.price' = 'int64', 'schema.channel' = 'string', \
+'schema.url' = 'string', 'schema.date_time' = 'timestamp', 'schema.extra' = 'string');\n";
+
+/// Each example and DuckDB's batch query for it, over a view `bid` of the same files.
+const ORACLE: &[(&str, &str)] = &[
+    ("q0-passthrough", "SELECT * FROM bid"),
+    (
+        "q1-currency",
+        "SELECT auction, bidder, price * 0.908::DOUBLE AS price_eur, channel, url, date_time, \
+         extra FROM bid",
+    ),
+    (
+        "q2-filter",
+        "SELECT auction, price FROM bid WHERE auction % 123 = 0",
+    ),
+    // Sliding windows of 10 s every 2 s: the five windows whose start, a multiple of 2 s,
+    // lies in (t - 10 s, t].
+    (
+        "q5-hot-items",
+        "WITH s AS (SELECT auction, epoch_ms(date_time) AS t FROM bid), \
+         w AS (SELECT auction, t - t % 2000 - k * 2000 AS ws FROM s, range(0, 5) r(k)) \
+         SELECT auction, epoch_ms(ws) AS window_start, epoch_ms(ws + 10000) AS window_end, \
+         count(*) AS bids FROM w GROUP BY auction, ws",
+    ),
+    // FILTER (WHERE ...) keeps a row out of one aggregate; an aggregate with no row left
+    // is null, and a null is left out of a JSON row on both sides.
+    (
+        "price-bands",
+        "SELECT channel, time_bucket(INTERVAL 10 SECOND, date_time) AS window_start, \
+         time_bucket(INTERVAL 10 SECOND, date_time) + INTERVAL 10 SECOND AS window_end, \
+         count(*) AS bids, count(*) FILTER (WHERE price < 10000) AS band1, \
+         count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS band2, \
+         count(*) FILTER (WHERE price >= 1000000) AS band3, \
+         sum(price) FILTER (WHERE price >= 1000000) AS band3_volume, \
+         max(price) FILTER (WHERE channel <> 'Google') AS top_price_elsewhere \
+         FROM bid GROUP BY ALL",
+    ),
+    // Sessions per bidder: a bid more than 10 s after the bidder's previous one starts a
+    // new session (exactly 10 s apart share one, as in Flink); a session ends 10 s after
+    // its last bid.
+    (
+        "q11-user-sessions",
+        "WITH o AS (SELECT bidder, date_time, epoch_ms(date_time) AS t, \
+         lag(epoch_ms(date_time)) OVER (PARTITION BY bidder ORDER BY date_time) AS prev \
+         FROM bid), \
+         g AS (SELECT *, sum(CASE WHEN prev IS NULL OR t - prev > 10000 THEN 1 ELSE 0 END) \
+         OVER (PARTITION BY bidder ORDER BY date_time ROWS UNBOUNDED PRECEDING) AS session \
+         FROM o) \
+         SELECT bidder, epoch_ms(min(t)) AS window_start, epoch_ms(max(t) + 10000) AS \
+         window_end, count(*) AS bids, min(date_time) AS first_bid, max(date_time) AS \
+         last_bid FROM g GROUP BY bidder, session",
+    ),
+];
+
+/// Runs `query` in DuckDB over the CSV files `bids/*.csv` and prints JSON lines; nulls
+/// are left out of a row, as Sluice's JSON writer leaves them out.
+const DUCKDB_SCRIPT: &str = r#"
+import datetime, decimal, json, sys
+import duckdb
+bids, query = sys.argv[1], sys.argv[2]
+con = duckdb.connect()
+files = "'" + (bids + "/*.csv").replace("'", "''") + "'"
+con.execute(
+    "CREATE VIEW bid AS SELECT * FROM read_csv(" + files + ", header = true, columns = {"
+    "'auction': 'BIGINT', 'bidder': 'BIGINT', 'price': 'BIGINT', 'channel': 'VARCHAR', "
+    "'url': 'VARCHAR', 'date_time': 'TIMESTAMP', 'extra': 'VARCHAR'})"
+)
+cur = con.execute(query)
+names = [d[0] for d in cur.description]
+def value(v):
+    if isinstance(v, datetime.datetime):
+        return v.isoformat(sep="T", timespec="milliseconds")
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    return v
+for row in cur.fetchall():
+    print(json.dumps({n: value(v) for n, v in zip(names, row) if v is not None}))
+"#;
+
+fn duckdb(python: &str, bids: &Path, query: &str) -> Vec<sluice_integration_tests::Row> {
+    let out = Command::new(python)
+        .args(["-c", DUCKDB_SCRIPT])
+        .arg(bids)
+        .arg(query)
+        .output()
+        .expect("running DuckDB's Python");
+    assert!(
+        out.status.success(),
+        "DuckDB failed on {query}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_jsonl(&String::from_utf8_lossy(&out.stdout), "DuckDB")
+}
+
+/// The example's INSERT statement (its last statement), which writes to `output`.
+fn example_insert(name: &str) -> String {
+    let path = workspace_root().join(format!("examples/sql/{name}.sql"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let at = text
+        .find("INSERT INTO output")
+        .unwrap_or_else(|| panic!("{}: no `INSERT INTO output`", path.display()));
+    text[at..].to_owned()
+}
+
+#[test]
+fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
+    let python = std::env::var("SLUICE_TEST_DUCKDB_PYTHON").expect(
+        "SLUICE_TEST_DUCKDB_PYTHON is not set: run the tests through scripts/test, which \
+         installs DuckDB",
+    );
+    let dir = tempdir();
+    let root = dir.path();
+    let bids = root.join("bids");
+    run_sluice(
+        &[
+            "nexmark",
+            "gen",
+            "--stream",
+            "bid",
+            "--events",
+            "60000",
+            "--seed",
+            "7",
+            "--max-out-of-orderness",
+            "2s",
+            "--format",
+            "csv",
+            "--files",
+            "2",
+            "--out",
+            bids.to_str().unwrap(),
+        ],
+        root,
+    )
+    .assert_success();
+    let examples: Vec<String> = std::fs::read_dir(workspace_root().join("examples/sql"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".sql"))
+                .map(str::to_owned)
+        })
+        .collect();
+    for name in &examples {
+        assert!(
+            ORACLE.iter().any(|(n, _)| n == name),
+            "examples/sql/{name}.sql has no DuckDB query in this test"
+        );
+    }
+    for (name, batch) in ORACLE {
+        let out = root.join("out").join(name);
+        let job = root.join(format!("{name}.sql"));
+        std::fs::write(
+            &job,
+            format!(
+                "SET 'parallelism.default' = '2';\n{}CREATE TABLE output WITH ('connector' = \
+                 'file', 'path' = '{}', 'format' = 'jsonl');\n{}",
+                BID_TABLE.replace("BIDS", bids.to_str().unwrap()),
+                out.display(),
+                example_insert(name)
+            ),
+        )
+        .unwrap();
+        run_sluice(&["run", job.to_str().unwrap(), "-q"], root).assert_success();
+        let streamed = read_jsonl_dir(&out);
+        let expected = duckdb(&python, &bids, batch);
+        assert!(!expected.is_empty(), "{name}: DuckDB found no rows");
+        assert_same_rows(
+            &format!("{name}: sluice run against DuckDB"),
+            &streamed,
+            &expected,
+        );
+        eprintln!("{name}: {} rows, equal to DuckDB's", streamed.len());
+    }
+}
