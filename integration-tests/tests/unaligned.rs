@@ -197,8 +197,9 @@ fn unaligned_checkpoints_after_the_sources_finished_restore_through_worker_kills
 /// A source of one subtask feeding two slow sink subtasks (a rebalance exchange, one
 /// channel local and one remote); `network` the job's network settings. Each sink takes
 /// about 80 KB/s (20 batches of 16 bids a second) for about 19 s, so the default buffers
-/// (a remote channel's 10 of 32 KiB, a local one's 2 MiB) hold several seconds of its
-/// throughput: the regime debloating is for. (At 64 bids a batch they held about 1.2 s,
+/// (a remote channel's 2 exclusive and up to 16 floating of 32 KiB at the sink and 16
+/// queued at the source, a local one's 2 MiB) hold several seconds of its throughput:
+/// the regime debloating is for. (At 64 bids a batch they held about 1.2 s,
 /// no more than the 1 s target, and the lab compared noise.)
 fn slow_lab(mode: &str, network: &str) -> String {
     format!(
@@ -297,8 +298,11 @@ fn under_back_pressure_unaligned_overtakes_and_debloating_shrinks_what_aligned_w
         let mut figures = checkpoint_figures(&status);
         figures.pop();
         eprintln!("{what}: (duration ms, channel-state bytes) per checkpoint: {figures:?}");
+        // Plain aligned barriers wait behind seconds of queued data (10-18 s each with the
+        // default 16 + 16 remote buffers), so a run of about 19 s may complete only one.
+        let least = if mode == "aligned" && !network.ends_with("1s") { 1 } else { 2 };
         assert!(
-            figures.len() >= 2,
+            figures.len() >= least,
             "{what}: too few checkpoints to compare: {status:#}"
         );
         let stored: u64 = figures.iter().map(|f| f.1).sum();
