@@ -300,7 +300,11 @@ fn under_back_pressure_unaligned_overtakes_and_debloating_shrinks_what_aligned_w
         eprintln!("{what}: (duration ms, channel-state bytes) per checkpoint: {figures:?}");
         // Plain aligned barriers wait behind seconds of queued data (10-18 s each with the
         // default 16 + 16 remote buffers), so a run of about 19 s may complete only one.
-        let least = if mode == "aligned" && !network.ends_with("1s") { 1 } else { 2 };
+        let least = if mode == "aligned" && !network.ends_with("1s") {
+            1
+        } else {
+            2
+        };
         assert!(
             figures.len() >= least,
             "{what}: too few checkpoints to compare: {status:#}"
