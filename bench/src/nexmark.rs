@@ -75,6 +75,10 @@ pub struct Args {
     /// event time ahead of the slowest (0: no alignment).
     #[arg(long, default_value_t = 0)]
     max_drift_ms: u64,
+    /// Write the job in SQL (`CREATE TABLE`, `INSERT INTO ... SELECT`) instead of YAML:
+    /// both plan into the same graph, so their figures should agree.
+    #[arg(long)]
+    sql: bool,
 }
 
 /// How a benchmark job is set up, besides its query.
@@ -129,6 +133,81 @@ fn pipeline(query: Query) -> &'static str {
     }
 }
 
+/// The query's SQL twin: the `SELECT` that plans into [`pipeline`]'s operators.
+fn select(query: Query) -> &'static str {
+    match query {
+        Query::Q0 => "SELECT * FROM bid",
+        Query::Q1 => "SELECT auction, bidder, price * 0.908 AS price, date_time FROM bid",
+        Query::Q2 => "SELECT auction, price FROM bid WHERE auction % 123 = 0",
+        Query::Q5 => {
+            "SELECT auction, window_start, window_end, count(*) AS bids \
+             FROM TABLE(HOP(TABLE bid, DESCRIPTOR(date_time), INTERVAL '2' SECOND, INTERVAL '10' SECOND)) \
+             GROUP BY auction, window_start, window_end"
+        }
+        Query::Q7 => {
+            "SELECT window_start, window_end, max(price) AS top_price, count(*) AS bids \
+             FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) \
+             GROUP BY window_start, window_end"
+        }
+        Query::Q11 => {
+            "SELECT bidder, window_start, window_end, count(*) AS bids \
+             FROM TABLE(SESSION(TABLE bid, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) \
+             GROUP BY bidder, window_start, window_end"
+        }
+        Query::Tumbling => {
+            "SELECT auction, window_start, window_end, count(*) AS bids, sum(price) AS volume \
+             FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) \
+             GROUP BY auction, window_start, window_end"
+        }
+    }
+}
+
+/// The SQL job of a benchmark run: the same source, state, checkpoints and blackhole as
+/// [`job_text`], so the two plan into one graph. SQL has no watermark alignment.
+pub fn sql_text(query: Query, o: &JobOptions) -> Result<String> {
+    if o.max_drift_ms > 0 {
+        return Err(Error::usage(
+            "--max-drift-ms has no SQL setting; leave it out with --sql",
+        ));
+    }
+    let mut text = format!(
+        "SET 'pipeline.name' = 'bench-{query:?}';\nSET 'parallelism.default' = '{}';\n",
+        o.parallelism
+    );
+    if o.state == StateChoice::Remote {
+        text.push_str("SET 'state.backend' = 'remote';\n");
+    }
+    if let Some(b) = o.cache {
+        text.push_str(&format!("SET 'state.cache' = '{b}B';\n"));
+    }
+    if o.checkpoint_ms > 0 {
+        text.push_str(&format!(
+            "SET 'execution.checkpointing.interval' = '{}ms';\n",
+            o.checkpoint_ms
+        ));
+    }
+    let source = match o.input {
+        None => format!(
+            "'connector' = 'nexmark', 'stream' = 'bid', 'events' = '{}', 'seed' = '42', \
+             'max_out_of_orderness' = '2s'",
+            o.events
+        ),
+        Some(dir) => format!(
+            "'connector' = 'file', 'path' = '{}', 'format' = 'csv', 'schema.auction' = 'int64', \
+             'schema.bidder' = 'int64', 'schema.price' = 'int64', 'schema.channel' = 'string', \
+             'schema.url' = 'string', 'schema.date_time' = 'timestamp', 'schema.extra' = 'string'",
+            dir.replace('\'', "''")
+        ),
+    };
+    text.push_str(&format!(
+        "CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
+         WITH ({source});\nCREATE TABLE output WITH ('connector' = 'blackhole');\n\
+         INSERT INTO output {};\n",
+        select(query)
+    ));
+    Ok(text)
+}
+
 /// The job file text of a benchmark run.
 pub fn job_text(query: Query, o: &JobOptions) -> String {
     let JobOptions {
@@ -173,19 +252,22 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     if args.parallelism == 0 {
         return Err(Error::usage("--parallelism must be at least 1"));
     }
-    let text = job_text(
-        args.query,
-        &JobOptions {
-            events: args.events,
-            parallelism: args.parallelism,
-            input: args.input.as_deref(),
-            state: args.state,
-            checkpoint_ms: args.checkpoint_ms,
-            cache: args.cache,
-            max_drift_ms: args.max_drift_ms,
-        },
-    );
-    let graph = job_spec::parse_job("<bench>", &text).map_err(|e| Error::usage(e.to_string()))?;
+    let options = JobOptions {
+        events: args.events,
+        parallelism: args.parallelism,
+        input: args.input.as_deref(),
+        state: args.state,
+        checkpoint_ms: args.checkpoint_ms,
+        cache: args.cache,
+        max_drift_ms: args.max_drift_ms,
+    };
+    let graph = if args.sql {
+        let text = sql_text(args.query, &options)?;
+        sluice_planner::sql::parse_sql_job("<bench>.sql", &text)
+    } else {
+        job_spec::parse_job("<bench>", &job_text(args.query, &options))
+    }
+    .map_err(|e| Error::usage(e.to_string()))?;
     let s = host.run_job(graph, args.workers)?;
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -204,6 +286,7 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
     };
     let line = Line::new()
         .field("query", format!("{:?}", args.query))
+        .field("language", if args.sql { "sql" } else { "yaml" })
         .field("state", format!("{:?}", args.state))
         .field("source", source)
         .field("parallelism", args.parallelism)
@@ -248,5 +331,65 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The graph without the places its parts were written, which differ between the
+    /// two languages.
+    fn unplaced(mut g: sluice_common::pb::JobGraph) -> sluice_common::pb::JobGraph {
+        use sluice_common::pb::node::Kind;
+        g.origin_file.clear();
+        g.name.clear();
+        for n in &mut g.nodes {
+            n.location = None;
+            match n.kind.as_mut() {
+                Some(Kind::Filter(f)) => f.predicate.iter_mut().for_each(|e| e.location = None),
+                Some(Kind::Select(s)) => s.exprs.iter_mut().for_each(|e| e.location = None),
+                Some(Kind::Window(w)) => w.aggregates.iter_mut().for_each(|e| e.location = None),
+                _ => {}
+            }
+        }
+        g
+    }
+
+    #[test]
+    fn every_query_in_sql_plans_into_its_yaml_graph() {
+        for q in Query::value_variants() {
+            for input in [None, Some("/tmp/it's bids")] {
+                for (state, checkpoint_ms, cache) in [
+                    (StateChoice::Memory, 0, None),
+                    (StateChoice::Remote, 1000, Some(64 << 20)),
+                ] {
+                    let o = JobOptions {
+                        events: 10,
+                        parallelism: 2,
+                        input,
+                        state,
+                        checkpoint_ms,
+                        cache,
+                        max_drift_ms: 0,
+                    };
+                    let sql = sql_text(*q, &o).unwrap();
+                    let from_sql = sluice_planner::sql::parse_sql_job("<bench>.sql", &sql)
+                        .unwrap_or_else(|e| panic!("{q:?}: {e}\n{sql}"));
+                    let yaml = job_text(*q, &o);
+                    let from_yaml = job_spec::parse_job("<bench>", &yaml).unwrap();
+                    assert_eq!(
+                        unplaced(from_sql),
+                        unplaced(from_yaml),
+                        "{q:?}:\n{sql}\n{yaml}"
+                    );
+                }
+            }
+        }
+        let drift = JobOptions {
+            events: 10,
+            parallelism: 2,
+            input: None,
+            state: StateChoice::Memory,
+            checkpoint_ms: 0,
+            cache: None,
+            max_drift_ms: 5,
+        };
+        assert!(sql_text(Query::Q0, &drift).is_err());
     }
 }

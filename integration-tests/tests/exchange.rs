@@ -110,12 +110,12 @@ fn slow_consumer_back_pressures_the_producer_with_bounded_memory() {
     );
     let credits = metric(&out.stderr, "source[0]", "credits");
     assert!(credits.contains(&0), "credits must reach 0: {credits:?}");
-    // Bounded by the 4 queued buffers and a partial one, plus the overdraft of the one
-    // element a write started with room finishes: 1024 bids, about 113 KB, 4 buffers of
-    // 32 KiB.
+    // Bounded by the 16 queued buffers (the default subpartition_buffers) and a partial
+    // one, plus the overdraft of the one element a write started with room finishes:
+    // 1024 bids, about 113 KB, 4 buffers of 32 KiB.
     let out_buffers = metric(&out.stderr, "source[0]", "buffers_in_use_out");
     assert!(
-        out_buffers.iter().all(|&b| b <= 4 + 1 + 4),
+        out_buffers.iter().all(|&b| b <= 16 + 1 + 4),
         "subpartition buffers are bounded: {out_buffers:?}"
     );
     let rss = metric(&out.stderr, "source[0]", "rss_kb");

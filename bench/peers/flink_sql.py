@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Runs one of `sluice bench nexmark`'s queries in real Flink SQL (PyFlink's local
+MiniCluster, streaming mode) over headerless CSV bids, and prints one line:
+
+  flink q=<q> rows=<N> seconds=<job> events_per_s=<N/job> submit_to_finish_s=..
+        jvm_start_s=.. jvm_peak_rss_mb=.. parallelism=..
+
+The queries are the SQL twins of bench/src/nexmark.rs (`select`), with the same
+4 s watermark and a blackhole sink, so the two engines run the same statement.
+`seconds` is Flink's own net job runtime (JobExecutionResult); jvm_peak_rss_mb the
+gateway JVM's VmHWM when the job has finished. Used by scripts/bench-sql-peers; it
+follows ../shared/peers/flink/run_q.py, which measures Flink the same way.
+"""
+import argparse
+import os
+import sys
+import time
+
+T0 = time.time()
+
+BIDS = ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, "
+        "date_time TIMESTAMP(3), extra STRING")
+WINDOW = "window_start TIMESTAMP(3), window_end TIMESTAMP(3)"
+
+# Each query: its SELECT and the columns of its blackhole sink.
+QUERIES = {
+    "q0": ("SELECT * FROM bid", BIDS),
+    "q1": ("SELECT auction, bidder, price * 0.908 AS price, date_time FROM bid",
+           "auction BIGINT, bidder BIGINT, price DECIMAL(23, 3), date_time TIMESTAMP(3)"),
+    "q2": ("SELECT auction, price FROM bid WHERE auction % 123 = 0",
+           "auction BIGINT, price BIGINT"),
+    "q5": ("SELECT auction, window_start, window_end, count(*) AS bids "
+           "FROM TABLE(HOP(TABLE bid, DESCRIPTOR(date_time), INTERVAL '2' SECOND, INTERVAL '10' SECOND)) "
+           "GROUP BY auction, window_start, window_end",
+           f"auction BIGINT, {WINDOW}, bids BIGINT"),
+    "q7": ("SELECT window_start, window_end, max(price) AS top_price, count(*) AS bids "
+           "FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) "
+           "GROUP BY window_start, window_end",
+           f"{WINDOW}, top_price BIGINT, bids BIGINT"),
+    "q11": ("SELECT bidder, window_start, window_end, count(*) AS bids "
+            "FROM TABLE(SESSION(TABLE bid PARTITION BY bidder, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) "
+            "GROUP BY bidder, window_start, window_end",
+            f"bidder BIGINT, {WINDOW}, bids BIGINT"),
+    "tumbling": ("SELECT auction, window_start, window_end, count(*) AS bids, sum(price) AS volume "
+                 "FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) "
+                 "GROUP BY auction, window_start, window_end",
+                 f"auction BIGINT, {WINDOW}, bids BIGINT, volume BIGINT"),
+}
+
+BID = """CREATE TABLE bid (
+  """ + BIDS + """,
+  WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND
+) WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'csv')"""
+
+
+def jvm_pid():
+    """The PyFlink gateway JVM: this process's child named java."""
+    me = os.getpid()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+            ppid = int(st[st.rindex(")") + 2:].split()[1])
+            if ppid == me and st[st.index("(") + 1:st.rindex(")")] == "java":
+                return int(d)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def vm_hwm_mb(pid):
+    if pid is None:
+        return float("nan")
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True, help="a directory of headerless CSV bids")
+    ap.add_argument("--query", "-q", required=True, choices=sorted(QUERIES))
+    ap.add_argument("--rows", type=int, required=True, help="the bids in --data")
+    ap.add_argument("--parallelism", "-p", type=int, default=2)
+    ap.add_argument("--log-dir", default=None, help="Flink's logs (default: a temporary directory)")
+    args = ap.parse_args()
+
+    import tempfile
+    os.environ["FLINK_LOG_DIR"] = args.log_dir or tempfile.mkdtemp(prefix="flink-sql-logs-")
+    from pyflink.common import Configuration
+    from pyflink.table import EnvironmentSettings, TableEnvironment
+
+    conf = Configuration()
+    conf.set_string("parallelism.default", str(args.parallelism))
+    conf.set_string("pipeline.name", f"sluice-peer-{args.query}")
+    settings = (EnvironmentSettings.new_instance().in_streaming_mode()
+                .with_configuration(conf).build())
+    t_env = TableEnvironment.create(settings)
+    t_jvm = time.time()
+    pid = jvm_pid()
+    t_env.execute_sql(BID.format(path="file://" + os.path.abspath(args.data)))
+    select, columns = QUERIES[args.query]
+    t_env.execute_sql(f"CREATE TABLE output ({columns}) WITH ('connector' = 'blackhole')")
+    t_sub = time.time()
+    result = t_env.execute_sql(f"INSERT INTO output {select}")
+    jer = result.get_job_client().get_job_execution_result().result()
+    t_end = time.time()
+    seconds = jer.get_net_runtime() / 1000.0
+    eps = args.rows / seconds if seconds > 0 else float("nan")
+    print(f"flink q={args.query} rows={args.rows} seconds={seconds:.3f} events_per_s={eps:.0f} "
+          f"submit_to_finish_s={t_end - t_sub:.3f} jvm_start_s={t_jvm - T0:.3f} "
+          f"jvm_peak_rss_mb={vm_hwm_mb(pid):.0f} parallelism={args.parallelism}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
