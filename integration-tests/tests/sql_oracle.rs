@@ -2,14 +2,16 @@
 //! query runs under `sluice run` on bids from `sluice nexmark gen`, and its rows must
 //! equal what DuckDB (installed by scripts/test in a virtual environment) answers for the
 //! equivalent batch query over the same CSV files. Windows over a bounded input all fire
-//! at its end, so a streaming window query's output is its batch answer.
+//! at its end, so a streaming window query's output is its batch answer. The stateful
+//! ones run again on two workers with remote state and a worker killed.
 
 use std::path::Path;
 use std::process::Command;
 
 use sluice_integration_tests::{
-    assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, tempdir, workspace_root,
+    assert_same_rows, parse_jsonl, procs, read_jsonl_dir, run_sluice, tempdir, workspace_root,
 };
+use sluice_test_support::rng::rng_from_env;
 
 /// The bid table over CSV files, with the examples' watermark.
 const BID_TABLE: &str = "CREATE TABLE bid (\n  WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND\n) \
@@ -119,14 +121,9 @@ fn example_insert(name: &str) -> String {
     text[at..].to_owned()
 }
 
-#[test]
-fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
-    let python = std::env::var("SLUICE_TEST_DUCKDB_PYTHON").expect(
-        "SLUICE_TEST_DUCKDB_PYTHON is not set: run the tests through scripts/test, which \
-         installs DuckDB",
-    );
-    let dir = tempdir();
-    let root = dir.path();
+/// The bids both engines read: `sluice nexmark gen` as CSV, in `root/bids`. The nexmark
+/// connector with the same seed, count and disorder produces the very same events.
+fn generate_bids(root: &Path) -> std::path::PathBuf {
     let bids = root.join("bids");
     run_sluice(
         &[
@@ -135,7 +132,7 @@ fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
             "--stream",
             "bid",
             "--events",
-            "60000",
+            &EVENTS.to_string(),
             "--seed",
             "7",
             "--max-out-of-orderness",
@@ -150,6 +147,33 @@ fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
         root,
     )
     .assert_success();
+    bids
+}
+
+const EVENTS: u64 = 60_000;
+
+fn duckdb_python() -> String {
+    std::env::var("SLUICE_TEST_DUCKDB_PYTHON").expect(
+        "SLUICE_TEST_DUCKDB_PYTHON is not set: run the tests through scripts/test, which \
+         installs DuckDB",
+    )
+}
+
+/// The oracle's query for example `name`.
+fn batch_query(name: &str) -> &'static str {
+    ORACLE
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, q)| *q)
+        .unwrap_or_else(|| panic!("examples/sql/{name}.sql has no DuckDB query in this test"))
+}
+
+#[test]
+fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
+    let python = duckdb_python();
+    let dir = tempdir();
+    let root = dir.path();
+    let bids = generate_bids(root);
     let examples: Vec<String> = std::fs::read_dir(workspace_root().join("examples/sql"))
         .unwrap()
         .flatten()
@@ -161,10 +185,7 @@ fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
         })
         .collect();
     for name in &examples {
-        assert!(
-            ORACLE.iter().any(|(n, _)| n == name),
-            "examples/sql/{name}.sql has no DuckDB query in this test"
-        );
+        batch_query(name);
     }
     for (name, batch) in ORACLE {
         let out = root.join("out").join(name);
@@ -190,5 +211,44 @@ fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
             &expected,
         );
         eprintln!("{name}: {} rows, equal to DuckDB's", streamed.len());
+    }
+}
+
+/// The stateful examples again across two worker processes with remote state and
+/// checkpoints, a worker killed mid-run (the source throttled to last about 5 s): the
+/// recovered run's rows still equal DuckDB's.
+#[test]
+fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
+    let python = duckdb_python();
+    let dir = tempdir();
+    let root = dir.path();
+    let bids = generate_bids(root);
+    let mut rng = rng_from_env("SLUICE_SQL_KILL_SEED", 0x5e55_10e5);
+    for name in ["q5-hot-items", "q11-user-sessions", "price-bands"] {
+        let out = root.join("killed").join(name);
+        let job = root.join(format!("killed-{name}.sql"));
+        std::fs::write(
+            &job,
+            format!(
+                "SET 'parallelism.default' = '2';\nSET 'state.backend' = 'remote';\n\
+                 SET 'state.shards' = '4';\nSET 'execution.checkpointing.interval' = '300ms';\n\
+                 CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
+                 WITH ('connector' = 'nexmark', 'stream' = 'bid', 'events' = '{EVENTS}', \
+                 'seed' = '7', 'max_out_of_orderness' = '2s', 'max_events_per_second' = '12000');\n\
+                 CREATE TABLE output WITH ('connector' = 'file', 'path' = '{}', 'format' = \
+                 'jsonl');\n{}",
+                out.display(),
+                example_insert(name)
+            ),
+        )
+        .unwrap();
+        procs::run_with_kills(root, &job, 1, &mut |n| rng.below(n));
+        let expected = duckdb(&python, &bids, batch_query(name));
+        assert_same_rows(
+            &format!("{name}: two workers, remote state, a worker killed, against DuckDB"),
+            &read_jsonl_dir(&out),
+            &expected,
+        );
+        eprintln!("{name}: equal to DuckDB's after a worker kill");
     }
 }
