@@ -96,7 +96,7 @@ fn cache_dir() -> PathBuf {
 }
 
 fn download(url: &str, version: &str, cache: &Path) -> Result<PathBuf, Failure> {
-    let key = hex(&Sha256::digest(url.as_bytes()))[..16].to_owned();
+    let key = crate::hex(&Sha256::digest(url.as_bytes()))[..16].to_owned();
     let dir = cache.join(format!("{version}-{key}"));
     let path = dir.join("sluice");
     if path.is_file() {
@@ -165,10 +165,6 @@ fn error_chain(e: reqwest::Error) -> String {
         source = s.source();
     }
     text
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
