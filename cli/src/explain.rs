@@ -93,7 +93,12 @@ pub fn explain(plan: &PhysicalPlan) -> String {
                 .iter()
                 .map(|f| format!("{} {}", f.name(), f.data_type()))
                 .collect();
-            let _ = writeln!(out, "    {verb}: {}", columns.join(", "));
+            let updating = if sluice_compute::changelog::is_changelog(&schema) {
+                " (updating: op is +I, -U, +U or -D)"
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "    {verb}{updating}: {}", columns.join(", "));
         }
         for edge in &chain.outputs {
             let side = if edge.tag.is_empty() {
@@ -162,6 +167,14 @@ fn describe(node: &pb::Node) -> String {
             format!("{kind}: {}", aggs.join(", "))
         }
         Some(Kind::Dedup(d)) => format!("first row per [{}]", d.key_columns.join(", ")),
+        Some(Kind::Aggregate(a)) => {
+            let aggs: Vec<&str> = a.aggregates.iter().map(|e| e.sql.as_str()).collect();
+            format!(
+                "GROUP BY [{}] (unbounded): {}",
+                a.key_columns.join(", "),
+                aggs.join(", ")
+            )
+        }
         Some(Kind::Sink(s)) => match &s.kind {
             Some(pb::sink_spec::Kind::Stdout(_)) => "stdout".to_owned(),
             Some(pb::sink_spec::Kind::Blackhole(_)) => "blackhole".to_owned(),
@@ -186,6 +199,13 @@ fn keyed_state(node: &pb::Node) -> Option<String> {
         Some(pb::node::Kind::Dedup(d)) => {
             Some(format!("the keys [{}] seen", d.key_columns.join(", ")))
         }
+        Some(pb::node::Kind::Aggregate(a)) if a.key_columns.is_empty() => {
+            Some("one accumulator (not keyed: one subtask)".to_owned())
+        }
+        Some(pb::node::Kind::Aggregate(a)) => Some(format!(
+            "an accumulator per [{}], kept forever",
+            a.key_columns.join(", ")
+        )),
         _ => None,
     }
 }

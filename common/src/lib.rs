@@ -59,6 +59,13 @@ pub mod pb {
         pub const PROTOCOL_VERSION: u32 = 2;
     }
 
+    impl node::Kind {
+        /// Whether operators of this kind keep keyed state (windows, dedup, aggregates).
+        pub fn keeps_state(&self) -> bool {
+            matches!(self, Self::Window(_) | Self::Dedup(_) | Self::Aggregate(_))
+        }
+    }
+
     /// The path `cluster` uses for `sluice.job` types.
     #[doc(hidden)]
     pub mod job {

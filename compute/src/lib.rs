@@ -11,8 +11,9 @@
 //! backend-neutral API of [`sluice_common::state`].
 //!
 //! - [`connector`]: the connector API; the connectors are the `sluice-connectors` crate.
+//! - [`changelog`]: how an updating result (`+I -U +U -D`) is marked and recognized.
 //! - [`keyed`]: keyed state as operators see it, and the timers kept with it.
-//! - [`operator`]: filter, select, window, dedup, sink; one file each.
+//! - [`operator`]: filter, select, window, dedup, aggregate, sink; one file each.
 //! - [`window`]: window assignment, accumulators, sessions, timers.
 //! - [`time`]: per-split watermark generation at the sources.
 //! - [`keys`]: canonical key bytes for hashing and keyed state.
@@ -27,6 +28,7 @@
 //! storage engine behind remote state: it sees state only through `StateStore` and
 //! `KeyedStateBackend`, and sources and sinks through `connector::Connectors`.
 
+pub mod changelog;
 pub mod cluster;
 pub mod connector;
 pub mod element;

@@ -322,7 +322,7 @@ pub fn yaml_path(path: &Path) -> String {
     yaml_str(path.to_str().expect("test paths are UTF-8"))
 }
 
-/// The files named `part-*.jsonl` directly in `dir`, sorted.
+/// The files named `part-*.<ext>` directly in `dir`, by subtask and then in the order written.
 pub fn part_files(dir: &Path, ext: &str) -> Vec<PathBuf> {
     let entries =
         std::fs::read_dir(dir).unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()));
@@ -334,8 +334,31 @@ pub fn part_files(dir: &Path, ext: &str) -> Vec<PathBuf> {
                 .is_some_and(|n| n.starts_with("part-") && n.ends_with(&format!(".{ext}")))
         })
         .collect();
-    files.sort();
+    // By subtask, then in the order written: `part-0-9` before `part-0-10`.
+    files.sort_by_key(|p| natural_key(p.file_name().and_then(|n| n.to_str()).unwrap_or("")));
     files
+}
+
+/// A file name cut into text and numbers, so that numbers compare by value.
+fn natural_key(name: &str) -> Vec<(String, u64)> {
+    let mut key = Vec::new();
+    let mut rest = name;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits > 0 {
+            key.push((String::new(), rest[..digits].parse().unwrap_or(u64::MAX)));
+            rest = &rest[digits..];
+        } else {
+            let text = rest
+                .find(|c: char| c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            key.push((rest[..text].to_owned(), 0));
+            rest = &rest[text..];
+        }
+    }
+    key
 }
 
 /// Every row of every `part-*.jsonl` file in `dir`.
@@ -492,6 +515,42 @@ pub fn assert_same_rows(what: &str, actual: &[Row], expected: &[Row]) {
     if let Err(message) = compare_rows(actual, expected) {
         panic!("{what}: {message}");
     }
+}
+
+/// The final rows of a changelog (rows with an `op` column: `+I`, `-U`, `+U`, `-D`), in
+/// the order they were written: inserts and update-afters add a row, update-befores and
+/// deletes take one away. Panics when a retraction takes away a row not there at that
+/// point (a `-U` ahead of its `+I`, or a change lost), naming the row.
+pub fn fold_changelog(changes: &[Row]) -> Vec<Row> {
+    let mut live: HashMap<String, (i64, Row)> = HashMap::new();
+    let mut key = String::new();
+    for (i, change) in changes.iter().enumerate() {
+        let mut row = change.clone();
+        let op = match row.remove("op") {
+            Some(Value::String(op)) => op,
+            other => panic!("change {i} has no op column (found {other:?}): {change:?}"),
+        };
+        key.clear();
+        canonical(&row, &mut key);
+        let sign = match op.as_str() {
+            "+I" | "+U" => 1,
+            "-U" | "-D" => -1,
+            other => panic!("change {i} has op `{other}`: {change:?}"),
+        };
+        let entry = live.entry(key.clone()).or_insert((0, row));
+        entry.0 += sign;
+        assert!(
+            entry.0 >= 0,
+            "change {i} ({op}) retracts a row that is not there: {change:?}"
+        );
+    }
+    let mut rows = Vec::new();
+    for (_, (n, row)) in live {
+        for _ in 0..n {
+            rows.push(row.clone());
+        }
+    }
+    rows
 }
 
 /// The comparison behind [`assert_same_rows`]: `Err` describes the difference.

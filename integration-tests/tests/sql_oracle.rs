@@ -2,14 +2,17 @@
 //! query runs under `sluice run` on bids from `sluice nexmark gen`, and its rows must
 //! equal what DuckDB (installed by scripts/test in a virtual environment) answers for the
 //! equivalent batch query over the same CSV files. Windows over a bounded input all fire
-//! at its end, so a streaming window query's output is its batch answer. The stateful
-//! ones run again on two workers with remote state and a worker killed.
+//! at its end, so a streaming window query's output is its batch answer; an updating
+//! query's changelog, folded in the order written (`+I`/`+U` add a row, `-U`/`-D` take
+//! one away), must end as the batch answer. The stateful ones run again on two workers
+//! with remote state and a worker killed.
 
 use std::path::Path;
 use std::process::Command;
 
 use sluice_integration_tests::{
-    assert_same_rows, parse_jsonl, procs, read_jsonl_dir, run_sluice, tempdir, workspace_root,
+    Row, assert_same_rows, fold_changelog, parse_jsonl, procs, read_jsonl_dir, run_sluice, tempdir,
+    workspace_root,
 };
 use sluice_test_support::rng::rng_from_env;
 
@@ -68,6 +71,16 @@ const ORACLE: &[(&str, &str)] = &[
          window_end, count(*) AS bids, min(date_time) AS first_bid, max(date_time) AS \
          last_bid FROM g GROUP BY bidder, session",
     ),
+    // An unbounded GROUP BY: the final row per auction and day.
+    (
+        "q17-auction-day-stats",
+        "SELECT auction, CAST(date_time AS DATE) AS day, count(*) AS total_bids, \
+         count(*) FILTER (WHERE price < 10000) AS rank1_bids, \
+         count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, \
+         count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, min(price) AS min_price, \
+         max(price) AS max_price, avg(price) AS avg_price, sum(price) AS sum_price \
+         FROM bid GROUP BY ALL",
+    ),
 ];
 
 /// Runs `query` in DuckDB over the CSV files `bids/*.csv` and prints JSON lines; nulls
@@ -88,6 +101,8 @@ names = [d[0] for d in cur.description]
 def value(v):
     if isinstance(v, datetime.datetime):
         return v.isoformat(sep="T", timespec="milliseconds")
+    if isinstance(v, datetime.date):
+        return v.isoformat()
     if isinstance(v, decimal.Decimal):
         return float(v)
     return v
@@ -110,7 +125,8 @@ fn duckdb(python: &str, bids: &Path, query: &str) -> Vec<sluice_integration_test
     parse_jsonl(&String::from_utf8_lossy(&out.stdout), "DuckDB")
 }
 
-/// The example's INSERT statement (its last statement), which writes to `output`.
+/// The example's views and INSERT statement (which writes to `output`): everything from
+/// the first `CREATE VIEW` (written after the tables) or else the INSERT to the end.
 fn example_insert(name: &str) -> String {
     let path = workspace_root().join(format!("examples/sql/{name}.sql"));
     let text = std::fs::read_to_string(&path)
@@ -118,7 +134,18 @@ fn example_insert(name: &str) -> String {
     let at = text
         .find("INSERT INTO output")
         .unwrap_or_else(|| panic!("{}: no `INSERT INTO output`", path.display()));
+    let at = text.find("CREATE VIEW").map_or(at, |v| v.min(at));
     text[at..].to_owned()
+}
+
+/// What a query's output files hold as rows: a changelog folded to its final rows.
+fn output_rows(dir: &Path) -> Vec<Row> {
+    let rows = read_jsonl_dir(dir);
+    if rows.first().is_some_and(|r| r.contains_key("op")) {
+        fold_changelog(&rows)
+    } else {
+        rows
+    }
 }
 
 /// The bids both engines read: `sluice nexmark gen` as CSV, in `root/bids`. The nexmark
@@ -202,7 +229,7 @@ fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
         )
         .unwrap();
         run_sluice(&["run", job.to_str().unwrap(), "-q"], root).assert_success();
-        let streamed = read_jsonl_dir(&out);
+        let streamed = output_rows(&out);
         let expected = duckdb(&python, &bids, batch);
         assert!(!expected.is_empty(), "{name}: DuckDB found no rows");
         assert_same_rows(
@@ -224,7 +251,12 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
     let root = dir.path();
     let bids = generate_bids(root);
     let mut rng = rng_from_env("SLUICE_SQL_KILL_SEED", 0x5e55_10e5);
-    for name in ["q5-hot-items", "q11-user-sessions", "price-bands"] {
+    for name in [
+        "q5-hot-items",
+        "q11-user-sessions",
+        "price-bands",
+        "q17-auction-day-stats",
+    ] {
         let out = root.join("killed").join(name);
         let job = root.join(format!("killed-{name}.sql"));
         std::fs::write(
@@ -246,7 +278,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         let expected = duckdb(&python, &bids, batch_query(name));
         assert_same_rows(
             &format!("{name}: two workers, remote state, a worker killed, against DuckDB"),
-            &read_jsonl_dir(&out),
+            &output_rows(&out),
             &expected,
         );
         eprintln!("{name}: equal to DuckDB's after a worker kill");

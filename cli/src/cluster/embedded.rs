@@ -211,12 +211,10 @@ pub async fn run(
         .map_err(Failure::from_compute)?;
     let in_process = options.workers == 0;
     let memory_keyed = !sluice_compute::runtime::build::wants_remote_state(&plan)
-        && graph.nodes.iter().any(|n| {
-            matches!(
-                n.kind,
-                Some(pb::node::Kind::Window(_) | pb::node::Kind::Dedup(_))
-            )
-        });
+        && graph
+            .nodes
+            .iter()
+            .any(|n| n.kind.as_ref().is_some_and(pb::node::Kind::keeps_state));
     if memory_keyed && options.from_savepoint.is_some() {
         return Err(Failure::usage(
             "--from-savepoint: this job keeps its keyed state in memory, which no savepoint \

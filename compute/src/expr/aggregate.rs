@@ -1,4 +1,4 @@
-//! Aggregate calls in a window's `aggregate:` list.
+//! Aggregate calls in a window's or a group-by's `aggregate:` list.
 //!
 //! DataFusion parses the call (`sum(price * 2) AS volume`); this module checks that the
 //! function is one the window operator can keep incrementally in keyed state and
@@ -77,13 +77,13 @@ impl AggregateCall {
         let params = agg.params;
         if params.distinct {
             return Err(Error::Plan(format!(
-                "`{sql}`: {}(DISTINCT ...) is not supported in windows yet",
+                "`{sql}`: {}(DISTINCT ...) is not supported in windows and GROUP BY yet",
                 fname.to_ascii_uppercase()
             )));
         }
         if !params.order_by.is_empty() {
             return Err(Error::Plan(format!(
-                "`{sql}`: ORDER BY inside an aggregate is not supported in windows"
+                "`{sql}`: ORDER BY inside an aggregate is not supported in windows and GROUP BY"
             )));
         }
         let mut func = match fname.as_str() {
@@ -94,7 +94,7 @@ impl AggregateCall {
             "avg" | "mean" => AggFunc::Avg,
             other => {
                 return Err(Error::Plan(format!(
-                    "`{sql}`: aggregate `{other}` is not supported in windows; use one of {SUPPORTED}"
+                    "`{sql}`: aggregate `{other}` is not supported in windows and GROUP BY; use one of {SUPPORTED}"
                 )));
             }
         };

@@ -23,6 +23,7 @@ use crate::element::{Barrier, StreamElement, Timestamp};
 use crate::error::Result;
 use crate::keyed::OperatorState;
 
+pub mod aggregate;
 pub mod dedup;
 pub mod filter;
 pub mod select;

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use sluice_common::pb;
 
 use super::{Operator, Output};
+use crate::changelog;
 use crate::error::{Error, Result};
 use crate::expr::{CompiledExpr, ExprCompiler};
 
@@ -15,6 +16,8 @@ use crate::expr::{CompiledExpr, ExprCompiler};
 pub struct SelectOperator {
     exprs: Vec<CompiledExpr>,
     schema: SchemaRef,
+    /// The input is an updating stream: its change kinds go through ahead of the columns.
+    changelog: bool,
 }
 
 impl SelectOperator {
@@ -24,9 +27,17 @@ impl SelectOperator {
         input: &SchemaRef,
         compiler: &ExprCompiler,
     ) -> Result<Self> {
+        let changelog = changelog::is_changelog(input);
         let mut exprs = Vec::with_capacity(spec.exprs.len());
         for e in &spec.exprs {
             let compiled = compiler.compile(&e.sql, input)?;
+            if changelog && compiled.name == changelog::OP_COLUMN {
+                return Err(Error::Plan(format!(
+                    "select: `{}` names the change kind of an updating result (+I, -U, +U, \
+                     -D), which stays in front by itself; give this column another name with AS",
+                    compiled.name
+                )));
+            }
             if exprs.iter().any(|c: &CompiledExpr| c.name == compiled.name) {
                 return Err(Error::Plan(format!(
                     "select: column `{}` appears twice; give one of them another name with AS",
@@ -35,10 +46,16 @@ impl SelectOperator {
             }
             exprs.push(compiled);
         }
-        let schema = Arc::new(Schema::new(
-            exprs.iter().map(CompiledExpr::field).collect::<Vec<_>>(),
-        ));
-        Ok(Self { exprs, schema })
+        let fields = changelog
+            .then(changelog::op_field)
+            .into_iter()
+            .chain(exprs.iter().map(CompiledExpr::field));
+        let schema = Arc::new(Schema::new(fields.collect::<Vec<_>>()));
+        Ok(Self {
+            exprs,
+            schema,
+            changelog,
+        })
     }
 
     /// The schema of the batches this operator emits.
@@ -50,10 +67,10 @@ impl SelectOperator {
 #[async_trait]
 impl Operator for SelectOperator {
     async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
-        let columns = self
-            .exprs
-            .iter()
-            .map(|e| e.evaluate(&batch))
+        let ops = self.changelog.then(|| Ok(batch.column(0).clone()));
+        let columns = ops
+            .into_iter()
+            .chain(self.exprs.iter().map(|e| e.evaluate(&batch)))
             .collect::<Result<Vec<_>>>()?;
         let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
         out.batch(RecordBatch::try_new_with_options(

@@ -18,10 +18,12 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use sluice_common::pb;
 
+use crate::changelog;
 use crate::connector::Connectors;
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
 use crate::expr::aggregate::AggregateCall;
+use crate::operator::aggregate::AggregateOperator;
 use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
 use crate::operator::select::SelectOperator;
@@ -258,6 +260,10 @@ fn input_needs(
         }
         Some(pb::node::Kind::Dedup(d)) => Needs::Columns(d.key_columns.iter().cloned().collect())
             .union(output_needs(plan, id, consumers, compiler, memo)?),
+        Some(pb::node::Kind::Aggregate(a)) => {
+            refs(&mut a.aggregates.iter().map(|e| e.sql.as_str()))?
+                .union(Needs::Columns(a.key_columns.iter().cloned().collect()))
+        }
         _ => Needs::All,
     };
     for e in consumers
@@ -349,6 +355,9 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
             (Some(_), true) => return Err(at(plan_err("a source cannot have an input"))),
             (None, false) => return Err(at(plan_err("the node has no input"))),
         };
+        if changelog::is_changelog(&input) {
+            check_updating_input(kind).map_err(at)?;
+        }
         let output = match kind {
             pb::node::Kind::Source(spec) => {
                 has_source = true;
@@ -401,6 +410,15 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 inputs.insert(id, input.clone());
                 input
             }
+            pb::node::Kind::Aggregate(spec) => {
+                for e in &spec.aggregates {
+                    AggregateCall::compile(&compiler, &e.sql, &input)
+                        .map_err(|err| locate(&graph, e.location.as_ref(), "aggregate", err))?;
+                }
+                let op = AggregateOperator::build(spec, &input, &compiler).map_err(at)?;
+                inputs.insert(id, input);
+                op.schema()
+            }
             pb::node::Kind::Sink(_) => {
                 inputs.insert(id, input.clone());
                 input
@@ -408,6 +426,22 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
         };
         if let Some(e) = incoming.get(&id) {
             check_edge(&nodes, e, &outputs[&e.source]).map_err(at)?;
+            if changelog::is_changelog(&outputs[&e.source])
+                && e.partitioning() != pb::Partitioning::Forward
+            {
+                return Err(at(plan_err(format!(
+                    "reads an updating result from `{}` over a {} edge, which could reorder \
+                     a key's changes (-U before its +U); give it the parallelism of `{}` \
+                     ({})",
+                    nodes[&e.source].name,
+                    e.partitioning()
+                        .as_str_name()
+                        .trim_start_matches("PARTITIONING_")
+                        .to_lowercase(),
+                    nodes[&e.source].name,
+                    nodes[&e.source].parallelism
+                ))));
+            }
             if !e.side_output.is_empty() {
                 // Side outputs carry the emitting operator's input records.
                 let side = inputs[&e.source].clone();
@@ -440,6 +474,32 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
         inputs,
         outputs,
     })
+}
+
+/// Refuses what cannot take an updating result (`+I -U +U -D`) as its input.
+fn check_updating_input(kind: &pb::node::Kind) -> Result<()> {
+    let what = match kind {
+        pb::node::Kind::Filter(_) | pb::node::Kind::Select(_) | pb::node::Kind::Aggregate(_) => {
+            return Ok(());
+        }
+        pb::node::Kind::Sink(sink) => match &sink.kind {
+            Some(pb::sink_spec::Kind::Kafka(_)) => {
+                "the Kafka sink takes only append-only results: a retraction (-U) cannot \
+                 be taken back from a topic; write the changelog to a file or stdout sink"
+            }
+            _ => return Ok(()),
+        },
+        pb::node::Kind::Window(_) => {
+            "a window needs append-only input, but this one reads an updating result (an \
+             unbounded GROUP BY's changelog); window before aggregating"
+        }
+        pb::node::Kind::Dedup(_) => {
+            "deduplication needs append-only input, but this one reads an updating result \
+             (an unbounded GROUP BY's changelog)"
+        }
+        pb::node::Kind::Source(_) => return Ok(()),
+    };
+    Err(plan_err(what))
 }
 
 fn check_edge(nodes: &HashMap<u32, pb::Node>, e: &pb::Edge, upstream: &SchemaRef) -> Result<()> {

@@ -28,6 +28,7 @@ use crate::keyed::OperatorState;
 use crate::keys::KeyEncoder;
 use crate::network::environment::NetworkBuilder;
 use crate::network::frame::ChannelId;
+use crate::operator::aggregate::AggregateOperator;
 use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
 use crate::operator::select::SelectOperator;
@@ -203,10 +204,7 @@ pub fn job_store(plan: &PhysicalPlan, options: &BuildOptions) -> Result<Arc<dyn 
 
 /// Whether operators of this kind keep keyed state.
 fn keeps_state(kind: Option<&pb::node::Kind>) -> bool {
-    matches!(
-        kind,
-        Some(pb::node::Kind::Window(_) | pb::node::Kind::Dedup(_))
-    )
+    kind.is_some_and(pb::node::Kind::keeps_state)
 }
 
 fn task_name(plan: &PhysicalPlan, chain: usize, subtask: usize) -> String {
@@ -627,6 +625,9 @@ async fn build_operator(
             metrics.window_counters(task_metrics.cache.clone()),
         )?),
         Some(pb::node::Kind::Dedup(spec)) => Box::new(DedupOperator::build(spec, &input)?),
+        Some(pb::node::Kind::Aggregate(spec)) => {
+            Box::new(AggregateOperator::build(spec, &input, compiler)?)
+        }
         Some(pb::node::Kind::Sink(spec)) => {
             let writer = plan.connectors.create_sink(spec, input, info).await?;
             let sink = SinkOperator::new(

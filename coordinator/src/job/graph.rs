@@ -63,12 +63,10 @@ pub fn uses_remote_state(graph: &pb::JobGraph) -> bool {
 
 /// Whether some operator of the job keeps keyed state.
 pub fn keeps_keyed_state(graph: &pb::JobGraph) -> bool {
-    graph.nodes.iter().any(|n| {
-        matches!(
-            n.kind,
-            Some(pb::node::Kind::Window(_) | pb::node::Kind::Dedup(_))
-        )
-    })
+    graph
+        .nodes
+        .iter()
+        .any(|n| n.kind.as_ref().is_some_and(pb::node::Kind::keeps_state))
 }
 
 /// Why a checkpoint of this job cannot be restored, if it cannot: keyed state kept in

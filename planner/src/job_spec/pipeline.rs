@@ -1,4 +1,8 @@
-//! The `pipeline:` list: filters, projections, key-bys, windows and dedups, in order.
+//! The `pipeline:` list: filters, projections, key-bys, windows, dedups and group-bys, in
+//! order.
+//!
+//! A `group_by` item holds its `aggregate` list too: an unbounded aggregate per key whose
+//! output is a changelog (`op` is `+I`, `-U`, `+U`).
 //!
 //! Each item is a mapping with one operator key. A `window` item also holds its
 //! `aggregate` list and `late` policy; a `key_by` item only sets the key of the window item
@@ -12,7 +16,7 @@ use super::marked_yaml::{Node, Pos, PosError, Value};
 use super::spec::{Operator, Stage, WindowStage};
 use sluice_common::pb;
 
-const OPERATORS: &[&str] = &["filter", "select", "key_by", "window", "dedup"];
+const OPERATORS: &[&str] = &["filter", "select", "key_by", "window", "dedup", "group_by"];
 /// Keys a `window` item holds next to `window:`.
 const WINDOW_COMPANIONS: &[&str] = &["aggregate", "late"];
 const WINDOW_KINDS: &[&str] = &["tumbling", "sliding", "session"];
@@ -64,6 +68,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
             "filter" => &["filter"],
             "select" => &["select"],
             "dedup" => &["dedup"],
+            "group_by" => &["group_by", "aggregate"],
             _ => &["key_by"],
         };
         let fields = Fields::new(item, &path, allowed)?;
@@ -82,6 +87,25 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
                     .map(|(column, _)| column)
                     .collect(),
             }),
+            "group_by" => {
+                let aggregate = fields.require(
+                    "aggregate",
+                    "; a group_by needs at least one, e.g. `aggregate: [\"count(*) AS n\"]`",
+                )?;
+                // `group_by: []` aggregates everything as one group.
+                let keys = match &value.value {
+                    Value::Seq(items) if items.is_empty() => Vec::new(),
+                    _ => string_list(value, &op_path, true)?,
+                };
+                Operator::Aggregate(pb::AggregateSpec {
+                    key_columns: keys.into_iter().map(|(column, _)| column).collect(),
+                    aggregates: exprs(string_list(
+                        aggregate.value,
+                        &fields.path_of("aggregate"),
+                        false,
+                    )?),
+                })
+            }
             "key_by" => {
                 let columns = string_list(value, &op_path, true)?;
                 pending = Some(PendingKey {
@@ -140,7 +164,8 @@ fn operator_of<'a>(item: &'a Node, path: &str) -> Result<(&'a str, Pos)> {
         Some((key, _)) if WINDOW_COMPANIONS.contains(&key.text()) => Err(PosError::new(
             key.pos,
             format!(
-                "`{}` in {path} belongs in a `window` item, next to `window:`",
+                "`{}` in {path} belongs in a `window` or `group_by` item, next to `window:` \
+                 or `group_by:`",
                 key.text()
             ),
         )),

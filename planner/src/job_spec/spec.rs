@@ -38,6 +38,8 @@ pub(super) enum Operator {
     Select(pb::SelectSpec),
     Window(Box<WindowStage>),
     Dedup(pb::DedupSpec),
+    /// An unbounded GROUP BY; not keyed (one subtask) when it has no key columns.
+    Aggregate(pb::AggregateSpec),
 }
 
 pub(super) struct WindowStage {

@@ -373,6 +373,50 @@ fn session_window_without_key_runs_as_one_subtask() {
 }
 
 #[test]
+fn group_by_is_a_keyed_aggregate_and_an_empty_one_runs_as_one_subtask() {
+    let graph = parse(&with_pipeline(
+        "  - group_by: [auction]\n    aggregate: [\"count(*) AS n\"]\n  - group_by: []\n    aggregate: [\"max(n) AS top\"]\n",
+    ));
+    let aggregates: Vec<&pb::AggregateSpec> = graph
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.kind {
+            Some(Kind::Aggregate(a)) => Some(a),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(aggregates.len(), 2);
+    assert_eq!(aggregates[0].key_columns, ["auction"]);
+    assert_eq!(aggregates[0].aggregates[0].sql, "count(*) AS n");
+    assert!(aggregates[1].key_columns.is_empty());
+    let parallelism: Vec<u32> = graph.nodes.iter().map(|n| n.parallelism).collect();
+    assert_eq!(parallelism, [3, 3, 1, 1]);
+    assert_eq!(
+        graph.edges[..2],
+        [
+            edge(0, 1, pb::Partitioning::Hash, &["auction"]),
+            edge(1, 2, pb::Partitioning::Hash, &[]),
+        ]
+    );
+}
+
+#[test]
+fn group_by_needs_its_aggregates() {
+    assert_err(
+        &with_pipeline("  - group_by: [auction]\n"),
+        6,
+        5,
+        &["aggregate", "count(*) AS n"],
+    );
+    assert_err(
+        &with_pipeline("  - filter: a > 1\n    aggregate: [\"count(*) AS n\"]\n"),
+        7,
+        5,
+        &["unknown"],
+    );
+}
+
+#[test]
 fn processing_time_window_needs_no_watermark() {
     let graph = parse(
         "name: t\nsource: { nexmark: {} }\npipeline:\n  - window: { tumbling: 1m, time: processing }\n    aggregate: [\"count(*) AS n\"]\nsink: { stdout: }\n",
@@ -474,7 +518,7 @@ fn unknown_operator() {
         7,
         5,
         &[
-            "unknown operator `flter` in pipeline[1]; expected one of filter, select, key_by, window",
+            "unknown operator `flter` in pipeline[1]; expected one of filter, select, key_by, window, dedup, group_by",
             "did you mean `filter`?",
         ],
     );
@@ -637,7 +681,7 @@ fn more_mistakes_point_at_the_right_place() {
         &with_pipeline("  - aggregate: [x]\n"),
         6,
         5,
-        &["`aggregate` in pipeline[0] belongs in a `window` item"],
+        &["`aggregate` in pipeline[0] belongs in a `window` or `group_by` item"],
     );
     assert_err(
         &with_pipeline("  - filter: a\n    select: [b]\n"),

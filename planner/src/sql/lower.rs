@@ -659,16 +659,19 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
         pipeline.push(stage("filter", expr_node(predicate, at), at));
     }
     match window {
-        None => {
-            if let Some(g) = group_by.first() {
-                return Err(SqlError::new(
-                    pos(g.span().start),
-                    "GROUP BY without a window (an unbounded aggregate, whose results \
-                     update) is not supported yet; aggregate over TABLE(TUMBLE | HOP | \
-                     SESSION(...)) grouped by window_start, window_end"
-                        .to_owned(),
-                ));
+        None if !group_by.is_empty() || has_aggregate(&select.projection) => {
+            if distinct {
+                return Err(unsupported(at, "SELECT DISTINCT over a GROUP BY"));
             }
+            pipeline.extend(aggregate_stages(
+                None,
+                None,
+                group_by,
+                &select.projection,
+                at,
+            )?);
+        }
+        None => {
             if let Some(items) = projection(&select.projection, at)? {
                 pipeline.push(stage("select", seq(items, at), at));
             }
@@ -694,8 +697,8 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
                 ));
             }
             let watermarked = table.watermark.as_ref().map(|c| c.column.as_str());
-            pipeline.extend(window_stages(
-                &w,
+            pipeline.extend(aggregate_stages(
+                Some(&w),
                 watermarked,
                 group_by,
                 &select.projection,
@@ -791,8 +794,26 @@ fn window_function(e: &Expr) -> Result<WindowCall> {
 /// The window's stages: its key, the window with its aggregates, and a select when the
 /// SELECT list differs from the window's output (keys, window_start, window_end,
 /// aggregates).
-fn window_stages(
-    w: &WindowCall,
+/// Whether a SELECT list calls an aggregate function (a global aggregate without GROUP BY).
+fn has_aggregate(items: &[SelectItem]) -> bool {
+    items.iter().any(|item| {
+        let (SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }) = item else {
+            return false;
+        };
+        let Expr::Function(f) = e else {
+            return false;
+        };
+        matches!(
+            name_text(&f.name).to_ascii_lowercase().as_str(),
+            "count" | "sum" | "min" | "max" | "avg" | "mean"
+        )
+    })
+}
+
+/// The stages of a GROUP BY: over a window table function (`w`), a keyed window; without
+/// one, an unbounded aggregate whose result is a changelog.
+fn aggregate_stages(
+    w: Option<&WindowCall>,
     watermarked: Option<&str>,
     group_by: &[Expr],
     projection: &[SelectItem],
@@ -804,15 +825,20 @@ fn window_stages(
         let Expr::Identifier(id) = g else {
             return Err(SqlError::new(
                 pos(g.span().start),
-                format!("GROUP BY takes column names here, found `{g}`"),
+                format!(
+                    "GROUP BY takes column names here, found `{g}`; compute it in a view or \
+                     subquery first and group by its name"
+                ),
             ));
         };
         match id.value.as_str() {
-            "window_start" | "window_end" => bounds += 1,
+            "window_start" | "window_end" if w.is_some() => bounds += 1,
             _ => keys.push(id),
         }
     }
-    if bounds != 2 {
+    if let Some(w) = w
+        && bounds != 2
+    {
         return Err(SqlError::new(
             w.at,
             "a window aggregate groups by window_start and window_end (and its key \
@@ -821,7 +847,8 @@ fn window_stages(
         ));
     }
     let is_key = |id: &Ident| keys.iter().any(|k| k.value == id.value);
-    let is_bound = |id: &Ident| matches!(id.value.as_str(), "window_start" | "window_end");
+    let is_bound =
+        |id: &Ident| w.is_some() && matches!(id.value.as_str(), "window_start" | "window_end");
     let mut aggregates = Vec::new();
     let mut aggregate_names = Vec::new();
     // Output columns in SELECT order, as the final select names them.
@@ -862,42 +889,49 @@ fn window_stages(
                 ));
             }
             _ => {
-                return Err(unsupported(at, "`*` in a window aggregate's SELECT list"));
+                return Err(unsupported(at, "`*` in an aggregate's SELECT list"));
             }
         }
     }
     if aggregates.is_empty() {
         return Err(SqlError::new(
             at,
-            "a window aggregate needs at least one aggregate, e.g. `COUNT(*) AS n`".to_owned(),
+            "an aggregate query needs at least one aggregate, e.g. `COUNT(*) AS n`".to_owned(),
         ));
     }
     let mut stages = Vec::new();
-    if !keys.is_empty() {
-        let key_nodes = keys
-            .iter()
-            .map(|k| scalar(k.value.clone(), pos(k.span.start)))
-            .collect();
-        stages.push(stage("key_by", seq(key_nodes, at), at));
-    }
-    let mut window = Section::default();
-    for (k, v) in &w.kind {
-        window.put(&[k], v.clone())?;
-    }
-    if watermarked != Some(w.column.as_str()) {
-        window.put(&["column"], scalar(w.column.clone(), w.at))?;
-    }
-    let mut item = Section::default();
-    item.put(&["window"], window.into_node(w.at))?;
-    // The window's own output: keys, its bounds, then the aggregates.
-    let natural: Vec<String> = keys
+    let key_nodes: Vec<Node> = keys
         .iter()
-        .map(|k| k.value.clone())
-        .chain(["window_start".to_owned(), "window_end".to_owned()])
-        .chain(aggregate_names)
+        .map(|k| scalar(k.value.clone(), pos(k.span.start)))
         .collect();
+    let key_names = keys.iter().map(|k| k.value.clone());
+    let mut item = Section::default();
+    let natural: Vec<String> = match w {
+        Some(w) => {
+            if !key_nodes.is_empty() {
+                stages.push(stage("key_by", seq(key_nodes, at), at));
+            }
+            let mut window = Section::default();
+            for (k, v) in &w.kind {
+                window.put(&[k], v.clone())?;
+            }
+            if watermarked != Some(w.column.as_str()) {
+                window.put(&["column"], scalar(w.column.clone(), w.at))?;
+            }
+            item.put(&["window"], window.into_node(w.at))?;
+            // The window's own output: keys, its bounds, then the aggregates.
+            key_names
+                .chain(["window_start".to_owned(), "window_end".to_owned()])
+                .chain(aggregate_names)
+                .collect()
+        }
+        None => {
+            item.put(&["group_by"], seq(key_nodes, at))?;
+            key_names.chain(aggregate_names).collect()
+        }
+    };
     item.put(&["aggregate"], seq(aggregates, at))?;
-    stages.push(item.into_node(w.at));
+    stages.push(item.into_node(w.map_or(at, |w| w.at)));
     let written: Vec<&str> = outputs.iter().map(|(o, _)| o.as_str()).collect();
     if renamed || written != natural.iter().map(String::as_str).collect::<Vec<_>>() {
         let items = outputs

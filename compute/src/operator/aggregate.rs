@@ -1,0 +1,458 @@
+//! `aggregate`: an unbounded `GROUP BY`, whose result per key changes with every record.
+//!
+//! The output is a changelog ([`crate::changelog`]): the first result of a key is an
+//! insert (`+I`); each later change is the previous result retracted (`-U`) followed by
+//! the new one (`+U`), as Flink's group aggregation emits with update-before enabled.
+//! A batch is folded per key first (Flink's mini-batch), so a key touched by many records
+//! of one batch changes once; a key whose results did not change (a `max` that was not
+//! beaten) emits nothing.
+//!
+//! # State
+//! One table, `acc`: per key the fixed-size accumulators of its aggregates
+//! ([`crate::window::accumulator`]). Per batch the batch's distinct keys are read in one
+//! call and written back in one. The input must be append-only: retracting a record
+//! from a `min` would need every value kept, which this operator does not do.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, UInt32Array};
+use arrow::compute::take;
+use arrow::datatypes::{Field, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
+use bytes::Bytes;
+use sluice_common::key_group::key_group_of;
+use sluice_common::pb;
+use sluice_common::state::{StateTable, WriteOp};
+
+use super::{Operator, OperatorContext, Output};
+use crate::changelog::{self, RowKind};
+use crate::error::{Error, Result};
+use crate::expr::ExprCompiler;
+use crate::expr::aggregate::{AggFunc, AggregateCall, ArgKind};
+use crate::keys::{EncodedKeys, KeyEncoder};
+use crate::window::accumulator::{self, ACC_BYTES, Acc};
+
+const ACC_STATE: &str = "acc";
+
+/// Hashes short keys of one batch: keys come from the job's own data.
+type Hasher = foldhash::fast::RandomState;
+
+/// The group aggregate of one subtask.
+pub struct AggregateOperator {
+    key_encoder: KeyEncoder,
+    /// Input indices of the key columns, in key order.
+    key_indices: Vec<usize>,
+    calls: Vec<AggregateCall>,
+    schema: SchemaRef,
+    keys: EncodedKeys,
+    table: Option<StateTable>,
+    max_parallelism: u32,
+}
+
+impl AggregateOperator {
+    /// Builds the operator over `input`; errors name a missing key column, an
+    /// unsupported aggregate, or an input that is itself updating.
+    pub fn build(
+        spec: &pb::AggregateSpec,
+        input: &SchemaRef,
+        compiler: &ExprCompiler,
+    ) -> Result<Self> {
+        if changelog::is_changelog(input) {
+            return Err(Error::Plan(
+                "this GROUP BY reads an updating result (another aggregate's changelog); \
+                 aggregating retractions is not supported yet"
+                    .into(),
+            ));
+        }
+        if spec.aggregates.is_empty() {
+            return Err(Error::Plan(
+                "an aggregate needs at least one aggregate call, e.g. `count(*) AS n`".into(),
+            ));
+        }
+        let key_encoder = KeyEncoder::new(input, &spec.key_columns)?;
+        let key_indices = spec
+            .key_columns
+            .iter()
+            .map(|k| input.index_of(k))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let calls = spec
+            .aggregates
+            .iter()
+            .map(|e| AggregateCall::compile(compiler, &e.sql, input))
+            .collect::<Result<Vec<_>>>()?;
+        let mut fields = vec![changelog::op_field()];
+        fields.extend(key_encoder.fields().iter().cloned());
+        for call in &calls {
+            let nullable = !matches!(call.func, AggFunc::Count | AggFunc::CountStar);
+            fields.push(Field::new(&call.name, call.output_type.clone(), nullable));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = fields.iter().find(|f| !seen.insert(f.name().clone())) {
+            let what = if dup.name() == changelog::OP_COLUMN {
+                "is the change kind of an updating result (+I, -U, +U, -D)".to_owned()
+            } else {
+                "appears twice".to_owned()
+            };
+            return Err(Error::Plan(format!(
+                "aggregate output column `{}` {what}; rename it with AS",
+                dup.name()
+            )));
+        }
+        Ok(Self {
+            key_encoder,
+            key_indices,
+            calls,
+            schema: Arc::new(Schema::new(fields)),
+            keys: EncodedKeys::default(),
+            table: None,
+            max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
+        })
+    }
+
+    /// The schema of the changelog this operator emits.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// Whether `a` and `b` give every aggregate the same result.
+    fn same_results(&self, a: &[Acc], b: &[Acc]) -> bool {
+        self.calls
+            .iter()
+            .zip(a.iter().zip(b))
+            .all(|(call, (a, b))| {
+                let float = call.arg_kind == ArgKind::Float;
+                match call.func {
+                    AggFunc::CountStar | AggFunc::Count => a.n == b.n,
+                    AggFunc::Avg => a.n == b.n && a.f == b.f,
+                    _ if (a.n > 0) != (b.n > 0) => false,
+                    _ if float => a.f == b.f,
+                    _ => a.i == b.i,
+                }
+            })
+    }
+}
+
+#[async_trait]
+impl Operator for AggregateOperator {
+    async fn open(&mut self, ctx: &OperatorContext) -> Result<()> {
+        self.max_parallelism = ctx.max_parallelism;
+        self.table = Some(ctx.keyed_state()?.table(ACC_STATE));
+        Ok(())
+    }
+
+    async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
+        let Some(table) = self.table.as_ref() else {
+            return Err(Error::Internal("aggregate used before `open`".into()));
+        };
+        let n_calls = self.calls.len();
+        self.key_encoder.encode(&batch, &mut self.keys)?;
+        let args = accumulator::evaluate_args(&self.calls, &batch)?;
+        // Fold the batch per key: `first` is each key's first row, `partial` its
+        // accumulators over this batch.
+        let mut slot_of: HashMap<&[u8], usize, Hasher> = HashMap::default();
+        let mut first: Vec<u32> = Vec::new();
+        let mut partial: Vec<Acc> = Vec::new();
+        for row in 0..batch.num_rows() {
+            let key = self.keys.row(row);
+            let slot = *slot_of.entry(key).or_insert_with(|| {
+                first.push(row as u32);
+                partial.resize(partial.len() + n_calls, Acc::default());
+                first.len() - 1
+            });
+            let accs = &mut partial[slot * n_calls..(slot + 1) * n_calls];
+            for ((call, acc), arg) in self.calls.iter().zip(accs).zip(&args) {
+                accumulator::update(call.func, acc, arg, row);
+            }
+        }
+        let state_keys: Vec<Bytes> = first
+            .iter()
+            .map(|&row| {
+                let key = self.keys.row(row as usize);
+                table.key(key_group_of(key, self.max_parallelism), key, &[])
+            })
+            .collect();
+        let stored = table.get_many(&state_keys).await?;
+        let mut kinds = Vec::new();
+        let mut rows = Vec::new();
+        let mut results: Vec<Acc> = Vec::new();
+        let mut writes = Vec::with_capacity(first.len());
+        let mut old = Vec::with_capacity(n_calls);
+        let mut encoded = Vec::with_capacity(n_calls * ACC_BYTES);
+        for (slot, (value, state_key)) in stored.into_iter().zip(state_keys).enumerate() {
+            old.clear();
+            let existed = match &value {
+                Some(bytes) => {
+                    accumulator::decode(bytes, n_calls, &mut old)?;
+                    true
+                }
+                None => {
+                    old.resize(n_calls, Acc::default());
+                    false
+                }
+            };
+            let mut new = old.clone();
+            for ((call, acc), add) in self
+                .calls
+                .iter()
+                .zip(&mut new)
+                .zip(&partial[slot * n_calls..(slot + 1) * n_calls])
+            {
+                accumulator::merge(call.func, call.arg_kind, acc, add);
+            }
+            encoded.clear();
+            accumulator::encode(&new, &mut encoded);
+            writes.push(WriteOp::Put {
+                key: state_key,
+                value: Bytes::copy_from_slice(&encoded),
+            });
+            let row = first[slot];
+            if !existed {
+                kinds.push(RowKind::Insert);
+                rows.push(row);
+                results.extend_from_slice(&new);
+            } else if !self.same_results(&old, &new) {
+                kinds.extend([RowKind::UpdateBefore, RowKind::UpdateAfter]);
+                rows.extend([row, row]);
+                results.extend_from_slice(&old);
+                results.extend_from_slice(&new);
+            }
+        }
+        table.write(writes).await?;
+        if kinds.is_empty() {
+            return Ok(());
+        }
+        let indices = UInt32Array::from(rows);
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
+        columns.push(changelog::op_array(&kinds));
+        for &k in &self.key_indices {
+            columns.push(take(batch.column(k), &indices, None)?);
+        }
+        for (c, call) in self.calls.iter().enumerate() {
+            let accs = results.iter().skip(c).step_by(n_calls);
+            columns.push(accumulator::finish(call, accs)?);
+        }
+        out.batch(RecordBatch::try_new(self.schema.clone(), columns)?);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{AsArray, Int64Array};
+    use arrow::datatypes::{DataType, Int64Type};
+    use sluice_common::key_group::key_group_range;
+    use sluice_common::state::{MemoryStateStore, StateStore};
+
+    use super::*;
+    use crate::element::StreamElement;
+    use crate::keyed::OperatorState;
+
+    fn input() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]))
+    }
+
+    fn batch(rows: &[(i64, i64)]) -> RecordBatch {
+        RecordBatch::try_new(
+            input(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            ],
+        )
+        .unwrap()
+    }
+
+    async fn aggregate(
+        store: Arc<dyn StateStore>,
+        subtask: u32,
+        parallelism: u32,
+    ) -> (AggregateOperator, OperatorState) {
+        let spec = pb::AggregateSpec {
+            key_columns: vec!["k".into()],
+            aggregates: ["count(*) AS n", "max(v) AS top"]
+                .map(|sql| pb::Expr {
+                    sql: sql.into(),
+                    location: None,
+                })
+                .into(),
+        };
+        let mut op = AggregateOperator::build(&spec, &input(), &ExprCompiler::new()).unwrap();
+        let groups = key_group_range(128, parallelism, subtask);
+        let state = OperatorState::new(store, 4, groups, 1, true);
+        let ctx = OperatorContext {
+            node_id: 4,
+            node_name: "aggregate".into(),
+            subtask: subtask as usize,
+            parallelism: parallelism as usize,
+            max_parallelism: 128,
+            state: Some(state.clone()),
+        };
+        op.open(&ctx).await.unwrap();
+        (op, state)
+    }
+
+    /// `(op, k, n, top)` rows of everything emitted.
+    fn changes(out: &Output) -> Vec<(String, i64, i64, i64)> {
+        let mut rows = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                assert!(changelog::is_changelog(&b.schema()));
+                let op = b.column(0).as_string::<i32>();
+                let [k, n, top] = [1, 2, 3].map(|c| b.column(c).as_primitive::<Int64Type>());
+                rows.extend(
+                    (0..b.num_rows())
+                        .map(|r| (op.value(r).to_owned(), k.value(r), n.value(r), top.value(r))),
+                );
+            }
+        }
+        rows
+    }
+
+    fn row(op: &str, k: i64, n: i64, top: i64) -> (String, i64, i64, i64) {
+        (op.to_owned(), k, n, top)
+    }
+
+    #[tokio::test]
+    async fn a_key_is_inserted_once_then_retracted_and_updated() {
+        let (mut op, _) = aggregate(Arc::new(MemoryStateStore::new(false)), 0, 1).await;
+        let mut out = Output::default();
+        op.process_batch(batch(&[(1, 10), (2, 5), (1, 30)]), &mut out)
+            .await
+            .unwrap();
+        op.process_batch(batch(&[(1, 20), (3, 7)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            vec![
+                row("+I", 1, 2, 30),
+                row("+I", 2, 1, 5),
+                row("-U", 1, 2, 30),
+                row("+U", 1, 3, 30),
+                row("+I", 3, 1, 7),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unchanged_result_emits_nothing() {
+        let spec = pb::AggregateSpec {
+            key_columns: vec!["k".into()],
+            aggregates: vec![pb::Expr {
+                sql: "max(v) AS top".into(),
+                location: None,
+            }],
+        };
+        let mut op = AggregateOperator::build(&spec, &input(), &ExprCompiler::new()).unwrap();
+        let state = OperatorState::new(
+            Arc::new(MemoryStateStore::new(false)),
+            4,
+            key_group_range(128, 1, 0),
+            1,
+            true,
+        );
+        let ctx = OperatorContext {
+            node_id: 4,
+            node_name: "aggregate".into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            state: Some(state),
+        };
+        op.open(&ctx).await.unwrap();
+        let mut out = Output::default();
+        op.process_batch(batch(&[(1, 10)]), &mut out).await.unwrap();
+        op.process_batch(batch(&[(1, 3)]), &mut out).await.unwrap();
+        let emitted: usize = out
+            .main
+            .iter()
+            .map(|e| match e {
+                StreamElement::Batch(b) => b.num_rows(),
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(emitted, 1, "max stayed 10: no update");
+    }
+
+    #[tokio::test]
+    async fn results_continue_from_a_checkpoint_at_another_parallelism() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new(true));
+        let (mut op, state) = aggregate(store.clone(), 0, 1).await;
+        op.process_batch(batch(&[(1, 10), (2, 20)]), &mut Output::default())
+            .await
+            .unwrap();
+        state.seal(1).await.unwrap();
+        store.commit(1, &[1]).await.unwrap();
+        // After the checkpoint, then lost.
+        op.process_batch(batch(&[(1, 99)]), &mut Output::default())
+            .await
+            .unwrap();
+        drop(op);
+        store.restore(1, 2).await.unwrap();
+        let mut out = Output::default();
+        for subtask in 0..2 {
+            let (mut op, _) = aggregate(store.clone(), subtask, 2).await;
+            let mine: Vec<_> = [(1, 11), (2, 25), (3, 1)]
+                .into_iter()
+                .filter(|(k, _)| {
+                    let mut key = Vec::new();
+                    sluice_common::key_group::push_i64(&mut key, Some(*k));
+                    key_group_range(128, 2, subtask).contains(&u32::from(key_group_of(&key, 128)))
+                })
+                .collect();
+            if !mine.is_empty() {
+                op.process_batch(batch(&mine), &mut out).await.unwrap();
+            }
+        }
+        let mut got = changes(&out);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                row("+I", 3, 1, 1),
+                row("+U", 1, 2, 11),
+                row("+U", 2, 2, 25),
+                row("-U", 1, 1, 10),
+                row("-U", 2, 1, 20),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_changelog_input_and_a_column_named_op_are_refused() {
+        let spec = pb::AggregateSpec {
+            key_columns: vec!["k".into()],
+            aggregates: vec![pb::Expr {
+                sql: "count(*) AS op".into(),
+                location: None,
+            }],
+        };
+        let err = AggregateOperator::build(&spec, &input(), &ExprCompiler::new())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("`op` is the change kind"), "{err}");
+        let updating = Arc::new(Schema::new(vec![
+            changelog::op_field(),
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let spec = pb::AggregateSpec {
+            key_columns: vec!["k".into()],
+            aggregates: vec![pb::Expr {
+                sql: "count(*) AS n".into(),
+                location: None,
+            }],
+        };
+        let err = AggregateOperator::build(&spec, &updating, &ExprCompiler::new())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("updating result"), "{err}");
+    }
+}
