@@ -167,6 +167,28 @@ fn describe(node: &pb::Node) -> String {
             format!("{kind}: {}", aggs.join(", "))
         }
         Some(Kind::Dedup(d)) => format!("first row per [{}]", d.key_columns.join(", ")),
+        Some(Kind::TopN(t)) => {
+            let order: Vec<String> = t
+                .order_by
+                .iter()
+                .map(|k| {
+                    let dir = if k.descending { "DESC" } else { "ASC" };
+                    let nulls = if k.nulls_first { "FIRST" } else { "LAST" };
+                    format!("{} {dir} NULLS {nulls}", k.column)
+                })
+                .collect();
+            let rank = if t.rank_column.is_empty() {
+                String::new()
+            } else {
+                format!(", rank as {}", t.rank_column)
+            };
+            format!(
+                "top {} per [{}] by {}{rank}",
+                t.limit,
+                t.partition_columns.join(", "),
+                order.join(", ")
+            )
+        }
         Some(Kind::Aggregate(a)) => {
             let aggs: Vec<&str> = a.aggregates.iter().map(|e| e.sql.as_str()).collect();
             format!(
@@ -199,6 +221,14 @@ fn keyed_state(node: &pb::Node) -> Option<String> {
         Some(pb::node::Kind::Dedup(d)) => {
             Some(format!("the keys [{}] seen", d.key_columns.join(", ")))
         }
+        Some(pb::node::Kind::TopN(t)) if t.partition_columns.is_empty() => {
+            Some(format!("the top {} rows (not keyed: one subtask)", t.limit))
+        }
+        Some(pb::node::Kind::TopN(t)) => Some(format!(
+            "the top {} rows per [{}]",
+            t.limit,
+            t.partition_columns.join(", ")
+        )),
         Some(pb::node::Kind::Aggregate(a)) if a.key_columns.is_empty() => {
             Some("one accumulator (not keyed: one subtask)".to_owned())
         }

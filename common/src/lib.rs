@@ -60,9 +60,13 @@ pub mod pb {
     }
 
     impl node::Kind {
-        /// Whether operators of this kind keep keyed state (windows, dedup, aggregates).
+        /// Whether operators of this kind keep keyed state (windows, dedup, aggregates,
+        /// Top-N).
         pub fn keeps_state(&self) -> bool {
-            matches!(self, Self::Window(_) | Self::Dedup(_) | Self::Aggregate(_))
+            matches!(
+                self,
+                Self::Window(_) | Self::Dedup(_) | Self::Aggregate(_) | Self::TopN(_)
+            )
         }
     }
 

@@ -13,7 +13,8 @@
 //! - [`connector`]: the connector API; the connectors are the `sluice-connectors` crate.
 //! - [`changelog`]: how an updating result (`+I -U +U -D`) is marked and recognized.
 //! - [`keyed`]: keyed state as operators see it, and the timers kept with it.
-//! - [`operator`]: filter, select, window, dedup, aggregate, sink; one file each.
+//! - [`operator`]: filter, select, window, dedup, aggregate, top_n, sink; one
+//!   file each.
 //! - [`window`]: window assignment, accumulators, sessions, timers.
 //! - [`time`]: per-split watermark generation at the sources.
 //! - [`keys`]: canonical key bytes for hashing and keyed state.

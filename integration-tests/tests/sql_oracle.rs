@@ -81,6 +81,21 @@ const ORACLE: &[(&str, &str)] = &[
          max(price) AS max_price, avg(price) AS avg_price, sum(price) AS sum_price \
          FROM bid GROUP BY ALL",
     ),
+    // Top-N and deduplication: Sluice breaks ties in the order by the rest of the row,
+    // column by column, ascending.
+    (
+        "q18-last-bid",
+        "SELECT auction, bidder, price, channel, url, date_time, extra FROM (SELECT *, \
+         row_number() OVER (PARTITION BY bidder, auction ORDER BY date_time DESC, auction, \
+         bidder, price, channel, url, date_time, extra) AS rank_number FROM bid) \
+         WHERE rank_number <= 1",
+    ),
+    (
+        "q19-top-bids",
+        "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY auction ORDER BY price \
+         DESC, auction, bidder, price, channel, url, date_time, extra) AS rank_number FROM \
+         bid) WHERE rank_number <= 10",
+    ),
 ];
 
 /// Runs `query` in DuckDB over the CSV files `bids/*.csv` and prints JSON lines; nulls
@@ -256,6 +271,8 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q11-user-sessions",
         "price-bands",
         "q17-auction-day-stats",
+        "q18-last-bid",
+        "q19-top-bids",
     ] {
         let out = root.join("killed").join(name);
         let job = root.join(format!("killed-{name}.sql"));

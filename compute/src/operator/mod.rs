@@ -28,6 +28,7 @@ pub mod dedup;
 pub mod filter;
 pub mod select;
 pub mod sink;
+pub mod top_n;
 pub mod window;
 
 /// Where an operator runs: its node, subtask, and the job-wide settings it may need.

@@ -27,6 +27,7 @@ use crate::operator::aggregate::AggregateOperator;
 use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
 use crate::operator::select::SelectOperator;
+use crate::operator::top_n::TopNOperator;
 use crate::operator::window::{WindowCounters, WindowOperator};
 use crate::time::watermark::WatermarkGenerator;
 
@@ -419,6 +420,11 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 inputs.insert(id, input);
                 op.schema()
             }
+            pb::node::Kind::TopN(spec) => {
+                let op = TopNOperator::build(spec, &input).map_err(at)?;
+                inputs.insert(id, input);
+                op.schema()
+            }
             pb::node::Kind::Sink(_) => {
                 inputs.insert(id, input.clone());
                 input
@@ -496,6 +502,10 @@ fn check_updating_input(kind: &pb::node::Kind) -> Result<()> {
         pb::node::Kind::Dedup(_) => {
             "deduplication needs append-only input, but this one reads an updating result \
              (an unbounded GROUP BY's changelog)"
+        }
+        pb::node::Kind::TopN(_) => {
+            "Top-N needs append-only input, but this one reads an updating result (an \
+             unbounded GROUP BY's or another Top-N's changelog)"
         }
         pb::node::Kind::Source(_) => return Ok(()),
     };

@@ -33,6 +33,7 @@ use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::sink::SinkOperator;
+use crate::operator::top_n::TopNOperator;
 use crate::operator::window::WindowOperator;
 use crate::operator::{Operator, OperatorContext};
 use crate::plan::PhysicalPlan;
@@ -628,6 +629,7 @@ async fn build_operator(
         Some(pb::node::Kind::Aggregate(spec)) => {
             Box::new(AggregateOperator::build(spec, &input, compiler)?)
         }
+        Some(pb::node::Kind::TopN(spec)) => Box::new(TopNOperator::build(spec, &input)?),
         Some(pb::node::Kind::Sink(spec)) => {
             let writer = plan.connectors.create_sink(spec, input, info).await?;
             let sink = SinkOperator::new(

@@ -10,7 +10,7 @@
 //! # Parallelism and partitioning
 //!
 //! The source runs at the job parallelism and each node inherits its upstream node's,
-//! except windows and aggregates (the same rule for both): a keyed window runs at the job parallelism behind a hash edge on its key
+//! except windows, aggregates and Top-Ns (the same rule for all): a keyed window runs at the job parallelism behind a hash edge on its key
 //! columns; a non-keyed window runs as one subtask behind a hash edge with no key columns
 //! (every record in the same key group). Other edges are forward when both ends have the
 //! same parallelism and rebalance otherwise.
@@ -80,6 +80,16 @@ pub(super) fn job_graph(file: &str, spec: JobSpec) -> pb::JobGraph {
                     stage.at,
                     pb::node::Kind::Aggregate(aggregate),
                 );
+                (node, pb::Partitioning::Hash, key_columns)
+            }
+            Operator::TopN(top) => {
+                let p = if top.partition_columns.is_empty() {
+                    1
+                } else {
+                    job_parallelism
+                };
+                let key_columns = top.partition_columns.clone();
+                let node = graph.add_node("top_n", p, stage.at, pb::node::Kind::TopN(top));
                 (node, pb::Partitioning::Hash, key_columns)
             }
         };

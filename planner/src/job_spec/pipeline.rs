@@ -1,6 +1,8 @@
 //! The `pipeline:` list: filters, projections, key-bys, windows, dedups and group-bys, in
 //! order.
 //!
+//! A `top_n` item keeps the first rows per key (`{ partition_by, order_by, limit,
+//! rank_column }`), also a changelog.
 //! A `group_by` item holds its `aggregate` list too: an unbounded aggregate per key whose
 //! output is a changelog (`op` is `+I`, `-U`, `+U`).
 //!
@@ -16,7 +18,9 @@ use super::marked_yaml::{Node, Pos, PosError, Value};
 use super::spec::{Operator, Stage, WindowStage};
 use sluice_common::pb;
 
-const OPERATORS: &[&str] = &["filter", "select", "key_by", "window", "dedup", "group_by"];
+const OPERATORS: &[&str] = &[
+    "filter", "select", "key_by", "window", "dedup", "group_by", "top_n",
+];
 /// Keys a `window` item holds next to `window:`.
 const WINDOW_COMPANIONS: &[&str] = &["aggregate", "late"];
 const WINDOW_KINDS: &[&str] = &["tumbling", "sliding", "session"];
@@ -69,6 +73,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
             "select" => &["select"],
             "dedup" => &["dedup"],
             "group_by" => &["group_by", "aggregate"],
+            "top_n" => &["top_n"],
             _ => &["key_by"],
         };
         let fields = Fields::new(item, &path, allowed)?;
@@ -87,6 +92,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
                     .map(|(column, _)| column)
                     .collect(),
             }),
+            "top_n" => top_n(value, &op_path)?,
             "group_by" => {
                 let aggregate = fields.require(
                     "aggregate",
@@ -336,6 +342,81 @@ fn window(
         time_column,
     };
     Ok(Operator::Window(Box::new(WindowStage { spec, late_sink })))
+}
+
+/// `top_n: { partition_by: [k], order_by: ["price DESC"], limit: 10, rank_column: rn }`.
+fn top_n(node: &Node, path: &str) -> Result<Operator> {
+    let fields = Fields::new(
+        node,
+        path,
+        &["partition_by", "order_by", "limit", "rank_column"],
+    )?;
+    let partition_columns = match fields.get("partition_by") {
+        None => Vec::new(),
+        Some(entry) => match &entry.value.value {
+            Value::Seq(items) if items.is_empty() => Vec::new(),
+            _ => string_list(entry.value, &fields.path_of("partition_by"), true)?
+                .into_iter()
+                .map(|(column, _)| column)
+                .collect(),
+        },
+    };
+    let order = fields.require("order_by", " (e.g. `order_by: [\"price DESC\"]`)")?;
+    let order_path = fields.path_of("order_by");
+    let order_by = string_list(order.value, &order_path, true)?
+        .into_iter()
+        .map(|(text, at)| sort_key(&text, at, &order_path))
+        .collect::<Result<Vec<_>>>()?;
+    let limit = fields.require("limit", " (how many rows per key, e.g. `limit: 10`)")?;
+    let limit = super::fields::u32_in(limit.value, &fields.path_of("limit"), 1, 100_000)?;
+    Ok(Operator::TopN(pb::TopNSpec {
+        partition_columns,
+        order_by,
+        limit,
+        rank_column: fields.opt("rank_column", string)?.unwrap_or_default(),
+    }))
+}
+
+/// `column [ASC | DESC] [NULLS FIRST | NULLS LAST]`; nulls come first ascending and last
+/// descending unless said, as in Flink.
+fn sort_key(text: &str, at: Pos, path: &str) -> Result<pb::SortKey> {
+    let words: Vec<String> = text
+        .split_whitespace()
+        .map(str::to_ascii_uppercase)
+        .collect();
+    let original: Vec<&str> = text.split_whitespace().collect();
+    let bad = || {
+        PosError::new(
+            at,
+            format!(
+                "expected `column [ASC | DESC] [NULLS FIRST | NULLS LAST]` in `{path}`, found \
+                 `{text}`"
+            ),
+        )
+    };
+    let (column, rest) = original.split_first().ok_or_else(bad)?;
+    let rest = &words[1..1 + rest.len()];
+    let (descending, rest) = match rest.first().map(String::as_str) {
+        Some("DESC") => (true, &rest[1..]),
+        Some("ASC") => (false, &rest[1..]),
+        _ => (false, rest),
+    };
+    let nulls_first = match rest
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] => !descending,
+        ["NULLS", "FIRST"] => true,
+        ["NULLS", "LAST"] => false,
+        _ => return Err(bad()),
+    };
+    Ok(pb::SortKey {
+        column: (*column).to_owned(),
+        descending,
+        nulls_first,
+    })
 }
 
 /// `late: drop` or `late: { sink: ... }`.

@@ -40,6 +40,8 @@ pub(super) enum Operator {
     Dedup(pb::DedupSpec),
     /// An unbounded GROUP BY; not keyed (one subtask) when it has no key columns.
     Aggregate(pb::AggregateSpec),
+    /// Top-N per key; not keyed (one subtask) when it has no partition columns.
+    TopN(pb::TopNSpec),
 }
 
 pub(super) struct WindowStage {

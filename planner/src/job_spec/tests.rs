@@ -401,6 +401,52 @@ fn group_by_is_a_keyed_aggregate_and_an_empty_one_runs_as_one_subtask() {
 }
 
 #[test]
+fn top_n_reads_its_order_and_limit() {
+    let graph = parse(&with_pipeline(
+        "  - top_n: { partition_by: [auction], order_by: [\"price DESC\", \"bidder asc nulls last\"], limit: 3, rank_column: rn }\n",
+    ));
+    let Some(Kind::TopN(top)) = &graph.nodes[1].kind else {
+        panic!("{:?}", graph.nodes[1]);
+    };
+    assert_eq!(top.partition_columns, ["auction"]);
+    assert_eq!(
+        top.order_by,
+        [
+            pb::SortKey {
+                column: "price".into(),
+                descending: true,
+                nulls_first: false
+            },
+            pb::SortKey {
+                column: "bidder".into(),
+                descending: false,
+                nulls_first: false
+            }
+        ]
+    );
+    assert_eq!((top.limit, top.rank_column.as_str()), (3, "rn"));
+    assert_eq!(
+        graph.edges[0],
+        edge(0, 1, pb::Partitioning::Hash, &["auction"])
+    );
+    assert_err(
+        &with_pipeline("  - top_n: { order_by: [\"price DOWN\"], limit: 3 }\n"),
+        6,
+        25,
+        &[
+            "expected `column [ASC | DESC] [NULLS FIRST | NULLS LAST]`",
+            "price DOWN",
+        ],
+    );
+    assert_err(
+        &with_pipeline("  - top_n: { order_by: [price], limit: 0 }\n"),
+        6,
+        40,
+        &["limit` must be between 1 and 100000, found 0"],
+    );
+}
+
+#[test]
 fn group_by_needs_its_aggregates() {
     assert_err(
         &with_pipeline("  - group_by: [auction]\n"),
@@ -518,7 +564,7 @@ fn unknown_operator() {
         7,
         5,
         &[
-            "unknown operator `flter` in pipeline[1]; expected one of filter, select, key_by, window, dedup, group_by",
+            "unknown operator `flter` in pipeline[1]; expected one of filter, select, key_by, window, dedup, group_by, top_n",
             "did you mean `filter`?",
         ],
     );

@@ -9,9 +9,10 @@
 use std::collections::HashMap;
 
 use sqlparser::ast::{
-    CreateTable, CreateTableOptions, DateTimeField, Expr, FunctionArg, FunctionArgExpr,
-    FunctionArguments, GroupByExpr, Ident, ObjectName, ObjectNamePart, Query, SelectItem, SetExpr,
-    Spanned, SqlOption, Statement, TableFactor, TableObject, Value as SqlValue,
+    BinaryOperator, CreateTable, CreateTableOptions, DateTimeField, Expr, FunctionArg,
+    FunctionArgExpr, FunctionArguments, GroupByExpr, Ident, ObjectName, ObjectNamePart, Query,
+    SelectItem, SetExpr, Spanned, SqlOption, Statement, TableFactor, TableObject,
+    Value as SqlValue,
 };
 use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::{Parser, ParserError};
@@ -203,6 +204,9 @@ pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
         .get(&sink_name)
         .ok_or_else(|| catalog.unknown(&sink_name, sink_at))?;
     let plan = lower_query(query, &catalog, insert_at, 0)?;
+    if let Some(rank) = &plan.rank {
+        return Err(unbounded_rank(rank));
+    }
     let tables = &catalog.tables;
     let source = &tables[&plan.source];
     let default_name = std::path::Path::new(file).file_stem().map_or_else(
@@ -531,6 +535,16 @@ fn option_value(e: &Expr, fallback: Pos) -> Result<Node> {
 struct Lowered {
     source: String,
     pipeline: Vec<Node>,
+    /// A row number the enclosing query must bound (`WHERE rn <= N`) to make a Top-N.
+    rank: Option<PendingRank>,
+}
+
+/// `ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...) AS rn`, not yet bounded.
+struct PendingRank {
+    column: String,
+    partition: Vec<Node>,
+    order: Vec<Node>,
+    at: Pos,
 }
 
 /// The tables and views a job created.
@@ -549,6 +563,7 @@ impl Catalog<'_> {
             return Ok(Lowered {
                 source: name.to_owned(),
                 pipeline: Vec::new(),
+                rank: None,
             });
         }
         match self.views.get(name) {
@@ -608,9 +623,11 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
     if select.qualify.is_some() || !select.named_window.is_empty() {
         return Err(unsupported(
             at,
-            "OVER windows and QUALIFY (Top-N, deduplication)",
+            "QUALIFY and named windows; write Top-N as a subquery with ROW_NUMBER() and an \
+             enclosing WHERE rn <= N",
         ));
     }
+    let row_number = row_number_item(&select.projection)?;
     let [from] = select.from.as_slice() else {
         return Err(unsupported(at, "reading several tables (a join)"));
     };
@@ -653,10 +670,51 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
     let Lowered {
         source,
         mut pipeline,
+        rank,
     } = input;
     let table = &catalog.tables[&source];
-    if let Some(predicate) = &select.selection {
+    let mut selection = select.selection.clone();
+    if let Some(rank) = rank {
+        if row_number.is_some() {
+            return Err(unbounded_rank(&rank));
+        }
+        let (limit, rest) = rank_bound(&rank, selection.as_ref())?;
+        let mut referenced = select.projection.iter().any(|item| {
+            matches!(item, SelectItem::Wildcard(_)) || mentions(&item.to_string(), &rank.column)
+        });
+        referenced |= rest.iter().any(|e| mentions(&e.to_string(), &rank.column));
+        pipeline.push(top_n_stage(rank, limit, referenced)?);
+        selection = rest.into_iter().reduce(|a, b| Expr::BinaryOp {
+            left: Box::new(a),
+            op: BinaryOperator::And,
+            right: Box::new(b),
+        });
+    }
+    if let Some(predicate) = &selection {
         pipeline.push(stage("filter", expr_node(predicate, at), at));
+    }
+    if let Some((index, rank)) = row_number {
+        if window.is_some() || !group_by.is_empty() || distinct {
+            return Err(unsupported(
+                rank.at,
+                "ROW_NUMBER() together with GROUP BY, a window function or DISTINCT",
+            ));
+        }
+        let rest: Vec<SelectItem> = select
+            .projection
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != index)
+            .map(|(_, item)| item.clone())
+            .collect();
+        if let Some(items) = projection(&rest, at)? {
+            pipeline.push(stage("select", seq(items, at), at));
+        }
+        return Ok(Lowered {
+            source,
+            pipeline,
+            rank: Some(rank),
+        });
     }
     match window {
         None if !group_by.is_empty() || has_aggregate(&select.projection) => {
@@ -706,7 +764,196 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             )?);
         }
     }
-    Ok(Lowered { source, pipeline })
+    Ok(Lowered {
+        source,
+        pipeline,
+        rank: None,
+    })
+}
+
+/// The SELECT list's `ROW_NUMBER() OVER (...) AS rn`, with its index; other window
+/// functions are refused by name.
+fn row_number_item(items: &[SelectItem]) -> Result<Option<(usize, PendingRank)>> {
+    let mut found = None;
+    for (index, item) in items.iter().enumerate() {
+        let (expr, alias) = match item {
+            SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias)),
+            SelectItem::UnnamedExpr(expr) => (expr, None),
+            _ => continue,
+        };
+        let Expr::Function(f) = expr else {
+            continue;
+        };
+        let Some(over) = &f.over else {
+            continue;
+        };
+        let at = pos(expr.span().start);
+        let name = name_text(&f.name).to_ascii_uppercase();
+        if name != "ROW_NUMBER" {
+            return Err(SqlError::new(
+                at,
+                format!(
+                    "the window function {name}() OVER (...) is not supported yet by Sluice's \
+                     SQL; ROW_NUMBER() is, bounded by an enclosing WHERE (Top-N)"
+                ),
+            ));
+        }
+        let Some(alias) = alias else {
+            return Err(SqlError::new(
+                at,
+                format!("name the row number: `{expr} AS rn`"),
+            ));
+        };
+        if found.is_some() {
+            return Err(unsupported(at, "two ROW_NUMBER() columns in one SELECT"));
+        }
+        let sqlparser::ast::WindowType::WindowSpec(spec) = over else {
+            return Err(unsupported(at, "a named window in OVER"));
+        };
+        if spec.window_frame.is_some() {
+            return Err(unsupported(at, "a window frame with ROW_NUMBER()"));
+        }
+        let partition = spec
+            .partition_by
+            .iter()
+            .map(|e| match e {
+                Expr::Identifier(id) => Ok(scalar(id.value.clone(), pos(id.span.start))),
+                other => Err(SqlError::new(
+                    pos(other.span().start),
+                    format!("PARTITION BY takes column names here, found `{other}`"),
+                )),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if spec.order_by.is_empty() {
+            return Err(SqlError::new(
+                at,
+                "ROW_NUMBER() needs an ORDER BY in its OVER clause: which rows come first"
+                    .to_owned(),
+            ));
+        }
+        let order = spec
+            .order_by
+            .iter()
+            .map(|o| {
+                let Expr::Identifier(id) = &o.expr else {
+                    return Err(SqlError::new(
+                        pos(o.expr.span().start),
+                        format!("ORDER BY takes column names here, found `{}`", o.expr),
+                    ));
+                };
+                let mut text = id.value.clone();
+                if o.options.asc == Some(false) {
+                    text.push_str(" DESC");
+                }
+                match o.options.nulls_first {
+                    Some(true) => text.push_str(" NULLS FIRST"),
+                    Some(false) => text.push_str(" NULLS LAST"),
+                    None => {}
+                }
+                Ok(scalar(text, pos(id.span.start)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        found = Some((
+            index,
+            PendingRank {
+                column: alias.value.clone(),
+                partition,
+                order,
+                at,
+            },
+        ));
+    }
+    Ok(found)
+}
+
+fn unbounded_rank(rank: &PendingRank) -> SqlError {
+    SqlError::new(
+        rank.at,
+        format!(
+            "ROW_NUMBER() is supported as Top-N: select from this query and bound the row \
+             number in the enclosing WHERE, e.g. `WHERE {} <= 10`",
+            rank.column
+        ),
+    )
+}
+
+/// The Top-N limit in `selection` (`rn <= N`, `rn < N`, `rn = 1`, or flipped) and the
+/// other conjuncts.
+fn rank_bound(rank: &PendingRank, selection: Option<&Expr>) -> Result<(u64, Vec<Expr>)> {
+    let mut conjuncts = Vec::new();
+    if let Some(e) = selection {
+        split_and(e, &mut conjuncts);
+    }
+    let is_rank = |e: &Expr| matches!(e, Expr::Identifier(id) if id.value == rank.column);
+    let number = |e: &Expr| match e {
+        Expr::Value(v) => match &v.value {
+            SqlValue::Number(n, _) => n.parse::<u64>().ok(),
+            _ => None,
+        },
+        _ => None,
+    };
+    let mut limit = None;
+    let mut rest = Vec::new();
+    for c in conjuncts {
+        let bound = match &c {
+            Expr::BinaryOp { left, op, right } => match (op, is_rank(left), is_rank(right)) {
+                (BinaryOperator::LtEq, true, _) => number(right),
+                (BinaryOperator::Lt, true, _) => number(right).map(|n| n.saturating_sub(1)),
+                (BinaryOperator::GtEq, _, true) => number(left),
+                (BinaryOperator::Gt, _, true) => number(left).map(|n| n.saturating_sub(1)),
+                (BinaryOperator::Eq, true, _) if number(right) == Some(1) => Some(1),
+                (BinaryOperator::Eq, _, true) if number(left) == Some(1) => Some(1),
+                _ => None,
+            },
+            _ => None,
+        };
+        match bound {
+            Some(n) if limit.is_none() => limit = Some((n, pos(c.span().start))),
+            _ => rest.push(c),
+        }
+    }
+    match limit {
+        Some((0, at)) => Err(SqlError::new(
+            at,
+            format!("`{}` keeps no row; a Top-N keeps at least 1", rank.column),
+        )),
+        Some((n, _)) => Ok((n, rest)),
+        None => Err(unbounded_rank(rank)),
+    }
+}
+
+fn split_and(e: &Expr, out: &mut Vec<Expr>) {
+    match e {
+        Expr::BinaryOp {
+            left,
+            op: BinaryOperator::And,
+            right,
+        } => {
+            split_and(left, out);
+            split_and(right, out);
+        }
+        Expr::Nested(inner) => split_and(inner, out),
+        other => out.push(other.clone()),
+    }
+}
+
+/// Whether SQL text mentions `name` as a word.
+fn mentions(text: &str, name: &str) -> bool {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .any(|w| w.eq_ignore_ascii_case(name))
+}
+
+/// The job file's `top_n` item.
+fn top_n_stage(rank: PendingRank, limit: u64, with_rank: bool) -> Result<Node> {
+    let at = rank.at;
+    let mut item = Section::default();
+    item.put(&["top_n", "partition_by"], seq(rank.partition, at))?;
+    item.put(&["top_n", "order_by"], seq(rank.order, at))?;
+    item.put(&["top_n", "limit"], scalar(limit.to_string(), at))?;
+    if with_rank {
+        item.put(&["top_n", "rank_column"], scalar(rank.column, at))?;
+    }
+    Ok(item.into_node(at))
 }
 
 /// A window table function: `TUMBLE(TABLE t, DESCRIPTOR(col), size)`, `HOP(TABLE t,
