@@ -96,6 +96,22 @@ const ORACLE: &[(&str, &str)] = &[
          DESC, auction, bidder, price, channel, url, date_time, extra) AS rank_number FROM \
          bid) WHERE rank_number <= 10",
     ),
+    // Flink's REGEXP_EXTRACT and SPLIT_INDEX give null where DuckDB gives ''.
+    (
+        "q21-channel-id",
+        "SELECT auction, bidder, price, channel, CASE WHEN lower(channel) = 'apple' THEN '0' \
+         WHEN lower(channel) = 'google' THEN '1' WHEN lower(channel) = 'facebook' THEN '2' \
+         WHEN lower(channel) = 'baidu' THEN '3' ELSE nullif(regexp_extract(url, \
+         '(&|^)channel_id=([^&]*)', 2), '') END AS channel_id FROM bid WHERE \
+         nullif(regexp_extract(url, '(&|^)channel_id=([^&]*)', 2), '') IS NOT NULL OR \
+         lower(channel) IN ('apple', 'google', 'facebook', 'baidu')",
+    ),
+    (
+        "q22-url-dirs",
+        "SELECT auction, bidder, price, channel, nullif(split_part(url, '/', 4), '') AS dir1, \
+         nullif(split_part(url, '/', 5), '') AS dir2, nullif(split_part(url, '/', 6), '') AS \
+         dir3 FROM bid",
+    ),
 ];
 
 /// Runs `query` in DuckDB over the CSV files `bids/*.csv` and prints JSON lines; nulls

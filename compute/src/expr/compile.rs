@@ -53,11 +53,12 @@ impl Default for ExprCompiler {
 }
 
 impl ExprCompiler {
-    /// A compiler with DataFusion's built-in functions.
+    /// A compiler with DataFusion's built-in functions, Flink's that Sluice adds and
+    /// the functions registered in this process ([`super::udf`]).
     pub fn new() -> Self {
-        Self {
-            ctx: SessionContext::new(),
-        }
+        let ctx = SessionContext::new();
+        super::udf::install(&ctx);
+        Self { ctx }
     }
 
     /// Parses `sql` into a logical expression over `schema` (aliases kept).

@@ -6,10 +6,12 @@
 //! and evaluation is vectorized over whole batches. It never interprets rows itself.
 //!
 //! - [`compile`]: scalar expressions (filters, projections, aggregate arguments).
+//! - [`udf`]: Flink's functions DataFusion lacks, and user-defined scalar functions.
 //! - [`aggregate`]: aggregate calls (`count(*)`, `sum(price)`) split into a function and
 //!   its argument.
 
 pub mod aggregate;
 mod compile;
+pub mod udf;
 
 pub use compile::{CompiledExpr, ExprCompiler, strip_aliases};
