@@ -55,6 +55,24 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The binary of `cli/examples/NAME.rs`, built beside the `sluice` binary
+/// (`cargo build -p sluice-cli --examples`).
+///
+/// # Panics
+/// When it was not built.
+pub fn example_bin(name: &str) -> PathBuf {
+    let bin = sluice_bin()
+        .parent()
+        .map(|dir| dir.join("examples").join(name))
+        .unwrap_or_default();
+    assert!(
+        bin.is_file(),
+        "{} was not found; run `cargo build -p sluice-cli --examples` first",
+        bin.display()
+    );
+    bin
+}
+
 /// The `sluice` binary to test.
 ///
 /// # Panics

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::Command;
 
 use sluice_integration_tests::{
-    Row, assert_same_rows, fold_changelog, parse_jsonl, procs, read_jsonl_dir, run_sluice, tempdir,
-    workspace_root,
+    Row, assert_same_rows, example_bin, fold_changelog, parse_jsonl, procs, read_jsonl_dir,
+    run_sluice, tempdir, workspace_root,
 };
 use sluice_test_support::rng::rng_from_env;
 
@@ -316,4 +316,63 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         );
         eprintln!("{name}: equal to DuckDB's after a worker kill");
     }
+}
+
+/// Nexmark q14 calls `count_char`, a function registered in Rust by the program
+/// `cli/examples/udf.rs`, which is then the `sluice` command: its run on two worker
+/// processes (started from the same executable) equals DuckDB's answer, and the plain
+/// `sluice` names the unknown function where it is called.
+#[test]
+fn a_user_defined_function_runs_in_worker_processes() {
+    let python = duckdb_python();
+    let dir = tempdir();
+    let root = dir.path();
+    let bids = generate_bids(root);
+    let out = root.join("out").join("q14");
+    let job = root.join("q14.sql");
+    let example = workspace_root().join("examples/udf/q14-count-char.sql");
+    let text = std::fs::read_to_string(&example).expect("reading the q14 example");
+    let insert = &text[text.find("INSERT INTO output").expect("q14 has an INSERT")..];
+    std::fs::write(
+        &job,
+        format!(
+            "SET 'parallelism.default' = '2';\n{}CREATE TABLE output WITH ('connector' = \
+             'file', 'path' = '{}', 'format' = 'jsonl');\n{insert}",
+            BID_TABLE.replace("BIDS", bids.to_str().unwrap()),
+            out.display(),
+        ),
+    )
+    .unwrap();
+    let plain = run_sluice(&["explain", job.to_str().unwrap()], root);
+    assert_eq!(plain.code, Some(2), "{}", plain.stderr);
+    assert!(
+        plain.stderr.contains("Invalid function 'count_char'"),
+        "{}",
+        plain.stderr
+    );
+    let run = Command::new(example_bin("udf"))
+        .args(["run", job.to_str().unwrap(), "--workers", "2", "-q"])
+        .current_dir(root)
+        .output()
+        .expect("running the udf example");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let expected = duckdb(
+        &python,
+        &bids,
+        "SELECT auction, bidder, 0.908 * price AS price, CASE WHEN hour(date_time) >= 8 AND \
+         hour(date_time) <= 18 THEN 'dayTime' WHEN hour(date_time) <= 6 OR hour(date_time) \
+         >= 20 THEN 'nightTime' ELSE 'otherTime' END AS bid_time_type, date_time, extra, \
+         length(extra) - length(replace(extra, 'c', '')) AS c_counts FROM bid WHERE \
+         0.908 * price > 1000000 AND 0.908 * price < 50000000",
+    );
+    assert!(!expected.is_empty());
+    assert_same_rows(
+        "q14 with count_char on two workers against DuckDB",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
 }
