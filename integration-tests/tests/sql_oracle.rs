@@ -81,6 +81,24 @@ const ORACLE: &[(&str, &str)] = &[
          max(price) AS max_price, avg(price) AS avg_price, sum(price) AS sum_price \
          FROM bid GROUP BY ALL",
     ),
+    (
+        "q15-daily-stats",
+        "SELECT strftime(date_time, '%Y-%m-%d') AS day, count(*) AS total_bids, \
+         count(*) FILTER (WHERE price < 10000) AS rank1_bids, \
+         count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, \
+         count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, \
+         count(DISTINCT bidder) AS total_bidders, \
+         count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, \
+         count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS \
+         rank2_bidders, \
+         count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, \
+         count(DISTINCT auction) AS total_auctions, \
+         count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, \
+         count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS \
+         rank2_auctions, \
+         count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions \
+         FROM bid GROUP BY ALL",
+    ),
     // Top-N and deduplication: Sluice breaks ties in the order by the rest of the row,
     // column by column, ascending.
     (
@@ -286,6 +304,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q5-hot-items",
         "q11-user-sessions",
         "price-bands",
+        "q15-daily-stats",
         "q17-auction-day-stats",
         "q18-last-bid",
         "q19-top-bids",

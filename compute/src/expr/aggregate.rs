@@ -55,6 +55,9 @@ pub struct AggregateCall {
     pub name: String,
     /// Output column type.
     pub output_type: DataType,
+    /// `count(DISTINCT x)`: each distinct value of the argument counts once (only
+    /// unbounded group-bys keep the values seen; windows refuse it).
+    pub distinct: bool,
 }
 
 const SUPPORTED: &str = "count, sum, min, max, avg";
@@ -75,9 +78,11 @@ impl AggregateCall {
         };
         let fname = agg.func.name().to_ascii_lowercase();
         let params = agg.params;
-        if params.distinct {
+        let distinct = params.distinct;
+        if distinct && fname != "count" {
             return Err(Error::Plan(format!(
-                "`{sql}`: {}(DISTINCT ...) is not supported in windows and GROUP BY yet",
+                "`{sql}`: {}(DISTINCT ...) is not supported yet (COUNT(DISTINCT ...) is, \
+                 in a GROUP BY without a window)",
                 fname.to_ascii_uppercase()
             )));
         }
@@ -104,7 +109,9 @@ impl AggregateCall {
                 args.len()
             ))
         })?;
-        let is_star = func == AggFunc::Count && matches!(&arg, Expr::Literal(v, _) if !v.is_null());
+        let is_star = func == AggFunc::Count
+            && !distinct
+            && matches!(&arg, Expr::Literal(v, _) if !v.is_null());
         let arg = match params.filter {
             // Rows the filter refuses become nulls, which every function skips.
             Some(filter) => when(*filter, if is_star { lit(true) } else { arg })
@@ -118,6 +125,7 @@ impl AggregateCall {
                     arg_kind: ArgKind::Int,
                     name,
                     output_type: DataType::Int64,
+                    distinct: false,
                 });
             }
             None => arg,
@@ -160,6 +168,7 @@ impl AggregateCall {
             arg_kind,
             name,
             output_type,
+            distinct,
         })
     }
 }
@@ -206,6 +215,9 @@ mod tests {
         assert_eq!((sum.func, sum.arg_kind), (AggFunc::Sum, ArgKind::Int));
         let avg = AggregateCall::compile(&c, "avg(price) AS a", &s).unwrap();
         assert_eq!(avg.output_type, DataType::Float64);
+        let bidders = "count(DISTINCT name) FILTER (WHERE price < 10) AS n";
+        let bidders = AggregateCall::compile(&c, bidders, &s).unwrap();
+        assert_eq!((bidders.func, bidders.distinct), (AggFunc::Count, true));
         let first = AggregateCall::compile(&c, "min(date_time) AS first", &s).unwrap();
         assert_eq!(first.arg_kind, ArgKind::TimestampMs);
     }
@@ -217,7 +229,7 @@ mod tests {
         for (sql, needle) in [
             ("price + 1", "not an aggregate"),
             ("sum(name)", "cannot compute sum"),
-            ("count(DISTINCT price)", "DISTINCT"),
+            ("sum(DISTINCT price)", "SUM(DISTINCT ...) is not supported"),
             ("median(price)", "median"),
             ("sum(nope)", "nope"),
             ("count(*) FILTER (WHERE nope > 1)", "nope"),

@@ -10,16 +10,19 @@
 //! # State
 //! One table, `acc`: per key the fixed-size accumulators of its aggregates
 //! ([`crate::window::accumulator`]). Per batch the batch's distinct keys are read in one
-//! call and written back in one. The input must be append-only: retracting a record
+//! call and written back in one. `COUNT(DISTINCT x)` also keeps, in table `seen`, a row
+//! per key, call and value seen (the value in Arrow's row format): a batch's new
+//! values are looked up in one read, and only unseen ones count. The input must be append-only: retracting a record
 //! from a `min` would need every value kept, which this operator does not do.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, UInt32Array};
+use arrow::array::{Array, ArrayRef, UInt32Array};
 use arrow::compute::take;
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
+use arrow_row::{RowConverter, SortField};
 use async_trait::async_trait;
 use bytes::Bytes;
 use sluice_common::key_group::key_group_of;
@@ -35,6 +38,7 @@ use crate::keys::{EncodedKeys, KeyEncoder};
 use crate::window::accumulator::{self, ACC_BYTES, Acc};
 
 const ACC_STATE: &str = "acc";
+const SEEN_STATE: &str = "seen";
 
 /// Hashes short keys of one batch: keys come from the job's own data.
 type Hasher = foldhash::fast::RandomState;
@@ -45,9 +49,12 @@ pub struct AggregateOperator {
     /// Input indices of the key columns, in key order.
     key_indices: Vec<usize>,
     calls: Vec<AggregateCall>,
+    /// For each `COUNT(DISTINCT x)` call: its index and how its values become bytes.
+    distinct: Vec<(usize, RowConverter)>,
     schema: SchemaRef,
     keys: EncodedKeys,
     table: Option<StateTable>,
+    seen: Option<StateTable>,
     max_parallelism: u32,
 }
 
@@ -82,6 +89,21 @@ impl AggregateOperator {
             .iter()
             .map(|e| AggregateCall::compile(compiler, &e.sql, input))
             .collect::<Result<Vec<_>>>()?;
+        let mut distinct = Vec::new();
+        for (i, call) in calls.iter().enumerate() {
+            if let (true, Some(arg)) = (call.distinct, &call.arg) {
+                let converter = RowConverter::new(vec![SortField::new(arg.data_type.clone())])
+                    .map_err(|e| {
+                        Error::Plan(format!("`{}`: cannot keep its values: {e}", call.name))
+                    })?;
+                distinct.push((i, converter));
+            }
+        }
+        if distinct.len() > usize::from(u8::MAX) {
+            return Err(Error::Plan(
+                "an aggregate keeps at most 255 COUNT(DISTINCT ...) calls".into(),
+            ));
+        }
         let mut fields = vec![changelog::op_field()];
         fields.extend(key_encoder.fields().iter().cloned());
         for call in &calls {
@@ -104,9 +126,11 @@ impl AggregateOperator {
             key_encoder,
             key_indices,
             calls,
+            distinct,
             schema: Arc::new(Schema::new(fields)),
             keys: EncodedKeys::default(),
             table: None,
+            seen: None,
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
         })
     }
@@ -114,6 +138,59 @@ impl AggregateOperator {
     /// The schema of the changelog this operator emits.
     pub fn schema(&self) -> SchemaRef {
         self.schema.clone()
+    }
+
+    /// Adds to `partial` (per slot, per call) each `COUNT(DISTINCT)` value of the batch
+    /// that its key had not seen, and records those values as seen.
+    async fn count_distinct(
+        &self,
+        batch: &RecordBatch,
+        first: &[u32],
+        row_slots: &[u32],
+        partial: &mut [Acc],
+    ) -> Result<()> {
+        let Some(seen) = self.seen.as_ref() else {
+            return Err(Error::Internal("aggregate used before `open`".into()));
+        };
+        let n_calls = self.calls.len();
+        // (slot, call, state key) of each value new to this batch.
+        let mut candidates: Vec<(usize, usize, Bytes)> = Vec::new();
+        let mut in_batch: std::collections::HashSet<Bytes, Hasher> = Default::default();
+        let mut suffix = Vec::new();
+        for (d, (call_index, converter)) in self.distinct.iter().enumerate() {
+            let Some(arg) = &self.calls[*call_index].arg else {
+                continue;
+            };
+            let values = arg.evaluate(batch)?;
+            let encoded = converter.convert_columns(std::slice::from_ref(&values))?;
+            for (row, &slot) in row_slots.iter().enumerate() {
+                if values.is_null(row) {
+                    continue;
+                }
+                let key = self.keys.row(first[slot as usize] as usize);
+                suffix.clear();
+                suffix.push(d as u8);
+                suffix.extend_from_slice(encoded.row(row).as_ref());
+                let state_key = seen.key(key_group_of(key, self.max_parallelism), key, &suffix);
+                if in_batch.insert(state_key.clone()) {
+                    candidates.push((slot as usize, *call_index, state_key));
+                }
+            }
+        }
+        let keys: Vec<Bytes> = candidates.iter().map(|c| c.2.clone()).collect();
+        let stored = seen.get_many(&keys).await?;
+        let mut writes = Vec::new();
+        for ((slot, call, key), value) in candidates.into_iter().zip(stored) {
+            if value.is_none() {
+                partial[slot * n_calls + call].n += 1;
+                writes.push(WriteOp::Put {
+                    key,
+                    value: Bytes::new(),
+                });
+            }
+        }
+        seen.write(writes).await?;
+        Ok(())
     }
 
     /// Whether `a` and `b` give every aggregate the same result.
@@ -139,6 +216,9 @@ impl Operator for AggregateOperator {
     async fn open(&mut self, ctx: &OperatorContext) -> Result<()> {
         self.max_parallelism = ctx.max_parallelism;
         self.table = Some(ctx.keyed_state()?.table(ACC_STATE));
+        if !self.distinct.is_empty() {
+            self.seen = Some(ctx.keyed_state()?.table(SEEN_STATE));
+        }
         Ok(())
     }
 
@@ -154,6 +234,7 @@ impl Operator for AggregateOperator {
         let mut slot_of: HashMap<&[u8], usize, Hasher> = HashMap::default();
         let mut first: Vec<u32> = Vec::new();
         let mut partial: Vec<Acc> = Vec::new();
+        let mut row_slots: Vec<u32> = Vec::with_capacity(batch.num_rows());
         for row in 0..batch.num_rows() {
             let key = self.keys.row(row);
             let slot = *slot_of.entry(key).or_insert_with(|| {
@@ -161,10 +242,17 @@ impl Operator for AggregateOperator {
                 partial.resize(partial.len() + n_calls, Acc::default());
                 first.len() - 1
             });
+            row_slots.push(slot as u32);
             let accs = &mut partial[slot * n_calls..(slot + 1) * n_calls];
             for ((call, acc), arg) in self.calls.iter().zip(accs).zip(&args) {
-                accumulator::update(call.func, acc, arg, row);
+                if !call.distinct {
+                    accumulator::update(call.func, acc, arg, row);
+                }
             }
+        }
+        if !self.distinct.is_empty() {
+            self.count_distinct(&batch, &first, &row_slots, &mut partial)
+                .await?;
         }
         let state_keys: Vec<Bytes> = first
             .iter()
@@ -420,6 +508,75 @@ mod tests {
                 row("-U", 1, 1, 10),
                 row("-U", 2, 1, 20),
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn count_distinct_counts_each_value_once_per_key_across_batches() {
+        let spec = pb::AggregateSpec {
+            key_columns: vec!["k".into()],
+            aggregates: [
+                "count(DISTINCT v) AS n",
+                "max(v) AS top",
+                "count(DISTINCT v) FILTER (WHERE v > 2) AS big",
+            ]
+            .map(|sql| pb::Expr {
+                sql: sql.into(),
+                location: None,
+            })
+            .into(),
+        };
+        let mut op = AggregateOperator::build(&spec, &input(), &ExprCompiler::new()).unwrap();
+        let state = OperatorState::new(
+            Arc::new(MemoryStateStore::new(false)),
+            4,
+            key_group_range(128, 1, 0),
+            1,
+            true,
+        );
+        let ctx = OperatorContext {
+            node_id: 4,
+            node_name: "aggregate".into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            state: Some(state),
+        };
+        op.open(&ctx).await.unwrap();
+        let mut out = Output::default();
+        op.process_batch(batch(&[(1, 1), (1, 1), (1, 3), (2, 1)]), &mut out)
+            .await
+            .unwrap();
+        op.process_batch(batch(&[(1, 3), (1, 4), (2, 1)]), &mut out)
+            .await
+            .unwrap();
+        let mut rows = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                let op = b.column(0).as_string::<i32>();
+                let [k, n, top, big] =
+                    [1, 2, 3, 4].map(|c| b.column(c).as_primitive::<Int64Type>());
+                rows.extend((0..b.num_rows()).map(|r| {
+                    (
+                        op.value(r).to_owned(),
+                        k.value(r),
+                        n.value(r),
+                        top.value(r),
+                        big.value(r),
+                    )
+                }));
+            }
+        }
+        let r = |op: &str, k, n, top, big| (op.to_owned(), k, n, top, big);
+        assert_eq!(
+            rows,
+            vec![
+                r("+I", 1, 2, 3, 1),
+                r("+I", 2, 1, 1, 0),
+                r("-U", 1, 2, 3, 1),
+                r("+U", 1, 3, 4, 2),
+            ],
+            "key 2 saw 1 again: nothing changed"
         );
     }
 

@@ -186,6 +186,13 @@ impl WindowOperator {
             .iter()
             .map(|e| AggregateCall::compile(compiler, &e.sql, input))
             .collect::<Result<Vec<_>>>()?;
+        if let Some(call) = calls.iter().find(|c| c.distinct) {
+            return Err(Error::Plan(format!(
+                "`{}`: COUNT(DISTINCT ...) is not supported in windows yet (it is in a GROUP \
+                 BY without a window)",
+                call.name
+            )));
+        }
         let ts_type = DataType::Timestamp(TimeUnit::Millisecond, None);
         let mut fields: Vec<Field> = key_encoder.fields().to_vec();
         fields.push(Field::new("window_start", ts_type.clone(), false));
