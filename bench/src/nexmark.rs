@@ -37,6 +37,14 @@ pub enum Query {
     Q11,
     /// COUNT and SUM of bids per auction in 10 s tumbling windows.
     Tumbling,
+    /// Daily bids, bidders and auctions per price band (unbounded GROUP BY, COUNT DISTINCT).
+    Q15,
+    /// Bid statistics per auction and day (unbounded GROUP BY, a changelog).
+    Q17,
+    /// The last bid per bidder and auction (ROW_NUMBER deduplication, a changelog).
+    Q18,
+    /// The 10 highest bids per auction (Top-N, a changelog).
+    Q19,
 }
 
 /// Arguments of `sluice bench nexmark` (where remote state lives is the [`Host`]'s).
@@ -130,6 +138,44 @@ fn pipeline(query: Query) -> &'static str {
         Query::Tumbling => {
             "pipeline:\n  - key_by: [auction]\n  - window: { tumbling: 10s }\n    aggregate: [\"count(*) AS bids\", \"sum(price) AS volume\"]\n"
         }
+        Query::Q15 => concat!(
+            "pipeline:\n",
+            "  - select: [\"auction\", \"bidder\", \"price\", \"DATE_FORMAT(date_time, 'yyyy-MM-dd') AS day\"]\n",
+            "  - group_by: [day]\n",
+            "    aggregate:\n",
+            "      - \"count(*) AS total_bids\"\n",
+            "      - \"count(*) FILTER (WHERE price < 10000) AS rank1_bids\"\n",
+            "      - \"count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids\"\n",
+            "      - \"count(*) FILTER (WHERE price >= 1000000) AS rank3_bids\"\n",
+            "      - \"count(DISTINCT bidder) AS total_bidders\"\n",
+            "      - \"count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders\"\n",
+            "      - \"count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders\"\n",
+            "      - \"count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders\"\n",
+            "      - \"count(DISTINCT auction) AS total_auctions\"\n",
+            "      - \"count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions\"\n",
+            "      - \"count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions\"\n",
+            "      - \"count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions\"\n",
+        ),
+        Query::Q17 => concat!(
+            "pipeline:\n",
+            "  - select: [\"auction\", \"price\", \"CAST(date_time AS DATE) AS day\"]\n",
+            "  - group_by: [auction, day]\n",
+            "    aggregate:\n",
+            "      - \"count(*) AS total_bids\"\n",
+            "      - \"count(*) FILTER (WHERE price < 10000) AS rank1_bids\"\n",
+            "      - \"count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids\"\n",
+            "      - \"count(*) FILTER (WHERE price >= 1000000) AS rank3_bids\"\n",
+            "      - \"min(price) AS min_price\"\n",
+            "      - \"max(price) AS max_price\"\n",
+            "      - \"avg(price) AS avg_price\"\n",
+            "      - \"sum(price) AS sum_price\"\n",
+        ),
+        Query::Q18 => {
+            "pipeline:\n  - top_n: { partition_by: [bidder, auction], order_by: [\"date_time DESC\"], limit: 1 }\n  - select: [auction, bidder, price, channel, url, date_time, extra]\n"
+        }
+        Query::Q19 => {
+            "pipeline:\n  - top_n: { partition_by: [auction], order_by: [\"price DESC\"], limit: 10, rank_column: rank_number }\n"
+        }
     }
 }
 
@@ -158,6 +204,42 @@ fn select(query: Query) -> &'static str {
             "SELECT auction, window_start, window_end, count(*) AS bids, sum(price) AS volume \
              FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) \
              GROUP BY auction, window_start, window_end"
+        }
+        Query::Q15 => {
+            "SELECT day, count(*) AS total_bids, \
+             count(*) FILTER (WHERE price < 10000) AS rank1_bids, \
+             count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, \
+             count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, \
+             count(DISTINCT bidder) AS total_bidders, \
+             count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, \
+             count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders, \
+             count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, \
+             count(DISTINCT auction) AS total_auctions, \
+             count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, \
+             count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions, \
+             count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions \
+             FROM (SELECT auction, bidder, price, DATE_FORMAT(date_time, 'yyyy-MM-dd') AS day FROM bid) \
+             GROUP BY day"
+        }
+        Query::Q17 => {
+            "SELECT auction, day, count(*) AS total_bids, \
+             count(*) FILTER (WHERE price < 10000) AS rank1_bids, \
+             count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, \
+             count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, \
+             min(price) AS min_price, max(price) AS max_price, avg(price) AS avg_price, \
+             sum(price) AS sum_price \
+             FROM (SELECT auction, price, CAST(date_time AS DATE) AS day FROM bid) \
+             GROUP BY auction, day"
+        }
+        Query::Q18 => {
+            "SELECT auction, bidder, price, channel, url, date_time, extra FROM (\
+             SELECT *, ROW_NUMBER() OVER (PARTITION BY bidder, auction ORDER BY date_time DESC) \
+             AS rank_number FROM bid) WHERE rank_number <= 1"
+        }
+        Query::Q19 => {
+            "SELECT * FROM (\
+             SELECT *, ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price DESC) \
+             AS rank_number FROM bid) WHERE rank_number <= 10"
         }
     }
 }
@@ -345,6 +427,7 @@ mod tests {
                 Some(Kind::Filter(f)) => f.predicate.iter_mut().for_each(|e| e.location = None),
                 Some(Kind::Select(s)) => s.exprs.iter_mut().for_each(|e| e.location = None),
                 Some(Kind::Window(w)) => w.aggregates.iter_mut().for_each(|e| e.location = None),
+                Some(Kind::Aggregate(a)) => a.aggregates.iter_mut().for_each(|e| e.location = None),
                 _ => {}
             }
         }

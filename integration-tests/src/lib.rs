@@ -540,6 +540,17 @@ pub fn assert_same_rows(what: &str, actual: &[Row], expected: &[Row]) {
 /// deletes take one away. Panics when a retraction takes away a row not there at that
 /// point (a `-U` ahead of its `+I`, or a change lost), naming the row.
 pub fn fold_changelog(changes: &[Row]) -> Vec<Row> {
+    fold(changes, true)
+}
+
+/// [`fold_changelog`] for changes whose order across files is not known (after a rescale
+/// a key's changes continue in another subtask's files): the net count of every row,
+/// which must not end below zero.
+pub fn net_changelog(changes: &[Row]) -> Vec<Row> {
+    fold(changes, false)
+}
+
+fn fold(changes: &[Row], ordered: bool) -> Vec<Row> {
     let mut live: HashMap<String, (i64, Row)> = HashMap::new();
     let mut key = String::new();
     for (i, change) in changes.iter().enumerate() {
@@ -558,12 +569,13 @@ pub fn fold_changelog(changes: &[Row]) -> Vec<Row> {
         let entry = live.entry(key.clone()).or_insert((0, row));
         entry.0 += sign;
         assert!(
-            entry.0 >= 0,
+            !ordered || entry.0 >= 0,
             "change {i} ({op}) retracts a row that is not there: {change:?}"
         );
     }
     let mut rows = Vec::new();
     for (_, (n, row)) in live {
+        assert!(n >= 0, "{} more retractions than inserts of {row:?}", -n);
         for _ in 0..n {
             rows.push(row.clone());
         }

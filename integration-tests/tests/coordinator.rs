@@ -37,8 +37,8 @@ use sluice_integration_tests::http::{http_request, http_request_as, promtool_che
 use sluice_integration_tests::procs::{Proc, poll_until};
 use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::{
-    Outcome, assert_same_rows, read_jsonl_dir, run_sluice, sluice_bin, tempdir, write_job,
-    yaml_path,
+    Outcome, assert_same_rows, fold_changelog, net_changelog, read_jsonl_dir, run_sluice,
+    sluice_bin, tempdir, write_job, yaml_path,
 };
 
 /// How long a throttled job may take to finish once nothing else is in its way.
@@ -701,6 +701,75 @@ fn rescale_2_4_1_moves_no_state_and_changes_no_output() {
     let status = cluster.wait_finished(&id);
     assert_eq!(status["parallelism"].as_u64(), Some(1), "{status:#}");
     assert_output_matches(&out, &dir.path().join("reference"), &expected);
+}
+
+/// An updating job on remote state: `operator` (a `top_n` or `group_by` pipeline item)
+/// over throttled bids, partitioned by auction.
+fn updating_job(operator: &str, out: &Path, rate: u64) -> String {
+    let throttle = if rate > 0 {
+        format!(", max_events_per_second: {rate}")
+    } else {
+        String::new()
+    };
+    format!(
+        "name: updating\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
+         state: {{ backend: remote, shards: 4 }}\n\
+         source:\n  nexmark: {{ stream: bid, events: 60000, seed: 5, splits: 4{throttle} }}\n\
+         pipeline:\n{operator}\
+         sink:\n  file: {{ path: {}, format: jsonl }}\n",
+        yaml_path(out)
+    )
+}
+
+/// Rescales a running updating job 2 -> 3 -> 1: the changelog it commits, folded, is the
+/// final table of an unthrottled run at one parallelism. A key's changes continue in
+/// another subtask's files after each step, so the fold adds them up in any order.
+fn rescale_keeps_an_updating_result(operator: &str) {
+    let _serial = serial();
+    let dir = tempdir();
+    let reference_out = dir.path().join("reference");
+    reference(dir.path(), &updating_job(operator, &reference_out, 0), &[]);
+    let expected = fold_changelog(&read_jsonl_dir(&reference_out));
+    let mut cluster = Cluster::start(dir.path(), 2);
+    let out = dir.path().join("out");
+    let job = write_job(dir.path(), "job.yaml", &updating_job(operator, &out, 6_000));
+    let id = cluster.submit(&job, &["--workers", "2"]);
+    cluster.wait_checkpoint(&id, 1);
+    for parallelism in [3u32, 1] {
+        let answer = cluster.json(&["rescale", &id, "--parallelism", &parallelism.to_string()]);
+        eprintln!("rescale to {parallelism}: {answer}");
+        assert_eq!(
+            answer["state_bytes_restored"].as_u64(),
+            Some(0),
+            "a rescale moves no state: {answer}"
+        );
+        let checkpoint = answer["checkpoint_id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no checkpoint_id in {answer}"));
+        cluster.wait_checkpoint(&id, checkpoint + 1);
+    }
+    let status = cluster.wait_finished(&id);
+    assert_eq!(status["parallelism"].as_u64(), Some(1), "{status:#}");
+    assert_eq!(status["records_in"], 60_000, "{status}");
+    assert_same_rows(
+        "the folded changelog after two rescales vs. the reference",
+        &net_changelog(&read_jsonl_dir(&out)),
+        &expected,
+    );
+}
+
+#[test]
+fn a_top_n_keeps_its_result_across_rescales() {
+    rescale_keeps_an_updating_result(
+        "  - top_n: { partition_by: [auction], order_by: [\"price DESC\"], limit: 3, rank_column: rn }\n",
+    );
+}
+
+#[test]
+fn a_group_by_keeps_its_result_across_rescales() {
+    rescale_keeps_an_updating_result(
+        "  - group_by: [auction]\n    aggregate: [\"count(*) AS bids\", \"max(price) AS top\"]\n",
+    );
 }
 
 #[test]
