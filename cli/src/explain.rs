@@ -161,6 +161,9 @@ fn describe(node: &pb::Node) -> String {
                     format!("sliding {} ms every {} ms", s.size_ms, s.slide_ms)
                 }
                 Some(pb::window_spec::Kind::Session(s)) => format!("session gap {} ms", s.gap_ms),
+                Some(pb::window_spec::Kind::Cumulate(c)) => {
+                    format!("cumulate {} ms every {} ms", c.size_ms, c.step_ms)
+                }
                 None => "window".to_owned(),
             };
             let aggs: Vec<&str> = w.aggregates.iter().map(|e| e.sql.as_str()).collect();

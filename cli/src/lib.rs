@@ -26,6 +26,7 @@ mod cluster;
 mod deploy;
 mod explain;
 mod kafka;
+mod live_table;
 mod nexmark_gen;
 mod progress;
 mod run;

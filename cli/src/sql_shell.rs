@@ -8,8 +8,11 @@
 //! Statements end with `;`. On a terminal lines are edited with history (rustyline);
 //! from a pipe they are read as they come, and the exit code says whether any failed.
 //! Errors name the line and column within the statement typed, never the session's
-//! hidden text. The shell owns reading, session text and printing; planning and
-//! running are the planner's and the embedded cluster's.
+//! hidden text. An updating query (a changelog: `GROUP BY` without a window, Top-N) on
+//! a terminal shows its result as a table redrawn in place as it changes
+//! (`live_table.rs`); through a pipe it prints the changes (`+I -U +U -D` in an `op`
+//! column). The shell owns reading, session text and printing; planning and running are
+//! the planner's and the embedded cluster's.
 
 use std::io::{BufRead, IsTerminal};
 
@@ -84,7 +87,8 @@ statements end with `;`:
   CREATE VIEW v AS SELECT ...;          a named query
   SHOW TABLES;  DESCRIBE t;             what the session defines, and a table's columns
   EXPLAIN SELECT ... | INSERT ...;      the job graph a query becomes
-  SELECT ...;                           run it here, rows as they come (Ctrl-C cancels it)
+  SELECT ...;                           run it here, rows as they come (Ctrl-C cancels it);
+                                        an updating result is a table redrawn in place
   INSERT INTO t SELECT ...;             run it as a job (on --coordinator when given)
   QUIT;";
 
@@ -210,7 +214,18 @@ impl Shell {
                         .to_owned());
                 }
                 let (text, at) = self.query_text(statement);
-                self.run_here(&text, at, false)
+                let live = match std::io::stdout().is_terminal() {
+                    true => self.updating_columns(&text, at)?,
+                    false => None,
+                };
+                let Some(columns) = live else {
+                    return self.run_here(&text, at, false);
+                };
+                let capture = crate::live_table::Capture::start(columns)
+                    .map_err(|e| format!("error: capturing the query's output: {e}"))?;
+                let outcome = self.run_here(&text, at, false);
+                capture.finish();
+                outcome
             }
             Command::Insert => {
                 let (text, at) = self.session.with("", statement);
@@ -259,6 +274,31 @@ impl Shell {
                 sluice_connectors::Builtin::shared(),
             ))
             .map_err(|e| at.relocate(&e.to_string()))
+    }
+
+    /// The columns (without `op`) of the query job `text` when its result is updating.
+    fn updating_columns(&self, text: &str, at: Placement) -> Result<Option<Vec<String>>, String> {
+        let plan = self.plan(text, at)?;
+        let Some(sink) = plan
+            .graph
+            .nodes
+            .iter()
+            .find(|n| matches!(n.kind, Some(sluice_common::pb::node::Kind::Sink(_))))
+        else {
+            return Ok(None);
+        };
+        let schema = plan.input_schema(sink.id);
+        if !sluice_compute::changelog::is_changelog(&schema) {
+            return Ok(None);
+        }
+        Ok(Some(
+            schema
+                .fields()
+                .iter()
+                .skip(1)
+                .map(|f| f.name().clone())
+                .collect(),
+        ))
     }
 
     fn describe(&self, name: &str) -> Outcome {

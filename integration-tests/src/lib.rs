@@ -256,9 +256,23 @@ pub fn run_sluice_input(
     env: &[(&str, &str)],
     input: Option<&str>,
 ) -> Outcome {
-    let bin = sluice_bin();
-    let command = format!("sluice {}", args.join(" "));
-    let mut cmd = Command::new(&bin);
+    run_program_input(&sluice_bin(), "sluice", args, cwd, env, input)
+}
+
+/// Runs `program` (called `name` in messages) as [`run_sluice_input`] runs `sluice`.
+///
+/// # Panics
+/// When the program cannot be started or does not finish within [`TIMEOUT`].
+pub fn run_program_input(
+    bin: &Path,
+    name: &str,
+    args: &[&str],
+    cwd: &Path,
+    env: &[(&str, &str)],
+    input: Option<&str>,
+) -> Outcome {
+    let command = format!("{name} {}", args.join(" "));
+    let mut cmd = Command::new(bin);
     cmd.args(args)
         .current_dir(cwd)
         .stdin(if input.is_some() {

@@ -7,8 +7,8 @@ use std::path::Path;
 use sluice_integration_tests::cluster::MiniCluster;
 use sluice_integration_tests::http::http_request;
 use sluice_integration_tests::{
-    assert_same_rows, parse_jsonl, read_jsonl_dir, run_sluice, run_sluice_input, tempdir,
-    workspace_root, write_job, yaml_path,
+    assert_same_rows, fold_changelog, parse_jsonl, read_jsonl_dir, run_program_input, run_sluice,
+    run_sluice_input, sluice_bin, tempdir, workspace_root, write_job, yaml_path,
 };
 
 /// The example's text with a smaller source and its file sink writing to `out`.
@@ -213,6 +213,94 @@ fn the_sql_shell_keeps_a_session_and_runs_its_queries_here() {
     let printed = parse_jsonl(&printed.join("\n"), "the shell's SELECT");
     assert_same_rows("the shell's SELECT", &printed, &expected);
     assert_same_rows("the shell's INSERT", &read_jsonl_dir(&out), &expected);
+}
+
+/// With its output on a terminal (a pseudo-terminal from util-linux `script`), an
+/// updating SELECT in the shell is a table redrawn in place: the last table drawn holds the final rows of the
+/// same query run as a job file (its changelog folded), and no raw change is printed.
+#[test]
+fn the_sql_shell_redraws_an_updating_result_in_place_on_a_terminal() {
+    let dir = tempdir();
+    let source = "CREATE TABLE bid WITH ('connector' = 'nexmark', 'stream' = 'bid', \
+                  'events' = '4000', 'seed' = '7', 'max_events_per_second' = '4000');";
+    let view = "CREATE VIEW b AS SELECT auction % 5 AS bucket, price FROM bid;";
+    let query = "SELECT bucket, count(*) AS n, max(price) AS top FROM b GROUP BY bucket";
+    let out = dir.path().join("reference");
+    write_job(
+        dir.path(),
+        "reference.sql",
+        &format!(
+            "{source}\n{view}\nCREATE TABLE out WITH ('connector' = 'file', 'path' = '{}', \
+             'format' = 'jsonl');\nINSERT INTO out {query};\n",
+            out.display()
+        ),
+    );
+    run_sluice(&["run", "reference.sql"], dir.path()).assert_success();
+    let cell = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        v => v.to_string(),
+    };
+    let mut expected: Vec<String> = fold_changelog(&read_jsonl_dir(&out))
+        .iter()
+        .map(|r| {
+            format!(
+                "{}|{}|{}",
+                cell(&r["bucket"]),
+                cell(&r["n"]),
+                cell(&r["top"])
+            )
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(expected.len(), 5, "{expected:?}");
+
+    // Statements from a file and the output on the terminal, as `sluice sql < q.sql`
+    // typed in one (typed-ahead input to line editing is the terminal's business).
+    write_job(
+        dir.path(),
+        "statements.sql",
+        &format!("{source}\n{view}\n{query};\nQUIT;\n"),
+    );
+    let shell = format!(
+        "stty rows 40 cols 120; exec '{}' sql < statements.sql",
+        sluice_bin().display()
+    );
+    let outcome = run_program_input(
+        std::path::Path::new("script"),
+        "script",
+        &["-q", "-e", "-c", &shell, "/dev/null"],
+        dir.path(),
+        &[],
+        None,
+    );
+    outcome.assert_success().assert_no_panic();
+    let screen = outcome.stdout.replace('\r', "");
+    assert!(
+        !screen.contains("\"op\""),
+        "a raw change was printed:\n{screen}"
+    );
+    // Each redraw moves up over the table before and clears below it.
+    let last = screen
+        .rsplit_once("F\x1b[J")
+        .unwrap_or_else(|| panic!("the table was never redrawn:\n{screen}"))
+        .1;
+    let mut lines = last.lines();
+    assert_eq!(
+        lines
+            .next()
+            .map(str::split_whitespace)
+            .map(Iterator::collect::<Vec<_>>),
+        Some(vec!["bucket", "|", "n", "|", "top"]),
+        "{last}"
+    );
+    let mut shown: Vec<String> = lines
+        .skip(1)
+        .take_while(|l| !l.starts_with('('))
+        .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>().join("|"))
+        .collect();
+    shown.sort();
+    assert_eq!(shown, expected, "the last table drawn:\n{last}");
+    assert!(last.contains("(5 rows, "), "{last}");
 }
 
 /// With `--coordinator`, the shell's INSERT is a job on the cluster (`POST /v1/sql`),

@@ -43,6 +43,17 @@ const ORACLE: &[(&str, &str)] = &[
          SELECT auction, epoch_ms(ws) AS window_start, epoch_ms(ws + 10000) AS window_end, \
          count(*) AS bids FROM w GROUP BY auction, ws",
     ),
+    // Cumulating windows of 10 s every 2 s: from the 10 s boundary at or before t, the
+    // windows ending 2, 4, .. 10 s after it that end after t.
+    (
+        "cumulate-channel-volume",
+        "WITH s AS (SELECT channel, price, epoch_ms(date_time) AS t FROM bid), \
+         b AS (SELECT *, t - ((t % 10000) + 10000) % 10000 AS ws FROM s), \
+         w AS (SELECT channel, price, ws, ws + k * 2000 AS we FROM b, range(1, 6) r(k) \
+         WHERE ws + k * 2000 > t) \
+         SELECT channel, epoch_ms(ws) AS window_start, epoch_ms(we) AS window_end, \
+         count(*) AS bids, sum(price) AS volume FROM w GROUP BY channel, ws, we",
+    ),
     // FILTER (WHERE ...) keeps a row out of one aggregate; an aggregate with no row left
     // is null, and a null is left out of a JSON row on both sides.
     (
@@ -304,6 +315,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q5-hot-items",
         "q11-user-sessions",
         "price-bands",
+        "cumulate-channel-volume",
         "q15-daily-stats",
         "q17-auction-day-stats",
         "q18-last-bid",
@@ -334,6 +346,55 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
             &expected,
         );
         eprintln!("{name}: equal to DuckDB's after a worker kill");
+    }
+}
+
+/// Several INSERTs in one job read their table once, and each writes what it would
+/// write as a job of its own: three examples (a sliding window, an unbounded aggregate
+/// and a Top-N) as one job on two worker processes with remote state, a worker killed
+/// mid-run, each equal DuckDB's answer.
+#[test]
+fn several_inserts_share_their_source_and_each_equals_duckdb() {
+    let python = duckdb_python();
+    let dir = tempdir();
+    let root = dir.path();
+    let bids = generate_bids(root);
+    let names = ["q5-hot-items", "q17-auction-day-stats", "q19-top-bids"];
+    let mut text = format!(
+        "SET 'parallelism.default' = '2';\nSET 'state.backend' = 'remote';\n\
+         SET 'state.shards' = '4';\nSET 'execution.checkpointing.interval' = '300ms';\n\
+         CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
+         WITH ('connector' = 'nexmark', 'stream' = 'bid', 'events' = '{EVENTS}', \
+         'seed' = '7', 'max_out_of_orderness' = '2s', 'max_events_per_second' = '12000');\n"
+    );
+    for (i, name) in names.iter().enumerate() {
+        text.push_str(&format!(
+            "CREATE TABLE output_{i} WITH ('connector' = 'file', 'path' = '{}', 'format' = \
+             'jsonl');\n{}\n",
+            root.join("out").join(name).display(),
+            example_insert(name).replace("INSERT INTO output", &format!("INSERT INTO output_{i}"))
+        ));
+    }
+    let job = root.join("several.sql");
+    std::fs::write(&job, &text).unwrap();
+    let explained = run_sluice(&["explain", job.to_str().unwrap()], root);
+    explained.assert_success();
+    assert_eq!(
+        explained.stdout.matches("source: nexmark bid").count(),
+        1,
+        "one source for the three INSERTs:\n{}",
+        explained.stdout
+    );
+    let mut rng = rng_from_env("SLUICE_SQL_KILL_SEED", 0x5e55_10e6);
+    procs::run_with_kills(root, &job, 1, &mut |n| rng.below(n));
+    for name in names {
+        let expected = duckdb(&python, &bids, batch_query(name));
+        assert_same_rows(
+            &format!("{name} as one of three INSERTs, a worker killed, against DuckDB"),
+            &output_rows(&root.join("out").join(name)),
+            &expected,
+        );
+        eprintln!("{name}: equal to DuckDB's as one of three INSERTs");
     }
 }
 

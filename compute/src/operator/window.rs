@@ -1,7 +1,9 @@
-//! `window` + `aggregate`: keyed (or global) tumbling, sliding and session windows.
+//! `window` + `aggregate`: keyed (or global) tumbling, sliding, cumulate and session
+//! windows.
 //!
-//! Tumbling and sliding windows are [`FixedWindows`] (`window/fixed.rs`): per *pane* (a
-//! `gcd(size, slide)`-long slice of time; a tumbling window is one pane) a hash
+//! Tumbling, sliding and cumulate windows are [`FixedWindows`] (`window/fixed.rs`): per
+//! *pane* (a `gcd(size, slide)`-long slice of time, a cumulate window's step; a tumbling
+//! window is one pane) a hash
 //! aggregation of decoded accumulators, held in a memory-bounded write-back cache over
 //! keyed state, folded a batch at a time and fired from the watermark without per-key
 //! timers. Sessions keep one state row per key (its open sessions), read and written
@@ -894,6 +896,69 @@ mod tests {
         let mut out = Output::default();
         op.on_watermark(i64::MAX, &mut out).await.unwrap();
         assert_eq!(results(&out), vec![(2, 10, 1, 100)]);
+    }
+
+    /// `(key, window_start, window_end, count, sum)` of every result in `out`, sorted.
+    fn results_with_ends(out: &Output) -> Vec<(i64, i64, i64, i64, i64)> {
+        let mut rows = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                let col = |i: usize| cast(b.column(i), &DataType::Int64).unwrap();
+                let cols: Vec<ArrayRef> = (0..5).map(col).collect();
+                let v = |c: usize, r: usize| cols[c].as_primitive::<Int64Type>().value(r);
+                for r in 0..b.num_rows() {
+                    rows.push((v(0, r), v(1, r), v(2, r), v(3, r), v(4, r)));
+                }
+            }
+        }
+        rows.sort_unstable();
+        rows
+    }
+
+    #[tokio::test]
+    async fn cumulate_windows_fire_every_step_with_everything_since_their_start() {
+        // The same answers from the cache and from a cache so small that every pane
+        // spills to the backend between batches.
+        for cache in [None, Some(1)] {
+            let cumulate = pb::window_spec::Kind::Cumulate(pb::CumulateWindow {
+                size_ms: 10,
+                step_ms: 5,
+            });
+            let store = Arc::new(MemoryStateStore::new(false));
+            let event = pb::TimeCharacteristic::TimeEvent;
+            let (mut op, _) = window_cached(cumulate, event, 0, store, (0, 1), 1, cache).await;
+            let mut out = Output::default();
+            op.process_batch(batch(&[(1, 1, 1), (1, 10, 7), (2, 100, 12)]), &mut out)
+                .await
+                .unwrap();
+            op.on_watermark(4, &mut out).await.unwrap();
+            assert_eq!(results_with_ends(&out), vec![(1, 0, 5, 1, 1)], "{cache:?}");
+            let mut out = Output::default();
+            op.on_watermark(9, &mut out).await.unwrap();
+            // [0, 10) holds [0, 5) too.
+            assert_eq!(
+                results_with_ends(&out),
+                vec![(1, 0, 10, 2, 11)],
+                "{cache:?}"
+            );
+            let mut out = Output::default();
+            op.on_watermark(14, &mut out).await.unwrap();
+            assert_eq!(
+                results_with_ends(&out),
+                vec![(2, 10, 15, 1, 100)],
+                "{cache:?}"
+            );
+            let mut out = Output::default();
+            op.process_batch(batch(&[(2, 5, 17), (3, 7, 19)]), &mut out)
+                .await
+                .unwrap();
+            op.on_watermark(i64::MAX, &mut out).await.unwrap();
+            assert_eq!(
+                results_with_ends(&out),
+                vec![(2, 10, 20, 2, 105), (3, 10, 20, 1, 7)],
+                "{cache:?}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -20,6 +20,14 @@ pub enum WindowAssigner {
         /// Distance between window starts.
         slide: i64,
     },
+    /// Flink's CUMULATE: windows that all start at a multiple of `size` and end every
+    /// `step` ms after it, up to `size` (`[0, step)`, `[0, 2 step)`, .. `[0, size)`).
+    Cumulate {
+        /// The longest window; a multiple of `step`.
+        size: i64,
+        /// Distance between window ends.
+        step: i64,
+    },
     /// Per-key activity periods separated by gaps of at least `gap` ms.
     Session {
         /// Inactivity that closes a session.
@@ -52,22 +60,34 @@ impl WindowAssigner {
                 }
                 Ok(Self::Sliding { size, slide })
             }
+            Some(pb::window_spec::Kind::Cumulate(c)) => {
+                let (size, step) = (ms(c.size_ms, "size")?, ms(c.step_ms, "step")?);
+                if size % step != 0 {
+                    return Err(Error::Plan(format!(
+                        "a cumulate window's size ({size} ms) must be a whole number of steps \
+                         ({step} ms)"
+                    )));
+                }
+                Ok(Self::Cumulate { size, step })
+            }
             Some(pb::window_spec::Kind::Session(s)) => Ok(Self::Session {
                 gap: ms(s.gap_ms, "gap")?,
             }),
             None => Err(Error::Plan(
-                "the window has no kind (tumbling, sliding or session)".into(),
+                "the window has no kind (tumbling, sliding, cumulate or session)".into(),
             )),
         }
     }
 
-    /// Pane, window and slide lengths of a fixed-size assigner. Panes are
+    /// Pane, longest window and slide lengths of a fixed-size assigner. Panes are
     /// `gcd(size, slide)` long, so every window is a whole number of panes and starts on
-    /// a pane boundary (a tumbling window is a single pane).
+    /// a pane boundary (a tumbling window is a single pane; a cumulate window's panes
+    /// are its steps).
     pub fn panes(&self) -> (i64, i64, i64) {
         let (size, slide) = match *self {
             Self::Tumbling { size } => (size, size),
             Self::Sliding { size, slide } => (size, slide),
+            Self::Cumulate { size, step } => (size, step),
             Self::Session { gap } => (gap, gap),
         };
         let (mut a, mut b) = (size, slide);
@@ -83,7 +103,8 @@ impl WindowAssigner {
         self.windows(ts).next().map_or(ts, |(_, end)| end)
     }
 
-    /// The `[start, end)` windows of a fixed-size assigner that contain `ts`, latest first.
+    /// The `[start, end)` windows of a fixed-size assigner that contain `ts`, latest
+    /// first (by start; a cumulate assigner's share their start and come longest first).
     /// Session assigners yield the record's own proto-session `[ts, ts + gap)`.
     pub fn windows(&self, ts: Timestamp) -> Windows {
         match *self {
@@ -94,6 +115,7 @@ impl WindowAssigner {
                     lowest: start,
                     size,
                     slide: size,
+                    start: None,
                 }
             }
             Self::Sliding { size, slide } => {
@@ -103,6 +125,18 @@ impl WindowAssigner {
                     lowest: ts - size + 1,
                     size,
                     slide,
+                    start: None,
+                }
+            }
+            Self::Cumulate { size, step } => {
+                let start = ts - ts.rem_euclid(size);
+                // Here `next` walks the ends down to the first one past `ts`.
+                Windows {
+                    next: start + size,
+                    lowest: ts + 1,
+                    size,
+                    slide: step,
+                    start: Some(start),
                 }
             }
             Self::Session { gap } => Windows {
@@ -110,6 +144,7 @@ impl WindowAssigner {
                 lowest: ts,
                 size: gap,
                 slide: gap,
+                start: None,
             },
         }
     }
@@ -118,10 +153,13 @@ impl WindowAssigner {
 /// Iterator over the windows containing one timestamp.
 #[derive(Debug, Clone)]
 pub struct Windows {
+    /// The next window's start, or its end when `start` is fixed.
     next: i64,
     lowest: i64,
     size: i64,
     slide: i64,
+    /// The start every window shares (cumulate windows).
+    start: Option<i64>,
 }
 
 impl Iterator for Windows {
@@ -132,9 +170,12 @@ impl Iterator for Windows {
         if self.next < self.lowest {
             return None;
         }
-        let start = self.next;
+        let current = self.next;
         self.next -= self.slide;
-        Some((start, start + self.size))
+        Some(match self.start {
+            Some(start) => (start, current),
+            None => (current, current + self.size),
+        })
     }
 }
 
@@ -158,5 +199,32 @@ mod tests {
         for (start, end) in w {
             assert!(start <= 13 && 13 < end);
         }
+    }
+
+    #[test]
+    fn cumulate_windows_share_their_start_and_end_every_step() {
+        let c = WindowAssigner::Cumulate { size: 10, step: 2 };
+        assert_eq!(
+            c.windows(13).collect::<Vec<_>>(),
+            vec![(10, 20), (10, 18), (10, 16), (10, 14)]
+        );
+        // The last step of a window holds the time in one window only.
+        assert_eq!(c.windows(19).collect::<Vec<_>>(), vec![(10, 20)]);
+        assert_eq!(c.windows(-1).collect::<Vec<_>>(), vec![(-10, 0)]);
+        assert_eq!(c.windows(0).collect::<Vec<_>>().len(), 5);
+        assert_eq!(c.last_window_end(13), 20);
+        assert_eq!(c.panes(), (2, 10, 2));
+        let spec = |size_ms, step_ms| pb::WindowSpec {
+            kind: Some(pb::window_spec::Kind::Cumulate(pb::CumulateWindow {
+                size_ms,
+                step_ms,
+            })),
+            ..Default::default()
+        };
+        assert!(WindowAssigner::from_spec(&spec(10, 3)).is_err());
+        assert_eq!(
+            WindowAssigner::from_spec(&spec(10, 5)).unwrap(),
+            WindowAssigner::Cumulate { size: 10, step: 5 }
+        );
     }
 }

@@ -1,9 +1,10 @@
-//! Tumbling and sliding windows: decoded accumulators per pane, in a memory-bounded
-//! write-back cache over the operator's keyed state.
+//! Tumbling, sliding and cumulate windows: decoded accumulators per pane, in a
+//! memory-bounded write-back cache over the operator's keyed state.
 //!
 //! # Panes and groups
-//! A *pane* is a `gcd(size, slide)`-long slice of time (a tumbling window is one pane);
-//! a record belongs to one pane however many windows hold it. Each live pane is a hash
+//! A *pane* is a `gcd(size, slide)`-long slice of time (a tumbling window is one pane, a
+//! cumulate window's panes are its steps, and its windows `[start, start + k step)`
+//! share their first panes); a record belongs to one pane however many windows hold it. Each live pane is a hash
 //! aggregation: its *groups* (one per key) live in a hash table over the keys' canonical
 //! bytes (hashed once, XXH3, which also gives the key group), with the accumulators of
 //! all groups in one vector. A batch finds or creates its rows' groups, then folds each
@@ -87,7 +88,8 @@ struct Pane {
     unread: BTreeSet<u16>,
     /// Key groups with rows of this pane in the backend.
     stored: BTreeSet<u16>,
-    /// Processing time: the windows that fired with this pane's groups in them.
+    /// Processing time: the windows (by their ends, which tell them apart) that fired
+    /// with this pane's groups in them.
     fired: BTreeSet<Timestamp>,
 }
 
@@ -249,7 +251,7 @@ impl<'a> Parts<'a> {
     }
 }
 
-/// Tumbling or sliding windows of one operator subtask.
+/// Tumbling, sliding or cumulate windows of one operator subtask.
 pub struct FixedWindows {
     assigner: WindowAssigner,
     pane: i64,
@@ -487,9 +489,9 @@ impl FixedWindows {
         keys.sort_unstable();
         keys.dedup();
         for (w, end) in windows {
-            self.load_window(w).await?;
+            self.load_window(w, end).await?;
             for (_, key) in &keys {
-                if let Some(accs) = self.window_accs(w, key) {
+                if let Some(accs) = self.window_accs(w, end, key) {
                     out.push(key, w, end, &accs);
                 }
             }
@@ -497,13 +499,13 @@ impl FixedWindows {
         Ok(())
     }
 
-    /// The accumulators of `key` in window `w`, merged from its panes.
-    fn window_accs(&self, w: Timestamp, key: &[u8]) -> Option<Vec<Acc>> {
+    /// The accumulators of `key` in window `[w, end)`, merged from its panes.
+    fn window_accs(&self, w: Timestamp, end: Timestamp, key: &[u8]) -> Option<Vec<Acc>> {
         let naggs = self.naggs();
         let hash = key_hash(key);
         let mut merged: Option<Vec<Acc>> = None;
         let mut p = w;
-        while p < w + self.size {
+        while p < end {
             if let Some(pane) = self.panes.get(&p)
                 && let Some(g) = pane.find(hash, key)
             {
@@ -661,10 +663,10 @@ impl FixedWindows {
         Ok(())
     }
 
-    /// Brings every pane of window `w` into the cache.
-    async fn load_window(&mut self, w: Timestamp) -> Result<()> {
+    /// Brings every pane of window `[w, end)` into the cache.
+    async fn load_window(&mut self, w: Timestamp, end: Timestamp) -> Result<()> {
         let mut p = w;
-        while p < w + self.size {
+        while p < end {
             self.load_pane(p).await?;
             p += self.pane;
         }
@@ -700,7 +702,7 @@ impl FixedWindows {
                 let fresh = if self.event_time {
                     end - 1 > from
                 } else {
-                    !pane.fired.contains(&w)
+                    !pane.fired.contains(&end)
                 };
                 if due && fresh {
                     windows.insert((end, w));
@@ -722,15 +724,15 @@ impl FixedWindows {
                 // of coming back into the cache (the pane goes right after).
                 self.emit_pane_streaming(w, end, &mut parts).await?;
             } else {
-                self.load_window(w).await?;
+                self.load_window(w, end).await?;
                 self.emit_window(w, end, &mut parts)?;
             }
             rows += parts.finish()?;
             if !self.event_time {
                 let mut p = w;
-                while p < w + self.size {
+                while p < end {
                     if let Some(pane) = self.panes.get_mut(&p) {
-                        pane.fired.insert(w);
+                        pane.fired.insert(end);
                     }
                     p += self.pane;
                 }
@@ -858,7 +860,7 @@ impl FixedWindows {
     /// Hands window `[w, end)` of every group of its panes to `parts`.
     fn emit_window(&self, w: Timestamp, end: Timestamp, parts: &mut Parts<'_>) -> Result<()> {
         let naggs = self.naggs();
-        let panes: Vec<&Pane> = (0..self.size / self.pane)
+        let panes: Vec<&Pane> = (0..(end - w) / self.pane)
             .filter_map(|i| self.panes.get(&(w + i * self.pane)))
             .collect();
         let merged;

@@ -1,6 +1,6 @@
 //! Windows over event time or processing time (DESIGN §9).
 //!
-//! - [`assigner`]: which windows a timestamp falls into (tumbling, sliding, session).
+//! - [`assigner`]: which windows a timestamp falls into (tumbling, sliding, cumulate, session).
 //! - [`accumulator`]: the fixed-size incremental state of count, sum, min, max and avg.
 //! - [`fixed`]: tumbling and sliding windows: decoded accumulators per pane in a
 //!   memory-bounded write-back cache over keyed state.

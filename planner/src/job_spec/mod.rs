@@ -29,7 +29,8 @@
 //!   - filter: "price > 100"
 //!   - select: ["auction", "price * 0.908 AS price_eur", "date_time"]
 //!   - key_by: [auction]             # must be followed by a window item
-//!   - window: { sliding: 10s, slide: 2s }   # or tumbling: 10s, or session: 30s
+//!   - window: { sliding: 10s, slide: 2s }   # or tumbling: 10s, session: 30s, or
+//!                                           # cumulate: 1m, step: 10s
 //!     aggregate: ["count(*) AS bids"]
 //!     late: { sink: { file: { path: out/late } } }   # default `drop`
 //!   - dedup: [bidder, auction]      # the first record of every distinct key

@@ -23,11 +23,13 @@ const OPERATORS: &[&str] = &[
 ];
 /// Keys a `window` item holds next to `window:`.
 const WINDOW_COMPANIONS: &[&str] = &["aggregate", "late"];
-const WINDOW_KINDS: &[&str] = &["tumbling", "sliding", "session"];
+const WINDOW_KINDS: &[&str] = &["tumbling", "sliding", "cumulate", "session"];
 const WINDOW_KEYS: &[&str] = &[
     "tumbling",
     "sliding",
     "slide",
+    "cumulate",
+    "step",
     "session",
     "allowed_lateness",
     "time",
@@ -258,17 +260,37 @@ fn window(
     };
     let size_path = fields.path_of(kind_name);
     let size_ms = positive_duration_ms(kind_entry.value, &size_path)?;
-    if kind_name != "sliding"
-        && let Some(slide) = fields.get("slide")
-    {
-        return Err(PosError::new(
-            slide.key.pos,
-            format!("`slide` only applies to sliding windows, not `{kind_name}` ones"),
-        ));
+    for (field, owner) in [("slide", "sliding"), ("step", "cumulate")] {
+        if kind_name != owner
+            && let Some(entry) = fields.get(field)
+        {
+            return Err(PosError::new(
+                entry.key.pos,
+                format!("`{field}` only applies to {owner} windows, not `{kind_name}` ones"),
+            ));
+        }
     }
     let kind = match kind_name {
         "tumbling" => pb::window_spec::Kind::Tumbling(pb::TumblingWindow { size_ms }),
         "session" => pb::window_spec::Kind::Session(pb::SessionWindow { gap_ms: size_ms }),
+        "cumulate" => {
+            let step = fields.require(
+                "step",
+                " (how often a cumulate window fires, e.g. `step: 2s`)",
+            )?;
+            let step_ms = positive_duration_ms(step.value, &fields.path_of("step"))?;
+            if step_ms > size_ms || size_ms % step_ms != 0 {
+                return Err(PosError::new(
+                    step.value.pos,
+                    format!(
+                        "the window size ({}) must be a whole number of steps (`step`: {})",
+                        kind_entry.value.text(),
+                        step.value.text()
+                    ),
+                ));
+            }
+            pb::window_spec::Kind::Cumulate(pb::CumulateWindow { size_ms, step_ms })
+        }
         _ => {
             let slide = fields.require("slide", " (how often a sliding window starts)")?;
             let slide_ms = positive_duration_ms(slide.value, &fields.path_of("slide"))?;

@@ -347,6 +347,39 @@ fn sliding_window() {
 }
 
 #[test]
+fn cumulate_window_reads_its_size_and_step() {
+    let graph = parse(&with_pipeline(
+        "  - key_by: auction\n  - window: { cumulate: 1m, step: 10s }\n    aggregate: [\"count(*) AS n\"]\n",
+    ));
+    let window = window_of(&graph, "window");
+    assert_eq!(
+        window.kind,
+        Some(pb::window_spec::Kind::Cumulate(pb::CumulateWindow {
+            size_ms: 60_000,
+            step_ms: 10_000
+        }))
+    );
+    assert_err(
+        &with_pipeline("  - window: { cumulate: 10s, step: 3s }\n    aggregate: [x]\n"),
+        6,
+        36,
+        &["the window size (10s) must be a whole number of steps (`step`: 3s)"],
+    );
+    assert_err(
+        &with_pipeline("  - window: { cumulate: 10s }\n    aggregate: [x]\n"),
+        6,
+        13,
+        &["missing `step` in pipeline[0].window"],
+    );
+    assert_err(
+        &with_pipeline("  - window: { tumbling: 10s, step: 2s }\n    aggregate: [x]\n"),
+        6,
+        30,
+        &["`step` only applies to cumulate windows, not `tumbling` ones"],
+    );
+}
+
+#[test]
 fn session_window_without_key_runs_as_one_subtask() {
     let graph = parse(&with_pipeline(
         "  - window: { session: 30s, column: event_time }\n    aggregate: [\"count(*) AS n\"]\n  - filter: n > 1\n",

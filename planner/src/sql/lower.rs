@@ -46,11 +46,11 @@ struct Statements<'a> {
     views: HashMap<String, &'a Query>,
     /// Tables and views by name, as they were created.
     order: Vec<String>,
-    insert: Option<(&'a sqlparser::ast::Insert, Pos)>,
+    inserts: Vec<(&'a sqlparser::ast::Insert, Pos)>,
 }
 
-/// Walks `statements`: settings, tables and views, and at most one INSERT; anything else
-/// is refused at its position.
+/// Walks `statements`: settings, tables and views, and the INSERTs; anything else is
+/// refused at its position.
 fn collect<'a>(
     statements: &'a [Statement],
     watermarks: &mut Vec<WatermarkClause>,
@@ -60,7 +60,7 @@ fn collect<'a>(
         tables: HashMap::new(),
         views: HashMap::new(),
         order: Vec::new(),
-        insert: None,
+        inserts: Vec::new(),
     };
     for statement in statements {
         let at = pos(statement.span().start);
@@ -90,15 +90,7 @@ fn collect<'a>(
             }
             Statement::Insert(ins) => {
                 let at = pos(ins.insert_token.0.span.start);
-                if out.insert.is_some() {
-                    return Err(SqlError::new(
-                        at,
-                        "a job with several INSERT statements is not supported yet; write \
-                         one job per INSERT"
-                            .to_owned(),
-                    ));
-                }
-                out.insert = Some((ins, at));
+                out.inserts.push((ins, at));
             }
             Statement::Query(_) => {
                 return Err(SqlError::new(
@@ -149,7 +141,7 @@ pub(super) fn defined(text: &str) -> Result<Vec<Defined>> {
     let statements = Parser::parse_sql(&GenericDialect {}, &prepared.sql).map_err(parser_error)?;
     let mut watermarks = prepared.watermarks;
     let found = collect(&statements, &mut watermarks)?;
-    if let Some((_, at)) = found.insert {
+    if let Some(&(_, at)) = found.inserts.first() {
         return Err(SqlError::new(
             at,
             "only SET, CREATE TABLE and CREATE VIEW define; an INSERT runs a job".to_owned(),
@@ -166,8 +158,20 @@ pub(super) fn defined(text: &str) -> Result<Vec<Defined>> {
         .collect())
 }
 
-/// The tree of the job `text` describes; `file` gives the default job name.
-pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
+/// One INSERT of a job as the tree of a job file with its source, pipeline and sink.
+pub(super) struct InsertTree {
+    /// The job file tree.
+    pub tree: Node,
+    /// The table it reads and the table it writes.
+    pub source: String,
+    pub sink: String,
+    /// Where the INSERT starts.
+    pub at: Pos,
+}
+
+/// The trees of the job `text` describes, one per INSERT in the order written (each
+/// with the job's settings); `file` gives the default job name.
+pub(super) fn job_trees(file: &str, text: &str) -> Result<Vec<InsertTree>> {
     let prepared = text::prepare(text)?;
     let statements = Parser::parse_sql(&GenericDialect {}, &prepared.sql).map_err(parser_error)?;
     let mut watermarks = prepared.watermarks;
@@ -175,16 +179,31 @@ pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
         settings,
         tables,
         views,
-        insert,
+        inserts,
         ..
     } = collect(&statements, &mut watermarks)?;
     no_stray_watermark(&watermarks)?;
-    let Some((ins, insert_at)) = insert else {
+    if inserts.is_empty() {
         return Err(SqlError::new(
             Pos::START,
             "the job has no `INSERT INTO sink SELECT ...`; nothing would run".to_owned(),
         ));
-    };
+    }
+    let catalog = Catalog { tables, views };
+    inserts
+        .into_iter()
+        .map(|(ins, at)| insert_tree(file, &settings, &catalog, ins, at))
+        .collect()
+}
+
+/// The tree of one INSERT.
+fn insert_tree(
+    file: &str,
+    settings: &[Setting],
+    catalog: &Catalog,
+    ins: &sqlparser::ast::Insert,
+    insert_at: Pos,
+) -> Result<InsertTree> {
     let TableObject::TableName(sink_name) = &ins.table else {
         return Err(unsupported(insert_at, "INSERT INTO a table function"));
     };
@@ -198,12 +217,11 @@ pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
             "INSERT needs a SELECT query".to_owned(),
         ));
     };
-    let catalog = Catalog { tables, views };
     let sink = catalog
         .tables
         .get(&sink_name)
         .ok_or_else(|| catalog.unknown(&sink_name, sink_at))?;
-    let plan = lower_query(query, &catalog, insert_at, 0)?;
+    let plan = lower_query(query, catalog, insert_at, 0)?;
     if let Some(rank) = &plan.rank {
         return Err(unbounded_rank(rank));
     }
@@ -213,14 +231,20 @@ pub(super) fn job_tree(file: &str, text: &str) -> Result<Node> {
         || "sql-job".to_owned(),
         |s| s.to_string_lossy().into_owned(),
     );
-    job(
+    let tree = job(
         default_name,
-        settings,
+        settings.to_vec(),
         (&plan.source, source),
         (&sink_name, sink),
         plan.pipeline,
         insert_at,
-    )
+    )?;
+    Ok(InsertTree {
+        tree,
+        source: plan.source,
+        sink: sink_name,
+        at: insert_at,
+    })
 }
 
 /// Lays out the top level as a job file would.
@@ -663,7 +687,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
         other => {
             return Err(unsupported(
                 pos(other.span().start),
-                "this FROM item; read a table, or TABLE(TUMBLE | HOP | SESSION(...))",
+                "this FROM item; read a table, or TABLE(TUMBLE | HOP | CUMULATE | SESSION(...))",
             ));
         }
     };
@@ -957,7 +981,8 @@ fn top_n_stage(rank: PendingRank, limit: u64, with_rank: bool) -> Result<Node> {
 }
 
 /// A window table function: `TUMBLE(TABLE t, DESCRIPTOR(col), size)`, `HOP(TABLE t,
-/// DESCRIPTOR(col), slide, size)` or `SESSION(TABLE t, DESCRIPTOR(col), gap)`.
+/// DESCRIPTOR(col), slide, size)`, `CUMULATE(TABLE t, DESCRIPTOR(col), step, size)` or
+/// `SESSION(TABLE t, DESCRIPTOR(col), gap)`.
 struct WindowCall {
     at: Pos,
     table: (String, Pos),
@@ -971,7 +996,7 @@ fn window_function(e: &Expr) -> Result<WindowCall> {
     let Expr::Function(f) = e else {
         return Err(unsupported(
             at,
-            "this table function; use TUMBLE, HOP or SESSION",
+            "this table function; use TUMBLE, HOP, CUMULATE or SESSION",
         ));
     };
     let name = name_text(&f.name).to_ascii_uppercase();
@@ -979,11 +1004,14 @@ fn window_function(e: &Expr) -> Result<WindowCall> {
         "TUMBLE" => (1, "TUMBLE(TABLE t, DESCRIPTOR(time_column), size)"),
         "HOP" => (2, "HOP(TABLE t, DESCRIPTOR(time_column), slide, size)"),
         "SESSION" => (1, "SESSION(TABLE t, DESCRIPTOR(time_column), gap)"),
-        "CUMULATE" => return Err(unsupported(at, "the CUMULATE window")),
+        "CUMULATE" => (2, "CUMULATE(TABLE t, DESCRIPTOR(time_column), step, size)"),
         _ => {
             return Err(SqlError::new(
                 at,
-                format!("unknown window function `{name}`; expected TUMBLE, HOP or SESSION"),
+                format!(
+                    "unknown window function `{name}`; expected TUMBLE, HOP, CUMULATE or \
+                     SESSION"
+                ),
             ));
         }
     };
@@ -1028,6 +1056,10 @@ fn window_function(e: &Expr) -> Result<WindowCall> {
             ("sliding", duration(args[3], at)?),
             ("slide", duration(args[2], at)?),
         ],
+        "CUMULATE" => vec![
+            ("cumulate", duration(args[3], at)?),
+            ("step", duration(args[2], at)?),
+        ],
         _ => vec![("session", duration(args[2], at)?)],
     };
     Ok(WindowCall {
@@ -1038,9 +1070,6 @@ fn window_function(e: &Expr) -> Result<WindowCall> {
     })
 }
 
-/// The window's stages: its key, the window with its aggregates, and a select when the
-/// SELECT list differs from the window's output (keys, window_start, window_end,
-/// aggregates).
 /// Whether a SELECT list calls an aggregate function (a global aggregate without GROUP BY).
 fn has_aggregate(items: &[SelectItem]) -> bool {
     items.iter().any(|item| {

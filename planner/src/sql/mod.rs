@@ -19,7 +19,7 @@
 //! GROUP BY auction, window_start, window_end;
 //! ```
 //!
-//! # What is accepted (the first slice of the SQL front end)
+//! # What is accepted
 //!
 //! - `SET 'key' = 'value'` for the job's settings ([`SETTINGS`]).
 //! - `CREATE TABLE name [(WATERMARK FOR col AS col - INTERVAL 'n' UNIT)] WITH (...)`: a
@@ -27,15 +27,18 @@
 //!   `print`, `blackhole`) and every other option is that connector's option as a job
 //!   file spells it. The connector's own schema is the table's: column definitions are
 //!   refused rather than ignored.
-//! - One `INSERT INTO sink SELECT [DISTINCT] ...` reading one table: a projection and a `WHERE`, or
-//!   a window aggregate over `TABLE(TUMBLE | HOP | SESSION(TABLE t, DESCRIPTOR(col),
-//!   ...))` grouped by columns and `window_start, window_end`.
+//! - `INSERT INTO sink SELECT [DISTINCT] ...` reading one table: a projection and a
+//!   `WHERE`, a window aggregate over `TABLE(TUMBLE | HOP | CUMULATE | SESSION(TABLE t,
+//!   DESCRIPTOR(col), ...))` grouped by columns and `window_start, window_end`, a `GROUP
+//!   BY` without a window (a changelog), or Top-N (`ROW_NUMBER() OVER (...)` bounded by
+//!   the enclosing `WHERE`). Several INSERTs of one job read the same table, once: its
+//!   source node feeds each INSERT's pipeline and sink.
 //!
 //! - `CREATE VIEW v AS SELECT ...` and subqueries in FROM, each of the shapes above: a
 //!   query over a view stacks its operators after the view's.
 //!
-//! Anything else (joins, unbounded GROUP BY, several INSERTs, ORDER BY, ...) is refused
-//! at its position, named as not supported yet. DataFusion's logical optimizer does not
+//! Anything else (joins, INSERTs reading different tables, ORDER BY, ...) is refused at
+//! its position, named as not supported yet. DataFusion's logical optimizer does not
 //! plan these jobs yet: the shapes above map one to one onto Sluice's operators.
 //!
 //! This module owns the SQL surface and its error messages; like the YAML front end it
@@ -48,7 +51,7 @@ pub use lower::Defined;
 
 use sluice_common::pb;
 
-use crate::job_spec::{JobSpecError, at, check_size, graph_from_tree};
+use crate::job_spec::{JobSpecError, Pos, PosError, at, check_size, graph_from_tree};
 
 /// Job settings a `SET` statement may change: the key, where it goes in the job file's
 /// tree, and what it sets.
@@ -109,8 +112,118 @@ pub const SETTINGS: &[(&str, &[&str], &str)] = &[
 /// the job file checks would refuse.
 pub fn parse_sql_job(file: &str, text: &str) -> Result<pb::JobGraph, JobSpecError> {
     check_size(file, text)?;
-    let root = lower::job_tree(file, text).map_err(|e| at(file, e))?;
-    graph_from_tree(file, &root)
+    let inserts = lower::job_trees(file, text).map_err(|e| at(file, e))?;
+    for (i, insert) in inserts.iter().enumerate() {
+        if inserts[..i]
+            .iter()
+            .any(|earlier| earlier.sink == insert.sink)
+        {
+            return Err(at(
+                file,
+                PosError::new(
+                    insert.at,
+                    format!(
+                        "table `{}` is written by an earlier INSERT too; give each INSERT a \
+                         table of its own",
+                        insert.sink
+                    ),
+                ),
+            ));
+        }
+    }
+    let mut job: Option<(pb::JobGraph, &lower::InsertTree)> = None;
+    for insert in &inserts {
+        let graph = graph_from_tree(file, &insert.tree)?;
+        job = Some(match job {
+            None => (graph, insert),
+            Some((mut merged, first)) => {
+                share_source(&mut merged, graph, first, insert).map_err(|e| at(file, e))?;
+                (merged, first)
+            }
+        });
+    }
+    let (graph, _) = job.ok_or_else(|| at(file, PosError::new(Pos::START, "no INSERT")))?;
+    Ok(graph)
+}
+
+/// Adds the graph of a later INSERT to `merged`, the graph of the first, reading the
+/// first's source: one source node feeds both pipelines (its records go to each), so
+/// the table is read once. Nodes keep their kinds; ids follow on, and a name already
+/// taken gets the next free number (`sink-2`).
+fn share_source(
+    merged: &mut pb::JobGraph,
+    graph: pb::JobGraph,
+    first: &lower::InsertTree,
+    insert: &lower::InsertTree,
+) -> Result<(), PosError> {
+    if insert.source != first.source {
+        return Err(PosError::new(
+            insert.at,
+            format!(
+                "the INSERTs of one job read one table for now: this one reads `{}`, the \
+                 first `{}`; write one job per table",
+                insert.source, first.source
+            ),
+        ));
+    }
+    let source_of = |g: &pb::JobGraph| {
+        g.nodes
+            .iter()
+            .find(|n| matches!(n.kind, Some(pb::node::Kind::Source(_))))
+            .map(|n| (n.id, n.kind.clone(), n.parallelism))
+    };
+    let (Some((shared, kind, parallelism)), Some((own, other_kind, other_parallelism))) =
+        (source_of(merged), source_of(&graph))
+    else {
+        return Err(PosError::new(insert.at, "a job without a source"));
+    };
+    if kind != other_kind || parallelism != other_parallelism {
+        return Err(PosError::new(
+            insert.at,
+            format!("table `{}` is read in two different ways", insert.source),
+        ));
+    }
+    let mut next = merged.nodes.iter().map(|n| n.id + 1).max().unwrap_or(0);
+    let mut ids = std::collections::HashMap::from([(own, shared)]);
+    for n in &graph.nodes {
+        ids.entry(n.id).or_insert_with(|| {
+            next += 1;
+            next - 1
+        });
+    }
+    let id = |n: u32| ids.get(&n).copied().unwrap_or(n);
+    let mut names: std::collections::HashSet<String> =
+        merged.nodes.iter().map(|n| n.name.clone()).collect();
+    for mut node in graph.nodes {
+        if node.id == own {
+            continue;
+        }
+        node.id = id(node.id);
+        node.name = free_name(&names, &node.name);
+        names.insert(node.name.clone());
+        merged.nodes.push(node);
+    }
+    for mut edge in graph.edges {
+        edge.source = id(edge.source);
+        edge.target = id(edge.target);
+        merged.edges.push(edge);
+    }
+    Ok(())
+}
+
+/// `name`, or when taken its base (without a `-N` suffix) with the next free number.
+fn free_name(taken: &std::collections::HashSet<String>, name: &str) -> String {
+    if !taken.contains(name) {
+        return name.to_owned();
+    }
+    let base = match name.rsplit_once('-') {
+        Some((base, n)) if n.parse::<u32>().is_ok() => base,
+        _ => name,
+    };
+    (2..)
+        .map(|n| format!("{base}-{n}"))
+        .find(|candidate| !taken.contains(candidate))
+        .unwrap_or_else(|| name.to_owned())
 }
 
 /// The tables and views the SQL `text` creates, in order, checked (`SET`, `CREATE TABLE`

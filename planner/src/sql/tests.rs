@@ -303,3 +303,45 @@ fn a_session_lists_what_it_defines_and_refuses_what_would_run() {
         "{e}"
     );
 }
+
+#[test]
+fn several_inserts_read_their_table_through_one_source() {
+    let g = sql(&format!(
+        "{BIDS}CREATE TABLE a WITH ('connector' = 'print');\n\
+         CREATE TABLE b WITH ('connector' = 'blackhole');\n\
+         INSERT INTO a SELECT auction FROM bid WHERE price > 10;\n\
+         INSERT INTO b SELECT bidder FROM bid WHERE price < 10;\n"
+    ));
+    let names: Vec<(u32, &str)> = g.nodes.iter().map(|n| (n.id, n.name.as_str())).collect();
+    assert_eq!(
+        names,
+        [
+            (0, "source"),
+            (1, "filter"),
+            (2, "select"),
+            (3, "sink"),
+            (4, "filter-2"),
+            (5, "select-2"),
+            (6, "sink-2"),
+        ]
+    );
+    let edges: Vec<(u32, u32)> = g.edges.iter().map(|e| (e.source, e.target)).collect();
+    assert_eq!(edges, [(0, 1), (1, 2), (2, 3), (0, 4), (4, 5), (5, 6)]);
+    let other = error(&format!(
+        "{BIDS}CREATE TABLE person WITH ('connector' = 'nexmark', 'stream' = 'person');\n\
+         CREATE TABLE a WITH ('connector' = 'print');\nCREATE TABLE b WITH ('connector' = 'print');\n\
+         INSERT INTO a SELECT * FROM bid;\nINSERT INTO b SELECT * FROM person;\n"
+    ));
+    assert!(
+        other.starts_with("job.sql:6:1: the INSERTs of one job read one table for now"),
+        "{other}"
+    );
+    let twice = error(&format!(
+        "{BIDS}CREATE TABLE a WITH ('connector' = 'print');\n\
+         INSERT INTO a SELECT * FROM bid;\nINSERT INTO a SELECT * FROM bid;\n"
+    ));
+    assert!(
+        twice.starts_with("job.sql:4:1: table `a` is written by an earlier INSERT too"),
+        "{twice}"
+    );
+}
