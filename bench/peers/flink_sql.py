@@ -49,23 +49,24 @@ QUERIES = {
                  "FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) "
                  "GROUP BY auction, window_start, window_end",
                  f"auction BIGINT, {WINDOW}, bids BIGINT, volume BIGINT"),
-    # Updating queries (a changelog into the blackhole), as in Flink's Nexmark.
-    "q15": ("SELECT day, count(*) AS total_bids, "
+    # Updating queries (a changelog into the blackhole), as in Flink's Nexmark (where
+    # `day` is a reserved word, so quoted).
+    "q15": ("SELECT `day`, count(*) AS total_bids, "
             f"{BANDS.format(x='*', n='bids')}, "
             "count(DISTINCT bidder) AS total_bidders, "
             f"{BANDS.format(x='DISTINCT bidder', n='bidders')}, "
             "count(DISTINCT auction) AS total_auctions, "
             f"{BANDS.format(x='DISTINCT auction', n='auctions')} "
-            "FROM (SELECT auction, bidder, price, DATE_FORMAT(date_time, 'yyyy-MM-dd') AS day "
-            "FROM bid) GROUP BY day",
-            "day STRING, " + ", ".join(f"c{i} BIGINT" for i in range(12))),
-    "q17": ("SELECT auction, day, count(*) AS total_bids, "
+            "FROM (SELECT auction, bidder, price, DATE_FORMAT(date_time, 'yyyy-MM-dd') AS `day` "
+            "FROM bid) GROUP BY `day`",
+            "`day` STRING, " + ", ".join(f"c{i} BIGINT" for i in range(12))),
+    "q17": ("SELECT auction, `day`, count(*) AS total_bids, "
             f"{BANDS.format(x='*', n='bids')}, "
             "min(price) AS min_price, max(price) AS max_price, avg(price) AS avg_price, "
             "sum(price) AS sum_price "
-            "FROM (SELECT auction, price, CAST(date_time AS DATE) AS day FROM bid) "
-            "GROUP BY auction, day",
-            "auction BIGINT, day DATE, " + ", ".join(f"c{i} BIGINT" for i in range(8))),
+            "FROM (SELECT auction, price, CAST(date_time AS DATE) AS `day` FROM bid) "
+            "GROUP BY auction, `day`",
+            "auction BIGINT, `day` DATE, " + ", ".join(f"c{i} BIGINT" for i in range(8))),
     "q18": ("SELECT auction, bidder, price, channel, url, date_time, extra FROM ("
             "SELECT *, ROW_NUMBER() OVER (PARTITION BY bidder, auction ORDER BY date_time DESC) "
             "AS rank_number FROM bid) WHERE rank_number <= 1",
