@@ -276,18 +276,26 @@ impl Shell {
             .map_err(|e| at.relocate(&e.to_string()))
     }
 
-    /// The columns (without `op`) of the query job `text` when its result is updating.
-    fn updating_columns(&self, text: &str, at: Placement) -> Result<Option<Vec<String>>, String> {
+    /// What the sink of the query job `text` (the hidden printing table) writes.
+    fn sink_schema(
+        &self,
+        text: &str,
+        at: Placement,
+    ) -> Result<arrow::datatypes::SchemaRef, String> {
         let plan = self.plan(text, at)?;
-        let Some(sink) = plan
+        let sink = plan
             .graph
             .nodes
             .iter()
             .find(|n| matches!(n.kind, Some(sluice_common::pb::node::Kind::Sink(_))))
-        else {
-            return Ok(None);
-        };
-        let schema = plan.input_schema(sink.id);
+            .map(|n| n.id)
+            .ok_or("error: the query's plan has no sink")?;
+        Ok(plan.input_schema(sink))
+    }
+
+    /// The columns (without `op`) of the query job `text` when its result is updating.
+    fn updating_columns(&self, text: &str, at: Placement) -> Result<Option<Vec<String>>, String> {
+        let schema = self.sink_schema(text, at)?;
         if !sluice_compute::changelog::is_changelog(&schema) {
             return Ok(None);
         }
@@ -318,15 +326,7 @@ impl Shell {
             ));
         };
         let (text, at) = self.query_text(&format!("SELECT * FROM {}", t.name));
-        let plan = self.plan(&text, at)?;
-        let sink = plan
-            .graph
-            .nodes
-            .iter()
-            .find(|n| matches!(n.kind, Some(sluice_common::pb::node::Kind::Sink(_))))
-            .map(|n| n.id)
-            .ok_or("error: the table's plan has no sink")?;
-        for f in plan.input_schema(sink).fields() {
+        for f in self.sink_schema(&text, at)?.fields() {
             let null = if f.is_nullable() { "" } else { " NOT NULL" };
             println!("{}\t{}{null}", f.name(), f.data_type());
         }

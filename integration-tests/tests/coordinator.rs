@@ -55,6 +55,15 @@ fn serial() -> MutexGuard<'static, ()> {
 // ---------------------------------------------------------------------------------------
 // Jobs
 
+/// The Nexmark source's throttle option for `rate` events per second (0: unthrottled).
+fn throttle(rate: u64) -> String {
+    if rate > 0 {
+        format!(", max_events_per_second: {rate}")
+    } else {
+        String::new()
+    }
+}
+
 /// The windowed count per auction on remote state with the exactly-once file sink.
 /// `rate` 0: unthrottled (the reference run).
 ///
@@ -63,11 +72,7 @@ fn serial() -> MutexGuard<'static, ()> {
 /// fires at about 60% of the input, so the sink commits output while the job runs (10 s
 /// windows would all fire at the end of input).
 fn windowed_job(out: &Path, rate: u64) -> String {
-    let throttle = if rate > 0 {
-        format!(", max_events_per_second: {rate}")
-    } else {
-        String::new()
-    };
+    let throttle = throttle(rate);
     format!(
         "name: eo\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
          state: {{ backend: remote, shards: 4 }}\n\
@@ -82,11 +87,7 @@ fn windowed_job(out: &Path, rate: u64) -> String {
 
 /// A stateless filter with the exactly-once file sink. `rate` 0: unthrottled.
 fn stateless_job(out: &Path, rate: u64) -> String {
-    let throttle = if rate > 0 {
-        format!(", max_events_per_second: {rate}")
-    } else {
-        String::new()
-    };
+    let throttle = throttle(rate);
     format!(
         "name: filtered\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
          source:\n  nexmark: {{ stream: bid, events: 100000, seed: 5, splits: 4{throttle} }}\n\
@@ -706,11 +707,7 @@ fn rescale_2_4_1_moves_no_state_and_changes_no_output() {
 /// An updating job on remote state: `operator` (a `top_n` or `group_by` pipeline item)
 /// over throttled bids, partitioned by auction.
 fn updating_job(operator: &str, out: &Path, rate: u64) -> String {
-    let throttle = if rate > 0 {
-        format!(", max_events_per_second: {rate}")
-    } else {
-        String::new()
-    };
+    let throttle = throttle(rate);
     format!(
         "name: updating\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
          state: {{ backend: remote, shards: 4 }}\n\

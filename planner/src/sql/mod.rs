@@ -131,18 +131,15 @@ pub fn parse_sql_job(file: &str, text: &str) -> Result<pb::JobGraph, JobSpecErro
             ));
         }
     }
-    let mut job: Option<(pb::JobGraph, &lower::InsertTree)> = None;
-    for insert in &inserts {
-        let graph = graph_from_tree(file, &insert.tree)?;
-        job = Some(match job {
-            None => (graph, insert),
-            Some((mut merged, first)) => {
-                share_source(&mut merged, graph, first, insert).map_err(|e| at(file, e))?;
-                (merged, first)
-            }
-        });
+    // `job_trees` refuses a job without an INSERT.
+    let Some((first, rest)) = inserts.split_first() else {
+        return Err(at(file, PosError::new(Pos::START, "no INSERT")));
+    };
+    let mut graph = graph_from_tree(file, &first.tree)?;
+    for insert in rest {
+        let other = graph_from_tree(file, &insert.tree)?;
+        share_source(&mut graph, other, first, insert).map_err(|e| at(file, e))?;
     }
-    let (graph, _) = job.ok_or_else(|| at(file, PosError::new(Pos::START, "no INSERT")))?;
     Ok(graph)
 }
 
