@@ -68,13 +68,23 @@ pub fn explain(plan: &PhysicalPlan) -> String {
             "task {} ({} subtask{plural})",
             chain.id, chain.parallelism
         );
-        if let Some((from, _)) = chain.input {
+        let two = chain.input.len() > 1;
+        for (input, &(from, _)) in chain.input.iter().enumerate() {
             for edge in plan.chains[from]
                 .outputs
                 .iter()
-                .filter(|e| e.to_chain == chain.id)
+                .filter(|e| e.to_chain == chain.id && e.to_input == input)
             {
-                let _ = writeln!(out, "  input: {} from task {from}", partitioning(edge));
+                let which = match (two, input) {
+                    (false, _) => "",
+                    (true, 0) => " (left)",
+                    (true, _) => " (right)",
+                };
+                let _ = writeln!(
+                    out,
+                    "  input{which}: {} from task {from}",
+                    partitioning(edge)
+                );
             }
         }
         let nodes = chain.source.iter().chain(&chain.operators);
@@ -192,6 +202,36 @@ fn describe(node: &pb::Node) -> String {
                 order.join(", ")
             )
         }
+        Some(Kind::Join(j)) => {
+            let alias = |a: &str, d: &'static str| {
+                if a.is_empty() {
+                    d.to_owned()
+                } else {
+                    a.to_owned()
+                }
+            };
+            let (l, r) = (alias(&j.left_alias, "l"), alias(&j.right_alias, "r"));
+            let on: Vec<String> = j
+                .left_keys
+                .iter()
+                .zip(&j.right_keys)
+                .map(|(a, b)| format!("{l}.{a} = {r}.{b}"))
+                .collect();
+            let condition = j
+                .condition
+                .as_ref()
+                .map_or(String::new(), |c| format!(" AND {}", c.sql));
+            let exprs: Vec<&str> = j.exprs.iter().map(|e| e.sql.as_str()).collect();
+            let select = if exprs.is_empty() {
+                "*".to_owned()
+            } else {
+                exprs.join(", ")
+            };
+            format!(
+                "INNER JOIN ON {}{condition}: SELECT {select}",
+                on.join(" AND ")
+            )
+        }
         Some(Kind::Aggregate(a)) => {
             let aggs: Vec<&str> = a.aggregates.iter().map(|e| e.sql.as_str()).collect();
             format!(
@@ -232,6 +272,17 @@ fn keyed_state(node: &pb::Node) -> Option<String> {
             t.limit,
             t.partition_columns.join(", ")
         )),
+        Some(pb::node::Kind::Join(j)) => {
+            let ttl = match j.ttl_ms {
+                0 => "kept forever".to_owned(),
+                ms => format!("each kept {ms} ms after it arrived"),
+            };
+            Some(format!(
+                "every row of both sides per key [{}] / [{}], {ttl}",
+                j.left_keys.join(", "),
+                j.right_keys.join(", ")
+            ))
+        }
         Some(pb::node::Kind::Aggregate(a)) if a.key_columns.is_empty() => {
             Some("one accumulator (not keyed: one subtask)".to_owned())
         }

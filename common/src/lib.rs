@@ -65,7 +65,11 @@ pub mod pb {
         pub fn keeps_state(&self) -> bool {
             matches!(
                 self,
-                Self::Window(_) | Self::Dedup(_) | Self::Aggregate(_) | Self::TopN(_)
+                Self::Window(_)
+                    | Self::Dedup(_)
+                    | Self::Aggregate(_)
+                    | Self::TopN(_)
+                    | Self::Join(_)
             )
         }
     }

@@ -112,6 +112,17 @@ impl KeyEncoder {
         Ok(Self { columns, fields })
     }
 
+    /// Whether keys of `other` encode alike for equal values (integers of any width are
+    /// one kind, as are strings): what lets two join sides' keys meet.
+    pub fn comparable(&self, other: &KeyEncoder) -> bool {
+        self.columns.len() == other.columns.len()
+            && self
+                .columns
+                .iter()
+                .zip(&other.columns)
+                .all(|((_, a), (_, b))| a == b)
+    }
+
     /// The key columns' fields, in key order.
     pub fn fields(&self) -> &[Field] {
         &self.fields

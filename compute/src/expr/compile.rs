@@ -68,6 +68,26 @@ impl ExprCompiler {
         Ok((expr, df_schema))
     }
 
+    /// Compiles a scalar expression over `schema` whose columns belong to the tables
+    /// `qualifiers` names, one per column (a join's pair: `a.price`, `b.price`); an
+    /// unqualified name resolves when only one table has it.
+    pub fn compile_qualified(
+        &self,
+        sql: &str,
+        schema: &SchemaRef,
+        qualifiers: &[String],
+    ) -> Result<CompiledExpr> {
+        let df_schema = DFSchema::from_field_specific_qualified_schema(
+            qualifiers
+                .iter()
+                .map(|q| Some(datafusion::common::TableReference::bare(q.to_lowercase())))
+                .collect(),
+            schema,
+        )?;
+        let expr = self.ctx.parse_sql_expr(sql, &df_schema)?;
+        self.plan(expr, &df_schema, schema)
+    }
+
     /// Compiles a scalar expression over `schema`.
     pub fn compile(&self, sql: &str, schema: &SchemaRef) -> Result<CompiledExpr> {
         let (expr, df_schema) = self.parse(sql, schema)?;
@@ -87,9 +107,11 @@ impl ExprCompiler {
             )));
         }
         let (alias, inner) = strip_aliases(expr);
-        let name = match alias {
-            Some(a) => a,
-            None => inner.schema_name().to_string(),
+        let name = match (alias, &inner) {
+            (Some(a), _) => a,
+            // `a.price` is named `price`, as SQL names a qualified column.
+            (None, Expr::Column(c)) => c.name.clone(),
+            (None, _) => inner.schema_name().to_string(),
         };
         let physical = self.ctx.create_physical_expr(inner, df_schema)?;
         let data_type = physical.data_type(schema)?;

@@ -26,6 +26,7 @@ use crate::keyed::OperatorState;
 pub mod aggregate;
 pub mod dedup;
 pub mod filter;
+pub mod join;
 pub mod select;
 pub mod sink;
 pub mod top_n;
@@ -111,6 +112,17 @@ pub trait Operator: Send {
 
     /// Handles a batch of records.
     async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()>;
+
+    /// Handles a batch of records from input `input` of a two-input operator (a join);
+    /// one-input operators only see input 0, which the default hands to `process_batch`.
+    async fn process_input(
+        &mut self,
+        _input: usize,
+        batch: RecordBatch,
+        out: &mut Output,
+    ) -> Result<()> {
+        self.process_batch(batch, out).await
+    }
 
     /// Handles a watermark (the minimum across the task's inputs). The default forwards it.
     async fn on_watermark(&mut self, ts: Timestamp, out: &mut Output) -> Result<()> {

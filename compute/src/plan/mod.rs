@@ -26,6 +26,7 @@ use crate::expr::aggregate::AggregateCall;
 use crate::operator::aggregate::AggregateOperator;
 use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
+use crate::operator::join::JoinOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::top_n::TopNOperator;
 use crate::operator::window::{WindowCounters, WindowOperator};
@@ -36,6 +37,8 @@ use crate::time::watermark::WatermarkGenerator;
 pub struct ChainEdge {
     /// The consuming chain.
     pub to_chain: usize,
+    /// Which of the consuming chain's inputs the edge feeds (1: a join's right).
+    pub to_input: usize,
     /// `None` for the producing chain's main output; otherwise the index (within the
     /// chain's operators) of the operator whose side output feeds the edge.
     pub side_operator: Option<usize>,
@@ -60,8 +63,9 @@ pub struct ChainPlan {
     pub source: Option<u32>,
     /// The other nodes, in order.
     pub operators: Vec<u32>,
-    /// The producing chain and its parallelism, when the chain starts with an input gate.
-    pub input: Option<(usize, usize)>,
+    /// The producing chains and their parallelisms, by input (a join has two), when the
+    /// chain starts with an input gate; empty when it starts with a source.
+    pub input: Vec<(usize, usize)>,
     /// Outgoing edges.
     pub outputs: Vec<ChainEdge>,
 }
@@ -78,8 +82,10 @@ pub struct PhysicalPlan {
     /// Where the job's sources and sinks come from.
     pub connectors: Arc<dyn Connectors>,
     nodes: HashMap<u32, pb::Node>,
-    /// Input schema of every non-source node; output schema of sources.
+    /// Input schema of every non-source node (a join's left); output schema of sources.
     inputs: HashMap<u32, SchemaRef>,
+    /// A join's right input schema.
+    right_inputs: HashMap<u32, SchemaRef>,
     outputs: HashMap<u32, SchemaRef>,
 }
 
@@ -92,6 +98,11 @@ impl PhysicalPlan {
     /// The schema of the records `id` receives (for a source: that it produces).
     pub fn input_schema(&self, id: u32) -> SchemaRef {
         self.inputs[&id].clone()
+    }
+
+    /// The schema of the records a join `id` receives on its right input.
+    pub fn right_input_schema(&self, id: u32) -> Option<SchemaRef> {
+        self.right_inputs.get(&id).cloned()
     }
 
     /// The schema of the records `id` emits.
@@ -301,7 +312,8 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
             return Err(plan_err(format!("{file}: two nodes have id {}", n.id)));
         }
     }
-    let mut incoming: HashMap<u32, &pb::Edge> = HashMap::new();
+    // Every node's input edges, by input index (a join has two, every other node one).
+    let mut all_incoming: HashMap<u32, Vec<&pb::Edge>> = HashMap::new();
     let mut outgoing: BTreeMap<u32, Vec<&pb::Edge>> = BTreeMap::new();
     for e in &graph.edges {
         for end in [e.source, e.target] {
@@ -311,27 +323,55 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 )));
             }
         }
-        if incoming.insert(e.target, e).is_some() {
-            return Err(plan_err(format!(
-                "{file}: node `{}` has more than one input; joins and unions are not supported yet",
-                nodes[&e.target].name
-            )));
-        }
+        all_incoming.entry(e.target).or_default().push(e);
         outgoing.entry(e.source).or_default().push(e);
     }
-    // Topological order (Kahn); with one input per node this also rejects cycles.
+    for (target, edges) in &mut all_incoming {
+        edges.sort_by_key(|e| e.target_input);
+        let node = &nodes[target];
+        let wanted = if matches!(node.kind, Some(pb::node::Kind::Join(_))) {
+            2
+        } else {
+            1
+        };
+        let inputs: Vec<u32> = edges.iter().map(|e| e.target_input).collect();
+        if inputs != (0..wanted).collect::<Vec<u32>>() {
+            return Err(plan_err(format!(
+                "{file}: node `{}` has inputs {inputs:?}; it takes {}",
+                node.name,
+                if wanted == 2 {
+                    "exactly two, 0 (left) and 1 (right)"
+                } else {
+                    "exactly one (unions are not supported)"
+                }
+            )));
+        }
+    }
+    let incoming: HashMap<u32, &pb::Edge> = all_incoming
+        .iter()
+        .map(|(id, edges)| (*id, edges[0]))
+        .collect();
+    // Topological order (Kahn), which also rejects cycles.
     let mut order = Vec::with_capacity(nodes.len());
+    let mut waiting: HashMap<u32, usize> = all_incoming
+        .iter()
+        .map(|(id, edges)| (*id, edges.len()))
+        .collect();
     let mut ready: Vec<u32> = graph
         .nodes
         .iter()
-        .filter(|n| !incoming.contains_key(&n.id))
+        .filter(|n| !all_incoming.contains_key(&n.id))
         .map(|n| n.id)
         .collect();
     ready.sort_unstable_by(|a, b| b.cmp(a));
     while let Some(id) = ready.pop() {
         order.push(id);
         for e in outgoing.get(&id).into_iter().flatten() {
-            ready.push(e.target);
+            let left = waiting.entry(e.target).or_default();
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                ready.push(e.target);
+            }
         }
     }
     if order.len() != nodes.len() {
@@ -340,6 +380,7 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
 
     let compiler = ExprCompiler::new();
     let mut inputs: HashMap<u32, SchemaRef> = HashMap::new();
+    let mut right_inputs: HashMap<u32, SchemaRef> = HashMap::new();
     let mut outputs: HashMap<u32, SchemaRef> = HashMap::new();
     let mut has_source = false;
     for &id in &order {
@@ -425,6 +466,26 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 inputs.insert(id, input);
                 op.schema()
             }
+            pb::node::Kind::Join(spec) => {
+                let right_edge = all_incoming[&id][1];
+                let right = outputs[&right_edge.source].clone();
+                if changelog::is_changelog(&right) {
+                    return Err(at(plan_err(
+                        "a join needs append-only inputs, but its right input reads an \
+                         updating result (an unbounded GROUP BY's or a Top-N's changelog)",
+                    )));
+                }
+                check_edge(&nodes, right_edge, &right).map_err(at)?;
+                check_join_edges(spec, all_incoming[&id].as_slice()).map_err(at)?;
+                for e in spec.condition.iter().chain(&spec.exprs) {
+                    JoinOperator::check_expr(spec, &input, &right, &compiler, &e.sql)
+                        .map_err(|err| locate(&graph, e.location.as_ref(), "join", err))?;
+                }
+                let op = JoinOperator::build(spec, &input, &right, &compiler).map_err(at)?;
+                inputs.insert(id, input);
+                right_inputs.insert(id, right);
+                op.schema()
+            }
             pb::node::Kind::Sink(_) => {
                 inputs.insert(id, input.clone());
                 input
@@ -470,7 +531,32 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
     {
         return Err(plan_err(format!("{file}: the job has no sink")));
     }
-    let chains = chain(&order, &nodes, &incoming, &outgoing, &inputs);
+    if right_inputs.is_empty() {
+        // Channel state of an unaligned checkpoint names its channels by producer subtask
+        // alone, which is ambiguous for a task with two inputs.
+    } else if let Some(c) = graph
+        .checkpoint
+        .as_ref()
+        .filter(|c| c.mode == pb::CheckpointMode::Unaligned as i32 || c.aligned_timeout_ms > 0)
+    {
+        let what = if c.mode == pb::CheckpointMode::Unaligned as i32 {
+            "unaligned checkpoints"
+        } else {
+            "an aligned-checkpoint timeout (which goes on unaligned)"
+        };
+        return Err(plan_err(format!(
+            "{file}: a job with a join cannot take {what} yet: the in-flight records of a \
+             two-input task are not recorded; use aligned checkpoints"
+        )));
+    }
+    let chains = chain(
+        &order,
+        &nodes,
+        &all_incoming,
+        &outgoing,
+        &inputs,
+        &right_inputs,
+    );
     Ok(PhysicalPlan {
         graph,
         max_parallelism,
@@ -478,6 +564,7 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
         connectors,
         nodes,
         inputs,
+        right_inputs,
         outputs,
     })
 }
@@ -507,6 +594,10 @@ fn check_updating_input(kind: &pb::node::Kind) -> Result<()> {
             "Top-N needs append-only input, but this one reads an updating result (an \
              unbounded GROUP BY's or another Top-N's changelog)"
         }
+        pb::node::Kind::Join(_) => {
+            "a join needs append-only inputs, but its left input reads an updating result \
+             (an unbounded GROUP BY's or a Top-N's changelog)"
+        }
         pb::node::Kind::Source(_) => return Ok(()),
     };
     Err(plan_err(what))
@@ -527,31 +618,59 @@ fn check_edge(nodes: &HashMap<u32, pb::Node>, e: &pb::Edge, upstream: &SchemaRef
     }
 }
 
+/// A join's inputs are each hashed on its own side's key columns, so that a key's rows of
+/// both sides meet in one subtask.
+fn check_join_edges(spec: &pb::JoinSpec, edges: &[&pb::Edge]) -> Result<()> {
+    if spec.left_keys.is_empty() || spec.left_keys.len() != spec.right_keys.len() {
+        return Err(plan_err(format!(
+            "a join needs as many left as right key columns, and at least one (an equality \
+             between the two sides in ON); found {} and {}",
+            spec.left_keys.len(),
+            spec.right_keys.len()
+        )));
+    }
+    for (edge, keys, side) in [
+        (edges[0], &spec.left_keys, "left"),
+        (edges[1], &spec.right_keys, "right"),
+    ] {
+        if edge.partitioning() != pb::Partitioning::Hash || &edge.key_columns != keys {
+            return Err(plan_err(format!(
+                "the join's {side} input must be hash-partitioned on its key columns {keys:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn chain(
     order: &[u32],
     nodes: &HashMap<u32, pb::Node>,
-    incoming: &HashMap<u32, &pb::Edge>,
+    all_incoming: &HashMap<u32, Vec<&pb::Edge>>,
     outgoing: &BTreeMap<u32, Vec<&pb::Edge>>,
     inputs: &HashMap<u32, SchemaRef>,
+    right_inputs: &HashMap<u32, SchemaRef>,
 ) -> Vec<ChainPlan> {
     let mut chains: Vec<ChainPlan> = Vec::new();
     // For every node: its chain, and its index among the chain's operators (None: source).
     let mut place: HashMap<u32, (usize, Option<usize>)> = HashMap::new();
+    let incoming = |id: u32| all_incoming.get(&id).map(|edges| edges[0]);
     for &id in order {
         let node = &nodes[&id];
         let is_source = matches!(node.kind, Some(pb::node::Kind::Source(_)));
-        let joins = incoming.get(&id).and_then(|e| {
-            let up = &nodes[&e.source];
-            let main_consumers = outgoing[&e.source]
-                .iter()
-                .filter(|o| o.side_output.is_empty())
-                .count();
-            (e.partitioning() == pb::Partitioning::Forward
-                && e.side_output.is_empty()
-                && up.parallelism == node.parallelism
-                && main_consumers == 1)
-                .then(|| place[&e.source].0)
-        });
+        let joins = incoming(id)
+            .filter(|_| all_incoming[&id].len() == 1)
+            .and_then(|e| {
+                let up = &nodes[&e.source];
+                let main_consumers = outgoing[&e.source]
+                    .iter()
+                    .filter(|o| o.side_output.is_empty())
+                    .count();
+                (e.partitioning() == pb::Partitioning::Forward
+                    && e.side_output.is_empty()
+                    && up.parallelism == node.parallelism
+                    && main_consumers == 1)
+                    .then(|| place[&e.source].0)
+            });
         match joins {
             Some(c) => {
                 chains[c].operators.push(id);
@@ -559,19 +678,25 @@ fn chain(
             }
             None => {
                 let c = chains.len();
-                let input = incoming.get(&id).map(|e| {
+                let mut input = Vec::new();
+                for e in all_incoming.get(&id).into_iter().flatten() {
                     let (up, side) = place[&e.source];
                     let up_chain = &mut chains[up];
+                    let schema = match e.target_input {
+                        0 => inputs[&id].clone(),
+                        _ => right_inputs[&id].clone(),
+                    };
                     up_chain.outputs.push(ChainEdge {
                         to_chain: c,
+                        to_input: e.target_input as usize,
                         side_operator: if e.side_output.is_empty() { None } else { side },
                         tag: e.side_output.clone(),
                         partitioning: e.partitioning(),
                         key_columns: e.key_columns.clone(),
-                        schema: inputs[&id].clone(),
+                        schema,
                     });
-                    (up, up_chain.parallelism)
-                });
+                    input.push((up, up_chain.parallelism));
+                }
                 chains.push(ChainPlan {
                     id: c,
                     parallelism: node.parallelism as usize,

@@ -31,6 +31,7 @@ use crate::network::frame::ChannelId;
 use crate::operator::aggregate::AggregateOperator;
 use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
+use crate::operator::join::JoinOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::sink::SinkOperator;
 use crate::operator::top_n::TopNOperator;
@@ -238,9 +239,9 @@ pub async fn build_tasks(
     let mut receivers: Vec<Vec<Option<QueueReceiver>>> = Vec::with_capacity(plan.chains.len());
     for chain in &plan.chains {
         let (mut s, mut r) = (Vec::new(), Vec::new());
-        if let Some((from, _)) = chain.input {
-            let forward = forward_input(plan, chain.id);
-            let channels = gate_channels(plan, chain.id);
+        if !chain.input.is_empty() {
+            let layout = gate_layout(plan, chain.id);
+            let channels = layout.len();
             for subtask in 0..chain.parallelism {
                 if !local(chain.id, subtask) {
                     s.push(Vec::new());
@@ -251,8 +252,8 @@ pub async fn build_tasks(
                 let pool = net.as_ref().map(|n| n.floating_pool());
                 let mut slots = Vec::with_capacity(channels);
                 for (c, sender) in tx.into_iter().enumerate() {
-                    let producer = if forward { subtask } else { c };
-                    let worker = placement.worker_of(from, producer);
+                    let producer = layout[c].producer.unwrap_or(subtask);
+                    let worker = placement.worker_of(layout[c].from, producer);
                     if worker == me {
                         slots.push(Some(sender));
                     } else {
@@ -386,8 +387,9 @@ pub async fn build_tasks(
                 let to = edge.to_chain;
                 let consumers = plan.chains[to].parallelism;
                 let forward = edge.partitioning == pb::Partitioning::Forward;
+                let offset = input_offset(plan, to, edge.to_input);
                 let mut channel = |consumer: usize| -> Result<ChannelSender> {
-                    let c = if forward { 0 } else { subtask };
+                    let c = offset + if forward { 0 } else { subtask };
                     if local(to, consumer) {
                         let s = senders[to][consumer][c]
                             .clone()
@@ -509,22 +511,21 @@ pub async fn build_tasks(
                     let rx = receivers[chain.id][subtask]
                         .take()
                         .ok_or_else(|| Error::Internal("input queue taken twice".into()))?;
+                    let layout = gate_layout(plan, chain.id);
                     let mut gate = InputGate::new(rx)
+                        .with_inputs(layout.iter().map(|g| g.input).collect())
                         .with_aligned_timeout(aligned_timeout)
                         .with_unaligned(unaligned)
                         .with_monitor(task_metrics.clone(), debloat);
                     let target = replay_target(plan, chain.id, subtask)?;
-                    channel_keys = (0..gate_channels(plan, chain.id))
-                        .map(|c| ChannelKey {
+                    channel_keys = layout
+                        .iter()
+                        .map(|g| ChannelKey {
                             consumer_node: target.consumer_node,
                             consumer_subtask: target.consumer_subtask,
                             consumer_parallelism: target.consumer_parallelism,
-                            producer_subtask: if target.forward {
-                                subtask as u32
-                            } else {
-                                c as u32
-                            },
-                            producer_parallelism: target.producer_parallelism,
+                            producer_subtask: g.producer.unwrap_or(subtask) as u32,
+                            producer_parallelism: plan.chains[g.from].parallelism as u32,
                         })
                         .collect();
                     if let Some(r) = options.restore.as_ref()
@@ -556,33 +557,67 @@ pub async fn build_tasks(
     Ok(tasks)
 }
 
-/// Whether `chain` reads its input over a forward edge (one channel).
+/// Whether `chain` reads its (first) input over a forward edge (one channel).
 fn forward_input(plan: &PhysicalPlan, chain: usize) -> bool {
-    input_edge(plan, chain).is_some_and(|e| e.partitioning == pb::Partitioning::Forward)
+    input_edge(plan, chain, 0).is_some_and(|e| e.partitioning == pb::Partitioning::Forward)
 }
 
-/// The edge into `chain` from its upstream chain.
-fn input_edge(plan: &PhysicalPlan, chain: usize) -> Option<&crate::plan::ChainEdge> {
-    let (from, _) = plan.chains[chain].input?;
+/// The edge into input `input` of `chain` from its upstream chain.
+fn input_edge(plan: &PhysicalPlan, chain: usize, input: usize) -> Option<&crate::plan::ChainEdge> {
+    let (from, _) = *plan.chains[chain].input.get(input)?;
     plan.chains[from]
         .outputs
         .iter()
-        .find(|e| e.to_chain == chain)
+        .find(|e| e.to_chain == chain && e.to_input == input)
 }
 
-/// Channels of `chain`'s input gate.
-fn gate_channels(plan: &PhysicalPlan, chain: usize) -> usize {
-    match plan.chains[chain].input {
-        Some(_) if forward_input(plan, chain) => 1,
-        Some((_, producers)) => producers,
-        None => 0,
+/// One channel of a chain's input gate.
+struct GateChannel {
+    /// Which input of the chain it belongs to.
+    input: usize,
+    /// The producing chain.
+    from: usize,
+    /// The producing subtask; `None` over a forward edge: the consumer's own.
+    producer: Option<usize>,
+}
+
+/// The channels of `chain`'s input gate, input after input: one over a forward edge,
+/// one per producing subtask otherwise.
+fn gate_layout(plan: &PhysicalPlan, chain: usize) -> Vec<GateChannel> {
+    let mut layout = Vec::new();
+    for (input, &(from, producers)) in plan.chains[chain].input.iter().enumerate() {
+        let forward = input_edge(plan, chain, input)
+            .is_some_and(|e| e.partitioning == pb::Partitioning::Forward);
+        if forward {
+            layout.push(GateChannel {
+                input,
+                from,
+                producer: None,
+            });
+        } else {
+            layout.extend((0..producers).map(|p| GateChannel {
+                input,
+                from,
+                producer: Some(p),
+            }));
+        }
     }
+    layout
+}
+
+/// The index of input `input`'s first channel in `chain`'s gate.
+fn input_offset(plan: &PhysicalPlan, chain: usize, input: usize) -> usize {
+    let layout = gate_layout(plan, chain);
+    layout
+        .iter()
+        .position(|g| g.input == input)
+        .unwrap_or(layout.len())
 }
 
 /// Subtask `subtask` of `chain` as a restored checkpoint's channel state is replayed
 /// into it.
 fn replay_target(plan: &PhysicalPlan, chain: usize, subtask: usize) -> Result<ReplayTarget> {
-    let edge = input_edge(plan, chain);
+    let edge = input_edge(plan, chain, 0);
     let hash = match edge {
         Some(e) if e.partitioning == pb::Partitioning::Hash => Some((
             KeyEncoder::new(&e.schema, &e.key_columns)?,
@@ -594,7 +629,10 @@ fn replay_target(plan: &PhysicalPlan, chain: usize, subtask: usize) -> Result<Re
         consumer_node: first_node(plan, chain),
         consumer_subtask: subtask as u32,
         consumer_parallelism: plan.chains[chain].parallelism as u32,
-        producer_parallelism: plan.chains[chain].input.map_or(0, |(_, p)| p as u32),
+        producer_parallelism: plan.chains[chain]
+            .input
+            .first()
+            .map_or(0, |(_, p)| *p as u32),
         forward: forward_input(plan, chain),
         hash,
     })
@@ -630,6 +668,12 @@ async fn build_operator(
             Box::new(AggregateOperator::build(spec, &input, compiler)?)
         }
         Some(pb::node::Kind::TopN(spec)) => Box::new(TopNOperator::build(spec, &input)?),
+        Some(pb::node::Kind::Join(spec)) => {
+            let right = plan
+                .right_input_schema(node.id)
+                .ok_or_else(|| Error::Internal("a join without a right input".into()))?;
+            Box::new(JoinOperator::build(spec, &input, &right, compiler)?)
+        }
         Some(pb::node::Kind::Sink(spec)) => {
             let writer = plan.connectors.create_sink(spec, input, info).await?;
             let sink = SinkOperator::new(

@@ -171,6 +171,27 @@ impl Chain {
         self.run_from(0, vec![element], output).await
     }
 
+    /// Pushes a batch of input `input` (of a two-input head operator) through the chain.
+    pub async fn push_input(
+        &mut self,
+        input: usize,
+        batch: arrow::record_batch::RecordBatch,
+        output: &mut TaskOutput,
+    ) -> Result<()> {
+        if input == 0 {
+            return self.push(StreamElement::Batch(batch), output).await;
+        }
+        let Some(head) = self.operators.first_mut() else {
+            return Err(crate::error::Error::Internal(
+                "a batch of a second input reached an empty chain".into(),
+            ));
+        };
+        let mut out = Output::default();
+        head.process_input(input, batch, &mut out).await?;
+        self.forward(0, out, output).await?;
+        self.drain_more(0, output).await
+    }
+
     /// A processing-time tick for every operator.
     pub async fn tick(&mut self, now: i64, output: &mut TaskOutput) -> Result<()> {
         for i in 0..self.operators.len() {

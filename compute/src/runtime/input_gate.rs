@@ -93,6 +93,12 @@ pub struct InputGate {
     /// The job takes unaligned checkpoints.
     unaligned: bool,
     monitor: Option<GateMonitor>,
+    /// Each channel's input (a join's gate merges two; otherwise all 0).
+    inputs: Vec<usize>,
+    /// The input of each batch in `ready`, in order.
+    batch_inputs: VecDeque<usize>,
+    /// The input of the batch `next` returned last.
+    last_input: usize,
 }
 
 impl InputGate {
@@ -125,7 +131,24 @@ impl InputGate {
             aligned_timeout: None,
             unaligned: false,
             monitor: None,
+            inputs: vec![0; n],
+            batch_inputs: VecDeque::new(),
+            last_input: 0,
         }
+    }
+
+    /// Marks which input each channel belongs to (by gate index), for a task whose
+    /// head operator has two.
+    pub fn with_inputs(mut self, inputs: Vec<usize>) -> Self {
+        if inputs.len() == self.channels.len() {
+            self.inputs = inputs;
+        }
+        self
+    }
+
+    /// The input the last batch [`InputGate::next`] returned came from.
+    pub fn last_input(&self) -> usize {
+        self.last_input
     }
 
     /// Marks a gate whose job takes unaligned checkpoints.
@@ -242,6 +265,9 @@ impl InputGate {
         }
         loop {
             if let Some(e) = self.ready.pop_front() {
+                if matches!(e, StreamElement::Batch(_)) {
+                    self.last_input = self.batch_inputs.pop_front().unwrap_or(0);
+                }
                 return Ok(Some(e));
             }
             if self.channels.iter().all(|c| c.finished) {
@@ -328,6 +354,7 @@ impl InputGate {
         match element {
             StreamElement::Batch(b) => {
                 self.activate(ch);
+                self.batch_inputs.push_back(self.inputs[ch]);
                 self.ready.push_back(StreamElement::Batch(b));
             }
             StreamElement::Watermark(ts) => {

@@ -334,7 +334,16 @@ impl Task {
                         StreamElement::Barrier(b) => Some(*b),
                         _ => None,
                     };
-                    self.chain.push(element, &mut self.output).await?;
+                    let input = match &self.input {
+                        TaskInput::Gate(gate) => gate.last_input(),
+                        TaskInput::Source(_) => 0,
+                    };
+                    match element {
+                        StreamElement::Batch(b) if input > 0 => {
+                            self.chain.push_input(input, b, &mut self.output).await?
+                        }
+                        element => self.chain.push(element, &mut self.output).await?,
+                    }
                     let took = start.elapsed();
                     self.metrics
                         .work_ns

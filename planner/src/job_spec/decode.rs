@@ -208,7 +208,7 @@ fn network(node: &Node, path: &str) -> Result<pb::NetworkSettings> {
     Ok(pb::NetworkSettings { debloat_target_ms })
 }
 
-fn watermark(node: &Node, path: &str) -> Result<pb::WatermarkSpec> {
+pub(super) fn watermark(node: &Node, path: &str) -> Result<pb::WatermarkSpec> {
     let fields = Fields::new(
         node,
         path,

@@ -18,20 +18,73 @@
 use std::collections::HashMap;
 
 use super::marked_yaml::Pos;
-use super::spec::{JobSpec, Operator, WindowStage};
+use super::spec::{JobSpec, JoinStage, Operator, Stage, WindowStage};
 use sluice_common::pb;
 
 pub(super) fn job_graph(file: &str, spec: JobSpec) -> pb::JobGraph {
     let mut graph = GraphBuilder::default();
     let job_parallelism = spec.parallelism;
-    let mut upstream = graph.add_node(
+    let source = graph.add_node(
         "source",
         job_parallelism,
         spec.source_at,
         pb::node::Kind::Source(spec.source),
     );
     let mut late_sinks = Vec::new();
-    for stage in spec.pipeline {
+    let upstream = add_stages(
+        &mut graph,
+        source,
+        spec.pipeline,
+        job_parallelism,
+        &mut late_sinks,
+    );
+    let sink_parallelism = match spec.sink.parallelism {
+        0 => upstream.parallelism,
+        p => p,
+    };
+    let sink = graph.add_node(
+        "sink",
+        sink_parallelism,
+        spec.sink_at,
+        pb::node::Kind::Sink(spec.sink),
+    );
+    graph.connect(
+        upstream,
+        sink,
+        pointwise(upstream.parallelism, sink.parallelism),
+        Vec::new(),
+        "",
+    );
+    for (window, sink, at) in late_sinks {
+        let late = graph.add_node(
+            "late-sink",
+            window.parallelism,
+            at,
+            pb::node::Kind::Sink(sink),
+        );
+        graph.connect(window, late, pb::Partitioning::Forward, Vec::new(), "late");
+    }
+    pb::JobGraph {
+        name: spec.name,
+        max_parallelism: spec.max_parallelism,
+        nodes: graph.nodes,
+        edges: graph.edges,
+        origin_file: file.to_owned(),
+        state: Some(spec.state),
+        checkpoint: spec.checkpoint,
+        network: spec.network,
+    }
+}
+
+/// Adds the nodes of `stages` after `upstream`, connected in order; returns the last.
+fn add_stages(
+    graph: &mut GraphBuilder,
+    mut upstream: Added,
+    stages: Vec<Stage>,
+    job_parallelism: u32,
+    late_sinks: &mut Vec<(Added, pb::SinkSpec, Pos)>,
+) -> Added {
+    for stage in stages {
         let (node, edge_partitioning, key_columns) = match stage.op {
             Operator::Filter(filter) => {
                 let p = upstream.parallelism;
@@ -82,6 +135,30 @@ pub(super) fn job_graph(file: &str, spec: JobSpec) -> pb::JobGraph {
                 );
                 (node, pb::Partitioning::Hash, key_columns)
             }
+            Operator::Join(join) => {
+                let JoinStage {
+                    spec,
+                    source,
+                    source_at,
+                    pipeline,
+                } = *join;
+                let right_source = graph.add_node(
+                    "source",
+                    job_parallelism,
+                    source_at,
+                    pb::node::Kind::Source(source),
+                );
+                let right = add_stages(graph, right_source, pipeline, job_parallelism, late_sinks);
+                let (left_keys, right_keys) = (spec.left_keys.clone(), spec.right_keys.clone());
+                let node = graph.add_node(
+                    "join",
+                    job_parallelism,
+                    stage.at,
+                    pb::node::Kind::Join(spec),
+                );
+                graph.connect_input(right, node, pb::Partitioning::Hash, right_keys, 1);
+                (node, pb::Partitioning::Hash, left_keys)
+            }
             Operator::TopN(top) => {
                 let p = if top.partition_columns.is_empty() {
                     1
@@ -96,42 +173,7 @@ pub(super) fn job_graph(file: &str, spec: JobSpec) -> pb::JobGraph {
         graph.connect(upstream, node, edge_partitioning, key_columns, "");
         upstream = node;
     }
-    let sink_parallelism = match spec.sink.parallelism {
-        0 => upstream.parallelism,
-        p => p,
-    };
-    let sink = graph.add_node(
-        "sink",
-        sink_parallelism,
-        spec.sink_at,
-        pb::node::Kind::Sink(spec.sink),
-    );
-    graph.connect(
-        upstream,
-        sink,
-        pointwise(upstream.parallelism, sink.parallelism),
-        Vec::new(),
-        "",
-    );
-    for (window, sink, at) in late_sinks {
-        let late = graph.add_node(
-            "late-sink",
-            window.parallelism,
-            at,
-            pb::node::Kind::Sink(sink),
-        );
-        graph.connect(window, late, pb::Partitioning::Forward, Vec::new(), "late");
-    }
-    pb::JobGraph {
-        name: spec.name,
-        max_parallelism: spec.max_parallelism,
-        nodes: graph.nodes,
-        edges: graph.edges,
-        origin_file: file.to_owned(),
-        state: Some(spec.state),
-        checkpoint: spec.checkpoint,
-        network: spec.network,
-    }
+    upstream
 }
 
 /// Forward between equal parallelisms, rebalance otherwise.
@@ -197,6 +239,22 @@ impl GraphBuilder {
             partitioning: partitioning as i32,
             key_columns,
             side_output: side_output.to_owned(),
+            target_input: 0,
         });
+    }
+
+    /// Connects `from` to input `input` of `to` (1: a join's right).
+    fn connect_input(
+        &mut self,
+        from: Added,
+        to: Added,
+        partitioning: pb::Partitioning,
+        key_columns: Vec<String>,
+        input: u32,
+    ) {
+        self.connect(from, to, partitioning, key_columns, "");
+        if let Some(e) = self.edges.last_mut() {
+            e.target_input = input;
+        }
     }
 }

@@ -15,11 +15,22 @@ use super::fields::{
     Fields, Result, choice, duration_ms, positive_duration_ms, string, string_list,
 };
 use super::marked_yaml::{Node, Pos, PosError, Value};
-use super::spec::{Operator, Stage, WindowStage};
+use super::spec::{JoinStage, Operator, Stage, WindowStage};
 use sluice_common::pb;
 
 const OPERATORS: &[&str] = &[
-    "filter", "select", "key_by", "window", "dedup", "group_by", "top_n",
+    "filter", "select", "key_by", "window", "dedup", "group_by", "top_n", "join",
+];
+/// Keys of a `join` item's mapping.
+const JOIN_KEYS: &[&str] = &[
+    "right",
+    "left_keys",
+    "right_keys",
+    "left_alias",
+    "right_alias",
+    "condition",
+    "select",
+    "ttl",
 ];
 /// Keys a `window` item holds next to `window:`.
 const WINDOW_COMPANIONS: &[&str] = &["aggregate", "late"];
@@ -76,6 +87,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
             "dedup" => &["dedup"],
             "group_by" => &["group_by", "aggregate"],
             "top_n" => &["top_n"],
+            "join" => &["join"],
             _ => &["key_by"],
         };
         let fields = Fields::new(item, &path, allowed)?;
@@ -95,6 +107,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
                     .collect(),
             }),
             "top_n" => top_n(value, &op_path)?,
+            "join" => join(value, &op_path)?,
             "group_by" => {
                 let aggregate = fields.require(
                     "aggregate",
@@ -364,6 +377,79 @@ fn window(
         time_column,
     };
     Ok(Operator::Window(Box::new(WindowStage { spec, late_sink })))
+}
+
+/// `join: { right: { source, watermark, pipeline }, left_keys: [a], right_keys: [b],
+/// left_alias: l, right_alias: r, condition: "...", select: [...], ttl: 1h }`.
+fn join(node: &Node, path: &str) -> Result<Operator> {
+    let fields = Fields::new(node, path, JOIN_KEYS)?;
+    let right = fields.require(
+        "right",
+        " (the other input: `right: { source: ..., pipeline: [...] }`)",
+    )?;
+    let right_path = fields.path_of("right");
+    let right_fields = Fields::new(
+        right.value,
+        &right_path,
+        &["source", "watermark", "pipeline"],
+    )?;
+    let source_entry = right_fields.require(
+        "source",
+        "; e.g. `source: { nexmark: { stream: auction } }`",
+    )?;
+    let mut source = connector::source(source_entry.value, &right_fields.path_of("source"))?;
+    source.watermark = right_fields.opt("watermark", super::decode::watermark)?;
+    let pipeline = match right_fields.get("pipeline") {
+        Some(entry) => pipeline(entry.value, source.watermark.as_ref())?,
+        None => Vec::new(),
+    };
+    let keys = |name: &str| -> Result<Vec<String>> {
+        let entry = fields.require(name, " (the columns the two sides are equal on)")?;
+        Ok(string_list(entry.value, &fields.path_of(name), true)?
+            .into_iter()
+            .map(|(column, _)| column)
+            .collect())
+    };
+    let left_keys = keys("left_keys")?;
+    let right_keys = keys("right_keys")?;
+    if left_keys.len() != right_keys.len() {
+        let entry = fields.require("right_keys", "")?;
+        return Err(PosError::new(
+            entry.value.pos,
+            format!(
+                "`{path}` has {} left and {} right key columns; each left key is equal to \
+                 the right key at its position",
+                left_keys.len(),
+                right_keys.len()
+            ),
+        ));
+    }
+    let condition = match fields.get("condition") {
+        Some(entry) => Some(expr(
+            string(entry.value, &fields.path_of("condition"))?,
+            entry.value.pos,
+        )),
+        None => None,
+    };
+    let exprs = match fields.get("select") {
+        Some(entry) => exprs(string_list(entry.value, &fields.path_of("select"), false)?),
+        None => Vec::new(),
+    };
+    Ok(Operator::Join(Box::new(JoinStage {
+        spec: pb::JoinSpec {
+            r#type: pb::JoinType::Inner as i32,
+            left_alias: fields.opt("left_alias", string)?.unwrap_or_default(),
+            right_alias: fields.opt("right_alias", string)?.unwrap_or_default(),
+            left_keys,
+            right_keys,
+            condition,
+            exprs,
+            ttl_ms: fields.opt("ttl", duration_ms)?.unwrap_or(0),
+        },
+        source,
+        source_at: source_entry.key.pos,
+        pipeline,
+    })))
 }
 
 /// `top_n: { partition_by: [k], order_by: ["price DESC"], limit: 10, rank_column: rn }`.

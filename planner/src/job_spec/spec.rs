@@ -42,6 +42,18 @@ pub(super) enum Operator {
     Aggregate(pb::AggregateSpec),
     /// Top-N per key; not keyed (one subtask) when it has no partition columns.
     TopN(pb::TopNSpec),
+    /// A join of the pipeline so far (left) with another input (right).
+    Join(Box<JoinStage>),
+}
+
+/// A `join` item: the join, and the right input's own source and pipeline.
+pub(super) struct JoinStage {
+    pub spec: pb::JoinSpec,
+    /// Includes the right input's watermark.
+    pub source: pb::SourceSpec,
+    /// Where the right input's `source:` key is.
+    pub source_at: Pos,
+    pub pipeline: Vec<Stage>,
 }
 
 pub(super) struct WindowStage {

@@ -50,6 +50,7 @@ fn loc(line: u32, column: u32) -> Option<pb::Location> {
 
 fn edge(source: u32, target: u32, partitioning: pb::Partitioning, keys: &[&str]) -> pb::Edge {
     pb::Edge {
+        target_input: 0,
         source,
         target,
         partitioning: partitioning as i32,

@@ -1,0 +1,438 @@
+//! `join`: a regular inner equi-join of two append-only inputs (Flink SQL's `a JOIN b ON
+//! a.k = b.k`), kept in keyed state so that a row joins every row of the other side that
+//! arrived before it or arrives after it.
+//!
+//! Both inputs are hash-partitioned on their key columns, so a key's rows of both sides
+//! meet in one subtask. A batch of one side is stored, then probed against the other
+//! side's rows of each of its keys; each matching pair passes the join's condition (the
+//! rest of `ON` and the `WHERE`) and becomes a row of the output projection. Rows whose
+//! key has a null never match (SQL's `NULL = NULL` is not true) and are not kept. The
+//! output of an inner join of append-only inputs is append-only.
+//!
+//! Expressions see the pair's columns qualified by each side's alias (`a.price`), and
+//! unqualified where only one side has the name, as in SQL.
+//!
+//! # State
+//! Two tables, `left` and `right`: per key, one entry per distinct row (the namespace is
+//! the row in Arrow's row format), whose value is an expiry time (the state TTL; never
+//! without one) and how many times the row arrived. A probe scans the other side's rows
+//! of the key; expired rows are skipped and deleted as they are met (Flink's TTL also
+//! counts processing time from the row's last write).
+//!
+//! The operator never sees which store holds its state or how inputs are scheduled: the
+//! task tells it which input a batch came from.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, AsArray, UInt32Array};
+use arrow::compute::{filter_record_batch, take};
+use arrow::datatypes::{Field, Schema, SchemaRef};
+use arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use arrow_row::{RowConverter, SortField};
+use async_trait::async_trait;
+use bytes::{BufMut, Bytes};
+use sluice_common::key_group::key_group_of;
+use sluice_common::pb;
+use sluice_common::state::{StateTable, WriteOp, ttl};
+
+use super::{Operator, OperatorContext, Output};
+use crate::changelog;
+use crate::element::unix_ms;
+use crate::error::{Error, Result};
+use crate::expr::{CompiledExpr, ExprCompiler};
+use crate::keys::{EncodedKeys, KeyEncoder};
+
+const STATES: [&str; 2] = ["left", "right"];
+
+/// Rows of the other side read per scan call.
+const SCAN_PAGE: usize = 1024;
+
+/// Hashes short keys of one batch: keys come from the job's own data.
+type Hasher = foldhash::fast::RandomState;
+
+/// One side of the join.
+struct Side {
+    keys: KeyEncoder,
+    rows: RowConverter,
+}
+
+/// The join operator of one subtask.
+pub struct JoinOperator {
+    sides: [Side; 2],
+    encoded: EncodedKeys,
+    /// The pair's columns: the left side's, then the right side's.
+    pair_schema: SchemaRef,
+    condition: Option<CompiledExpr>,
+    /// The output columns; `None`: the pair as it is.
+    exprs: Option<Vec<CompiledExpr>>,
+    schema: SchemaRef,
+    ttl_ms: u64,
+    tables: Option<[StateTable; 2]>,
+    max_parallelism: u32,
+}
+
+/// The aliases of the two sides (`l` and `r` when the spec names none).
+fn aliases(spec: &pb::JoinSpec) -> [String; 2] {
+    let or = |a: &str, d: &str| {
+        if a.is_empty() {
+            d.to_owned()
+        } else {
+            a.to_owned()
+        }
+    };
+    [or(&spec.left_alias, "l"), or(&spec.right_alias, "r")]
+}
+
+/// The pair's schema, and each of its columns' qualifier.
+fn pair_of(spec: &pb::JoinSpec, left: &SchemaRef, right: &SchemaRef) -> (SchemaRef, Vec<String>) {
+    let [l, r] = aliases(spec);
+    let fields: Vec<Field> = left
+        .fields()
+        .iter()
+        .chain(right.fields())
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let qualifiers = std::iter::repeat_n(l, left.fields().len())
+        .chain(std::iter::repeat_n(r, right.fields().len()))
+        .collect();
+    (Arc::new(Schema::new(fields)), qualifiers)
+}
+
+impl JoinOperator {
+    /// Compiles `sql` over the pair of `left` and `right` rows: how planning checks each
+    /// expression of a join at its own position.
+    pub fn check_expr(
+        spec: &pb::JoinSpec,
+        left: &SchemaRef,
+        right: &SchemaRef,
+        compiler: &ExprCompiler,
+        sql: &str,
+    ) -> Result<CompiledExpr> {
+        let (pair, qualifiers) = pair_of(spec, left, right);
+        compiler.compile_qualified(sql, &pair, &qualifiers)
+    }
+
+    /// Builds the join of `left` and `right` rows; errors name a missing key column, key
+    /// types that cannot be equal, a condition that is not a boolean, or a column name
+    /// that is ambiguous in the output.
+    pub fn build(
+        spec: &pb::JoinSpec,
+        left: &SchemaRef,
+        right: &SchemaRef,
+        compiler: &ExprCompiler,
+    ) -> Result<Self> {
+        if spec.r#type() != pb::JoinType::Inner {
+            return Err(Error::Plan("only inner joins are supported".into()));
+        }
+        for (schema, side) in [(left, "left"), (right, "right")] {
+            if changelog::is_changelog(schema) {
+                return Err(Error::Plan(format!(
+                    "a join needs append-only inputs, but its {side} input is an updating \
+                     result"
+                )));
+            }
+        }
+        let side = |schema: &SchemaRef, keys: &[String], which: &str| -> Result<Side> {
+            let encoder = KeyEncoder::new(schema, keys).map_err(|e| match e {
+                Error::Plan(m) => Error::Plan(format!("the join's {which} side: {m}")),
+                other => other,
+            })?;
+            let rows = RowConverter::new(
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| SortField::new(f.data_type().clone()))
+                    .collect(),
+            )
+            .map_err(|e| Error::Plan(format!("a join cannot keep the {which} side's rows: {e}")))?;
+            Ok(Side {
+                keys: encoder,
+                rows,
+            })
+        };
+        let l = side(left, &spec.left_keys, "left")?;
+        let r = side(right, &spec.right_keys, "right")?;
+        if !l.keys.comparable(&r.keys) {
+            let types = |s: &Side| {
+                s.keys
+                    .fields()
+                    .iter()
+                    .map(|f| format!("{} {}", f.name(), f.data_type()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Err(Error::Plan(format!(
+                "the join's keys cannot be equal: the left side's are ({}), the right side's \
+                 ({}); cast one side in a projection before the join",
+                types(&l),
+                types(&r)
+            )));
+        }
+        let (pair_schema, qualifiers) = pair_of(spec, left, right);
+        let condition = match &spec.condition {
+            Some(e) => {
+                let c = compiler.compile_qualified(&e.sql, &pair_schema, &qualifiers)?;
+                if c.data_type != arrow::datatypes::DataType::Boolean {
+                    return Err(Error::Plan(format!(
+                        "the join condition `{}` is of type {}, not a boolean",
+                        e.sql, c.data_type
+                    )));
+                }
+                Some(c)
+            }
+            None => None,
+        };
+        let (exprs, schema) = if spec.exprs.is_empty() {
+            let mut seen = std::collections::HashSet::new();
+            if let Some(dup) = pair_schema
+                .fields()
+                .iter()
+                .find(|f| !seen.insert(f.name().clone()))
+            {
+                return Err(Error::Plan(format!(
+                    "both sides of the join have a column `{}`; select the output columns \
+                     (e.g. `{}.{0}`)",
+                    dup.name(),
+                    qualifiers[0]
+                )));
+            }
+            (None, pair_schema.clone())
+        } else {
+            let mut exprs: Vec<CompiledExpr> = Vec::with_capacity(spec.exprs.len());
+            for e in &spec.exprs {
+                let c = compiler.compile_qualified(&e.sql, &pair_schema, &qualifiers)?;
+                if exprs.iter().any(|o| o.name == c.name) {
+                    return Err(Error::Plan(format!(
+                        "the join's output column `{}` appears twice; give one of them \
+                         another name with AS",
+                        c.name
+                    )));
+                }
+                exprs.push(c);
+            }
+            let schema = Arc::new(Schema::new(
+                exprs.iter().map(CompiledExpr::field).collect::<Vec<_>>(),
+            ));
+            (Some(exprs), schema)
+        };
+        Ok(Self {
+            sides: [l, r],
+            encoded: EncodedKeys::default(),
+            pair_schema,
+            condition,
+            exprs,
+            schema,
+            ttl_ms: spec.ttl_ms,
+            tables: None,
+            max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
+        })
+    }
+
+    /// The schema of the rows this operator emits.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn expires_at(&self, now: i64) -> i64 {
+        match self.ttl_ms {
+            0 => ttl::NEVER_EXPIRES,
+            t => now.saturating_add(i64::try_from(t).unwrap_or(i64::MAX)),
+        }
+    }
+
+    /// Stores the rows of `batch` (from input `input`) and emits their pairs with the
+    /// other side's stored rows.
+    async fn process(&mut self, input: usize, batch: RecordBatch, out: &mut Output) -> Result<()> {
+        let Some(tables) = self.tables.clone() else {
+            return Err(Error::Internal("join used before `open`".into()));
+        };
+        let other = 1 - input;
+        let side = &self.sides[input];
+        side.keys.encode(&batch, &mut self.encoded)?;
+        let rows = side.rows.convert_columns(batch.columns())?;
+        let nulls = key_nulls(&batch, &side.keys)?;
+        let now = unix_ms() as i64;
+        let expires = self.expires_at(now);
+        // The batch's rows per key, and how often each distinct row arrived.
+        let mut slot_of: HashMap<&[u8], usize, Hasher> = HashMap::default();
+        let mut keys: Vec<usize> = Vec::new();
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        let mut counts: HashMap<(usize, &[u8]), u64, Hasher> = HashMap::default();
+        for row in 0..batch.num_rows() {
+            if nulls.as_ref().is_some_and(|n| n[row]) {
+                continue;
+            }
+            let key = self.encoded.row(row);
+            let slot = *slot_of.entry(key).or_insert_with(|| {
+                keys.push(row);
+                members.push(Vec::new());
+                keys.len() - 1
+            });
+            members[slot].push(row);
+            *counts.entry((slot, rows.row(row).data())).or_default() += 1;
+        }
+        // Store this side's rows: each distinct row's count grows by its arrivals.
+        let own = &tables[input];
+        let mut distinct: Vec<((usize, &[u8]), u64)> = counts.into_iter().collect();
+        distinct.sort_unstable();
+        let state_keys: Vec<Bytes> = distinct
+            .iter()
+            .map(|((slot, row), _)| {
+                let key = self.encoded.row(keys[*slot]);
+                own.key(key_group_of(key, self.max_parallelism), key, row)
+            })
+            .collect();
+        let stored = own.get_many(&state_keys).await?;
+        let mut writes = Vec::with_capacity(state_keys.len());
+        for ((_, arrived), (state_key, old)) in
+            distinct.iter().zip(state_keys.into_iter().zip(stored))
+        {
+            let before = match old {
+                Some(v) => live_count(&v, now)?.unwrap_or(0),
+                None => 0,
+            };
+            writes.push(WriteOp::Put {
+                key: state_key,
+                value: encode_entry(expires, before + arrived),
+            });
+        }
+        own.write(writes).await?;
+        // Probe the other side, key by key.
+        let theirs = &tables[other];
+        let mut this_rows: Vec<u32> = Vec::new();
+        let mut other_rows: Vec<Bytes> = Vec::new();
+        let mut expired = Vec::new();
+        for (slot, &first) in keys.iter().enumerate() {
+            let key = self.encoded.row(first);
+            let group = key_group_of(key, self.max_parallelism);
+            let matches = theirs.scan_key(group, key, SCAN_PAGE).await?;
+            if matches.is_empty() {
+                continue;
+            }
+            let mut live: Vec<(Bytes, u64)> = Vec::with_capacity(matches.len());
+            for m in matches {
+                match live_count(&m.value, now)? {
+                    Some(n) => live.push((m.namespace, n)),
+                    None => expired.push(WriteOp::Delete {
+                        key: theirs.key(group, key, &m.namespace),
+                    }),
+                }
+            }
+            for &row in &members[slot] {
+                for (other_row, n) in &live {
+                    for _ in 0..*n {
+                        this_rows.push(row as u32);
+                        other_rows.push(other_row.clone());
+                    }
+                }
+            }
+        }
+        theirs.write(expired).await?;
+        if this_rows.is_empty() {
+            return Ok(());
+        }
+        let indices = UInt32Array::from(this_rows);
+        let this_columns: Vec<ArrayRef> = batch
+            .columns()
+            .iter()
+            .map(|c| take(c, &indices, None))
+            .collect::<std::result::Result<_, _>>()?;
+        let converter = &self.sides[other].rows;
+        let parser = converter.parser();
+        let other_columns = converter.convert_rows(other_rows.iter().map(|r| parser.parse(r)))?;
+        let (left, right) = if input == 0 {
+            (this_columns, other_columns)
+        } else {
+            (other_columns, this_columns)
+        };
+        let options = RecordBatchOptions::new().with_row_count(Some(indices.len()));
+        let mut pairs = RecordBatch::try_new_with_options(
+            self.pair_schema.clone(),
+            left.into_iter().chain(right).collect(),
+            &options,
+        )?;
+        if let Some(c) = &self.condition {
+            let keep = c.evaluate(&pairs)?;
+            pairs = filter_record_batch(&pairs, keep.as_boolean())?;
+        }
+        let output = match &self.exprs {
+            None => pairs,
+            Some(exprs) => {
+                let columns = exprs
+                    .iter()
+                    .map(|e| e.evaluate(&pairs))
+                    .collect::<Result<Vec<_>>>()?;
+                let options = RecordBatchOptions::new().with_row_count(Some(pairs.num_rows()));
+                RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)?
+            }
+        };
+        out.batch(output);
+        Ok(())
+    }
+}
+
+/// Per row, whether any of its key columns is null (`None`: no key column has nulls).
+fn key_nulls(batch: &RecordBatch, keys: &KeyEncoder) -> Result<Option<Vec<bool>>> {
+    let mut nulls: Option<Vec<bool>> = None;
+    for f in keys.fields() {
+        let column = batch.column(batch.schema().index_of(f.name())?);
+        if column.null_count() == 0 {
+            continue;
+        }
+        let n = nulls.get_or_insert_with(|| vec![false; batch.num_rows()]);
+        for (row, null) in n.iter_mut().enumerate() {
+            *null |= column.is_null(row);
+        }
+    }
+    Ok(nulls)
+}
+
+/// A stored row's value: when it expires, and how many times it arrived.
+fn encode_entry(expires_at: i64, count: u64) -> Bytes {
+    let mut v = Vec::with_capacity(16);
+    ttl::write_header(&mut v, expires_at);
+    v.put_u64(count);
+    Bytes::from(v)
+}
+
+/// How many times a stored row arrived, or `None` once it expired.
+fn live_count(stored: &[u8], now: i64) -> Result<Option<u64>> {
+    let payload =
+        ttl::live_payload(stored, now).map_err(|e| Error::Internal(format!("join state: {e}")))?;
+    match payload {
+        None => Ok(None),
+        Some(p) => {
+            let bytes: [u8; 8] = p
+                .try_into()
+                .map_err(|_| Error::Internal("join state: a row's count is truncated".into()))?;
+            Ok(Some(u64::from_be_bytes(bytes)))
+        }
+    }
+}
+
+#[async_trait]
+impl Operator for JoinOperator {
+    async fn open(&mut self, ctx: &OperatorContext) -> Result<()> {
+        self.max_parallelism = ctx.max_parallelism;
+        let state = ctx.keyed_state()?;
+        self.tables = Some(STATES.map(|name| state.table(name)));
+        Ok(())
+    }
+
+    async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
+        self.process(0, batch, out).await
+    }
+
+    async fn process_input(
+        &mut self,
+        input: usize,
+        batch: RecordBatch,
+        out: &mut Output,
+    ) -> Result<()> {
+        if input > 1 {
+            return Err(Error::Internal(format!("a join has no input {input}")));
+        }
+        self.process(input, batch, out).await
+    }
+}
