@@ -201,7 +201,14 @@ impl JoinOperator {
         } else {
             let mut exprs: Vec<CompiledExpr> = Vec::with_capacity(spec.exprs.len());
             for e in &spec.exprs {
-                let c = compiler.compile_qualified(&e.sql, &pair_schema, &qualifiers)?;
+                let mut c = compiler.compile_qualified(&e.sql, &pair_schema, &qualifiers)?;
+                if is_bare_column(&e.sql) && exprs.iter().any(|o| o.name == c.name) {
+                    // As Flink names a second `b.x` next to `a.x`: `x0`, then `x1`.
+                    c.name = (0..)
+                        .map(|n| format!("{}{n}", c.name))
+                        .find(|name| exprs.iter().all(|o| &o.name != name))
+                        .unwrap_or_default();
+                }
                 if exprs.iter().any(|o| o.name == c.name) {
                     return Err(Error::Plan(format!(
                         "the join's output column `{}` appears twice; give one of them \
@@ -370,6 +377,15 @@ impl JoinOperator {
         out.batch(output);
         Ok(())
     }
+}
+
+/// Whether `sql` is a column reference without an alias (`a.x` or `x`).
+fn is_bare_column(sql: &str) -> bool {
+    let sql = sql.trim();
+    !sql.is_empty()
+        && sql
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '.' || c == '"')
 }
 
 /// Per row, whether any of its key columns is null (`None`: no key column has nulls).

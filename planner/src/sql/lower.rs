@@ -10,9 +10,9 @@ use std::collections::HashMap;
 
 use sqlparser::ast::{
     BinaryOperator, CreateTable, CreateTableOptions, DateTimeField, Expr, FunctionArg,
-    FunctionArgExpr, FunctionArguments, GroupByExpr, Ident, ObjectName, ObjectNamePart, Query,
-    SelectItem, SetExpr, Spanned, SqlOption, Statement, TableFactor, TableObject,
-    Value as SqlValue,
+    FunctionArgExpr, FunctionArguments, GroupByExpr, Ident, JoinConstraint, JoinOperator,
+    ObjectName, ObjectNamePart, Query, SelectItem, SetExpr, Spanned, SqlOption, Statement,
+    TableFactor, TableObject, TableWithJoins, Value as SqlValue,
 };
 use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::{Parser, ParserError};
@@ -189,7 +189,15 @@ pub(super) fn job_trees(file: &str, text: &str) -> Result<Vec<InsertTree>> {
             "the job has no `INSERT INTO sink SELECT ...`; nothing would run".to_owned(),
         ));
     }
-    let catalog = Catalog { tables, views };
+    let join_ttl = settings
+        .iter()
+        .find(|(key, _, _)| key == "table.exec.state.ttl")
+        .map(|(_, _, value)| value.clone());
+    let catalog = Catalog {
+        tables,
+        views,
+        join_ttl,
+    };
     inserts
         .into_iter()
         .map(|(ins, at)| insert_tree(file, &settings, &catalog, ins, at))
@@ -259,7 +267,9 @@ fn job(
     let mut top = Section::default();
     let named = settings.iter().any(|(_, path, _)| *path == ["name"]);
     for (_, path, value) in settings {
-        top.put(path, value)?;
+        if !path.is_empty() {
+            top.put(path, value)?;
+        }
     }
     if !named {
         top.put(&["name"], scalar(default_name, Pos::START))?;
@@ -276,17 +286,10 @@ fn job(
             ),
         ));
     }
-    let mut src = Section::default();
-    src.put(&[connector.as_str()], map(Vec::new(), *connector_at))?;
-    for (key, value) in &source.options {
-        match key.as_str() {
-            "batch_size" => src.put(&["batch_size"], value.clone())?,
-            _ => src.put(&option_path(connector, key), value.clone())?,
-        }
-    }
-    top.put(&["source"], src.into_node(source.at))?;
-    if let Some(w) = &source.watermark {
-        top.put(&["watermark"], watermark(w)?)?;
+    let (src, watermark) = source_nodes(source)?;
+    top.put(&["source"], src)?;
+    if let Some(w) = watermark {
+        top.put(&["watermark"], w)?;
     }
     top.put(&["pipeline"], seq(pipeline, at))?;
 
@@ -316,6 +319,21 @@ fn job(
     }
     top.put(&["sink"], snk.into_node(sink.at))?;
     Ok(top.into_node(Pos::START))
+}
+
+/// A read table's `source:` and `watermark:` sections, as a job file writes them.
+fn source_nodes(source: &Table) -> Result<(Node, Option<Node>)> {
+    let (connector, connector_at) = &source.connector;
+    let mut src = Section::default();
+    src.put(&[connector.as_str()], map(Vec::new(), *connector_at))?;
+    for (key, value) in &source.options {
+        match key.as_str() {
+            "batch_size" => src.put(&["batch_size"], value.clone())?,
+            _ => src.put(&option_path(connector, key), value.clone())?,
+        }
+    }
+    let watermark = source.watermark.as_ref().map(watermark).transpose()?;
+    Ok((src.into_node(source.at), watermark))
 }
 
 /// Where option `key` of `connector` goes: `'a.b'` is key `b` of the connector's `a`.
@@ -575,6 +593,8 @@ struct PendingRank {
 struct Catalog<'a> {
     tables: HashMap<String, Table>,
     views: HashMap<String, &'a Query>,
+    /// `table.exec.state.ttl`, given to every join.
+    join_ttl: Option<Node>,
 }
 
 /// Views and subqueries nest no deeper (a view that reads itself ends here).
@@ -655,9 +675,6 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
     let [from] = select.from.as_slice() else {
         return Err(unsupported(at, "reading several tables (a join)"));
     };
-    if let Some(j) = from.joins.first() {
-        return Err(unsupported(pos(j.relation.span().start), "JOIN"));
-    }
     let group_by = match &select.group_by {
         GroupByExpr::Expressions(exprs, modifiers) if modifiers.is_empty() => exprs.as_slice(),
         _ => {
@@ -667,6 +684,27 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             ));
         }
     };
+    if !from.joins.is_empty() {
+        if row_number.is_some()
+            || distinct
+            || !group_by.is_empty()
+            || has_aggregate(&select.projection)
+        {
+            return Err(unsupported(
+                at,
+                "GROUP BY, aggregates, DISTINCT or ROW_NUMBER() in the SELECT of a JOIN; \
+                 join in a subquery or view and aggregate over it",
+            ));
+        }
+        return lower_join(
+            from,
+            &select.projection,
+            select.selection.as_ref(),
+            catalog,
+            at,
+            depth,
+        );
+    }
     let (input, window) = match &from.relation {
         TableFactor::Table {
             name, args: None, ..
@@ -793,6 +831,257 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
         pipeline,
         rank: None,
     })
+}
+
+/// `FROM a [AS x] [INNER] JOIN b [AS y] ON x.k = y.k [AND ...] [WHERE ...]` as a join
+/// item on `a`'s pipeline, `b` its right input. Equalities between a column of each side
+/// (qualified by its table) are the keys; a WHERE conjunct that names one side's columns
+/// only filters that side before the join; everything else is the join's condition.
+fn lower_join(
+    from: &TableWithJoins,
+    projection: &[SelectItem],
+    selection: Option<&Expr>,
+    catalog: &Catalog<'_>,
+    at: Pos,
+    depth: usize,
+) -> Result<Lowered> {
+    let join = match from.joins.as_slice() {
+        [join] => join,
+        [_, second, ..] => {
+            return Err(unsupported(
+                pos(second.relation.span().start),
+                "more than one JOIN in a FROM; join two tables in a subquery or view and \
+                 join that",
+            ));
+        }
+        [] => return Err(SqlError::new(at, "no JOIN".to_owned())),
+    };
+    let join_at = pos(join.relation.span().start);
+    let constraint = match &join.join_operator {
+        JoinOperator::Join(c) | JoinOperator::Inner(c) => c,
+        JoinOperator::Left(_)
+        | JoinOperator::LeftOuter(_)
+        | JoinOperator::Right(_)
+        | JoinOperator::RightOuter(_)
+        | JoinOperator::FullOuter(_) => {
+            return Err(unsupported(join_at, "outer joins (LEFT, RIGHT, FULL)"));
+        }
+        _ => {
+            return Err(unsupported(
+                join_at,
+                "this kind of join; write `[INNER] JOIN ... ON a.k = b.k`",
+            ));
+        }
+    };
+    let JoinConstraint::On(on) = constraint else {
+        return Err(unsupported(
+            join_at,
+            "a JOIN without ON (USING, NATURAL, CROSS); write `ON a.k = b.k`",
+        ));
+    };
+    let (left, left_alias) = join_input(&from.relation, catalog, at, depth)?;
+    let (right, right_alias) = join_input(&join.relation, catalog, at, depth)?;
+    if left_alias.eq_ignore_ascii_case(&right_alias) {
+        return Err(SqlError::new(
+            join_at,
+            format!(
+                "both sides of the join are called `{right_alias}`; give one an alias \
+                 (`{right_alias} AS other`)"
+            ),
+        ));
+    }
+    let aliases = [left_alias.as_str(), right_alias.as_str()];
+    let mut conjuncts = Vec::new();
+    split_and(on, &mut conjuncts);
+    let (mut left_keys, mut right_keys, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+    for c in conjuncts {
+        if let Expr::BinaryOp {
+            left: a,
+            op: BinaryOperator::Eq,
+            right: b,
+        } = &c
+        {
+            match (side_column(a, aliases), side_column(b, aliases)) {
+                (Some((0, l)), Some((1, r))) | (Some((1, r)), Some((0, l))) => {
+                    left_keys.push(l);
+                    right_keys.push(r);
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        rest.push(c);
+    }
+    if left_keys.is_empty() {
+        return Err(SqlError::new(
+            located(on, join_at),
+            format!(
+                "a join needs an equality between a column of each side in ON, each \
+                 qualified by its table (`{left_alias}.k = {right_alias}.k`); joins without \
+                 one are not supported"
+            ),
+        ));
+    }
+    let (mut left_pipeline, mut right_pipeline) = (left.pipeline, right.pipeline);
+    if let Some(w) = selection {
+        let mut wheres = Vec::new();
+        split_and(w, &mut wheres);
+        for c in wheres {
+            match one_side(&c, aliases) {
+                Some(side) => {
+                    let unqualified = unqualify(c);
+                    let pipeline = if side == 0 {
+                        &mut left_pipeline
+                    } else {
+                        &mut right_pipeline
+                    };
+                    pipeline.push(stage("filter", expr_node(&unqualified, at), at));
+                }
+                None => rest.push(c),
+            }
+        }
+    }
+    let table = &catalog.tables[&right.source];
+    let (source, watermark) = source_nodes(table)?;
+    let mut input = Section::default();
+    input.put(&["source"], source)?;
+    if let Some(w) = watermark {
+        input.put(&["watermark"], w)?;
+    }
+    input.put(&["pipeline"], seq(right_pipeline, join_at))?;
+    let mut spec = Section::default();
+    spec.put(&["right"], input.into_node(join_at))?;
+    let names = |keys: Vec<(String, Pos)>| {
+        let items = keys.into_iter().map(|(k, p)| scalar(k, p)).collect();
+        seq(items, join_at)
+    };
+    spec.put(&["left_keys"], names(left_keys))?;
+    spec.put(&["right_keys"], names(right_keys))?;
+    spec.put(&["left_alias"], scalar(left_alias, join_at))?;
+    spec.put(&["right_alias"], scalar(right_alias, join_at))?;
+    if let Some(condition) = rest.into_iter().reduce(|a, b| Expr::BinaryOp {
+        left: Box::new(a),
+        op: BinaryOperator::And,
+        right: Box::new(b),
+    }) {
+        spec.put(&["condition"], expr_node(&condition, join_at))?;
+    }
+    if let Some(items) = projection_of_join(projection, at)? {
+        spec.put(&["select"], seq(items, at))?;
+    }
+    if let Some(ttl) = &catalog.join_ttl {
+        spec.put(&["ttl"], ttl.clone())?;
+    }
+    left_pipeline.push(stage("join", spec.into_node(join_at), join_at));
+    Ok(Lowered {
+        source: left.source,
+        pipeline: left_pipeline,
+        rank: None,
+    })
+}
+
+/// A join's SELECT list: every item named (a bare `t.col` is named `col`).
+fn projection_of_join(items: &[SelectItem], at: Pos) -> Result<Option<Vec<Node>>> {
+    projection(items, at)
+}
+
+/// One input of a join and the name its columns are qualified with.
+fn join_input(
+    factor: &TableFactor,
+    catalog: &Catalog<'_>,
+    at: Pos,
+    depth: usize,
+) -> Result<(Lowered, String)> {
+    let (lowered, alias) = match factor {
+        TableFactor::Table {
+            name,
+            alias,
+            args: None,
+            ..
+        } => {
+            let (name, name_at) = object_name(name)?;
+            let lowered = catalog.read(&name, name_at, depth)?;
+            let alias = alias.as_ref().map_or(name, |a| a.name.value.clone());
+            (lowered, alias)
+        }
+        TableFactor::Derived {
+            lateral: false,
+            subquery,
+            alias,
+            ..
+        } => {
+            let Some(alias) = alias else {
+                return Err(SqlError::new(
+                    pos(factor.span().start),
+                    "a subquery joined needs a name: `(SELECT ...) AS s`".to_owned(),
+                ));
+            };
+            (
+                lower_query(subquery, catalog, at, depth + 1)?,
+                alias.name.value.clone(),
+            )
+        }
+        other => {
+            return Err(unsupported(
+                pos(other.span().start),
+                "this join input (window joins and joins of table functions); join tables, \
+                 views or subqueries",
+            ));
+        }
+    };
+    if let Some(rank) = &lowered.rank {
+        return Err(unbounded_rank(rank));
+    }
+    Ok((lowered, alias))
+}
+
+/// `alias.column` of one side of a join: the side (0 left, 1 right) and the column.
+fn side_column(e: &Expr, aliases: [&str; 2]) -> Option<(usize, (String, Pos))> {
+    let Expr::CompoundIdentifier(parts) = e else {
+        return None;
+    };
+    let [table, column] = parts.as_slice() else {
+        return None;
+    };
+    let side = aliases
+        .iter()
+        .position(|a| a.eq_ignore_ascii_case(&table.value))?;
+    Some((side, (column.value.clone(), pos(column.span.start))))
+}
+
+/// The side whose columns alone `e` reads (each qualified by that side's name), if any.
+fn one_side(e: &Expr, aliases: [&str; 2]) -> Option<usize> {
+    use std::ops::ControlFlow;
+    let mut side = None;
+    let outcome = sqlparser::ast::visit_expressions(e, |e| match e {
+        Expr::Identifier(_) => ControlFlow::Break(()),
+        Expr::CompoundIdentifier(_) => match side_column(e, aliases) {
+            Some((s, _)) if side.is_none_or(|seen| seen == s) => {
+                side = Some(s);
+                ControlFlow::Continue(())
+            }
+            _ => ControlFlow::Break(()),
+        },
+        Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => {
+            ControlFlow::Break(())
+        }
+        _ => ControlFlow::Continue(()),
+    });
+    if outcome.is_break() { None } else { side }
+}
+
+/// `e` with every `table.column` written `column` (for a filter on one side's own rows).
+fn unqualify(mut e: Expr) -> Expr {
+    use std::ops::ControlFlow;
+    let _ = sqlparser::ast::visit_expressions_mut(&mut e, |e| {
+        if let Expr::CompoundIdentifier(parts) = e
+            && let [_, column] = parts.as_slice()
+        {
+            *e = Expr::Identifier(column.clone());
+        }
+        ControlFlow::<()>::Continue(())
+    });
+    e
 }
 
 /// The SELECT list's `ROW_NUMBER() OVER (...) AS rn`, with its index; other window

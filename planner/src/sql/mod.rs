@@ -54,7 +54,7 @@ use sluice_common::pb;
 use crate::job_spec::{JobSpecError, Pos, PosError, at, check_size, graph_from_tree};
 
 /// Job settings a `SET` statement may change: the key, where it goes in the job file's
-/// tree, and what it sets.
+/// tree (empty: into each join), and what it sets.
 pub const SETTINGS: &[(&str, &[&str], &str)] = &[
     (
         "pipeline.name",
@@ -96,6 +96,12 @@ pub const SETTINGS: &[(&str, &[&str], &str)] = &[
         "execution.checkpointing.timeout",
         &["checkpoint", "timeout"],
         "e.g. 2m",
+    ),
+    (
+        "table.exec.state.ttl",
+        &[],
+        "how long a join keeps each row after it arrived, e.g. 1h (processing time; \
+         other operators' state does not expire)",
     ),
     (
         "execution.checkpointing.aligned-checkpoint-timeout",
