@@ -22,7 +22,19 @@ WITH ('connector' = 'file', 'path' = 'BIDS', 'format' = 'csv', 'schema.auction' 
 'schema.bidder' = 'int64', 'schema.price' = 'int64', 'schema.channel' = 'string', \
 'schema.url' = 'string', 'schema.date_time' = 'timestamp', 'schema.extra' = 'string');\n";
 
-/// Each example and DuckDB's batch query for it, over a view `bid` of the same files.
+/// The auction and person tables over CSV files (joined by q3 and q20).
+const OTHER_TABLES: &str = "CREATE TABLE auction WITH ('connector' = 'file', 'path' = \
+'AUCTIONS', 'format' = 'csv', 'schema.id' = 'int64', 'schema.item_name' = 'string', \
+'schema.description' = 'string', 'schema.initial_bid' = 'int64', 'schema.reserve' = 'int64', \
+'schema.date_time' = 'timestamp', 'schema.expires' = 'timestamp', 'schema.seller' = 'int64', \
+'schema.category' = 'int64', 'schema.extra' = 'string');\n\
+CREATE TABLE person WITH ('connector' = 'file', 'path' = 'PERSONS', 'format' = 'csv', \
+'schema.id' = 'int64', 'schema.name' = 'string', 'schema.email_address' = 'string', \
+'schema.credit_card' = 'string', 'schema.city' = 'string', 'schema.state' = 'string', \
+'schema.date_time' = 'timestamp', 'schema.extra' = 'string');\n";
+
+/// Each example and DuckDB's batch query for it, over views `bid`, `auction` and
+/// `person` of the same files.
 const ORACLE: &[(&str, &str)] = &[
     ("q0-passthrough", "SELECT * FROM bid"),
     (
@@ -125,6 +137,19 @@ const ORACLE: &[(&str, &str)] = &[
          DESC, auction, bidder, price, channel, url, date_time, extra) AS rank_number FROM \
          bid) WHERE rank_number <= 10",
     ),
+    // Regular joins: every pair of rows with equal keys, whichever side came first.
+    (
+        "q3-local-item-suggestion",
+        "SELECT P.name, P.city, P.state, A.id FROM auction AS A JOIN person AS P ON \
+         A.seller = P.id WHERE A.category = 10 AND P.state IN ('OR', 'ID', 'CA')",
+    ),
+    (
+        "q20-expanded-bid",
+        "SELECT auction, bidder, price, channel, url, B.date_time, B.extra, item_name, \
+         description, initial_bid, reserve, A.date_time AS date_time0, expires, seller, \
+         category, A.extra AS extra0 FROM bid AS B JOIN auction AS A ON B.auction = A.id \
+         WHERE A.category = 10",
+    ),
     // Flink's REGEXP_EXTRACT and SPLIT_INDEX give null where DuckDB gives ''.
     (
         "q21-channel-id",
@@ -150,11 +175,24 @@ import datetime, decimal, json, sys
 import duckdb
 bids, query = sys.argv[1], sys.argv[2]
 con = duckdb.connect()
-files = "'" + (bids + "/*.csv").replace("'", "''") + "'"
+def files(stream):
+    return "'" + (bids + "/../" + stream + "/*.csv").replace("'", "''") + "'"
 con.execute(
-    "CREATE VIEW bid AS SELECT * FROM read_csv(" + files + ", header = true, columns = {"
+    "CREATE VIEW bid AS SELECT * FROM read_csv(" + files("bids") + ", header = true, columns = {"
     "'auction': 'BIGINT', 'bidder': 'BIGINT', 'price': 'BIGINT', 'channel': 'VARCHAR', "
     "'url': 'VARCHAR', 'date_time': 'TIMESTAMP', 'extra': 'VARCHAR'})"
+)
+con.execute(
+    "CREATE VIEW auction AS SELECT * FROM read_csv(" + files("auctions") + ", header = true, "
+    "columns = {'id': 'BIGINT', 'item_name': 'VARCHAR', 'description': 'VARCHAR', "
+    "'initial_bid': 'BIGINT', 'reserve': 'BIGINT', 'date_time': 'TIMESTAMP', "
+    "'expires': 'TIMESTAMP', 'seller': 'BIGINT', 'category': 'BIGINT', 'extra': 'VARCHAR'})"
+)
+con.execute(
+    "CREATE VIEW person AS SELECT * FROM read_csv(" + files("persons") + ", header = true, "
+    "columns = {'id': 'BIGINT', 'name': 'VARCHAR', 'email_address': 'VARCHAR', "
+    "'credit_card': 'VARCHAR', 'city': 'VARCHAR', 'state': 'VARCHAR', "
+    "'date_time': 'TIMESTAMP', 'extra': 'VARCHAR'})"
 )
 cur = con.execute(query)
 names = [d[0] for d in cur.description]
@@ -208,36 +246,74 @@ fn output_rows(dir: &Path) -> Vec<Row> {
     }
 }
 
-/// The bids both engines read: `sluice nexmark gen` as CSV, in `root/bids`. The nexmark
-/// connector with the same seed, count and disorder produces the very same events.
+/// The events both engines read: `sluice nexmark gen` as CSV, bids in `root/bids`, and
+/// the auctions and persons of the same event range in `root/auctions` and
+/// `root/persons`. The nexmark connector with the same seed, count and disorder
+/// produces the very same events.
 fn generate_bids(root: &Path) -> std::path::PathBuf {
-    let bids = root.join("bids");
-    run_sluice(
-        &[
-            "nexmark",
-            "gen",
-            "--stream",
-            "bid",
-            "--events",
-            &EVENTS.to_string(),
-            "--seed",
-            "7",
-            "--max-out-of-orderness",
-            "2s",
-            "--format",
-            "csv",
-            "--files",
-            "2",
-            "--out",
-            bids.to_str().unwrap(),
-        ],
-        root,
-    )
-    .assert_success();
-    bids
+    for (stream, dir, events) in [
+        ("bid", "bids", EVENTS),
+        ("auction", "auctions", AUCTIONS),
+        ("person", "persons", PERSONS),
+    ] {
+        run_sluice(
+            &[
+                "nexmark",
+                "gen",
+                "--stream",
+                stream,
+                "--events",
+                &events.to_string(),
+                "--seed",
+                "7",
+                "--max-out-of-orderness",
+                "2s",
+                "--format",
+                "csv",
+                "--files",
+                "2",
+                "--out",
+                root.join(dir).to_str().unwrap(),
+            ],
+            root,
+        )
+        .assert_success();
+    }
+    root.join("bids")
 }
 
+/// Bids, and the auctions and persons generated with them (46, 3 and 1 of every 50
+/// events).
 const EVENTS: u64 = 60_000;
+const AUCTIONS: u64 = 3_900;
+const PERSONS: u64 = 1_300;
+
+/// The tables of every oracle job: bids, auctions and persons over the CSV files.
+fn file_tables(root: &Path) -> String {
+    let dir = |d: &str| root.join(d).to_str().unwrap().to_owned();
+    format!(
+        "{}{}",
+        BID_TABLE.replace("BIDS", &dir("bids")),
+        OTHER_TABLES
+            .replace("AUCTIONS", &dir("auctions"))
+            .replace("PERSONS", &dir("persons"))
+    )
+}
+
+/// The nexmark tables of the kill tests, throttled so that each stream lasts about 5 s.
+fn nexmark_tables() -> String {
+    format!(
+        "CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
+         WITH ('connector' = 'nexmark', 'stream' = 'bid', 'events' = '{EVENTS}', \
+         'seed' = '7', 'max_out_of_orderness' = '2s', 'max_events_per_second' = '12000');\n\
+         CREATE TABLE auction WITH ('connector' = 'nexmark', 'stream' = 'auction', \
+         'events' = '{AUCTIONS}', 'seed' = '7', 'max_out_of_orderness' = '2s', \
+         'max_events_per_second' = '780');\n\
+         CREATE TABLE person WITH ('connector' = 'nexmark', 'stream' = 'person', \
+         'events' = '{PERSONS}', 'seed' = '7', 'max_out_of_orderness' = '2s', \
+         'max_events_per_second' = '260');\n"
+    )
+}
 
 fn duckdb_python() -> String {
     std::env::var("SLUICE_TEST_DUCKDB_PYTHON").expect(
@@ -282,7 +358,7 @@ fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
             format!(
                 "SET 'parallelism.default' = '2';\n{}CREATE TABLE output WITH ('connector' = \
                  'file', 'path' = '{}', 'format' = 'jsonl');\n{}",
-                BID_TABLE.replace("BIDS", bids.to_str().unwrap()),
+                file_tables(root),
                 out.display(),
                 example_insert(name)
             ),
@@ -320,6 +396,8 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q17-auction-day-stats",
         "q18-last-bid",
         "q19-top-bids",
+        "q3-local-item-suggestion",
+        "q20-expanded-bid",
     ] {
         let out = root.join("killed").join(name);
         let job = root.join(format!("killed-{name}.sql"));
@@ -328,11 +406,9 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
             format!(
                 "SET 'parallelism.default' = '2';\nSET 'state.backend' = 'remote';\n\
                  SET 'state.shards' = '4';\nSET 'execution.checkpointing.interval' = '300ms';\n\
-                 CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
-                 WITH ('connector' = 'nexmark', 'stream' = 'bid', 'events' = '{EVENTS}', \
-                 'seed' = '7', 'max_out_of_orderness' = '2s', 'max_events_per_second' = '12000');\n\
-                 CREATE TABLE output WITH ('connector' = 'file', 'path' = '{}', 'format' = \
+                 {}CREATE TABLE output WITH ('connector' = 'file', 'path' = '{}', 'format' = \
                  'jsonl');\n{}",
+                nexmark_tables(),
                 out.display(),
                 example_insert(name)
             ),

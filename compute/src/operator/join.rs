@@ -452,3 +452,224 @@ impl Operator for JoinOperator {
         self.process(input, batch, out).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Int64Type};
+    use sluice_common::key_group::key_group_range;
+    use sluice_common::state::{MemoryStateStore, StateStore};
+
+    use super::*;
+    use crate::element::StreamElement;
+    use crate::keyed::OperatorState;
+
+    fn left_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("v", DataType::Int64, false),
+        ]))
+    }
+
+    fn right_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, false),
+            Field::new("v", DataType::Utf8, false),
+        ]))
+    }
+
+    fn left(rows: &[(Option<i64>, i64)]) -> RecordBatch {
+        RecordBatch::try_new(
+            left_schema(),
+            vec![
+                Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.0))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn right(rows: &[(i32, &str)]) -> RecordBatch {
+        RecordBatch::try_new(
+            right_schema(),
+            vec![
+                Arc::new(arrow::array::Int32Array::from_iter_values(
+                    rows.iter().map(|r| r.0),
+                )),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn spec(condition: Option<&str>, ttl_ms: u64) -> pb::JoinSpec {
+        let expr = |sql: &str| pb::Expr {
+            sql: sql.into(),
+            location: None,
+        };
+        pb::JoinSpec {
+            r#type: pb::JoinType::Inner as i32,
+            left_alias: "a".into(),
+            right_alias: "B".into(),
+            left_keys: vec!["k".into()],
+            right_keys: vec!["id".into()],
+            condition: condition.map(expr),
+            exprs: vec![expr("k"), expr("a.v"), expr("b.v")],
+            ttl_ms,
+        }
+    }
+
+    async fn join(spec: &pb::JoinSpec, store: Arc<dyn StateStore>) -> JoinOperator {
+        let mut op =
+            JoinOperator::build(spec, &left_schema(), &right_schema(), &ExprCompiler::new())
+                .unwrap();
+        let state = OperatorState::new(store, 3, key_group_range(128, 1, 0), 1, false);
+        let ctx = OperatorContext {
+            node_id: 3,
+            node_name: "join".into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            state: Some(state),
+        };
+        op.open(&ctx).await.unwrap();
+        op
+    }
+
+    /// `(k, left v, right v)` of every row emitted, sorted.
+    fn pairs(out: &Output) -> Vec<(i64, i64, String)> {
+        let mut rows = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                assert_eq!(
+                    b.schema()
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>(),
+                    ["k", "v", "v0"]
+                );
+                let k = b.column(0).as_primitive::<Int64Type>();
+                let l = b.column(1).as_primitive::<Int64Type>();
+                let r = b.column(2).as_string::<i32>();
+                for i in 0..b.num_rows() {
+                    rows.push((k.value(i), l.value(i), r.value(i).to_owned()));
+                }
+            }
+        }
+        rows.sort();
+        rows
+    }
+
+    fn p(k: i64, l: i64, r: &str) -> (i64, i64, String) {
+        (k, l, r.to_owned())
+    }
+
+    #[tokio::test]
+    async fn rows_meet_whichever_side_arrives_first() {
+        let mut op = join(&spec(None, 0), Arc::new(MemoryStateStore::new(false))).await;
+        let mut out = Output::default();
+        op.process_input(
+            0,
+            left(&[(Some(1), 10), (Some(2), 20), (None, 30)]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        assert!(pairs(&out).is_empty(), "nothing to meet yet");
+        let mut out = Output::default();
+        op.process_input(1, right(&[(1, "x"), (1, "y"), (3, "z")]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(pairs(&out), [p(1, 10, "x"), p(1, 10, "y")]);
+        // A later left row meets both right rows of its key, and the same row twice
+        // meets them twice; a null key meets nothing.
+        let mut out = Output::default();
+        op.process_input(
+            0,
+            left(&[(Some(1), 11), (Some(1), 11), (Some(3), 31), (None, 1)]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            pairs(&out),
+            [
+                p(1, 11, "x"),
+                p(1, 11, "x"),
+                p(1, 11, "y"),
+                p(1, 11, "y"),
+                p(3, 31, "z")
+            ]
+        );
+        // Int32 ids meet Int64 keys; the stored duplicate counts twice.
+        let mut out = Output::default();
+        op.process_input(1, right(&[(1, "w")]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(pairs(&out), [p(1, 10, "w"), p(1, 11, "w"), p(1, 11, "w")]);
+    }
+
+    #[tokio::test]
+    async fn the_condition_applies_to_each_pair() {
+        let spec = spec(Some("a.v > 15 AND b.v <> 'y'"), 0);
+        let mut op = join(&spec, Arc::new(MemoryStateStore::new(false))).await;
+        let mut out = Output::default();
+        op.process_input(1, right(&[(1, "x"), (1, "y")]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(0, left(&[(Some(1), 10), (Some(1), 20)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(pairs(&out), [p(1, 20, "x")]);
+    }
+
+    #[tokio::test]
+    async fn rows_past_their_time_to_live_no_longer_join() {
+        let mut op = join(&spec(None, 30), Arc::new(MemoryStateStore::new(false))).await;
+        let mut out = Output::default();
+        op.process_input(0, left(&[(Some(1), 10)]), &mut out)
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(80)).await;
+        op.process_input(0, left(&[(Some(1), 11)]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(1, right(&[(1, "x")]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(pairs(&out), [p(1, 11, "x")], "the expired row is gone");
+    }
+
+    #[tokio::test]
+    async fn mistakes_are_named() {
+        let compiler = ExprCompiler::new();
+        let build = |spec: &pb::JoinSpec| {
+            JoinOperator::build(spec, &left_schema(), &right_schema(), &compiler)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        let mut s = spec(None, 0);
+        s.right_keys = vec!["v".into()];
+        assert!(build(&s).contains("cannot be equal"), "{}", build(&s));
+        let mut s = spec(Some("a.v + 1"), 0);
+        assert!(build(&s).contains("not a boolean"), "{}", build(&s));
+        s.condition = None;
+        s.exprs = vec![];
+        assert!(
+            build(&s).contains("both sides of the join have a column `v`"),
+            "{}",
+            build(&s)
+        );
+        s.exprs = vec![pb::Expr {
+            sql: "v".into(),
+            location: None,
+        }];
+        assert!(
+            build(&s).to_lowercase().contains("ambiguous"),
+            "{}",
+            build(&s)
+        );
+    }
+}

@@ -82,6 +82,15 @@ impl Placement {
     }
 }
 
+/// What every recorded source position's name starts with.
+const POSITION_PREFIX: &str = "source/";
+
+/// The name under which a checkpoint records where split `split` of source node `node`
+/// stood.
+pub fn position_key(node: u32, split: &str) -> String {
+    format!("{POSITION_PREFIX}{node}/{split}")
+}
+
 /// Settings of task building.
 #[derive(Debug, Clone)]
 pub struct BuildOptions {
@@ -130,6 +139,24 @@ impl RestoreFrom {
             sink_states,
             channel_state: Vec::new(),
         }
+    }
+
+    /// Where the splits of source node `node` stood, by split name. A checkpoint taken
+    /// before positions were recorded per source node holds bare split names, which
+    /// all belong to its one source.
+    pub fn positions_of(&self, node: u32) -> HashMap<String, Bytes> {
+        let prefix = position_key(node, "");
+        if !self
+            .positions
+            .keys()
+            .any(|k| k.starts_with(POSITION_PREFIX))
+        {
+            return self.positions.clone();
+        }
+        self.positions
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_owned(), v.clone())))
+            .collect()
     }
 
     /// With the channel-state objects its tasks recorded (an unaligned checkpoint).
@@ -468,7 +495,7 @@ pub async fn build_tasks(
                         .map_err(|e| plan.locate(node, e))?;
                     if let Some(r) = &options.restore {
                         reader
-                            .restore(&r.positions)
+                            .restore(&r.positions_of(id))
                             .map_err(|e| plan.locate(node, e))?;
                     }
                     let watermarks = match &spec.watermark {

@@ -599,6 +599,12 @@ impl Task {
                 return Ok(());
             }
         };
+        // Recorded under the source node's name: two sources of one job (a join's) may
+        // have splits of the same name.
+        let positions = positions
+            .into_iter()
+            .map(|(split, at)| (crate::runtime::build::position_key(self.id.0, &split), at))
+            .collect();
         let ack = CheckpointEvent::Ack {
             checkpoint_id: id,
             task,

@@ -1062,9 +1062,7 @@ fn one_side(e: &Expr, aliases: [&str; 2]) -> Option<usize> {
             }
             _ => ControlFlow::Break(()),
         },
-        Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => {
-            ControlFlow::Break(())
-        }
+        Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => ControlFlow::Break(()),
         _ => ControlFlow::Continue(()),
     });
     if outcome.is_break() { None } else { side }
