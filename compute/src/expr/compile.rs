@@ -85,6 +85,27 @@ impl ExprCompiler {
             schema,
         )?;
         let expr = self.ctx.parse_sql_expr(sql, &df_schema)?;
+        for column in expr.column_refs() {
+            if column.relation.is_some() {
+                continue;
+            }
+            let owners: Vec<&str> = schema
+                .fields()
+                .iter()
+                .zip(qualifiers)
+                .filter(|(f, _)| f.name() == &column.name)
+                .map(|(_, q)| q.as_str())
+                .collect();
+            if owners.len() > 1 {
+                return Err(Error::Plan(format!(
+                    "column `{}` is ambiguous: both {} have it; qualify it (`{}.{}`)",
+                    column.name,
+                    owners.join(" and "),
+                    owners[0],
+                    column.name
+                )));
+            }
+        }
         self.plan(expr, &df_schema, schema)
     }
 

@@ -531,23 +531,33 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
     {
         return Err(plan_err(format!("{file}: the job has no sink")));
     }
-    if right_inputs.is_empty() {
-        // Channel state of an unaligned checkpoint names its channels by producer subtask
-        // alone, which is ambiguous for a task with two inputs.
-    } else if let Some(c) = graph
-        .checkpoint
-        .as_ref()
-        .filter(|c| c.mode == pb::CheckpointMode::Unaligned as i32 || c.aligned_timeout_ms > 0)
-    {
+    // Channel state of an unaligned checkpoint names its channels by producer subtask
+    // alone, which is ambiguous for a task with two inputs.
+    let join = graph
+        .nodes
+        .iter()
+        .find(|n| matches!(n.kind, Some(pb::node::Kind::Join(_))));
+    if let (Some(join), Some(c)) = (
+        join,
+        graph
+            .checkpoint
+            .as_ref()
+            .filter(|c| c.mode == pb::CheckpointMode::Unaligned as i32 || c.aligned_timeout_ms > 0),
+    ) {
         let what = if c.mode == pb::CheckpointMode::Unaligned as i32 {
             "unaligned checkpoints"
         } else {
             "an aligned-checkpoint timeout (which goes on unaligned)"
         };
-        return Err(plan_err(format!(
-            "{file}: a job with a join cannot take {what} yet: the in-flight records of a \
-             two-input task are not recorded; use aligned checkpoints"
-        )));
+        return Err(locate(
+            &graph,
+            join.location.as_ref(),
+            &join.name,
+            plan_err(format!(
+                "a job with a join cannot take {what} yet: the in-flight records of a \
+                 two-input task are not recorded; use aligned checkpoints"
+            )),
+        ));
     }
     let chains = chain(
         &order,

@@ -692,8 +692,8 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
         {
             return Err(unsupported(
                 at,
-                "GROUP BY, aggregates, DISTINCT or ROW_NUMBER() in the SELECT of a JOIN; \
-                 join in a subquery or view and aggregate over it",
+                "an aggregate, DISTINCT or ROW_NUMBER() in the SELECT of a JOIN (join in a \
+                 subquery or view, and aggregate over that)",
             ));
         }
         return lower_join(
@@ -864,7 +864,7 @@ fn lower_join(
         | JoinOperator::Right(_)
         | JoinOperator::RightOuter(_)
         | JoinOperator::FullOuter(_) => {
-            return Err(unsupported(join_at, "outer joins (LEFT, RIGHT, FULL)"));
+            return Err(unsupported(join_at, "an outer join (LEFT, RIGHT or FULL)"));
         }
         _ => {
             return Err(unsupported(
