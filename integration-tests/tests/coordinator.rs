@@ -37,7 +37,7 @@ use sluice_integration_tests::http::{http_request, http_request_as, promtool_che
 use sluice_integration_tests::procs::{Proc, poll_until};
 use sluice_integration_tests::service::ServiceProcess;
 use sluice_integration_tests::{
-    Outcome, assert_same_rows, fold_changelog, net_changelog, read_jsonl_dir, run_sluice,
+    Outcome, Row, assert_same_rows, fold_changelog, net_changelog, read_jsonl_dir, run_sluice,
     sluice_bin, tempdir, write_job, yaml_path,
 };
 
@@ -708,6 +708,8 @@ fn rescale_2_4_1_moves_no_state_and_changes_no_output() {
 /// over throttled bids, partitioned by auction.
 fn updating_job(operator: &str, out: &Path, rate: u64) -> String {
     let throttle = throttle(rate);
+    // A join's right input (auctions) spans the same event time as the bids.
+    let operator = operator.replace("THROTTLE", &self::throttle(rate / 15));
     format!(
         "name: updating\nparallelism: 2\ncheckpoint: {{ interval: 500ms }}\n\
          state: {{ backend: remote, shards: 4 }}\n\
@@ -718,15 +720,25 @@ fn updating_job(operator: &str, out: &Path, rate: u64) -> String {
     )
 }
 
-/// Rescales a running updating job 2 -> 3 -> 1: the changelog it commits, folded, is the
-/// final table of an unthrottled run at one parallelism. A key's changes continue in
-/// another subtask's files after each step, so the fold adds them up in any order.
+/// Rescales a running keyed job 2 -> 3 -> 1: what it commits is what an unthrottled
+/// run at one parallelism writes. An updating job's changelog is folded first: a key's
+/// changes continue in another subtask's files after each step, so the fold adds them
+/// up in any order.
 fn rescale_keeps_an_updating_result(operator: &str) {
+    rescale_keeps_its_result(operator, 60_000, true);
+}
+
+fn rescale_keeps_its_result(operator: &str, records_in: u64, updating: bool) {
     let _serial = serial();
     let dir = tempdir();
     let reference_out = dir.path().join("reference");
     reference(dir.path(), &updating_job(operator, &reference_out, 0), &[]);
-    let expected = fold_changelog(&read_jsonl_dir(&reference_out));
+    let result = |rows: Vec<Row>, ordered: bool| match (updating, ordered) {
+        (false, _) => rows,
+        (true, true) => fold_changelog(&rows),
+        (true, false) => net_changelog(&rows),
+    };
+    let expected = result(read_jsonl_dir(&reference_out), true);
     let mut cluster = Cluster::start(dir.path(), 2);
     let out = dir.path().join("out");
     let job = write_job(dir.path(), "job.yaml", &updating_job(operator, &out, 6_000));
@@ -747,10 +759,10 @@ fn rescale_keeps_an_updating_result(operator: &str) {
     }
     let status = cluster.wait_finished(&id);
     assert_eq!(status["parallelism"].as_u64(), Some(1), "{status:#}");
-    assert_eq!(status["records_in"], 60_000, "{status}");
+    assert_eq!(status["records_in"], records_in, "{status}");
     assert_same_rows(
-        "the folded changelog after two rescales vs. the reference",
-        &net_changelog(&read_jsonl_dir(&out)),
+        "the result after two rescales vs. the reference",
+        &result(read_jsonl_dir(&out), false),
         &expected,
     );
 }
@@ -766,6 +778,21 @@ fn a_top_n_keeps_its_result_across_rescales() {
 fn a_group_by_keeps_its_result_across_rescales() {
     rescale_keeps_an_updating_result(
         "  - group_by: [auction]\n    aggregate: [\"count(*) AS bids\", \"max(price) AS top\"]\n",
+    );
+}
+
+/// A join in the middle of its input: each subtask's rows of both sides stay in the
+/// state service and are found by key after every step, so every bid still meets its
+/// auction, once.
+#[test]
+fn a_join_keeps_its_result_across_rescales() {
+    rescale_keeps_its_result(
+        "  - join:\n      right:\n        source:\n          nexmark: { stream: auction, \
+         events: 3900, seed: 5, splits: 4THROTTLE }\n      left_keys: [auction]\n      \
+         right_keys: [id]\n      left_alias: b\n      right_alias: a\n      \
+         select: [b.auction, b.bidder, b.price, a.seller, a.category]\n",
+        63_900,
+        false,
     );
 }
 
