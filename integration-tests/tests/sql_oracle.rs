@@ -23,12 +23,14 @@ WITH ('connector' = 'file', 'path' = 'BIDS', 'format' = 'csv', 'schema.auction' 
 'schema.url' = 'string', 'schema.date_time' = 'timestamp', 'schema.extra' = 'string');\n";
 
 /// The auction and person tables over CSV files (joined by q3 and q20).
-const OTHER_TABLES: &str = "CREATE TABLE auction WITH ('connector' = 'file', 'path' = \
+const OTHER_TABLES: &str = "CREATE TABLE auction (WATERMARK FOR date_time AS date_time - \
+INTERVAL '4' SECOND) WITH ('connector' = 'file', 'path' = \
 'AUCTIONS', 'format' = 'csv', 'schema.id' = 'int64', 'schema.item_name' = 'string', \
 'schema.description' = 'string', 'schema.initial_bid' = 'int64', 'schema.reserve' = 'int64', \
 'schema.date_time' = 'timestamp', 'schema.expires' = 'timestamp', 'schema.seller' = 'int64', \
 'schema.category' = 'int64', 'schema.extra' = 'string');\n\
-CREATE TABLE person WITH ('connector' = 'file', 'path' = 'PERSONS', 'format' = 'csv', \
+CREATE TABLE person (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) WITH \
+('connector' = 'file', 'path' = 'PERSONS', 'format' = 'csv', \
 'schema.id' = 'int64', 'schema.name' = 'string', 'schema.email_address' = 'string', \
 'schema.credit_card' = 'string', 'schema.city' = 'string', 'schema.state' = 'string', \
 'schema.date_time' = 'timestamp', 'schema.extra' = 'string');\n";
@@ -138,6 +140,21 @@ const ORACLE: &[(&str, &str)] = &[
          bid) WHERE rank_number <= 10",
     ),
     // Regular joins: every pair of rows with equal keys, whichever side came first.
+    (
+        "q7-highest-bid",
+        "WITH m AS (SELECT max(price) AS maxprice, time_bucket(INTERVAL 10 SECOND, \
+         date_time) + INTERVAL 10 SECOND AS we FROM bid GROUP BY 2) \
+         SELECT B.auction, B.price, B.bidder, B.date_time, B.extra FROM bid B JOIN m ON \
+         B.price = m.maxprice WHERE B.date_time BETWEEN m.we - INTERVAL 10 SECOND AND m.we",
+    ),
+    (
+        "q8-new-users",
+        "WITH p AS (SELECT DISTINCT id, name, time_bucket(INTERVAL 10 SECOND, date_time) AS \
+         starttime FROM person), a AS (SELECT DISTINCT seller, time_bucket(INTERVAL 10 \
+         SECOND, date_time) AS starttime FROM auction) \
+         SELECT p.id, p.name, epoch_ms(p.starttime) AS starttime FROM p JOIN a ON p.id = \
+         a.seller AND p.starttime = a.starttime",
+    ),
     (
         "q3-local-item-suggestion",
         "SELECT P.name, P.city, P.state, A.id FROM auction AS A JOIN person AS P ON \
@@ -306,10 +323,12 @@ fn nexmark_tables() -> String {
         "CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
          WITH ('connector' = 'nexmark', 'stream' = 'bid', 'events' = '{EVENTS}', \
          'seed' = '7', 'max_out_of_orderness' = '2s', 'max_events_per_second' = '12000');\n\
-         CREATE TABLE auction WITH ('connector' = 'nexmark', 'stream' = 'auction', \
+         CREATE TABLE auction (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
+         WITH ('connector' = 'nexmark', 'stream' = 'auction', \
          'events' = '{AUCTIONS}', 'seed' = '7', 'max_out_of_orderness' = '2s', \
          'max_events_per_second' = '780');\n\
-         CREATE TABLE person WITH ('connector' = 'nexmark', 'stream' = 'person', \
+         CREATE TABLE person (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
+         WITH ('connector' = 'nexmark', 'stream' = 'person', \
          'events' = '{PERSONS}', 'seed' = '7', 'max_out_of_orderness' = '2s', \
          'max_events_per_second' = '260');\n"
     )
@@ -397,6 +416,8 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q18-last-bid",
         "q19-top-bids",
         "q3-local-item-suggestion",
+        "q7-highest-bid",
+        "q8-new-users",
         "q20-expanded-bid",
     ] {
         let out = root.join("killed").join(name);
