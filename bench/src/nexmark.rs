@@ -45,7 +45,160 @@ pub enum Query {
     Q18,
     /// The 10 highest bids per auction (Top-N, a changelog).
     Q19,
+    /// Sellers of category 10 in three states: auctions joined with persons (a regular
+    /// join; the source events are the auctions and persons).
+    Q3,
+    /// The highest bid of every 10 s window in Flink's form: bids joined with each
+    /// window's maximum price (a regular join with a time condition).
+    Q7Join,
+    /// Persons who opened an auction in the window they registered in: both grouped per
+    /// 10 s window, then joined (the source events are the persons and auctions).
+    Q8,
+    /// Every bid on a category 10 auction with the auction's columns (a regular join;
+    /// the source events are the bids and auctions).
+    Q20,
 }
+
+/// The Nexmark streams a benchmark job reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stream {
+    Bid,
+    Auction,
+    Person,
+}
+
+impl Stream {
+    fn name(self) -> &'static str {
+        match self {
+            Stream::Bid => "bid",
+            Stream::Auction => "auction",
+            Stream::Person => "person",
+        }
+    }
+
+    /// The CSV columns, as `(name, type)`.
+    fn columns(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Stream::Bid => &[
+                ("auction", "int64"),
+                ("bidder", "int64"),
+                ("price", "int64"),
+                ("channel", "string"),
+                ("url", "string"),
+                ("date_time", "timestamp"),
+                ("extra", "string"),
+            ],
+            Stream::Auction => &[
+                ("id", "int64"),
+                ("item_name", "string"),
+                ("description", "string"),
+                ("initial_bid", "int64"),
+                ("reserve", "int64"),
+                ("date_time", "timestamp"),
+                ("expires", "timestamp"),
+                ("seller", "int64"),
+                ("category", "int64"),
+                ("extra", "string"),
+            ],
+            Stream::Person => &[
+                ("id", "int64"),
+                ("name", "string"),
+                ("email_address", "string"),
+                ("credit_card", "string"),
+                ("city", "string"),
+                ("state", "string"),
+                ("date_time", "timestamp"),
+                ("extra", "string"),
+            ],
+        }
+    }
+
+    /// Events of this stream generated with `bids` bids (46, 3 and 1 of every 50).
+    fn events(self, bids: u64) -> u64 {
+        match self {
+            Stream::Bid => bids,
+            Stream::Auction => (bids * 3 / 46).max(1),
+            Stream::Person => (bids / 46).max(1),
+        }
+    }
+
+    /// Where this stream's CSV files are, when the job reads files.
+    fn dir<'a>(self, o: &JobOptions<'a>) -> Option<&'a str> {
+        match self {
+            Stream::Bid => o.input,
+            Stream::Auction => o.auctions,
+            Stream::Person => o.persons,
+        }
+    }
+
+    /// The `WITH (...)` options of the stream's SQL table.
+    fn sql_options(self, o: &JobOptions) -> String {
+        match self.dir(o) {
+            None => format!(
+                "'connector' = 'nexmark', 'stream' = '{}', 'events' = '{}', 'seed' = '42', \
+                 'max_out_of_orderness' = '2s'",
+                self.name(),
+                self.events(o.events)
+            ),
+            Some(dir) => {
+                let schema: Vec<String> = self
+                    .columns()
+                    .iter()
+                    .map(|(c, t)| format!("'schema.{c}' = '{t}'"))
+                    .collect();
+                format!(
+                    "'connector' = 'file', 'path' = '{}', 'format' = 'csv', {}",
+                    dir.replace('\'', "''"),
+                    schema.join(", ")
+                )
+            }
+        }
+    }
+
+    /// The stream's `source:` body in a job file, each line indented by `indent`.
+    fn yaml_source(self, o: &JobOptions, indent: &str) -> String {
+        match self.dir(o) {
+            None => format!(
+                "{indent}nexmark: {{ stream: {}, events: {}, seed: 42, max_out_of_orderness: 2s }}\n",
+                self.name(),
+                self.events(o.events)
+            ),
+            Some(dir) => {
+                let schema: Vec<String> = self
+                    .columns()
+                    .iter()
+                    .map(|(c, t)| format!("{c}: {t}"))
+                    .collect();
+                format!(
+                    "{indent}file:\n{indent}  path: \"{dir}\"\n{indent}  format: csv\n{indent}  schema: {{ {} }}\n",
+                    schema.join(", ")
+                )
+            }
+        }
+    }
+}
+
+/// The stream a query's job file names as its `source:` (a join's left input).
+fn main_stream(query: Query) -> Stream {
+    match query {
+        Query::Q3 => Stream::Auction,
+        Query::Q8 => Stream::Person,
+        _ => Stream::Bid,
+    }
+}
+
+/// The streams a query reads besides its main one (a join's right input).
+fn joined_streams(query: Query) -> &'static [Stream] {
+    match query {
+        Query::Q3 => &[Stream::Person],
+        Query::Q8 | Query::Q20 => &[Stream::Auction],
+        Query::Q7Join => &[Stream::Bid],
+        _ => &[],
+    }
+}
+
+/// Every stream event-time watermark in the benchmark jobs: the same 4 s bound.
+const WATERMARK: &str = "{ column: date_time, max_out_of_orderness: 4s }";
 
 /// Arguments of `sluice bench nexmark` (where remote state lives is the [`Host`]'s).
 #[derive(ClapArgs, Debug)]
@@ -62,6 +215,12 @@ pub struct Args {
     /// Read bids from CSV files in this directory instead of the generator.
     #[arg(long)]
     input: Option<String>,
+    /// With --input: read auctions (q3, q8, q20) from CSV files in this directory.
+    #[arg(long)]
+    auctions: Option<String>,
+    /// With --input: read persons (q3, q8) from CSV files in this directory.
+    #[arg(long)]
+    persons: Option<String>,
     /// Where window state lives: `memory`, or `remote` (an embedded state service unless
     /// --state-service names one).
     #[arg(long, value_enum, default_value_t = StateChoice::Memory)]
@@ -98,6 +257,10 @@ pub struct JobOptions<'a> {
     pub parallelism: u32,
     /// A directory of CSV bids to read instead of the generator.
     pub input: Option<&'a str>,
+    /// A directory of CSV auctions, read with `input`.
+    pub auctions: Option<&'a str>,
+    /// A directory of CSV persons, read with `input`.
+    pub persons: Option<&'a str>,
     /// Where window state lives.
     pub state: StateChoice,
     /// Checkpoint interval (0: none).
@@ -117,7 +280,64 @@ pub enum StateChoice {
     Remote,
 }
 
-fn pipeline(query: Query) -> &'static str {
+fn pipeline(query: Query, o: &JobOptions) -> String {
+    let right = |stream: Stream, pipeline: &str| {
+        format!(
+            "      right:\n        source:\n{}        watermark: {WATERMARK}\n{pipeline}",
+            stream.yaml_source(o, "          ")
+        )
+    };
+    match query {
+        Query::Q3 => format!(
+            "pipeline:\n  - filter: \"category = 10\"\n  - join:\n{}      left_keys: [seller]\n      \
+             right_keys: [id]\n      left_alias: A\n      right_alias: P\n      \
+             select: [P.name, P.city, P.state, A.id]\n",
+            right(
+                Stream::Person,
+                "        pipeline:\n          - filter: \"state = 'OR' OR state = 'ID' OR state = 'CA'\"\n"
+            )
+        ),
+        Query::Q20 => format!(
+            "pipeline:\n  - join:\n{}      left_keys: [auction]\n      right_keys: [id]\n      \
+             left_alias: B\n      right_alias: A\n      select: [auction, bidder, price, \
+             channel, url, B.date_time, B.extra, item_name, description, initial_bid, reserve, \
+             A.date_time, expires, seller, category, A.extra]\n",
+            right(
+                Stream::Auction,
+                "        pipeline:\n          - filter: \"category = 10\"\n"
+            )
+        ),
+        Query::Q7Join => format!(
+            "pipeline:\n  - join:\n{}      left_keys: [price]\n      right_keys: [maxprice]\n      \
+             left_alias: B\n      right_alias: B1\n      condition: \"B.date_time BETWEEN \
+             B1.date_time - INTERVAL '10' SECOND AND B1.date_time\"\n      select: [B.auction, \
+             B.price, B.bidder, B.date_time, B.extra]\n",
+            right(
+                Stream::Bid,
+                "        pipeline:\n          - window: { tumbling: 10s }\n            \
+                 aggregate: [\"MAX(price) AS maxprice\"]\n          - select: [maxprice, \
+                 \"window_end AS date_time\"]\n"
+            )
+        ),
+        Query::Q8 => format!(
+            "pipeline:\n  - key_by: [id, name]\n  - window: {{ tumbling: 10s }}\n    \
+             aggregate: [\"count(*) AS sluice_group_rows\"]\n  - select: [id, name, \
+             \"window_start AS starttime\", \"window_end AS endtime\"]\n  - join:\n{}      \
+             left_keys: [id, starttime, endtime]\n      right_keys: [seller, starttime, endtime]\n      \
+             left_alias: P\n      right_alias: A\n      select: [P.id, P.name, P.starttime]\n",
+            right(
+                Stream::Auction,
+                "        pipeline:\n          - key_by: [seller]\n          - window: { tumbling: 10s }\n            \
+                 aggregate: [\"count(*) AS sluice_group_rows\"]\n          - select: [seller, \
+                 \"window_start AS starttime\", \"window_end AS endtime\"]\n"
+            )
+        ),
+        other => fixed_pipeline(other).to_owned(),
+    }
+}
+
+/// The pipeline of a query over bids alone.
+fn fixed_pipeline(query: Query) -> &'static str {
     match query {
         Query::Q0 => "",
         Query::Q1 => {
@@ -176,6 +396,7 @@ fn pipeline(query: Query) -> &'static str {
         Query::Q19 => {
             "pipeline:\n  - top_n: { partition_by: [auction], order_by: [\"price DESC\"], limit: 10, rank_column: rank_number }\n"
         }
+        Query::Q3 | Query::Q7Join | Query::Q8 | Query::Q20 => "",
     }
 }
 
@@ -241,6 +462,33 @@ fn select(query: Query) -> &'static str {
              SELECT *, ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price DESC) \
              AS rank_number FROM bid) WHERE rank_number <= 10"
         }
+        Query::Q3 => {
+            "SELECT P.name, P.city, P.state, A.id FROM auction AS A JOIN person AS P \
+             ON A.seller = P.id WHERE A.category = 10 AND (P.state = 'OR' OR P.state = 'ID' \
+             OR P.state = 'CA')"
+        }
+        Query::Q20 => {
+            "SELECT auction, bidder, price, channel, url, B.date_time, B.extra, item_name, \
+             description, initial_bid, reserve, A.date_time, expires, seller, category, \
+             A.extra FROM bid AS B JOIN auction AS A ON B.auction = A.id WHERE A.category = 10"
+        }
+        Query::Q7Join => {
+            "SELECT B.auction, B.price, B.bidder, B.date_time, B.extra FROM bid B JOIN (\
+             SELECT MAX(price) AS maxprice, window_end AS date_time \
+             FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) \
+             GROUP BY window_start, window_end) B1 ON B.price = B1.maxprice \
+             WHERE B.date_time BETWEEN B1.date_time - INTERVAL '10' SECOND AND B1.date_time"
+        }
+        Query::Q8 => {
+            "SELECT P.id, P.name, P.starttime FROM (\
+             SELECT id, name, window_start AS starttime, window_end AS endtime \
+             FROM TABLE(TUMBLE(TABLE person, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) \
+             GROUP BY id, name, window_start, window_end) P JOIN (\
+             SELECT seller, window_start AS starttime, window_end AS endtime \
+             FROM TABLE(TUMBLE(TABLE auction, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) \
+             GROUP BY seller, window_start, window_end) A \
+             ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime"
+        }
     }
 }
 
@@ -268,23 +516,20 @@ pub fn sql_text(query: Query, o: &JobOptions) -> Result<String> {
             o.checkpoint_ms
         ));
     }
-    let source = match o.input {
-        None => format!(
-            "'connector' = 'nexmark', 'stream' = 'bid', 'events' = '{}', 'seed' = '42', \
-             'max_out_of_orderness' = '2s'",
-            o.events
-        ),
-        Some(dir) => format!(
-            "'connector' = 'file', 'path' = '{}', 'format' = 'csv', 'schema.auction' = 'int64', \
-             'schema.bidder' = 'int64', 'schema.price' = 'int64', 'schema.channel' = 'string', \
-             'schema.url' = 'string', 'schema.date_time' = 'timestamp', 'schema.extra' = 'string'",
-            dir.replace('\'', "''")
-        ),
-    };
+    for stream in [Stream::Bid, Stream::Auction, Stream::Person] {
+        if stream != Stream::Bid && o.input.is_some() && stream.dir(o).is_none() {
+            // Only bids were given: the table cannot be read.
+            continue;
+        }
+        text.push_str(&format!(
+            "CREATE TABLE {} (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
+             WITH ({});\n",
+            stream.name(),
+            stream.sql_options(o)
+        ));
+    }
     text.push_str(&format!(
-        "CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
-         WITH ({source});\nCREATE TABLE output WITH ('connector' = 'blackhole');\n\
-         INSERT INTO output {};\n",
+        "CREATE TABLE output WITH ('connector' = 'blackhole');\nINSERT INTO output {};\n",
         select(query)
     ));
     Ok(text)
@@ -293,22 +538,14 @@ pub fn sql_text(query: Query, o: &JobOptions) -> Result<String> {
 /// The job file text of a benchmark run.
 pub fn job_text(query: Query, o: &JobOptions) -> String {
     let JobOptions {
-        events,
         parallelism,
-        input,
         state,
         checkpoint_ms,
         cache,
         max_drift_ms,
+        ..
     } = *o;
-    let source = match input {
-        None => format!(
-            "  nexmark: {{ stream: bid, events: {events}, seed: 42, max_out_of_orderness: 2s }}\n"
-        ),
-        Some(dir) => format!(
-            "  file:\n    path: \"{dir}\"\n    format: csv\n    schema: {{ auction: int64, bidder: int64, price: int64, channel: string, url: string, date_time: timestamp, extra: string }}\n"
-        ),
-    };
+    let source = main_stream(query).yaml_source(o, "  ");
     let state = match state {
         StateChoice::Memory => "memory",
         StateChoice::Remote => "remote",
@@ -325,7 +562,7 @@ pub fn job_text(query: Query, o: &JobOptions) -> String {
     format!(
         "name: bench-{q:?}\nparallelism: {parallelism}\nstate: {{ backend: {state}{cache} }}\n{checkpoint}source:\n{source}watermark: {{ column: date_time, max_out_of_orderness: 4s{alignment} }}\n{p}sink:\n  blackhole: {{}}\n",
         q = query,
-        p = pipeline(query)
+        p = pipeline(query, o)
     )
 }
 
@@ -338,11 +575,32 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         events: args.events,
         parallelism: args.parallelism,
         input: args.input.as_deref(),
+        auctions: args.auctions.as_deref(),
+        persons: args.persons.as_deref(),
         state: args.state,
         checkpoint_ms: args.checkpoint_ms,
         cache: args.cache,
         max_drift_ms: args.max_drift_ms,
     };
+    if options.input.is_some() {
+        for stream in std::iter::once(main_stream(args.query))
+            .chain(joined_streams(args.query).iter().copied())
+        {
+            if stream.dir(&options).is_none() {
+                return Err(Error::usage(format!(
+                    "{:?} reads {}s: with --input, give their CSV directory with --{}s",
+                    args.query,
+                    stream.name(),
+                    stream.name()
+                )));
+            }
+        }
+    } else if options.auctions.is_some() || options.persons.is_some() {
+        return Err(Error::usage(
+            "--auctions and --persons go with --input (CSV bids); without it every stream \
+             is generated",
+        ));
+    }
     let graph = if args.sql {
         let text = sql_text(args.query, &options)?;
         sluice_planner::sql::parse_sql_job("<bench>.sql", &text)
@@ -402,6 +660,8 @@ mod tests {
                             events: 10,
                             parallelism: 2,
                             input,
+                            auctions: input.map(|_| "/tmp/auctions"),
+                            persons: input.map(|_| "/tmp/persons"),
                             state: StateChoice::Remote,
                             checkpoint_ms: 0,
                             cache: None,
@@ -428,6 +688,11 @@ mod tests {
                 Some(Kind::Select(s)) => s.exprs.iter_mut().for_each(|e| e.location = None),
                 Some(Kind::Window(w)) => w.aggregates.iter_mut().for_each(|e| e.location = None),
                 Some(Kind::Aggregate(a)) => a.aggregates.iter_mut().for_each(|e| e.location = None),
+                Some(Kind::Join(j)) => j
+                    .exprs
+                    .iter_mut()
+                    .chain(j.condition.as_mut())
+                    .for_each(|e| e.location = None),
                 _ => {}
             }
         }
@@ -446,6 +711,8 @@ mod tests {
                         events: 10,
                         parallelism: 2,
                         input,
+                        auctions: input.map(|_| "/tmp/auctions"),
+                        persons: input.map(|_| "/tmp/persons"),
                         state,
                         checkpoint_ms,
                         cache,
@@ -468,6 +735,8 @@ mod tests {
             events: 10,
             parallelism: 2,
             input: None,
+            auctions: None,
+            persons: None,
             state: StateChoice::Memory,
             checkpoint_ms: 0,
             cache: None,

@@ -78,6 +78,8 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
                 events: args.events,
                 parallelism: args.parallelism,
                 input: None,
+                auctions: None,
+                persons: None,
                 state: StateChoice::Memory,
                 checkpoint_ms: args.checkpoint_ms,
                 cache: None,

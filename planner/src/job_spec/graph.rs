@@ -142,12 +142,7 @@ fn add_stages(
                     source_at,
                     pipeline,
                 } = *join;
-                let right_source = graph.add_node(
-                    "source",
-                    job_parallelism,
-                    source_at,
-                    pb::node::Kind::Source(source),
-                );
+                let right_source = graph.source(job_parallelism, source_at, source);
                 let right = add_stages(graph, right_source, pipeline, job_parallelism, late_sinks);
                 let (left_keys, right_keys) = (spec.left_keys.clone(), spec.right_keys.clone());
                 let node = graph.add_node(
@@ -223,6 +218,23 @@ impl GraphBuilder {
             kind: Some(kind),
         });
         Added { id, parallelism }
+    }
+
+    /// A source node reading `spec`: the node that reads it already when there is one
+    /// (a table joined with a query over itself is read once, and feeds both).
+    fn source(&mut self, parallelism: u32, at: Pos, spec: pb::SourceSpec) -> Added {
+        let kind = pb::node::Kind::Source(spec);
+        match self
+            .nodes
+            .iter()
+            .find(|n| n.parallelism == parallelism && n.kind.as_ref() == Some(&kind))
+        {
+            Some(n) => Added {
+                id: n.id,
+                parallelism,
+            },
+            None => self.add_node("source", parallelism, at, kind),
+        }
     }
 
     fn connect(
