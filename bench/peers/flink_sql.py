@@ -20,6 +20,11 @@ T0 = time.time()
 
 BIDS = ("auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, "
         "date_time TIMESTAMP(3), extra STRING")
+AUCTIONS = ("id BIGINT, item_name STRING, description STRING, initial_bid BIGINT, "
+            "reserve BIGINT, date_time TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, "
+            "category BIGINT, extra STRING")
+PERSONS = ("id BIGINT, name STRING, email_address STRING, credit_card STRING, city STRING, "
+           "state STRING, date_time TIMESTAMP(3), extra STRING")
 WINDOW = "window_start TIMESTAMP(3), window_end TIMESTAMP(3)"
 # Nexmark's three price bands (q15, q17): count(<x>) FILTER per band, named rank<i>_<n>.
 BANDS = ("count({x}) FILTER (WHERE price < 10000) AS rank1_{n}, "
@@ -74,10 +79,39 @@ QUERIES = {
     "q19": ("SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price DESC) "
             "AS rank_number FROM bid) WHERE rank_number <= 10",
             f"{BIDS}, rank_number BIGINT"),
+    # Joins, as Flink's Nexmark writes them (regular joins, state kept forever).
+    "q3": ("SELECT P.name, P.city, P.state, A.id FROM auction AS A JOIN person AS P "
+           "ON A.seller = P.id WHERE A.category = 10 AND (P.state = 'OR' OR P.state = 'ID' "
+           "OR P.state = 'CA')",
+           "name STRING, city STRING, state STRING, id BIGINT"),
+    "q7-join": ("SELECT B.auction, B.price, B.bidder, B.date_time, B.extra FROM bid B JOIN ("
+                "SELECT MAX(price) AS maxprice, window_end AS date_time "
+                "FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) "
+                "GROUP BY window_start, window_end) B1 ON B.price = B1.maxprice "
+                "WHERE B.date_time BETWEEN B1.date_time - INTERVAL '10' SECOND AND B1.date_time",
+                "auction BIGINT, price BIGINT, bidder BIGINT, date_time TIMESTAMP(3), extra STRING"),
+    "q8": ("SELECT P.id, P.name, P.starttime FROM ("
+           "SELECT id, name, window_start AS starttime, window_end AS endtime "
+           "FROM TABLE(TUMBLE(TABLE person, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) "
+           "GROUP BY id, name, window_start, window_end) P JOIN ("
+           "SELECT seller, window_start AS starttime, window_end AS endtime "
+           "FROM TABLE(TUMBLE(TABLE auction, DESCRIPTOR(date_time), INTERVAL '10' SECOND)) "
+           "GROUP BY seller, window_start, window_end) A "
+           "ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime",
+           "id BIGINT, name STRING, starttime TIMESTAMP(3)"),
+    "q20": ("SELECT auction, bidder, price, channel, url, B.date_time, B.extra, item_name, "
+            "description, initial_bid, reserve, A.date_time, expires, seller, category, "
+            "A.extra FROM bid AS B JOIN auction AS A ON B.auction = A.id WHERE A.category = 10",
+            f"{BIDS}, item_name STRING, description STRING, initial_bid BIGINT, "
+            "reserve BIGINT, date_time0 TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, "
+            "category BIGINT, extra0 STRING"),
 }
 
-BID = """CREATE TABLE bid (
-  """ + BIDS + """,
+# The tables each query reads besides `bid`.
+JOINED = {"q3": ("auction", "person"), "q8": ("auction", "person"), "q20": ("auction",)}
+
+TABLE = """CREATE TABLE {name} (
+  {columns},
   WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND
 ) WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'csv')"""
 
@@ -114,7 +148,10 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="a directory of headerless CSV bids")
     ap.add_argument("--query", "-q", required=True, choices=sorted(QUERIES))
-    ap.add_argument("--rows", type=int, required=True, help="the bids in --data")
+    ap.add_argument("--auctions", default=None, help="a directory of headerless CSV auctions")
+    ap.add_argument("--persons", default=None, help="a directory of headerless CSV persons")
+    ap.add_argument("--rows", type=int, required=True,
+                    help="the events the query reads (bids, and auctions or persons it joins)")
     ap.add_argument("--parallelism", "-p", type=int, default=2)
     ap.add_argument("--log-dir", default=None, help="Flink's logs (default: a temporary directory)")
     args = ap.parse_args()
@@ -132,7 +169,13 @@ def main():
     t_env = TableEnvironment.create(settings)
     t_jvm = time.time()
     pid = jvm_pid()
-    t_env.execute_sql(BID.format(path="file://" + os.path.abspath(args.data)))
+    dirs = {"bid": args.data, "auction": args.auctions, "person": args.persons}
+    columns_of = {"bid": BIDS, "auction": AUCTIONS, "person": PERSONS}
+    for name in ("bid",) + JOINED.get(args.query, ()):
+        if dirs[name] is None:
+            ap.error(f"{args.query} reads {name}s: give --{name}s")
+        t_env.execute_sql(TABLE.format(name=name, columns=columns_of[name],
+                                       path="file://" + os.path.abspath(dirs[name])))
     select, columns = QUERIES[args.query]
     t_env.execute_sql(f"CREATE TABLE output ({columns}) WITH ('connector' = 'blackhole')")
     t_sub = time.time()
