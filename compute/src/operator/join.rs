@@ -14,10 +14,11 @@
 //!
 //! # State
 //! Two tables, `left` and `right`: per key, one entry per distinct row (the namespace is
-//! the row in Arrow's row format), whose value is an expiry time (the state TTL; never
-//! without one) and how many times the row arrived. A probe scans the other side's rows
-//! of the key; expired rows are skipped and deleted as they are met (Flink's TTL also
-//! counts processing time from the row's last write).
+//! the row in Arrow's row format), whose value lists an expiry time per arrival of the
+//! row (the state TTL; never without one), appended by a merge so that storing a row
+//! reads nothing. A probe scans the other side's rows of the key, several keys at once;
+//! expired arrivals are skipped and removed as they are met (Flink's TTL also counts
+//! processing time from a row's write).
 //!
 //! The operator never sees which store holds its state or how inputs are scheduled: the
 //! task tells it which input a batch came from.
@@ -31,7 +32,8 @@ use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use arrow_row::{RowConverter, SortField};
 use async_trait::async_trait;
-use bytes::{BufMut, Bytes};
+use bytes::Bytes;
+use futures::StreamExt;
 use sluice_common::key_group::key_group_of;
 use sluice_common::pb;
 use sluice_common::state::{StateTable, WriteOp, ttl};
@@ -47,6 +49,9 @@ const STATES: [&str; 2] = ["left", "right"];
 
 /// Rows of the other side read per scan call.
 const SCAN_PAGE: usize = 1024;
+
+/// Scans of the other side in flight per batch of reads the backend asks to overlap.
+const PROBES_PER_READ: usize = 32;
 
 /// Hashes short keys of one batch: keys come from the job's own data.
 type Hasher = foldhash::fast::RandomState;
@@ -279,51 +284,72 @@ impl JoinOperator {
             members[slot].push(row);
             *counts.entry((slot, rows.row(row).data())).or_default() += 1;
         }
-        // Store this side's rows: each distinct row's count grows by its arrivals.
+        // Store this side's rows: each arrival appends its expiry time to its row's
+        // entry, which needs no read.
         let own = &tables[input];
         let mut distinct: Vec<((usize, &[u8]), u64)> = counts.into_iter().collect();
         distinct.sort_unstable();
-        let state_keys: Vec<Bytes> = distinct
+        let writes: Vec<WriteOp> = distinct
             .iter()
-            .map(|((slot, row), _)| {
+            .map(|((slot, row), arrived)| {
                 let key = self.encoded.row(keys[*slot]);
-                own.key(key_group_of(key, self.max_parallelism), key, row)
+                WriteOp::Merge {
+                    key: own.key(key_group_of(key, self.max_parallelism), key, row),
+                    operand: arrivals(expires, *arrived),
+                }
             })
             .collect();
-        let stored = own.get_many(&state_keys).await?;
-        let mut writes = Vec::with_capacity(state_keys.len());
-        for ((_, arrived), (state_key, old)) in
-            distinct.iter().zip(state_keys.into_iter().zip(stored))
-        {
-            let before = match old {
-                Some(v) => live_count(&v, now)?.unwrap_or(0),
-                None => 0,
-            };
-            writes.push(WriteOp::Put {
-                key: state_key,
-                value: encode_entry(expires, before + arrived),
-            });
-        }
         own.write(writes).await?;
-        // Probe the other side, key by key.
+        // Probe the other side, key by key, keeping several scans in flight (each is a
+        // round trip to a remote store).
         let theirs = &tables[other];
+        let probes: Vec<(usize, &[u8], u16)> = keys
+            .iter()
+            .enumerate()
+            .map(|(slot, &first)| {
+                let key = self.encoded.row(first);
+                (slot, key, key_group_of(key, self.max_parallelism))
+            })
+            .collect();
+        let in_flight = theirs.pipelined_reads().max(1) * PROBES_PER_READ;
+        let mut scans = futures::stream::FuturesOrdered::new();
+        let mut queued = probes.iter();
         let mut this_rows: Vec<u32> = Vec::new();
         let mut other_rows: Vec<Bytes> = Vec::new();
         let mut expired = Vec::new();
-        for (slot, &first) in keys.iter().enumerate() {
-            let key = self.encoded.row(first);
-            let group = key_group_of(key, self.max_parallelism);
-            let matches = theirs.scan_key(group, key, SCAN_PAGE).await?;
+        loop {
+            while scans.len() < in_flight {
+                let Some(&(slot, key, group)) = queued.next() else {
+                    break;
+                };
+                let (table, key) = (theirs.clone(), key.to_vec());
+                scans.push_back(async move {
+                    table
+                        .scan_key(group, &key, SCAN_PAGE)
+                        .await
+                        .map(|rows| (slot, group, rows))
+                });
+            }
+            let Some(scanned) = scans.next().await else {
+                break;
+            };
+            let (slot, group, matches) = scanned?;
+            let key = probes[slot].1;
             if matches.is_empty() {
                 continue;
             }
             let mut live: Vec<(Bytes, u64)> = Vec::with_capacity(matches.len());
             for m in matches {
-                match live_count(&m.value, now)? {
-                    Some(n) => live.push((m.namespace, n)),
-                    None => expired.push(WriteOp::Delete {
-                        key: theirs.key(group, key, &m.namespace),
-                    }),
+                let (n, rewrite) = live_arrivals(&m.value, now)?;
+                if let Some(value) = rewrite {
+                    let key = theirs.key(group, key, &m.namespace);
+                    expired.push(match value.is_empty() {
+                        true => WriteOp::Delete { key },
+                        false => WriteOp::Put { key, value },
+                    });
+                }
+                if n > 0 {
+                    live.push((m.namespace, n));
                 }
             }
             for &row in &members[slot] {
@@ -335,6 +361,7 @@ impl JoinOperator {
                 }
             }
         }
+        drop(scans);
         theirs.write(expired).await?;
         if this_rows.is_empty() {
             return Ok(());
@@ -404,27 +431,39 @@ fn key_nulls(batch: &RecordBatch, keys: &KeyEncoder) -> Result<Option<Vec<bool>>
     Ok(nulls)
 }
 
-/// A stored row's value: when it expires, and how many times it arrived.
-fn encode_entry(expires_at: i64, count: u64) -> Bytes {
-    let mut v = Vec::with_capacity(16);
-    ttl::write_header(&mut v, expires_at);
-    v.put_u64(count);
+/// What `n` arrivals of a row expiring at `expires_at` append to its entry: one expiry
+/// header each.
+fn arrivals(expires_at: i64, n: u64) -> Bytes {
+    let mut v = Vec::with_capacity(ttl::HEADER_LEN * n as usize);
+    for _ in 0..n {
+        ttl::write_header(&mut v, expires_at);
+    }
     Bytes::from(v)
 }
 
-/// How many times a stored row arrived, or `None` once it expired.
-fn live_count(stored: &[u8], now: i64) -> Result<Option<u64>> {
-    let payload =
-        ttl::live_payload(stored, now).map_err(|e| Error::Internal(format!("join state: {e}")))?;
-    match payload {
-        None => Ok(None),
-        Some(p) => {
-            let bytes: [u8; 8] = p
-                .try_into()
-                .map_err(|_| Error::Internal("join state: a row's count is truncated".into()))?;
-            Ok(Some(u64::from_be_bytes(bytes)))
-        }
+/// How many arrivals of a stored row are still alive at `now`, and when some expired,
+/// the entry to write back (empty: delete it).
+fn live_arrivals(stored: &[u8], now: i64) -> Result<(u64, Option<Bytes>)> {
+    if stored.len() % ttl::HEADER_LEN != 0 {
+        return Err(Error::Internal(format!(
+            "join state: a row's entry of {} bytes is not a list of expiry times",
+            stored.len()
+        )));
     }
+    let times = stored.chunks_exact(ttl::HEADER_LEN).map(|c| {
+        let bytes: [u8; ttl::HEADER_LEN] = c.try_into().unwrap_or([0; ttl::HEADER_LEN]);
+        i64::from_be_bytes(bytes)
+    });
+    let live = times.clone().filter(|&t| !ttl::is_expired(t, now)).count() as u64;
+    let all = (stored.len() / ttl::HEADER_LEN) as u64;
+    if live == all {
+        return Ok((live, None));
+    }
+    let mut kept = Vec::with_capacity(live as usize * ttl::HEADER_LEN);
+    for t in times.filter(|&t| !ttl::is_expired(t, now)) {
+        ttl::write_header(&mut kept, t);
+    }
+    Ok((live, Some(Bytes::from(kept))))
 }
 
 #[async_trait]
