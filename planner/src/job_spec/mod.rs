@@ -34,6 +34,15 @@
 //!     aggregate: ["count(*) AS bids"]
 //!     late: { sink: { file: { path: out/late } } }   # default `drop`
 //!   - dedup: [bidder, auction]      # the first record of every distinct key
+//!   - join:                         # a regular inner join with another input
+//!       right: { source: { nexmark: { stream: auction } }, pipeline: [...] }
+//!       left_keys: [auction]        # equal to right_keys, position by position
+//!       right_keys: [id]
+//!       left_alias: b               # how expressions name each side (default l, r)
+//!       right_alias: a
+//!       condition: "b.price > a.reserve"    # optional, on each matching pair
+//!       select: [b.auction, b.price, a.seller]   # optional; default every column
+//!       ttl: 1h                     # optional: rows stop joining after this long
 //! sink:                             # exactly one of stdout, blackhole, file
 //!   stdout: { format: jsonl }
 //! ```

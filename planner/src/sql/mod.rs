@@ -36,9 +36,15 @@
 //!
 //! - `CREATE VIEW v AS SELECT ...` and subqueries in FROM, each of the shapes above: a
 //!   query over a view stacks its operators after the view's.
+//! - `SELECT ... FROM a [AS x] [INNER] JOIN b [AS y] ON x.k = y.k [AND ...] [WHERE ...]`,
+//!   each side a table, view or named subquery: a regular join, both sides kept in
+//!   keyed state (for `'table.exec.state.ttl'` if set). The equalities between a column
+//!   of each side are its keys; a WHERE conjunct naming one side's columns only filters
+//!   that side before the join; the rest is checked on each pair. Aggregate over a join
+//!   in a view or subquery.
 //!
-//! Anything else (joins, INSERTs reading different tables, ORDER BY, ...) is refused at
-//! its position, named as not supported yet. DataFusion's logical optimizer does not
+//! Anything else (outer, interval, window and temporal joins, INSERTs reading different
+//! tables, ORDER BY, ...) is refused at its position, named as not supported yet. DataFusion's logical optimizer does not
 //! plan these jobs yet: the shapes above map one to one onto Sluice's operators.
 //!
 //! This module owns the SQL surface and its error messages; like the YAML front end it
