@@ -141,7 +141,7 @@ const ORACLE: &[(&str, &str)] = &[
     ),
     // Regular joins: every pair of rows with equal keys, whichever side came first.
     (
-        "q7-highest-bid",
+        "q7-highest-bid-join",
         "WITH m AS (SELECT max(price) AS maxprice, time_bucket(INTERVAL 10 SECOND, \
          date_time) + INTERVAL 10 SECOND AS we FROM bid GROUP BY 2) \
          SELECT B.auction, B.price, B.bidder, B.date_time, B.extra FROM bid B JOIN m ON \
@@ -416,7 +416,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q18-last-bid",
         "q19-top-bids",
         "q3-local-item-suggestion",
-        "q7-highest-bid",
+        "q7-highest-bid-join",
         "q8-new-users",
         "q20-expanded-bid",
     ] {

@@ -671,10 +671,6 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
              enclosing WHERE rn <= N",
         ));
     }
-    let row_number = row_number_item(&select.projection)?;
-    let [from] = select.from.as_slice() else {
-        return Err(unsupported(at, "reading several tables (a join)"));
-    };
     let group_by = match &select.group_by {
         GroupByExpr::Expressions(exprs, modifiers) if modifiers.is_empty() => exprs.as_slice(),
         _ => {
@@ -684,64 +680,63 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             ));
         }
     };
-    if !from.joins.is_empty() {
-        if row_number.is_some()
-            || distinct
-            || !group_by.is_empty()
-            || has_aggregate(&select.projection)
-        {
-            return Err(unsupported(
+    let mut items: Vec<SelectItem> = select.projection.clone();
+    let mut group_by: Vec<Expr> = group_by.to_vec();
+    let mut selection = select.selection.clone();
+    let joined = join_from(&select.from, at)?;
+    let (input, window) = match (joined, select.from.first()) {
+        (Some(join), _) => {
+            let feeds_more = distinct
+                || !group_by.is_empty()
+                || has_aggregate(&items)
+                || row_number_item(&items)?.is_some();
+            if !feeds_more {
+                // The join's own projection is the query's.
+                return lower_join(
+                    &join,
+                    JoinOutput::Items(&items),
+                    selection.as_ref(),
+                    catalog,
+                    at,
+                    depth,
+                );
+            }
+            // The join emits the columns the rest of the query reads, under flat names
+            // (`a.id` as `a__id`), and the query goes on over them.
+            let columns = flatten_columns(&mut items, &mut group_by);
+            let lowered = lower_join(
+                &join,
+                JoinOutput::Columns(columns),
+                selection.take().as_ref(),
+                catalog,
                 at,
-                "an aggregate, DISTINCT or ROW_NUMBER() in the SELECT of a JOIN (join in a \
-                 subquery or view, and aggregate over that)",
-            ));
+                depth,
+            )?;
+            (lowered, None)
         }
-        return lower_join(
-            from,
-            &select.projection,
-            select.selection.as_ref(),
-            catalog,
-            at,
-            depth,
-        );
-    }
-    let (input, window) = match &from.relation {
-        TableFactor::Table {
-            name, args: None, ..
-        } => {
-            let (name, at) = object_name(name)?;
-            (catalog.read(&name, at, depth)?, None)
-        }
-        TableFactor::Derived {
-            lateral: false,
-            subquery,
-            ..
-        } => (lower_query(subquery, catalog, at, depth + 1)?, None),
-        TableFactor::TableFunction { expr, .. } => {
-            let w = window_function(expr)?;
-            let (name, at) = &w.table;
-            (catalog.read(name, *at, depth)?, Some(w))
-        }
-        other => {
-            return Err(unsupported(
-                pos(other.span().start),
-                "this FROM item; read a table, or TABLE(TUMBLE | HOP | CUMULATE | SESSION(...))",
-            ));
+        (None, None) => return Err(SqlError::new(at, "a SELECT without FROM".to_owned())),
+        (None, Some(from)) => {
+            if let Some(name) = table_name(&from.relation) {
+                // `q.col` over a single FROM item named q is its column `col`.
+                unqualify_all(&name, &mut items, &mut group_by, &mut selection);
+            }
+            single_input(&from.relation, catalog, at, depth)?
         }
     };
+    let row_number = row_number_item(&items)?;
+    let group_by = group_by.as_slice();
     let Lowered {
         source,
         mut pipeline,
         rank,
     } = input;
     let table = &catalog.tables[&source];
-    let mut selection = select.selection.clone();
     if let Some(rank) = rank {
         if row_number.is_some() {
             return Err(unbounded_rank(&rank));
         }
         let (limit, rest) = rank_bound(&rank, selection.as_ref())?;
-        let mut referenced = select.projection.iter().any(|item| {
+        let mut referenced = items.iter().any(|item| {
             matches!(item, SelectItem::Wildcard(_)) || mentions(&item.to_string(), &rank.column)
         });
         referenced |= rest.iter().any(|e| mentions(&e.to_string(), &rank.column));
@@ -762,8 +757,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
                 "ROW_NUMBER() together with GROUP BY, a window function or DISTINCT",
             ));
         }
-        let rest: Vec<SelectItem> = select
-            .projection
+        let rest: Vec<SelectItem> = items
             .iter()
             .enumerate()
             .filter(|(i, _)| *i != index)
@@ -779,26 +773,20 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
         });
     }
     match window {
-        None if !group_by.is_empty() || has_aggregate(&select.projection) => {
+        None if !group_by.is_empty() || has_aggregate(&items) => {
             if distinct {
                 return Err(unsupported(at, "SELECT DISTINCT over a GROUP BY"));
             }
-            pipeline.extend(aggregate_stages(
-                None,
-                None,
-                group_by,
-                &select.projection,
-                at,
-            )?);
+            pipeline.extend(aggregate_stages(None, None, group_by, &items, at)?);
         }
         None => {
-            if let Some(items) = projection(&select.projection, at)? {
-                pipeline.push(stage("select", seq(items, at), at));
+            if let Some(list) = projection(&items, at)? {
+                pipeline.push(stage("select", seq(list, at), at));
             }
             if distinct {
                 // Each distinct row once, when first seen: the dedup operator keyed by
                 // every column (an append-only result, as in Flink).
-                let names = output_names(&select.projection, at)?;
+                let names = output_names(&items, at)?;
                 pipeline.push(stage("dedup", seq(names, at), at));
             }
         }
@@ -821,7 +809,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
                 Some(&w),
                 watermarked,
                 group_by,
-                &select.projection,
+                &items,
                 at,
             )?);
         }
@@ -833,54 +821,133 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
     })
 }
 
-/// `FROM a [AS x] [INNER] JOIN b [AS y] ON x.k = y.k [AND ...] [WHERE ...]` as a join
-/// item on `a`'s pipeline, `b` its right input. Equalities between a column of each side
-/// (qualified by its table) are the keys; a WHERE conjunct that names one side's columns
-/// only filters that side before the join; everything else is the join's condition.
+/// What one FROM item (not a join) reads, and its window function if it is one.
+fn single_input(
+    relation: &TableFactor,
+    catalog: &Catalog<'_>,
+    at: Pos,
+    depth: usize,
+) -> Result<(Lowered, Option<WindowCall>)> {
+    Ok(match relation {
+        TableFactor::Table {
+            name, args: None, ..
+        } => {
+            let (name, at) = object_name(name)?;
+            (catalog.read(&name, at, depth)?, None)
+        }
+        TableFactor::Derived {
+            lateral: false,
+            subquery,
+            ..
+        } => (lower_query(subquery, catalog, at, depth + 1)?, None),
+        TableFactor::TableFunction { expr, .. } => {
+            let w = window_function(expr)?;
+            let (name, at) = &w.table;
+            (catalog.read(name, *at, depth)?, Some(w))
+        }
+        other => {
+            return Err(unsupported(
+                pos(other.span().start),
+                "this FROM item; read a table, or TABLE(TUMBLE | HOP | CUMULATE | SESSION(...))",
+            ));
+        }
+    })
+}
+
+/// The two FROM items of a join and its ON (`None` for `FROM a, b`, whose WHERE holds
+/// the condition).
+struct JoinFrom<'q> {
+    left: &'q TableFactor,
+    right: &'q TableFactor,
+    on: Option<&'q Expr>,
+    at: Pos,
+}
+
+/// What a join emits.
+enum JoinOutput<'q> {
+    /// The query's SELECT list (a join that is the whole query).
+    Items(&'q [SelectItem]),
+    /// These columns (`a.id AS a__id`; a bare `price`), for the rest of the query.
+    Columns(Vec<String>),
+}
+
+/// The join a FROM clause writes, if it writes one: `a [INNER] JOIN b ON ...` or `a, b`.
+fn join_from(from: &[TableWithJoins], at: Pos) -> Result<Option<JoinFrom<'_>>> {
+    match from {
+        [] => Ok(None),
+        [one] if one.joins.is_empty() => Ok(None),
+        [one] => {
+            let join = match one.joins.as_slice() {
+                [join] => join,
+                [_, second, ..] => {
+                    return Err(unsupported(
+                        pos(second.relation.span().start),
+                        "more than one JOIN in a FROM; join two tables in a subquery or view \
+                         and join that",
+                    ));
+                }
+                [] => return Ok(None),
+            };
+            let join_at = pos(join.relation.span().start);
+            let constraint = match &join.join_operator {
+                JoinOperator::Join(c) | JoinOperator::Inner(c) => c,
+                JoinOperator::Left(_)
+                | JoinOperator::LeftOuter(_)
+                | JoinOperator::Right(_)
+                | JoinOperator::RightOuter(_)
+                | JoinOperator::FullOuter(_) => {
+                    return Err(unsupported(join_at, "an outer join (LEFT, RIGHT or FULL)"));
+                }
+                _ => {
+                    return Err(unsupported(
+                        join_at,
+                        "this kind of join; write `[INNER] JOIN ... ON a.k = b.k`",
+                    ));
+                }
+            };
+            let JoinConstraint::On(on) = constraint else {
+                return Err(unsupported(
+                    join_at,
+                    "a JOIN without ON (USING, NATURAL, CROSS); write `ON a.k = b.k`",
+                ));
+            };
+            Ok(Some(JoinFrom {
+                left: &one.relation,
+                right: &join.relation,
+                on: Some(on),
+                at: join_at,
+            }))
+        }
+        [a, b] if a.joins.is_empty() && b.joins.is_empty() => Ok(Some(JoinFrom {
+            left: &a.relation,
+            right: &b.relation,
+            on: None,
+            at: pos(b.relation.span().start),
+        })),
+        _ => Err(unsupported(
+            at,
+            "reading more than two tables in one FROM; join two in a subquery or view and \
+             join that",
+        )),
+    }
+}
+
+/// `FROM a [AS x] [INNER] JOIN b [AS y] ON x.k = y.k [AND ...] [WHERE ...]` (or `FROM a
+/// x, b y WHERE ...`) as a join item on `a`'s pipeline, `b` its right input. Equalities
+/// between a column of each side (qualified by its table) are the keys; a conjunct that
+/// names one side's columns only filters that side before the join; everything else is
+/// the join's condition.
 fn lower_join(
-    from: &TableWithJoins,
-    projection: &[SelectItem],
+    join: &JoinFrom<'_>,
+    output: JoinOutput<'_>,
     selection: Option<&Expr>,
     catalog: &Catalog<'_>,
     at: Pos,
     depth: usize,
 ) -> Result<Lowered> {
-    let join = match from.joins.as_slice() {
-        [join] => join,
-        [_, second, ..] => {
-            return Err(unsupported(
-                pos(second.relation.span().start),
-                "more than one JOIN in a FROM; join two tables in a subquery or view and \
-                 join that",
-            ));
-        }
-        [] => return Err(SqlError::new(at, "no JOIN".to_owned())),
-    };
-    let join_at = pos(join.relation.span().start);
-    let constraint = match &join.join_operator {
-        JoinOperator::Join(c) | JoinOperator::Inner(c) => c,
-        JoinOperator::Left(_)
-        | JoinOperator::LeftOuter(_)
-        | JoinOperator::Right(_)
-        | JoinOperator::RightOuter(_)
-        | JoinOperator::FullOuter(_) => {
-            return Err(unsupported(join_at, "an outer join (LEFT, RIGHT or FULL)"));
-        }
-        _ => {
-            return Err(unsupported(
-                join_at,
-                "this kind of join; write `[INNER] JOIN ... ON a.k = b.k`",
-            ));
-        }
-    };
-    let JoinConstraint::On(on) = constraint else {
-        return Err(unsupported(
-            join_at,
-            "a JOIN without ON (USING, NATURAL, CROSS); write `ON a.k = b.k`",
-        ));
-    };
-    let (left, left_alias) = join_input(&from.relation, catalog, at, depth)?;
-    let (right, right_alias) = join_input(&join.relation, catalog, at, depth)?;
+    let join_at = join.at;
+    let (left, left_alias) = join_input(join.left, catalog, at, depth)?;
+    let (right, right_alias) = join_input(join.right, catalog, at, depth)?;
     if left_alias.eq_ignore_ascii_case(&right_alias) {
         return Err(SqlError::new(
             join_at,
@@ -891,9 +958,16 @@ fn lower_join(
         ));
     }
     let aliases = [left_alias.as_str(), right_alias.as_str()];
+    // For an inner join, ON and WHERE are one condition.
     let mut conjuncts = Vec::new();
-    split_and(on, &mut conjuncts);
+    if let Some(on) = join.on {
+        split_and(on, &mut conjuncts);
+    }
+    if let Some(w) = selection {
+        split_and(w, &mut conjuncts);
+    }
     let (mut left_keys, mut right_keys, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut left_pipeline, mut right_pipeline) = (left.pipeline, right.pipeline);
     for c in conjuncts {
         if let Expr::BinaryOp {
             left: a,
@@ -910,36 +984,28 @@ fn lower_join(
                 _ => {}
             }
         }
-        rest.push(c);
+        match one_side(&c, aliases) {
+            Some(side) => {
+                let unqualified = unqualify(c);
+                let pipeline = if side == 0 {
+                    &mut left_pipeline
+                } else {
+                    &mut right_pipeline
+                };
+                pipeline.push(stage("filter", expr_node(&unqualified, at), at));
+            }
+            None => rest.push(c),
+        }
     }
     if left_keys.is_empty() {
         return Err(SqlError::new(
-            located(on, join_at),
+            join.on.map_or(join_at, |on| located(on, join_at)),
             format!(
                 "a join needs an equality between a column of each side in ON, each \
                  qualified by its table (`{left_alias}.k = {right_alias}.k`); joins without \
                  one are not supported"
             ),
         ));
-    }
-    let (mut left_pipeline, mut right_pipeline) = (left.pipeline, right.pipeline);
-    if let Some(w) = selection {
-        let mut wheres = Vec::new();
-        split_and(w, &mut wheres);
-        for c in wheres {
-            match one_side(&c, aliases) {
-                Some(side) => {
-                    let unqualified = unqualify(c);
-                    let pipeline = if side == 0 {
-                        &mut left_pipeline
-                    } else {
-                        &mut right_pipeline
-                    };
-                    pipeline.push(stage("filter", expr_node(&unqualified, at), at));
-                }
-                None => rest.push(c),
-            }
-        }
     }
     let table = &catalog.tables[&right.source];
     let (source, watermark) = source_nodes(table)?;
@@ -966,7 +1032,13 @@ fn lower_join(
     }) {
         spec.put(&["condition"], expr_node(&condition, join_at))?;
     }
-    if let Some(items) = projection_of_join(projection, at)? {
+    let select = match output {
+        JoinOutput::Items(items) => projection(items, at)?,
+        JoinOutput::Columns(columns) => {
+            Some(columns.into_iter().map(|c| scalar_quoted(c, at)).collect())
+        }
+    };
+    if let Some(items) = select {
         spec.put(&["select"], seq(items, at))?;
     }
     if let Some(ttl) = &catalog.join_ttl {
@@ -980,9 +1052,107 @@ fn lower_join(
     })
 }
 
-/// A join's SELECT list: every item named (a bare `t.col` is named `col`).
-fn projection_of_join(items: &[SelectItem], at: Pos) -> Result<Option<Vec<Node>>> {
-    projection(items, at)
+/// The name a join gives column `column` of the side called `table` when the rest of
+/// the query reads it (`a.id` is `a__id`), lower case as SQL names are.
+fn flat_name(table: &str, column: &str) -> String {
+    format!("{}__{}", table.to_lowercase(), column.to_lowercase())
+}
+
+/// Rewrites `items` and `group_by` to read a join's output by flat names (`a.id` becomes
+/// `a__id`; a SELECT item `a.id` keeps its name `id`), and returns the join's output
+/// columns: each qualified column read, renamed, and each bare name as it is.
+fn flatten_columns(items: &mut [SelectItem], group_by: &mut [Expr]) -> Vec<String> {
+    use std::ops::ControlFlow;
+    let mut columns: Vec<String> = Vec::new();
+    let mut add = |c: String| {
+        if !columns.contains(&c) {
+            columns.push(c);
+        }
+    };
+    let mut rewrite = |e: &mut Expr| {
+        let _ = sqlparser::ast::visit_expressions_mut(e, |e| {
+            match e {
+                Expr::CompoundIdentifier(parts) if parts.len() == 2 => {
+                    let (t, c) = (&parts[0].value, &parts[1].value);
+                    let flat = flat_name(t, c);
+                    add(format!("{t}.{c} AS {flat}"));
+                    let span = parts[1].span;
+                    *e = Expr::Identifier(Ident::with_span(span, flat));
+                }
+                Expr::Identifier(id) => add(id.value.clone()),
+                _ => {}
+            }
+            ControlFlow::<()>::Continue(())
+        });
+    };
+    for item in items.iter_mut() {
+        match item {
+            SelectItem::UnnamedExpr(e) => {
+                let name = match e {
+                    Expr::CompoundIdentifier(parts) if parts.len() == 2 => Some(parts[1].clone()),
+                    _ => None,
+                };
+                rewrite(e);
+                if let Some(alias) = name {
+                    *item = SelectItem::ExprWithAlias {
+                        expr: e.clone(),
+                        alias,
+                    };
+                }
+            }
+            SelectItem::ExprWithAlias { expr, .. } => rewrite(expr),
+            _ => {}
+        }
+    }
+    for e in group_by.iter_mut() {
+        rewrite(e);
+    }
+    columns
+}
+
+/// The name a single FROM item's columns may be qualified with: its alias, or the table's
+/// name.
+fn table_name(relation: &TableFactor) -> Option<String> {
+    match relation {
+        TableFactor::Table { name, alias, .. } => Some(match alias {
+            Some(a) => a.name.value.clone(),
+            None => object_name(name).ok()?.0,
+        }),
+        TableFactor::Derived { alias: Some(a), .. } => Some(a.name.value.clone()),
+        _ => None,
+    }
+}
+
+/// Writes `name.col` as `col` in the SELECT list, GROUP BY and WHERE of a query over one
+/// FROM item called `name`.
+fn unqualify_all(
+    name: &str,
+    items: &mut [SelectItem],
+    group_by: &mut [Expr],
+    selection: &mut Option<Expr>,
+) {
+    use std::ops::ControlFlow;
+    let strip = |e: &mut Expr| {
+        let _ = sqlparser::ast::visit_expressions_mut(e, |e| {
+            if let Expr::CompoundIdentifier(parts) = e
+                && let [table, column] = parts.as_slice()
+                && table.value.eq_ignore_ascii_case(name)
+            {
+                *e = Expr::Identifier(column.clone());
+            }
+            ControlFlow::<()>::Continue(())
+        });
+    };
+    for item in items.iter_mut() {
+        match item {
+            SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => strip(e),
+            _ => {}
+        }
+    }
+    group_by.iter_mut().for_each(strip);
+    if let Some(e) = selection.as_mut() {
+        strip(e);
+    }
 }
 
 /// One input of a join and the name its columns are qualified with.

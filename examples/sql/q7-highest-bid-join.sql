@@ -1,8 +1,9 @@
 -- Nexmark q7: the highest bid of every 10 s window, as Flink's Nexmark writes it: the
 -- bids joined with each window's maximum price, on the price and the bid's time falling
 -- in the window. A regular join: both sides stay in keyed state (here keyed by price),
--- and the time condition is checked on each pair.
-SET 'pipeline.name' = 'q7-highest-bid';
+-- and the time condition is checked on each pair. (examples/q7-highest-bid.yaml is
+-- the window alone.)
+SET 'pipeline.name' = 'q7-highest-bid-join';
 SET 'parallelism.default' = '2';
 
 CREATE TABLE bid (
@@ -17,7 +18,7 @@ CREATE TABLE bid (
 
 CREATE TABLE output WITH (
   'connector' = 'file',
-  'path' = 'out/q7-highest-bid',
+  'path' = 'out/q7-highest-bid-join',
   'format' = 'jsonl'
 );
 
