@@ -77,14 +77,7 @@ impl ExprCompiler {
         schema: &SchemaRef,
         qualifiers: &[String],
     ) -> Result<CompiledExpr> {
-        let df_schema = DFSchema::from_field_specific_qualified_schema(
-            qualifiers
-                .iter()
-                .map(|q| Some(datafusion::common::TableReference::bare(q.to_lowercase())))
-                .collect(),
-            schema,
-        )?;
-        let expr = self.ctx.parse_sql_expr(sql, &df_schema)?;
+        let (expr, df_schema) = self.parse_qualified(sql, schema, qualifiers)?;
         for column in expr.column_refs() {
             if column.relation.is_some() {
                 continue;
@@ -107,6 +100,26 @@ impl ExprCompiler {
             }
         }
         self.plan(expr, &df_schema, schema)
+    }
+
+    /// Parses `sql` over `schema` whose columns belong to the tables `qualifiers` names
+    /// (see [`ExprCompiler::compile_qualified`]); names are matched in lower case, as SQL
+    /// folds unquoted names.
+    pub fn parse_qualified(
+        &self,
+        sql: &str,
+        schema: &SchemaRef,
+        qualifiers: &[String],
+    ) -> Result<(Expr, DFSchema)> {
+        let df_schema = DFSchema::from_field_specific_qualified_schema(
+            qualifiers
+                .iter()
+                .map(|q| Some(datafusion::common::TableReference::bare(q.to_lowercase())))
+                .collect(),
+            schema,
+        )?;
+        let expr = self.ctx.parse_sql_expr(sql, &df_schema)?;
+        Ok((expr, df_schema))
     }
 
     /// Compiles a scalar expression over `schema`.

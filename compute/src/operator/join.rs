@@ -90,7 +90,11 @@ fn aliases(spec: &pb::JoinSpec) -> [String; 2] {
 }
 
 /// The pair's schema, and each of its columns' qualifier.
-fn pair_of(spec: &pb::JoinSpec, left: &SchemaRef, right: &SchemaRef) -> (SchemaRef, Vec<String>) {
+pub(crate) fn pair_of(
+    spec: &pb::JoinSpec,
+    left: &SchemaRef,
+    right: &SchemaRef,
+) -> (SchemaRef, Vec<String>) {
     let [l, r] = aliases(spec);
     let fields: Vec<Field> = left
         .fields()
@@ -116,6 +120,42 @@ impl JoinOperator {
     ) -> Result<CompiledExpr> {
         let (pair, qualifiers) = pair_of(spec, left, right);
         compiler.compile_qualified(sql, &pair, &qualifiers)
+    }
+
+    /// The columns of input `input` (0 left, 1 right) the join reads: its keys and what
+    /// its condition and output name; `None` when the output is every column.
+    pub fn input_columns(
+        spec: &pb::JoinSpec,
+        left: &SchemaRef,
+        right: &SchemaRef,
+        compiler: &ExprCompiler,
+        input: usize,
+    ) -> Result<Option<std::collections::BTreeSet<String>>> {
+        if spec.exprs.is_empty() {
+            return Ok(None);
+        }
+        let (pair, qualifiers) = pair_of(spec, left, right);
+        let aliases = aliases(spec).map(|a| a.to_lowercase());
+        let sides = [left, right];
+        let keys = if input == 0 {
+            &spec.left_keys
+        } else {
+            &spec.right_keys
+        };
+        let mut columns: std::collections::BTreeSet<String> = keys.iter().cloned().collect();
+        for e in spec.condition.iter().chain(&spec.exprs) {
+            let (expr, _) = compiler.parse_qualified(&e.sql, &pair, &qualifiers)?;
+            for c in expr.column_refs() {
+                let reads = match &c.relation {
+                    Some(r) => r.table().to_lowercase() == aliases[input],
+                    None => sides[input].index_of(&c.name).is_ok(),
+                };
+                if reads {
+                    columns.insert(c.name.clone());
+                }
+            }
+        }
+        Ok(Some(columns))
     }
 
     /// Builds the join of `left` and `right` rows; errors name a missing key column, key

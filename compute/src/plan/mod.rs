@@ -223,7 +223,25 @@ fn output_needs(
         .flatten()
         .filter(|e| e.side_output.is_empty())
     {
-        needs = needs.union(input_needs(plan, e.target, consumers, compiler, memo)?);
+        let reads = match plan.node(e.target).kind.as_ref() {
+            Some(pb::node::Kind::Join(j)) => {
+                let right = plan
+                    .right_input_schema(e.target)
+                    .ok_or_else(|| Error::Internal("a join without a right input".into()))?;
+                match JoinOperator::input_columns(
+                    j,
+                    &plan.input_schema(e.target),
+                    &right,
+                    compiler,
+                    e.target_input as usize,
+                )? {
+                    Some(columns) => Needs::Columns(columns),
+                    None => Needs::All,
+                }
+            }
+            _ => input_needs(plan, e.target, consumers, compiler, memo)?,
+        };
+        needs = needs.union(reads);
     }
     Ok(needs)
 }
