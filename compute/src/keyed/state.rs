@@ -98,6 +98,12 @@ impl OperatorState {
         });
     }
 
+    /// Whether the operator starts from empty state: a job's first attempt, before any
+    /// checkpoint, writes from epoch 1 and finds nothing written before it.
+    pub fn starts_empty(&self) -> bool {
+        self.first_epoch <= 1
+    }
+
     /// The key groups this subtask owns.
     pub fn key_groups(&self) -> Range<u32> {
         self.key_groups.clone()

@@ -18,12 +18,14 @@
 //! row (the state TTL; never without one), appended by a merge so that storing a row
 //! reads nothing. A probe scans the other side's rows of the key, several keys at once;
 //! expired arrivals are skipped and removed as they are met (Flink's TTL also counts
-//! processing time from a row's write).
+//! processing time from a row's write). While a side has few keys, and the operator
+//! started from empty state, it also remembers which keys that side has, so that a probe
+//! of a key the other side never had costs no scan.
 //!
 //! The operator never sees which store holds its state or how inputs are scheduled: the
 //! task tells it which input a batch came from.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, UInt32Array};
@@ -75,7 +77,15 @@ pub struct JoinOperator {
     ttl_ms: u64,
     tables: Option<[StateTable; 2]>,
     max_parallelism: u32,
+    /// Per side, every key that may have rows, while the operator knows them all (it
+    /// started from empty state and the side has few keys): a probe of a key not in it
+    /// needs no scan. `None`: not known, every probe scans.
+    known: [Option<HashSet<Box<[u8]>, Hasher>>; 2],
 }
+
+/// The most keys of one side a join subtask remembers; past this it scans for every
+/// probe of that side.
+const MAX_KNOWN_KEYS: usize = 1 << 18;
 
 /// The aliases of the two sides (`l` and `r` when the spec names none).
 fn aliases(spec: &pb::JoinSpec) -> [String; 2] {
@@ -278,6 +288,7 @@ impl JoinOperator {
             ttl_ms: spec.ttl_ms,
             tables: None,
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
+            known: [None, None],
         })
     }
 
@@ -340,9 +351,21 @@ impl JoinOperator {
             })
             .collect();
         own.write(writes).await?;
+        if let Some(known) = &mut self.known[input] {
+            for &first in &keys {
+                let key = self.encoded.row(first);
+                if !known.contains(key) {
+                    known.insert(key.into());
+                }
+            }
+            if known.len() > MAX_KNOWN_KEYS {
+                self.known[input] = None;
+            }
+        }
         // Probe the other side, key by key, keeping several scans in flight (each is a
         // round trip to a remote store).
         let theirs = &tables[other];
+        let known = self.known[other].as_ref();
         let probes: Vec<(usize, &[u8], u16)> = keys
             .iter()
             .enumerate()
@@ -350,6 +373,7 @@ impl JoinOperator {
                 let key = self.encoded.row(first);
                 (slot, key, key_group_of(key, self.max_parallelism))
             })
+            .filter(|(_, key, _)| known.is_none_or(|k| k.contains(*key)))
             .collect();
         let in_flight = theirs.pipelined_reads().max(1) * PROBES_PER_READ;
         let mut scans = futures::stream::FuturesOrdered::new();
@@ -374,7 +398,7 @@ impl JoinOperator {
                 break;
             };
             let (slot, group, matches) = scanned?;
-            let key = probes[slot].1;
+            let key = self.encoded.row(keys[slot]);
             if matches.is_empty() {
                 continue;
             }
@@ -512,6 +536,9 @@ impl Operator for JoinOperator {
         self.max_parallelism = ctx.max_parallelism;
         let state = ctx.keyed_state()?;
         self.tables = Some(STATES.map(|name| state.table(name)));
+        if state.starts_empty() {
+            self.known = [Some(HashSet::default()), Some(HashSet::default())];
+        }
         Ok(())
     }
 
@@ -599,10 +626,18 @@ mod tests {
     }
 
     async fn join(spec: &pb::JoinSpec, store: Arc<dyn StateStore>) -> JoinOperator {
+        join_from(spec, store, 1).await
+    }
+
+    async fn join_from(
+        spec: &pb::JoinSpec,
+        store: Arc<dyn StateStore>,
+        first_epoch: u64,
+    ) -> JoinOperator {
         let mut op =
             JoinOperator::build(spec, &left_schema(), &right_schema(), &ExprCompiler::new())
                 .unwrap();
-        let state = OperatorState::new(store, 3, key_group_range(128, 1, 0), 1, false);
+        let state = OperatorState::new(store, 3, key_group_range(128, 1, 0), first_epoch, false);
         let ctx = OperatorContext {
             node_id: 3,
             node_name: "join".into(),
@@ -687,6 +722,25 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(pairs(&out), [p(1, 10, "w"), p(1, 11, "w"), p(1, 11, "w")]);
+    }
+
+    #[tokio::test]
+    async fn a_join_that_resumes_finds_the_rows_stored_before() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new(false));
+        let mut first = join(&spec(None, 0), store.clone()).await;
+        let mut out = Output::default();
+        first
+            .process_input(1, right(&[(1, "x"), (2, "y")]), &mut out)
+            .await
+            .unwrap();
+        // A later attempt (writing from epoch 4) knows nothing of the keys in state, so
+        // it probes every key.
+        let mut resumed = join_from(&spec(None, 0), store, 4).await;
+        resumed
+            .process_input(0, left(&[(Some(1), 10), (Some(3), 30)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(pairs(&out), [p(1, 10, "x")]);
     }
 
     #[tokio::test]
