@@ -508,7 +508,7 @@ fn arrivals(expires_at: i64, n: u64) -> Bytes {
 /// How many arrivals of a stored row are still alive at `now`, and when some expired,
 /// the entry to write back (empty: delete it).
 fn live_arrivals(stored: &[u8], now: i64) -> Result<(u64, Option<Bytes>)> {
-    if stored.len() % ttl::HEADER_LEN != 0 {
+    if !stored.len().is_multiple_of(ttl::HEADER_LEN) {
         return Err(Error::Internal(format!(
             "join state: a row's entry of {} bytes is not a list of expiry times",
             stored.len()
