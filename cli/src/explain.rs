@@ -227,10 +227,13 @@ fn describe(node: &pb::Node) -> String {
             } else {
                 exprs.join(", ")
             };
-            format!(
-                "INNER JOIN ON {}{condition}: SELECT {select}",
-                on.join(" AND ")
-            )
+            let kind = match j.r#type() {
+                pb::JoinType::Inner => "INNER JOIN",
+                pb::JoinType::Left => "LEFT OUTER JOIN",
+                pb::JoinType::Right => "RIGHT OUTER JOIN",
+                pb::JoinType::Full => "FULL OUTER JOIN",
+            };
+            format!("{kind} ON {}{condition}: SELECT {select}", on.join(" AND "))
         }
         Some(Kind::Aggregate(a)) => {
             let aggs: Vec<&str> = a.aggregates.iter().map(|e| e.sql.as_str()).collect();

@@ -89,7 +89,7 @@ fn a_mistake_in_sql_is_a_usage_error_at_its_line_and_column() {
         .assert_code(2)
         .assert_no_panic()
         .assert_stderr_contains("join.sql:3:")
-        .assert_stderr_contains("JOIN is not supported yet");
+        .assert_stderr_contains("a join needs an equality between a column of each side");
     // Found when DataFusion compiles the expression, still at its place in the file.
     write_job(
         dir.path(),

@@ -167,6 +167,13 @@ const ORACLE: &[(&str, &str)] = &[
          category, A.extra AS extra0 FROM bid AS B JOIN auction AS A ON B.auction = A.id \
          WHERE A.category = 10",
     ),
+    // An outer join: its changelog folded, each person with each of their auctions, or
+    // once with none.
+    (
+        "oregon-sellers-left-join",
+        "SELECT P.id, P.name, A.id AS auction FROM person AS P LEFT JOIN auction AS A ON \
+         P.id = A.seller AND A.category = 10 WHERE P.state = 'OR'",
+    ),
     // Flink's REGEXP_EXTRACT and SPLIT_INDEX give null where DuckDB gives ''.
     (
         "q21-channel-id",
@@ -419,6 +426,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q7-highest-bid-join",
         "q8-new-users",
         "q20-expanded-bid",
+        "oregon-sellers-left-join",
     ] {
         let out = root.join("killed").join(name);
         let job = root.join(format!("killed-{name}.sql"));

@@ -41,7 +41,7 @@ use sluice_common::pb;
 use sluice_common::state::{StateTable, WriteOp, ttl};
 
 use super::{Operator, OperatorContext, Output};
-use crate::changelog;
+use crate::changelog::{self, RowKind};
 use crate::element::unix_ms;
 use crate::error::{Error, Result};
 use crate::expr::{CompiledExpr, ExprCompiler};
@@ -52,8 +52,9 @@ const STATES: [&str; 2] = ["left", "right"];
 /// Rows of the other side read per scan call.
 const SCAN_PAGE: usize = 1024;
 
-/// Scans of the other side in flight per batch of reads the backend asks to overlap.
-const PROBES_PER_READ: usize = 32;
+/// Scans of the other side in flight per batch of reads the backend asks to overlap
+/// (many more, 128 at once to the state service, broke its HTTP/2 connection under load).
+const PROBES_PER_READ: usize = 4;
 
 /// Hashes short keys of one batch: keys come from the job's own data.
 type Hasher = foldhash::fast::RandomState;
@@ -66,6 +67,11 @@ struct Side {
 
 /// The join operator of one subtask.
 pub struct JoinOperator {
+    /// Per side, whether its rows are kept when nothing matches them (padded with nulls):
+    /// the left of a LEFT join, the right of a RIGHT join, both of a FULL join.
+    preserve: [bool; 2],
+    /// Columns of the left side (the pair's first).
+    left_width: usize,
     sides: [Side; 2],
     encoded: EncodedKeys,
     /// The pair's columns: the left side's, then the right side's.
@@ -177,8 +183,27 @@ impl JoinOperator {
         right: &SchemaRef,
         compiler: &ExprCompiler,
     ) -> Result<Self> {
-        if spec.r#type() != pb::JoinType::Inner {
-            return Err(Error::Plan("only inner joins are supported".into()));
+        let preserve = match spec.r#type() {
+            pb::JoinType::Inner => [false, false],
+            pb::JoinType::Left => [true, false],
+            pb::JoinType::Right => [false, true],
+            pb::JoinType::Full => [true, true],
+        };
+        let outer = preserve.contains(&true);
+        if outer && spec.condition.is_some() {
+            return Err(Error::Plan(
+                "an outer join's ON may hold only its key equalities and conditions on the \
+                 side it pads with nulls; filter the preserved side before the join, or the \
+                 result after it (WHERE)"
+                    .into(),
+            ));
+        }
+        if outer && spec.ttl_ms > 0 {
+            return Err(Error::Plan(
+                "an outer join cannot have a state TTL yet: a row whose match expired would \
+                 be padded with nulls again without its join being retracted"
+                    .into(),
+            ));
         }
         for (schema, side) in [(left, "left"), (right, "right")] {
             if changelog::is_changelog(schema) {
@@ -225,6 +250,19 @@ impl JoinOperator {
             )));
         }
         let (pair_schema, qualifiers) = pair_of(spec, left, right);
+        // The side an outer join pads with nulls may be null in every column.
+        let pair_schema = Arc::new(Schema::new(
+            pair_schema
+                .fields()
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let side = usize::from(i >= left.fields().len());
+                    let padded = preserve[1 - side];
+                    f.as_ref().clone().with_nullable(f.is_nullable() || padded)
+                })
+                .collect::<Vec<_>>(),
+        ));
         let condition = match &spec.condition {
             Some(e) => {
                 let c = compiler.compile_qualified(&e.sql, &pair_schema, &qualifiers)?;
@@ -278,7 +316,26 @@ impl JoinOperator {
             ));
             (Some(exprs), schema)
         };
+        let schema = if outer {
+            let mut fields = vec![changelog::op_field()];
+            fields.extend(schema.fields().iter().map(|f| f.as_ref().clone()));
+            if let Some(dup) = fields[1..]
+                .iter()
+                .find(|f| f.name() == changelog::OP_COLUMN)
+            {
+                return Err(Error::Plan(format!(
+                    "the join's output column `{}` is the change kind of an outer join's \
+                     updating result; give it another name with AS",
+                    dup.name()
+                )));
+            }
+            Arc::new(Schema::new(fields))
+        } else {
+            schema
+        };
         Ok(Self {
+            preserve,
+            left_width: left.fields().len(),
             sides: [l, r],
             encoded: EncodedKeys::default(),
             pair_schema,
@@ -322,8 +379,13 @@ impl JoinOperator {
         let mut keys: Vec<usize> = Vec::new();
         let mut members: Vec<Vec<usize>> = Vec::new();
         let mut counts: HashMap<(usize, &[u8]), u64, Hasher> = HashMap::default();
+        // This side's rows with no match, padded with nulls (a preserved side's).
+        let mut padded: Vec<u32> = Vec::new();
         for row in 0..batch.num_rows() {
             if nulls.as_ref().is_some_and(|n| n[row]) {
+                if self.preserve[input] {
+                    padded.push(row as u32);
+                }
                 continue;
             }
             let key = self.encoded.row(row);
@@ -335,9 +397,24 @@ impl JoinOperator {
             members[slot].push(row);
             *counts.entry((slot, rows.row(row).data())).or_default() += 1;
         }
+        // Keys this side had no rows of before: the other side's padded rows of such a
+        // key are retracted when it is joined (a preserved other side only).
+        let own = &tables[input];
+        let mut first_of_key = vec![false; keys.len()];
+        if self.preserve[other] {
+            for (slot, &first) in keys.iter().enumerate() {
+                let key = self.encoded.row(first);
+                first_of_key[slot] = match &self.known[input] {
+                    Some(known) if !known.contains(key) => true,
+                    _ => own
+                        .scan_key(key_group_of(key, self.max_parallelism), key, 1)
+                        .await?
+                        .is_empty(),
+                };
+            }
+        }
         // Store this side's rows: each arrival appends its expiry time to its row's
         // entry, which needs no read.
-        let own = &tables[input];
         let mut distinct: Vec<((usize, &[u8]), u64)> = counts.into_iter().collect();
         distinct.sort_unstable();
         let writes: Vec<WriteOp> = distinct
@@ -375,11 +452,17 @@ impl JoinOperator {
             })
             .filter(|(_, key, _)| known.is_none_or(|k| k.contains(*key)))
             .collect();
-        let in_flight = theirs.pipelined_reads().max(1) * PROBES_PER_READ;
+        let in_flight = match theirs.pipelined_reads() {
+            0 => 1,
+            n => n * PROBES_PER_READ,
+        };
         let mut scans = futures::stream::FuturesOrdered::new();
         let mut queued = probes.iter();
         let mut this_rows: Vec<u32> = Vec::new();
         let mut other_rows: Vec<Bytes> = Vec::new();
+        // The other side's padded rows to retract, and whether each slot met a row.
+        let mut retracted: Vec<Bytes> = Vec::new();
+        let mut matched = vec![false; keys.len()];
         let mut expired = Vec::new();
         loop {
             while scans.len() < in_flight {
@@ -416,6 +499,14 @@ impl JoinOperator {
                     live.push((m.namespace, n));
                 }
             }
+            matched[slot] = !live.is_empty();
+            if first_of_key[slot] {
+                for (other_row, n) in &live {
+                    for _ in 0..*n {
+                        retracted.push(other_row.clone());
+                    }
+                }
+            }
             for &row in &members[slot] {
                 for (other_row, n) in &live {
                     for _ in 0..*n {
@@ -427,46 +518,119 @@ impl JoinOperator {
         }
         drop(scans);
         theirs.write(expired).await?;
-        if this_rows.is_empty() {
+        if self.preserve[input] {
+            for (slot, rows) in members.iter().enumerate() {
+                if !matched[slot] {
+                    padded.extend(rows.iter().map(|&r| r as u32));
+                }
+            }
+        }
+        if this_rows.is_empty() && padded.is_empty() && retracted.is_empty() {
             return Ok(());
         }
-        let indices = UInt32Array::from(this_rows);
-        let this_columns: Vec<ArrayRef> = batch
-            .columns()
-            .iter()
-            .map(|c| take(c, &indices, None))
-            .collect::<std::result::Result<_, _>>()?;
-        let converter = &self.sides[other].rows;
-        let parser = converter.parser();
-        let other_columns = converter.convert_rows(other_rows.iter().map(|r| parser.parse(r)))?;
+        // A key's padded rows are retracted before its pairs are added.
+        let mut parts: Vec<(RowKind, RecordBatch)> = Vec::with_capacity(3);
+        if !retracted.is_empty() {
+            let n = retracted.len();
+            parts.push((
+                RowKind::Delete,
+                self.pair_batch(input, &batch, None, Some(&retracted), n)?,
+            ));
+        }
+        if !this_rows.is_empty() {
+            let n = this_rows.len();
+            let mut pairs =
+                self.pair_batch(input, &batch, Some(this_rows), Some(&other_rows), n)?;
+            if let Some(c) = &self.condition {
+                let keep = c.evaluate(&pairs)?;
+                pairs = filter_record_batch(&pairs, keep.as_boolean())?;
+            }
+            parts.push((RowKind::Insert, pairs));
+        }
+        if !padded.is_empty() {
+            let n = padded.len();
+            parts.push((
+                RowKind::Insert,
+                self.pair_batch(input, &batch, Some(padded), None, n)?,
+            ));
+        }
+        for (kind, pairs) in parts {
+            let rows = pairs.num_rows();
+            let mut columns = Vec::with_capacity(self.schema.fields().len());
+            if self.preserve.contains(&true) {
+                columns.push(changelog::op_array(&vec![kind; rows]));
+            }
+            match &self.exprs {
+                None => columns.extend(pairs.columns().iter().cloned()),
+                Some(exprs) => {
+                    for e in exprs {
+                        columns.push(e.evaluate(&pairs)?);
+                    }
+                }
+            }
+            let options = RecordBatchOptions::new().with_row_count(Some(rows));
+            out.batch(RecordBatch::try_new_with_options(
+                self.schema.clone(),
+                columns,
+                &options,
+            )?);
+        }
+        Ok(())
+    }
+
+    /// `n` pairs: this side's rows of `batch` at `this` (`None`: nulls), with the other
+    /// side's stored rows `other` (`None`: nulls), left side first.
+    fn pair_batch(
+        &self,
+        input: usize,
+        batch: &RecordBatch,
+        this: Option<Vec<u32>>,
+        other: Option<&[Bytes]>,
+        n: usize,
+    ) -> Result<RecordBatch> {
+        let fields = self.pair_schema.fields();
+        let (left_fields, right_fields) = fields.split_at(self.left_width);
+        let (this_fields, other_fields) = if input == 0 {
+            (left_fields, right_fields)
+        } else {
+            (right_fields, left_fields)
+        };
+        let nulls = |fields: &[arrow::datatypes::FieldRef]| -> Vec<ArrayRef> {
+            fields
+                .iter()
+                .map(|f| arrow::array::new_null_array(f.data_type(), n))
+                .collect()
+        };
+        let this_columns: Vec<ArrayRef> = match this {
+            Some(rows) => {
+                let indices = UInt32Array::from(rows);
+                batch
+                    .columns()
+                    .iter()
+                    .map(|c| take(c, &indices, None))
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            None => nulls(this_fields),
+        };
+        let other_columns = match other {
+            Some(rows) => {
+                let converter = &self.sides[1 - input].rows;
+                let parser = converter.parser();
+                converter.convert_rows(rows.iter().map(|r| parser.parse(r)))?
+            }
+            None => nulls(other_fields),
+        };
         let (left, right) = if input == 0 {
             (this_columns, other_columns)
         } else {
             (other_columns, this_columns)
         };
-        let options = RecordBatchOptions::new().with_row_count(Some(indices.len()));
-        let mut pairs = RecordBatch::try_new_with_options(
+        let options = RecordBatchOptions::new().with_row_count(Some(n));
+        Ok(RecordBatch::try_new_with_options(
             self.pair_schema.clone(),
             left.into_iter().chain(right).collect(),
             &options,
-        )?;
-        if let Some(c) = &self.condition {
-            let keep = c.evaluate(&pairs)?;
-            pairs = filter_record_batch(&pairs, keep.as_boolean())?;
-        }
-        let output = match &self.exprs {
-            None => pairs,
-            Some(exprs) => {
-                let columns = exprs
-                    .iter()
-                    .map(|e| e.evaluate(&pairs))
-                    .collect::<Result<Vec<_>>>()?;
-                let options = RecordBatchOptions::new().with_row_count(Some(pairs.num_rows()));
-                RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)?
-            }
-        };
-        out.batch(output);
-        Ok(())
+        )?)
     }
 }
 
@@ -561,7 +725,7 @@ impl Operator for JoinOperator {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{Int64Array, StringArray};
+    use arrow::array::{Array, Int64Array, StringArray};
     use arrow::datatypes::{DataType, Int64Type};
     use sluice_common::key_group::key_group_range;
     use sluice_common::state::{MemoryStateStore, StateStore};
@@ -741,6 +905,118 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(pairs(&out), [p(1, 10, "x")]);
+    }
+
+    /// `(op, k, left v, right v)` of one change of an outer join.
+    type Change = (String, Option<i64>, Option<i64>, Option<String>);
+
+    /// An outer join's changes, in order.
+    fn changes(out: &Output) -> Vec<Change> {
+        let mut rows = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                let op = b.column(0).as_string::<i32>();
+                let k = b.column(1).as_primitive::<Int64Type>();
+                let l = b.column(2).as_primitive::<Int64Type>();
+                let r = b.column(3).as_string::<i32>();
+                for i in 0..b.num_rows() {
+                    rows.push((
+                        op.value(i).to_owned(),
+                        k.is_valid(i).then(|| k.value(i)),
+                        l.is_valid(i).then(|| l.value(i)),
+                        r.is_valid(i).then(|| r.value(i).to_owned()),
+                    ));
+                }
+            }
+        }
+        rows
+    }
+
+    #[tokio::test]
+    async fn a_left_join_pads_unmatched_rows_until_their_first_match() {
+        let mut s = spec(None, 0);
+        s.r#type = pb::JoinType::Left as i32;
+        s.exprs[0].sql = "a.k".into();
+        let mut op = join(&s, Arc::new(MemoryStateStore::new(false))).await;
+        let c = |op: &str, k: Option<i64>, l: Option<i64>, r: Option<&str>| {
+            (op.to_owned(), k, l, r.map(str::to_owned))
+        };
+        let mut out = Output::default();
+        op.process_input(0, left(&[(Some(1), 10), (None, 20)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            [
+                c("+I", None, Some(20), None),
+                c("+I", Some(1), Some(10), None)
+            ],
+            "unmatched left rows, a null key's included, are padded"
+        );
+        let mut out = Output::default();
+        op.process_input(1, right(&[(1, "x"), (2, "y")]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            [
+                c("-D", Some(1), Some(10), None),
+                c("+I", Some(1), Some(10), Some("x"))
+            ],
+            "the first match retracts the padded row; an unmatched right row is dropped"
+        );
+        let mut out = Output::default();
+        op.process_input(1, right(&[(1, "z")]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(0, left(&[(Some(1), 11)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            [
+                c("+I", Some(1), Some(10), Some("z")),
+                c("+I", Some(1), Some(11), Some("x")),
+                c("+I", Some(1), Some(11), Some("z")),
+            ]
+        );
+        let mut s = spec(Some("a.v > 1"), 0);
+        s.r#type = pb::JoinType::Full as i32;
+        let err = JoinOperator::build(&s, &left_schema(), &right_schema(), &ExprCompiler::new())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("outer join's ON"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_full_join_pads_both_sides() {
+        let mut s = spec(None, 0);
+        s.r#type = pb::JoinType::Full as i32;
+        s.exprs[0].sql = "a.k".into();
+        let mut op = join(&s, Arc::new(MemoryStateStore::new(false))).await;
+        let c = |op: &str, k: Option<i64>, l: Option<i64>, r: Option<&str>| {
+            (op.to_owned(), k, l, r.map(str::to_owned))
+        };
+        let mut out = Output::default();
+        op.process_input(1, right(&[(1, "x"), (1, "x")]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(0, left(&[(Some(1), 10), (Some(2), 20)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            [
+                c("+I", None, None, Some("x")),
+                c("+I", None, None, Some("x")),
+                c("-D", None, None, Some("x")),
+                c("-D", None, None, Some("x")),
+                c("+I", Some(1), Some(10), Some("x")),
+                c("+I", Some(1), Some(10), Some("x")),
+                c("+I", Some(2), Some(20), None),
+            ]
+        );
     }
 
     #[tokio::test]

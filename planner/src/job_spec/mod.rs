@@ -34,7 +34,8 @@
 //!     aggregate: ["count(*) AS bids"]
 //!     late: { sink: { file: { path: out/late } } }   # default `drop`
 //!   - dedup: [bidder, auction]      # the first record of every distinct key
-//!   - join:                         # a regular inner join with another input
+//!   - join:                         # a regular join with another input
+//!       type: inner                 # or left, right, full (outer: an updating result)
 //!       right: { source: { nexmark: { stream: auction } }, pipeline: [...] }
 //!       left_keys: [auction]        # equal to right_keys, position by position
 //!       right_keys: [id]

@@ -23,6 +23,7 @@ const OPERATORS: &[&str] = &[
 ];
 /// Keys of a `join` item's mapping.
 const JOIN_KEYS: &[&str] = &[
+    "type",
     "right",
     "left_keys",
     "right_keys",
@@ -437,7 +438,20 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
     };
     Ok(Operator::Join(Box::new(JoinStage {
         spec: pb::JoinSpec {
-            r#type: pb::JoinType::Inner as i32,
+            r#type: fields
+                .opt("type", |node, path| {
+                    choice(
+                        node,
+                        path,
+                        &[
+                            ("inner", pb::JoinType::Inner),
+                            ("left", pb::JoinType::Left),
+                            ("right", pb::JoinType::Right),
+                            ("full", pb::JoinType::Full),
+                        ],
+                    )
+                })?
+                .unwrap_or(pb::JoinType::Inner) as i32,
             left_alias: fields.opt("left_alias", string)?.unwrap_or_default(),
             right_alias: fields.opt("right_alias", string)?.unwrap_or_default(),
             left_keys,

@@ -686,10 +686,15 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
     let joined = join_from(&select.from, at)?;
     let (input, window) = match (joined, select.from.first()) {
         (Some(join), _) => {
+            // An outer join's WHERE filters its result (a padded row included), so it
+            // stays after the join.
+            let outer = join.preserves().contains(&true);
+            let stays_after = outer && preserved_conjuncts(&join, selection.clone()).1.is_some();
             let feeds_more = distinct
                 || !group_by.is_empty()
                 || has_aggregate(&items)
-                || row_number_item(&items)?.is_some();
+                || row_number_item(&items)?.is_some()
+                || stays_after;
             if !feeds_more {
                 // The join's own projection is the query's.
                 return lower_join(
@@ -703,11 +708,21 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             }
             // The join emits the columns the rest of the query reads, under flat names
             // (`a.id` as `a__id`), and the query goes on over them.
-            let columns = flatten_columns(&mut items, &mut group_by);
+            let on_join = match outer {
+                // Conjuncts on a preserved side filter it before the join; the rest
+                // stay after it.
+                true => {
+                    let (before, after) = preserved_conjuncts(&join, selection.take());
+                    selection = after;
+                    before
+                }
+                false => selection.take(),
+            };
+            let columns = flatten_columns(&mut items, &mut group_by, selection.as_mut());
             let lowered = lower_join(
                 &join,
                 JoinOutput::Columns(columns),
-                selection.take().as_ref(),
+                on_join.as_ref(),
                 catalog,
                 at,
                 depth,
@@ -861,6 +876,20 @@ struct JoinFrom<'q> {
     right: &'q TableFactor,
     on: Option<&'q Expr>,
     at: Pos,
+    /// `inner`, or the outer join's `left`, `right` or `full`.
+    kind: &'static str,
+}
+
+impl JoinFrom<'_> {
+    /// Per side, whether an outer join keeps its unmatched rows (padded with nulls).
+    fn preserves(&self) -> [bool; 2] {
+        match self.kind {
+            "left" => [true, false],
+            "right" => [false, true],
+            "full" => [true, true],
+            _ => [false, false],
+        }
+    }
 }
 
 /// What a join emits.
@@ -889,15 +918,11 @@ fn join_from(from: &[TableWithJoins], at: Pos) -> Result<Option<JoinFrom<'_>>> {
                 [] => return Ok(None),
             };
             let join_at = pos(join.relation.span().start);
-            let constraint = match &join.join_operator {
-                JoinOperator::Join(c) | JoinOperator::Inner(c) => c,
-                JoinOperator::Left(_)
-                | JoinOperator::LeftOuter(_)
-                | JoinOperator::Right(_)
-                | JoinOperator::RightOuter(_)
-                | JoinOperator::FullOuter(_) => {
-                    return Err(unsupported(join_at, "an outer join (LEFT, RIGHT or FULL)"));
-                }
+            let (constraint, kind) = match &join.join_operator {
+                JoinOperator::Join(c) | JoinOperator::Inner(c) => (c, "inner"),
+                JoinOperator::Left(c) | JoinOperator::LeftOuter(c) => (c, "left"),
+                JoinOperator::Right(c) | JoinOperator::RightOuter(c) => (c, "right"),
+                JoinOperator::FullOuter(c) => (c, "full"),
                 _ => {
                     return Err(unsupported(
                         join_at,
@@ -916,6 +941,7 @@ fn join_from(from: &[TableWithJoins], at: Pos) -> Result<Option<JoinFrom<'_>>> {
                 right: &join.relation,
                 on: Some(on),
                 at: join_at,
+                kind,
             }))
         }
         [a, b] if a.joins.is_empty() && b.joins.is_empty() => Ok(Some(JoinFrom {
@@ -923,6 +949,7 @@ fn join_from(from: &[TableWithJoins], at: Pos) -> Result<Option<JoinFrom<'_>>> {
             right: &b.relation,
             on: None,
             at: pos(b.relation.span().start),
+            kind: "inner",
         })),
         _ => Err(unsupported(
             at,
@@ -958,22 +985,29 @@ fn lower_join(
         ));
     }
     let aliases = [left_alias.as_str(), right_alias.as_str()];
-    // For an inner join, ON and WHERE are one condition.
+    // For an inner join, ON and WHERE are one condition. An outer join's ON conjuncts
+    // on the side it pads filter that side first, and the WHERE conjuncts it is given
+    // (the caller keeps the others after the join) name only a side it preserves.
+    let preserves = join.preserves();
+    let outer = preserves.contains(&true);
     let mut conjuncts = Vec::new();
     if let Some(on) = join.on {
         split_and(on, &mut conjuncts);
     }
+    let from_on = conjuncts.len();
     if let Some(w) = selection {
         split_and(w, &mut conjuncts);
     }
     let (mut left_keys, mut right_keys, mut rest) = (Vec::new(), Vec::new(), Vec::new());
     let (mut left_pipeline, mut right_pipeline) = (left.pipeline, right.pipeline);
-    for c in conjuncts {
+    for (i, c) in conjuncts.into_iter().enumerate() {
+        let in_on = i < from_on;
         if let Expr::BinaryOp {
             left: a,
             op: BinaryOperator::Eq,
             right: b,
         } = &c
+            && (in_on || !outer)
         {
             match (side_column(a, aliases), side_column(b, aliases)) {
                 (Some((0, l)), Some((1, r))) | (Some((1, r)), Some((0, l))) => {
@@ -984,7 +1018,8 @@ fn lower_join(
                 _ => {}
             }
         }
-        match one_side(&c, aliases) {
+        let pushed = one_side(&c, aliases).filter(|&side| !outer || preserves[side] != in_on);
+        match pushed {
             Some(side) => {
                 let unqualified = unqualify(c);
                 let pipeline = if side == 0 {
@@ -1023,6 +1058,9 @@ fn lower_join(
     };
     spec.put(&["left_keys"], names(left_keys))?;
     spec.put(&["right_keys"], names(right_keys))?;
+    if join.kind != "inner" {
+        spec.put(&["type"], scalar(join.kind, join_at))?;
+    }
     spec.put(&["left_alias"], scalar(left_alias, join_at))?;
     spec.put(&["right_alias"], scalar(right_alias, join_at))?;
     if let Some(condition) = rest.into_iter().reduce(|a, b| Expr::BinaryOp {
@@ -1052,6 +1090,35 @@ fn lower_join(
     })
 }
 
+/// An outer join's WHERE split into the conjuncts that name only a side the join
+/// preserves (they filter that side first) and the rest (they filter its result).
+fn preserved_conjuncts(
+    join: &JoinFrom<'_>,
+    selection: Option<Expr>,
+) -> (Option<Expr>, Option<Expr>) {
+    let Some(selection) = selection else {
+        return (None, None);
+    };
+    let preserves = join.preserves();
+    let aliases = [table_name(join.left), table_name(join.right)];
+    let (Some(l), Some(r)) = (&aliases[0], &aliases[1]) else {
+        return (None, Some(selection));
+    };
+    let mut conjuncts = Vec::new();
+    split_and(&selection, &mut conjuncts);
+    let (before, after): (Vec<Expr>, Vec<Expr>) = conjuncts
+        .into_iter()
+        .partition(|c| one_side(c, [l.as_str(), r.as_str()]).is_some_and(|side| preserves[side]));
+    let and = |v: Vec<Expr>| {
+        v.into_iter().reduce(|a, b| Expr::BinaryOp {
+            left: Box::new(a),
+            op: BinaryOperator::And,
+            right: Box::new(b),
+        })
+    };
+    (and(before), and(after))
+}
+
 /// The name a join gives column `column` of the side called `table` when the rest of
 /// the query reads it (`a.id` is `a__id`), lower case as SQL names are.
 fn flat_name(table: &str, column: &str) -> String {
@@ -1061,7 +1128,11 @@ fn flat_name(table: &str, column: &str) -> String {
 /// Rewrites `items` and `group_by` to read a join's output by flat names (`a.id` becomes
 /// `a__id`; a SELECT item `a.id` keeps its name `id`), and returns the join's output
 /// columns: each qualified column read, renamed, and each bare name as it is.
-fn flatten_columns(items: &mut [SelectItem], group_by: &mut [Expr]) -> Vec<String> {
+fn flatten_columns(
+    items: &mut [SelectItem],
+    group_by: &mut [Expr],
+    selection: Option<&mut Expr>,
+) -> Vec<String> {
     use std::ops::ControlFlow;
     let mut columns: Vec<String> = Vec::new();
     let mut add = |c: String| {
@@ -1104,7 +1175,7 @@ fn flatten_columns(items: &mut [SelectItem], group_by: &mut [Expr]) -> Vec<Strin
             _ => {}
         }
     }
-    for e in group_by.iter_mut() {
+    for e in group_by.iter_mut().chain(selection) {
         rewrite(e);
     }
     columns

@@ -40,11 +40,14 @@
 //!   each side a table, view or named subquery: a regular join, both sides kept in
 //!   keyed state (for `'table.exec.state.ttl'` if set). The equalities between a column
 //!   of each side are its keys; a WHERE conjunct naming one side's columns only filters
-//!   that side before the join; the rest is checked on each pair. Aggregate over a join
-//!   in a view or subquery.
+//!   that side before the join; the rest is checked on each pair. `FROM a, b WHERE ...`
+//!   is the same join. `LEFT`, `RIGHT` and `FULL [OUTER] JOIN` keep unmatched rows padded
+//!   with nulls, an updating result: their ON holds the keys and conditions on the side
+//!   they pad (which filter it first), their WHERE filters the result (conjuncts on a
+//!   side they keep filter it first).
 //!
-//! Anything else (outer, interval, window and temporal joins, INSERTs reading different
-//! tables, ORDER BY, ...) is refused at its position, named as not supported yet. DataFusion's logical optimizer does not
+//! Anything else (interval, window and temporal joins, INSERTs reading different tables,
+//! ORDER BY, ...) is refused at its position, named as not supported yet. DataFusion's logical optimizer does not
 //! plan these jobs yet: the shapes above map one to one onto Sluice's operators.
 //!
 //! This module owns the SQL surface and its error messages; like the YAML front end it
