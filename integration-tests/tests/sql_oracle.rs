@@ -324,10 +324,13 @@ fn file_tables(root: &Path) -> String {
     )
 }
 
-/// The nexmark tables of the kill tests, throttled so that each stream lasts about 5 s.
-fn nexmark_tables() -> String {
+/// The settings and tables of the jobs run on two workers: remote state, checkpoints
+/// every 300 ms, and the nexmark tables throttled so that each stream lasts about 5 s.
+fn remote_job_head() -> String {
     format!(
-        "CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
+        "SET 'parallelism.default' = '2';\nSET 'state.backend' = 'remote';\n\
+         SET 'state.shards' = '4';\nSET 'execution.checkpointing.interval' = '300ms';\n\
+         CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
          WITH ('connector' = 'nexmark', 'stream' = 'bid', 'events' = '{EVENTS}', \
          'seed' = '7', 'max_out_of_orderness' = '2s', 'max_events_per_second' = '12000');\n\
          CREATE TABLE auction (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
@@ -433,11 +436,9 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         std::fs::write(
             &job,
             format!(
-                "SET 'parallelism.default' = '2';\nSET 'state.backend' = 'remote';\n\
-                 SET 'state.shards' = '4';\nSET 'execution.checkpointing.interval' = '300ms';\n\
-                 {}CREATE TABLE output WITH ('connector' = 'file', 'path' = '{}', 'format' = \
+                "{}CREATE TABLE output WITH ('connector' = 'file', 'path' = '{}', 'format' = \
                  'jsonl');\n{}",
-                nexmark_tables(),
+                remote_job_head(),
                 out.display(),
                 example_insert(name)
             ),
@@ -465,13 +466,7 @@ fn several_inserts_share_their_source_and_each_equals_duckdb() {
     let root = dir.path();
     let bids = generate_bids(root);
     let names = ["q5-hot-items", "q17-auction-day-stats", "q19-top-bids"];
-    let mut text = format!(
-        "SET 'parallelism.default' = '2';\nSET 'state.backend' = 'remote';\n\
-         SET 'state.shards' = '4';\nSET 'execution.checkpointing.interval' = '300ms';\n\
-         CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
-         WITH ('connector' = 'nexmark', 'stream' = 'bid', 'events' = '{EVENTS}', \
-         'seed' = '7', 'max_out_of_orderness' = '2s', 'max_events_per_second' = '12000');\n"
-    );
+    let mut text = remote_job_head();
     for (i, name) in names.iter().enumerate() {
         text.push_str(&format!(
             "CREATE TABLE output_{i} WITH ('connector' = 'file', 'path' = '{}', 'format' = \
@@ -523,7 +518,7 @@ fn a_user_defined_function_runs_in_worker_processes() {
         format!(
             "SET 'parallelism.default' = '2';\n{}CREATE TABLE output WITH ('connector' = \
              'file', 'path' = '{}', 'format' = 'jsonl');\n{insert}",
-            BID_TABLE.replace("BIDS", bids.to_str().unwrap()),
+            file_tables(root),
             out.display(),
         ),
     )

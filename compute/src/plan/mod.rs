@@ -100,9 +100,13 @@ impl PhysicalPlan {
         self.inputs[&id].clone()
     }
 
-    /// The schema of the records a join `id` receives on its right input.
-    pub fn right_input_schema(&self, id: u32) -> Option<SchemaRef> {
-        self.right_inputs.get(&id).cloned()
+    /// The schema of the records a join `id` receives on its right input; an internal
+    /// error for a node planning gave no right input (a bug).
+    pub fn right_input_schema(&self, id: u32) -> Result<SchemaRef> {
+        self.right_inputs
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::Internal(format!("join node {id} has no right input")))
     }
 
     /// The schema of the records `id` emits.
@@ -225,9 +229,7 @@ fn output_needs(
     {
         let reads = match plan.node(e.target).kind.as_ref() {
             Some(pb::node::Kind::Join(j)) => {
-                let right = plan
-                    .right_input_schema(e.target)
-                    .ok_or_else(|| Error::Internal("a join without a right input".into()))?;
+                let right = plan.right_input_schema(e.target)?;
                 match JoinOperator::input_columns(
                     j,
                     &plan.input_schema(e.target),

@@ -696,9 +696,7 @@ async fn build_operator(
         }
         Some(pb::node::Kind::TopN(spec)) => Box::new(TopNOperator::build(spec, &input)?),
         Some(pb::node::Kind::Join(spec)) => {
-            let right = plan
-                .right_input_schema(node.id)
-                .ok_or_else(|| Error::Internal("a join without a right input".into()))?;
+            let right = plan.right_input_schema(node.id)?;
             Box::new(JoinOperator::build(spec, &input, &right, compiler)?)
         }
         Some(pb::node::Kind::Sink(spec)) => {

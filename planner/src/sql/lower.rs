@@ -686,21 +686,25 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
     let joined = join_from(&select.from, at)?;
     let (input, window) = match (joined, select.from.first()) {
         (Some(join), _) => {
-            // An outer join's WHERE filters its result (a padded row included), so it
-            // stays after the join.
-            let outer = join.preserves().contains(&true);
-            let stays_after = outer && preserved_conjuncts(&join, selection.clone()).1.is_some();
+            // An outer join's WHERE conjuncts on a side it keeps filter that side first;
+            // the rest filter its result (a padded row included), so they stay after it.
+            // An inner join takes the whole WHERE.
+            let (on_join, after) = match join.preserves().contains(&true) {
+                true => preserved_conjuncts(&join, selection.take()),
+                false => (selection.take(), None),
+            };
+            selection = after;
             let feeds_more = distinct
                 || !group_by.is_empty()
                 || has_aggregate(&items)
                 || row_number_item(&items)?.is_some()
-                || stays_after;
+                || selection.is_some();
             if !feeds_more {
                 // The join's own projection is the query's.
                 return lower_join(
                     &join,
                     JoinOutput::Items(&items),
-                    selection.as_ref(),
+                    on_join.as_ref(),
                     catalog,
                     at,
                     depth,
@@ -708,16 +712,6 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             }
             // The join emits the columns the rest of the query reads, under flat names
             // (`a.id` as `a__id`), and the query goes on over them.
-            let on_join = match outer {
-                // Conjuncts on a preserved side filter it before the join; the rest
-                // stay after it.
-                true => {
-                    let (before, after) = preserved_conjuncts(&join, selection.take());
-                    selection = after;
-                    before
-                }
-                false => selection.take(),
-            };
             let columns = flatten_columns(&mut items, &mut group_by, selection.as_mut());
             let lowered = lower_join(
                 &join,
@@ -1021,7 +1015,8 @@ fn lower_join(
         let pushed = one_side(&c, aliases).filter(|&side| !outer || preserves[side] != in_on);
         match pushed {
             Some(side) => {
-                let unqualified = unqualify(c);
+                let mut unqualified = c;
+                unqualify(&mut unqualified, aliases[side]);
                 let pipeline = if side == 0 {
                     &mut left_pipeline
                 } else {
@@ -1202,18 +1197,7 @@ fn unqualify_all(
     group_by: &mut [Expr],
     selection: &mut Option<Expr>,
 ) {
-    use std::ops::ControlFlow;
-    let strip = |e: &mut Expr| {
-        let _ = sqlparser::ast::visit_expressions_mut(e, |e| {
-            if let Expr::CompoundIdentifier(parts) = e
-                && let [table, column] = parts.as_slice()
-                && table.value.eq_ignore_ascii_case(name)
-            {
-                *e = Expr::Identifier(column.clone());
-            }
-            ControlFlow::<()>::Continue(())
-        });
-    };
+    let strip = |e: &mut Expr| unqualify(e, name);
     for item in items.iter_mut() {
         match item {
             SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => strip(e),
@@ -1309,18 +1293,19 @@ fn one_side(e: &Expr, aliases: [&str; 2]) -> Option<usize> {
     if outcome.is_break() { None } else { side }
 }
 
-/// `e` with every `table.column` written `column` (for a filter on one side's own rows).
-fn unqualify(mut e: Expr) -> Expr {
+/// Writes `table.column` as `column` in `e`, for the columns of `table` (a join side's
+/// filter on its own rows, a query over one FROM item).
+fn unqualify(e: &mut Expr, table: &str) {
     use std::ops::ControlFlow;
-    let _ = sqlparser::ast::visit_expressions_mut(&mut e, |e| {
+    let _ = sqlparser::ast::visit_expressions_mut(e, |e| {
         if let Expr::CompoundIdentifier(parts) = e
-            && let [_, column] = parts.as_slice()
+            && let [t, column] = parts.as_slice()
+            && t.value.eq_ignore_ascii_case(table)
         {
             *e = Expr::Identifier(column.clone());
         }
         ControlFlow::<()>::Continue(())
     });
-    e
 }
 
 /// The SELECT list's `ROW_NUMBER() OVER (...) AS rn`, with its index; other window
