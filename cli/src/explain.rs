@@ -91,7 +91,9 @@ pub fn explain(plan: &PhysicalPlan) -> String {
         for &id in nodes {
             let node = plan.node(id);
             let _ = writeln!(out, "  {}: {}", node.name, describe(node));
-            if let Some(state) = keyed_state(node) {
+            let updating_input = matches!(node.kind, Some(pb::node::Kind::Aggregate(_)))
+                && sluice_compute::changelog::is_changelog(&plan.input_schema(id));
+            if let Some(state) = keyed_state(node, updating_input) {
                 let _ = writeln!(out, "    keyed state: {state}");
             }
             let (verb, schema) = match node.kind {
@@ -254,8 +256,8 @@ fn describe(node: &pb::Node) -> String {
     }
 }
 
-/// What an operator keeps per key, if anything.
-fn keyed_state(node: &pb::Node) -> Option<String> {
+/// What an operator keeps per key, if anything (`updating_input`: it reads a changelog).
+fn keyed_state(node: &pb::Node, updating_input: bool) -> Option<String> {
     match &node.kind {
         Some(pb::node::Kind::Window(w)) if w.key_columns.is_empty() => {
             Some("one accumulator per open window (not keyed: one subtask)".to_owned())
@@ -286,13 +288,26 @@ fn keyed_state(node: &pb::Node) -> Option<String> {
                 j.right_keys.join(", ")
             ))
         }
-        Some(pb::node::Kind::Aggregate(a)) if a.key_columns.is_empty() => {
-            Some("one accumulator (not keyed: one subtask)".to_owned())
+        Some(pb::node::Kind::Aggregate(a)) => {
+            let mut text = match a.key_columns.is_empty() {
+                true => "one accumulator (not keyed: one subtask)".to_owned(),
+                false => format!(
+                    "an accumulator per [{}], kept forever",
+                    a.key_columns.join(", ")
+                ),
+            };
+            let extremes = a.aggregates.iter().any(|e| {
+                let sql = e.sql.trim_start().to_ascii_lowercase();
+                sql.starts_with("min(") || sql.starts_with("max(")
+            });
+            if updating_input {
+                text.push_str("; retractions taken back");
+                if extremes {
+                    text.push_str(", with every MIN/MAX value counted per key");
+                }
+            }
+            Some(text)
         }
-        Some(pb::node::Kind::Aggregate(a)) => Some(format!(
-            "an accumulator per [{}], kept forever",
-            a.key_columns.join(", ")
-        )),
         _ => None,
     }
 }

@@ -69,6 +69,20 @@ pub fn op_array(kinds: &[RowKind]) -> ArrayRef {
     ))
 }
 
+/// Per row of an `op` column, +1 for a row that adds (`+I`, `+U`) and -1 for one that
+/// takes a row away (`-U`, `-D`); `None` when the column is not text.
+pub fn signs(ops: &ArrayRef) -> Option<Vec<i64>> {
+    let ops = ops.as_any().downcast_ref::<StringArray>()?;
+    Some(
+        ops.iter()
+            .map(|op| match op {
+                Some(op) if op.starts_with('-') => -1,
+                _ => 1,
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +95,16 @@ mod tests {
         assert!(is_changelog(&marked));
         let later = Schema::new(vec![Field::new("n", DataType::Int64, false), op_field()]);
         assert!(!is_changelog(&later));
+    }
+
+    #[test]
+    fn retractions_count_minus_one() {
+        let ops = op_array(&[
+            RowKind::Insert,
+            RowKind::UpdateBefore,
+            RowKind::UpdateAfter,
+            RowKind::Delete,
+        ]);
+        assert_eq!(signs(&ops), Some(vec![1, -1, 1, -1]));
     }
 }

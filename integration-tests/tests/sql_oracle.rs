@@ -167,6 +167,14 @@ const ORACLE: &[(&str, &str)] = &[
          category, A.extra AS extra0 FROM bid AS B JOIN auction AS A ON B.auction = A.id \
          WHERE A.category = 10",
     ),
+    // An aggregate over an aggregate's changelog: each auction's highest bid while it
+    // was open, averaged per category.
+    (
+        "q4-average-price-per-category",
+        "SELECT category, avg(final) AS avg_price FROM (SELECT max(B.price) AS final, \
+         A.category FROM auction A, bid B WHERE A.id = B.auction AND B.date_time BETWEEN \
+         A.date_time AND A.expires GROUP BY A.id, A.category) GROUP BY category",
+    ),
     // An outer join: its changelog folded, each person with each of their auctions, or
     // once with none.
     (
@@ -426,6 +434,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q18-last-bid",
         "q19-top-bids",
         "q3-local-item-suggestion",
+        "q4-average-price-per-category",
         "q7-highest-bid-join",
         "q8-new-users",
         "q20-expanded-bid",

@@ -513,8 +513,13 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
         };
         if let Some(e) = incoming.get(&id) {
             check_edge(&nodes, e, &outputs[&e.source]).map_err(at)?;
+            // A group aggregate may read a changelog hashed by its own key: every change
+            // of an upstream row goes, in order, to the subtask owning the row's group.
+            let regrouped = e.partitioning() == pb::Partitioning::Hash
+                && matches!(kind, pb::node::Kind::Aggregate(_));
             if changelog::is_changelog(&outputs[&e.source])
                 && e.partitioning() != pb::Partitioning::Forward
+                && !regrouped
             {
                 return Err(at(plan_err(format!(
                     "reads an updating result from `{}` over a {} edge, which could reorder \

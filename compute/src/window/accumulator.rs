@@ -160,6 +160,91 @@ pub fn merge(func: AggFunc, kind: ArgKind, acc: &mut Acc, other: &Acc) {
     acc.n += other.n;
 }
 
+/// Adds (`sign` 1) or takes away (`sign` -1) row `row` of `arg` for a `count`, `sum`
+/// or `avg` over an updating input, where each is a plain sum that can go down again.
+#[inline]
+pub fn update_signed(func: AggFunc, acc: &mut Acc, arg: &ArgValues, row: usize, sign: i64) {
+    match (func, arg) {
+        (AggFunc::CountStar, _) => acc.n += sign,
+        (_, ArgValues::None) => {}
+        (_, ArgValues::Int(a)) => {
+            if a.is_null(row) {
+                return;
+            }
+            let v = a.value(row);
+            match func {
+                AggFunc::Sum => acc.i = acc.i.wrapping_add(v.wrapping_mul(sign)),
+                AggFunc::Avg => acc.f += (sign * v) as f64,
+                _ => {}
+            }
+            acc.n += sign;
+        }
+        (_, ArgValues::Float(a)) => {
+            if a.is_null(row) {
+                return;
+            }
+            if matches!(func, AggFunc::Sum | AggFunc::Avg) {
+                acc.f += sign as f64 * a.value(row);
+            }
+            acc.n += sign;
+        }
+    }
+}
+
+/// Adds the signed sums of `other` to `acc` (see [`update_signed`]).
+#[inline]
+pub fn merge_signed(acc: &mut Acc, other: &Acc) {
+    acc.i = acc.i.wrapping_add(other.i);
+    acc.f += other.f;
+    acc.n += other.n;
+}
+
+/// Row `row` of `arg` as a `u64` whose unsigned order is the values' order (for keeping
+/// values sorted in state); `None` for a null.
+#[inline]
+pub fn ordered(arg: &ArgValues, row: usize) -> Option<u64> {
+    match arg {
+        ArgValues::None => None,
+        ArgValues::Int(a) => (!a.is_null(row)).then(|| (a.value(row) as u64) ^ (1 << 63)),
+        ArgValues::Float(a) => (!a.is_null(row)).then(|| {
+            let bits = a.value(row).to_bits();
+            if bits >> 63 == 1 {
+                !bits
+            } else {
+                bits | (1 << 63)
+            }
+        }),
+    }
+}
+
+/// The value of `acc` (a `min` or `max`) as [`ordered`] writes it.
+pub fn ordered_value(acc: &Acc, float: bool) -> u64 {
+    if float {
+        let bits = acc.f.to_bits();
+        if bits >> 63 == 1 {
+            !bits
+        } else {
+            bits | (1 << 63)
+        }
+    } else {
+        (acc.i as u64) ^ (1 << 63)
+    }
+}
+
+/// Sets the value of `acc` (a `min` or `max`) from its [`ordered`] form.
+pub fn set_ordered(acc: &mut Acc, ordered: u64, float: bool) {
+    if float {
+        let bits = if ordered >> 63 == 1 {
+            ordered & !(1 << 63)
+        } else {
+            !ordered
+        };
+        acc.f = f64::from_bits(bits);
+    } else {
+        acc.i = (ordered ^ (1 << 63)) as i64;
+    }
+}
+
 /// Appends the encoding of `accs` to `out`.
 pub fn encode(accs: &[Acc], out: &mut Vec<u8>) {
     for a in accs {
@@ -237,6 +322,43 @@ mod tests {
             merge(func, ArgKind::Int, &mut a, &b);
             assert_eq!(a, whole, "{func:?}");
         }
+    }
+
+    #[test]
+    fn ordered_values_sort_as_the_values_and_round_trip() {
+        let ints = Int64Array::from(vec![i64::MIN, -5, 0, 3, i64::MAX]);
+        let floats = Float64Array::from(vec![f64::NEG_INFINITY, -2.5, -0.0, 0.5, 1e300]);
+        for (arg, float) in [
+            (ArgValues::Int(ints), false),
+            (ArgValues::Float(floats), true),
+        ] {
+            let keys: Vec<u64> = (0..5).map(|r| ordered(&arg, r).unwrap()).collect();
+            assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+            for (r, &k) in keys.iter().enumerate() {
+                let mut acc = Acc::default();
+                set_ordered(&mut acc, k, float);
+                assert_eq!(ordered_value(&acc, float), k, "row {r}");
+            }
+        }
+        assert_eq!(
+            ordered(&ArgValues::Int(Int64Array::from(vec![None])), 0),
+            None
+        );
+    }
+
+    #[test]
+    fn signed_sums_go_back_down() {
+        let arg = ArgValues::Int(Int64Array::from(vec![Some(5), None, Some(7)]));
+        let mut acc = Acc::default();
+        update_signed(AggFunc::Sum, &mut acc, &arg, 0, 1);
+        update_signed(AggFunc::Sum, &mut acc, &arg, 2, 1);
+        update_signed(AggFunc::Sum, &mut acc, &arg, 1, -1);
+        update_signed(AggFunc::Sum, &mut acc, &arg, 0, -1);
+        assert_eq!((acc.i, acc.n), (7, 1));
+        let mut whole = Acc::default();
+        merge_signed(&mut whole, &acc);
+        merge_signed(&mut whole, &acc);
+        assert_eq!((whole.i, whole.n), (14, 2));
     }
 
     #[test]
