@@ -124,6 +124,25 @@ const ORACLE: &[(&str, &str)] = &[
          count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions \
          FROM bid GROUP BY ALL",
     ),
+    (
+        "q16-channel-daily-stats",
+        "SELECT channel, strftime(date_time, '%Y-%m-%d') AS day, \
+         max(strftime(date_time, '%H:%M')) AS minute, count(*) AS total_bids, \
+         count(*) FILTER (WHERE price < 10000) AS rank1_bids, \
+         count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, \
+         count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, \
+         count(DISTINCT bidder) AS total_bidders, \
+         count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, \
+         count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS \
+         rank2_bidders, \
+         count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, \
+         count(DISTINCT auction) AS total_auctions, \
+         count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, \
+         count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS \
+         rank2_auctions, \
+         count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions \
+         FROM bid GROUP BY ALL",
+    ),
     // Top-N and deduplication: Sluice breaks ties in the order by the rest of the row,
     // column by column, ascending.
     (
@@ -174,6 +193,18 @@ const ORACLE: &[(&str, &str)] = &[
         "SELECT category, avg(final) AS avg_price FROM (SELECT max(B.price) AS final, \
          A.category FROM auction A, bid B WHERE A.id = B.auction AND B.date_time BETWEEN \
          A.date_time AND A.expires GROUP BY A.id, A.category) GROUP BY category",
+    ),
+    // A Top-N over a join: ties after price and time go by the rest of the row.
+    (
+        "q9-winning-bids",
+        "SELECT id, item_name, description, initial_bid, reserve, date_time, expires, \
+         seller, category, extra, auction, bidder, price, bid_date_time, bid_extra FROM \
+         (SELECT A.*, B.auction, B.bidder, B.price, B.date_time AS bid_date_time, B.extra AS \
+         bid_extra, row_number() OVER (PARTITION BY A.id ORDER BY B.price DESC, B.date_time, \
+         A.id, A.item_name, A.description, A.initial_bid, A.reserve, A.date_time, A.expires, \
+         A.seller, A.category, A.extra, B.auction, B.bidder, B.price, B.date_time, B.extra) AS \
+         rownum FROM auction A, bid B WHERE A.id = B.auction AND B.date_time BETWEEN \
+         A.date_time AND A.expires) WHERE rownum <= 1",
     ),
     // An outer join: its changelog folded, each person with each of their auctions, or
     // once with none.
@@ -430,11 +461,13 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "price-bands",
         "cumulate-channel-volume",
         "q15-daily-stats",
+        "q16-channel-daily-stats",
         "q17-auction-day-stats",
         "q18-last-bid",
         "q19-top-bids",
         "q3-local-item-suggestion",
         "q4-average-price-per-category",
+        "q9-winning-bids",
         "q7-highest-bid-join",
         "q8-new-users",
         "q20-expanded-bid",

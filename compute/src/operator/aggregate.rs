@@ -387,10 +387,10 @@ impl Operator for AggregateOperator {
             });
             row_slots.push(slot as u32);
             let (accs, rows) = partial[slot * width..(slot + 1) * width].split_at_mut(n_calls);
-            let calls = self.calls.iter().zip(accs).zip(&args).enumerate();
+            let calls = self.calls.iter().zip(accs).zip(&args);
             match &signs {
                 None => {
-                    for (_, ((call, acc), arg)) in calls {
+                    for ((call, acc), arg) in calls {
                         if !call.distinct {
                             accumulator::update(call.func, acc, arg, row);
                         }
@@ -399,7 +399,7 @@ impl Operator for AggregateOperator {
                 Some(signs) => {
                     let sign = signs[row];
                     rows[0].n += sign;
-                    for (c, ((call, acc), arg)) in calls {
+                    for (c, ((call, acc), arg)) in calls.enumerate() {
                         if !is_extreme(call.func) {
                             accumulator::update_signed(call.func, acc, arg, row, sign);
                         } else if let Some(v) = accumulator::ordered(arg, row) {

@@ -124,6 +124,34 @@ pub(crate) fn pair_of(
     (Arc::new(Schema::new(fields)), qualifiers)
 }
 
+/// Which side (0 left, 1 right) an output item `alias.*` names, if it is one.
+pub fn side_wildcard(spec: &pb::JoinSpec, sql: &str) -> Option<usize> {
+    let table = sql.trim().strip_suffix(".*")?.trim().trim_matches('"');
+    aliases(spec)
+        .iter()
+        .position(|a| a.eq_ignore_ascii_case(table))
+}
+
+/// The output items with each `alias.*` written out as that side's columns
+/// (`alias.col`), each marked whether it is a bare column (named as the column).
+fn output_items(spec: &pb::JoinSpec, left: &SchemaRef, right: &SchemaRef) -> Vec<(String, bool)> {
+    let aliases = aliases(spec);
+    let mut items = Vec::with_capacity(spec.exprs.len());
+    for e in &spec.exprs {
+        match side_wildcard(spec, &e.sql) {
+            Some(side) => {
+                let schema = [left, right][side];
+                items.extend(schema.fields().iter().map(|f| {
+                    let name = f.name().replace('"', "\"\"");
+                    (format!("{}.\"{name}\"", aliases[side].to_lowercase()), true)
+                }));
+            }
+            None => items.push((e.sql.clone(), is_bare_column(&e.sql))),
+        }
+    }
+    items
+}
+
 impl JoinOperator {
     /// Compiles `sql` over the pair of `left` and `right` rows: how planning checks each
     /// expression of a join at its own position.
@@ -159,8 +187,10 @@ impl JoinOperator {
             &spec.right_keys
         };
         let mut columns: std::collections::BTreeSet<String> = keys.iter().cloned().collect();
-        for e in spec.condition.iter().chain(&spec.exprs) {
-            let (expr, _) = compiler.parse_qualified(&e.sql, &pair, &qualifiers)?;
+        let items = output_items(spec, left, right);
+        let condition = spec.condition.iter().map(|e| e.sql.clone());
+        for sql in condition.chain(items.into_iter().map(|(sql, _)| sql)) {
+            let (expr, _) = compiler.parse_qualified(&sql, &pair, &qualifiers)?;
             for c in expr.column_refs() {
                 let reads = match &c.relation {
                     Some(r) => r.table().to_lowercase() == aliases[input],
@@ -292,10 +322,11 @@ impl JoinOperator {
             }
             (None, pair_schema.clone())
         } else {
-            let mut exprs: Vec<CompiledExpr> = Vec::with_capacity(spec.exprs.len());
-            for e in &spec.exprs {
-                let mut c = compiler.compile_qualified(&e.sql, &pair_schema, &qualifiers)?;
-                if is_bare_column(&e.sql) && exprs.iter().any(|o| o.name == c.name) {
+            let items = output_items(spec, left, right);
+            let mut exprs: Vec<CompiledExpr> = Vec::with_capacity(items.len());
+            for (sql, bare) in &items {
+                let mut c = compiler.compile_qualified(sql, &pair_schema, &qualifiers)?;
+                if *bare && exprs.iter().any(|o| o.name == c.name) {
                     // As Flink names a second `b.x` next to `a.x`: `x0`, then `x1`.
                     c.name = (0..)
                         .map(|n| format!("{}{n}", c.name))

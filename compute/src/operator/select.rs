@@ -30,6 +30,18 @@ impl SelectOperator {
         let changelog = changelog::is_changelog(input);
         let mut exprs = Vec::with_capacity(spec.exprs.len());
         for e in &spec.exprs {
+            if let Some(except) = crate::expr::wildcard(&e.sql) {
+                // Every input column but those named, as it is (the change kind stays in
+                // front by itself).
+                for f in input.fields().iter().skip(usize::from(changelog)) {
+                    if except.iter().any(|x| x == f.name()) {
+                        continue;
+                    }
+                    let quoted = format!("\"{}\"", f.name().replace('"', "\"\""));
+                    exprs.push(compiler.compile(&quoted, input)?);
+                }
+                continue;
+            }
             let compiled = compiler.compile(&e.sql, input)?;
             if changelog && compiled.name == changelog::OP_COLUMN {
                 return Err(Error::Plan(format!(

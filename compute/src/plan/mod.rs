@@ -23,10 +23,11 @@ use crate::connector::Connectors;
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
 use crate::expr::aggregate::AggregateCall;
+use crate::expr::wildcard;
 use crate::operator::aggregate::AggregateOperator;
 use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
-use crate::operator::join::JoinOperator;
+use crate::operator::join::{JoinOperator, side_wildcard};
 use crate::operator::select::SelectOperator;
 use crate::operator::top_n::TopNOperator;
 use crate::operator::window::{WindowCounters, WindowOperator};
@@ -263,6 +264,9 @@ fn input_needs(
     let refs = |sqls: &mut dyn Iterator<Item = &str>| -> Result<Needs> {
         let mut cols = BTreeSet::new();
         for sql in sqls {
+            if wildcard(sql).is_some() {
+                return Ok(Needs::All);
+            }
             let (expr, _) = compiler.parse(sql, &input)?;
             #[allow(deprecated)]
             if matches!(
@@ -441,7 +445,7 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 input
             }
             pb::node::Kind::Select(spec) => {
-                for e in &spec.exprs {
+                for e in spec.exprs.iter().filter(|e| wildcard(&e.sql).is_none()) {
                     compiler
                         .compile(&e.sql, &input)
                         .map_err(|err| locate(&graph, e.location.as_ref(), "select", err))?;
@@ -497,7 +501,11 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 }
                 check_edge(&nodes, right_edge, &right).map_err(at)?;
                 check_join_edges(spec, all_incoming[&id].as_slice()).map_err(at)?;
-                for e in spec.condition.iter().chain(&spec.exprs) {
+                let items = spec
+                    .exprs
+                    .iter()
+                    .filter(|e| side_wildcard(spec, &e.sql).is_none());
+                for e in spec.condition.iter().chain(items) {
                     JoinOperator::check_expr(spec, &input, &right, &compiler, &e.sql)
                         .map_err(|err| locate(&graph, e.location.as_ref(), "join", err))?;
                 }

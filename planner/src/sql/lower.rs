@@ -587,6 +587,11 @@ struct PendingRank {
     partition: Vec<Node>,
     order: Vec<Node>,
     at: Pos,
+    /// The columns PARTITION BY and ORDER BY read.
+    reads: Vec<String>,
+    /// The query's projection, when it would drop a column the ranking reads: it then
+    /// runs after the Top-N instead of before it.
+    project: Option<Vec<Node>>,
 }
 
 /// The tables and views a job created.
@@ -697,7 +702,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             let feeds_more = distinct
                 || !group_by.is_empty()
                 || has_aggregate(&items)
-                || row_number_item(&items)?.is_some()
+                || has_over(&items)
                 || selection.is_some();
             if !feeds_more {
                 // The join's own projection is the query's.
@@ -712,7 +717,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             }
             // The join emits the columns the rest of the query reads, under flat names
             // (`a.id` as `a__id`), and the query goes on over them.
-            let columns = flatten_columns(&mut items, &mut group_by, selection.as_mut());
+            let columns = flatten_columns(&mut items, &mut group_by, selection.as_mut(), at)?;
             let lowered = lower_join(
                 &join,
                 JoinOutput::Columns(columns),
@@ -740,7 +745,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
         rank,
     } = input;
     let table = &catalog.tables[&source];
-    if let Some(rank) = rank {
+    if let Some(mut rank) = rank {
         if row_number.is_some() {
             return Err(unbounded_rank(&rank));
         }
@@ -749,7 +754,15 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             matches!(item, SelectItem::Wildcard(_)) || mentions(&item.to_string(), &rank.column)
         });
         referenced |= rest.iter().any(|e| mentions(&e.to_string(), &rank.column));
+        let project = rank.project.take();
+        let column = rank.column.clone();
         pipeline.push(top_n_stage(rank, limit, referenced)?);
+        if let Some(mut list) = project {
+            if referenced {
+                list.push(scalar(column, at));
+            }
+            pipeline.push(stage("select", seq(list, at), at));
+        }
         selection = rest.into_iter().reduce(|a, b| Expr::BinaryOp {
             left: Box::new(a),
             op: BinaryOperator::And,
@@ -759,7 +772,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
     if let Some(predicate) = &selection {
         pipeline.push(stage("filter", expr_node(predicate, at), at));
     }
-    if let Some((index, rank)) = row_number {
+    if let Some((index, mut rank)) = row_number {
         if window.is_some() || !group_by.is_empty() || distinct {
             return Err(unsupported(
                 rank.at,
@@ -772,8 +785,12 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             .filter(|(i, _)| *i != index)
             .map(|(_, item)| item.clone())
             .collect();
-        if let Some(items) = projection(&rest, at)? {
-            pipeline.push(stage("select", seq(items, at), at));
+        if let Some(list) = projection(&rest, at)? {
+            if rank.reads.iter().all(|c| keeps(&rest, c)) {
+                pipeline.push(stage("select", seq(list, at), at));
+            } else {
+                rank.project = Some(list);
+            }
         }
         return Ok(Lowered {
             source,
@@ -1123,11 +1140,15 @@ fn flat_name(table: &str, column: &str) -> String {
 /// Rewrites `items` and `group_by` to read a join's output by flat names (`a.id` becomes
 /// `a__id`; a SELECT item `a.id` keeps its name `id`), and returns the join's output
 /// columns: each qualified column read, renamed, and each bare name as it is.
+///
+/// A `t.*` item makes the join emit t's columns by their own names; the rest of the
+/// query reads them as `* EXCEPT (...)` the other columns the join emits.
 fn flatten_columns(
     items: &mut [SelectItem],
     group_by: &mut [Expr],
     selection: Option<&mut Expr>,
-) -> Vec<String> {
+    at: Pos,
+) -> Result<Vec<String>> {
     use std::ops::ControlFlow;
     let mut columns: Vec<String> = Vec::new();
     let mut add = |c: String| {
@@ -1173,7 +1194,57 @@ fn flatten_columns(
     for e in group_by.iter_mut().chain(selection) {
         rewrite(e);
     }
-    columns
+    let wildcards: Vec<usize> = items
+        .iter()
+        .enumerate()
+        .filter(|(_, item)| matches!(item, SelectItem::QualifiedWildcard(..)))
+        .map(|(i, _)| i)
+        .collect();
+    match wildcards.as_slice() {
+        [] => {}
+        [i] => {
+            let table = match &items[*i] {
+                SelectItem::QualifiedWildcard(
+                    sqlparser::ast::SelectItemQualifiedWildcardKind::ObjectName(name),
+                    _,
+                ) => object_name(name)?.0,
+                other => return Err(unsupported(at, &format!("the select item `{other}`"))),
+            };
+            let others: Vec<Ident> = columns
+                .iter()
+                .map(|c| Ident::new(c.rsplit(" AS ").next().unwrap_or(c)))
+                .collect();
+            columns.insert(0, format!("{table}.*"));
+            let mut options = sqlparser::ast::WildcardAdditionalOptions::default();
+            if let Some((first, rest)) = others.split_first() {
+                options.opt_except = Some(sqlparser::ast::ExceptSelectItem {
+                    first_element: first.clone(),
+                    additional_elements: rest.to_vec(),
+                });
+            }
+            items[*i] = SelectItem::Wildcard(options);
+        }
+        _ => {
+            return Err(unsupported(
+                at,
+                "two `t.*` items over a join that the query goes on to aggregate, rank or \
+                 filter; list one side's columns",
+            ));
+        }
+    }
+    Ok(columns)
+}
+
+/// Whether the SELECT list calls a window function (`... OVER (...)`).
+fn has_over(items: &[SelectItem]) -> bool {
+    items.iter().any(|item| {
+        matches!(
+            item,
+            SelectItem::UnnamedExpr(Expr::Function(f))
+                | SelectItem::ExprWithAlias { expr: Expr::Function(f), .. }
+                if f.over.is_some()
+        )
+    })
 }
 
 /// The name a single FROM item's columns may be qualified with: its alias, or the table's
@@ -1201,6 +1272,12 @@ fn unqualify_all(
     for item in items.iter_mut() {
         match item {
             SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => strip(e),
+            SelectItem::QualifiedWildcard(
+                sqlparser::ast::SelectItemQualifiedWildcardKind::ObjectName(table),
+                options,
+            ) if object_name(table).is_ok_and(|(t, _)| t.eq_ignore_ascii_case(name)) => {
+                *item = SelectItem::Wildcard(options.clone());
+            }
             _ => {}
         }
     }
@@ -1390,6 +1467,15 @@ fn row_number_item(items: &[SelectItem]) -> Result<Option<(usize, PendingRank)>>
                 Ok(scalar(text, pos(id.span.start)))
             })
             .collect::<Result<Vec<_>>>()?;
+        let reads = spec
+            .partition_by
+            .iter()
+            .chain(spec.order_by.iter().map(|o| &o.expr))
+            .filter_map(|e| match e {
+                Expr::Identifier(id) => Some(id.value.clone()),
+                _ => None,
+            })
+            .collect();
         found = Some((
             index,
             PendingRank {
@@ -1397,6 +1483,8 @@ fn row_number_item(items: &[SelectItem]) -> Result<Option<(usize, PendingRank)>>
                 partition,
                 order,
                 at,
+                reads,
+                project: None,
             },
         ));
     }
@@ -1583,6 +1671,21 @@ fn window_function(e: &Expr) -> Result<WindowCall> {
     })
 }
 
+/// Whether a SELECT list passes column `name` on under its own name.
+fn keeps(items: &[SelectItem], name: &str) -> bool {
+    items.iter().any(|item| match item {
+        SelectItem::UnnamedExpr(Expr::Identifier(id)) => id.value == name,
+        SelectItem::ExprWithAlias {
+            expr: Expr::Identifier(id),
+            alias,
+        } => id.value == name && alias.value == name,
+        SelectItem::Wildcard(options) => options.opt_except.as_ref().is_none_or(|x| {
+            x.first_element.value != name && x.additional_elements.iter().all(|a| a.value != name)
+        }),
+        _ => false,
+    })
+}
+
 /// Whether a SELECT list calls an aggregate function (a global aggregate without GROUP BY).
 fn has_aggregate(items: &[SelectItem]) -> bool {
     items.iter().any(|item| {
@@ -1608,16 +1711,19 @@ fn aggregate_stages(
     projection: &[SelectItem],
     at: Pos,
 ) -> Result<Vec<Node>> {
+    // A GROUP BY expression is computed by a select ahead of the aggregate, under the
+    // name the SELECT list gives it (`DATE_FORMAT(t, 'yyyy-MM-dd') AS day`) or a hidden
+    // one; that select also passes on every column the rest reads.
+    let (computed, projection) = grouped_expressions(w, group_by, projection, at)?;
+    let group_by = computed.group_by.as_slice();
+    let projection = projection.as_slice();
     let mut keys: Vec<&Ident> = Vec::new();
     let mut bounds = 0;
     for g in group_by {
         let Expr::Identifier(id) = g else {
             return Err(SqlError::new(
                 pos(g.span().start),
-                format!(
-                    "GROUP BY takes column names here, found `{g}`; compute it in a view or \
-                     subquery first and group by its name"
-                ),
+                format!("GROUP BY takes column names and expressions here, found `{g}`"),
             ));
         };
         match id.value.as_str() {
@@ -1695,7 +1801,7 @@ fn aggregate_stages(
         aggregates.push(scalar_quoted(format!("count(*) AS {hidden}"), at));
         aggregate_names.push(hidden.to_owned());
     }
-    let mut stages = Vec::new();
+    let mut stages = computed.select.into_iter().collect::<Vec<_>>();
     let key_nodes: Vec<Node> = keys
         .iter()
         .map(|k| scalar(k.value.clone(), pos(k.span.start)))
@@ -1739,14 +1845,144 @@ fn aggregate_stages(
     Ok(stages)
 }
 
+/// A GROUP BY whose expressions were computed ahead of the aggregate.
+struct Grouped {
+    /// The GROUP BY as column names.
+    group_by: Vec<Expr>,
+    /// The select computing them, when one is needed.
+    select: Option<Node>,
+}
+
+/// Rewrites each GROUP BY expression that is not a column name into a column computed
+/// by a select ahead of the aggregate: named as the SELECT item that writes the same
+/// expression with an alias (which then reads the column), or `sluice_group_N`. The
+/// select also passes on the columns the SELECT list and the window read.
+fn grouped_expressions(
+    w: Option<&WindowCall>,
+    group_by: &[Expr],
+    projection: &[SelectItem],
+    at: Pos,
+) -> Result<(Grouped, Vec<SelectItem>)> {
+    use std::ops::ControlFlow;
+    if group_by.iter().all(|g| matches!(g, Expr::Identifier(_))) {
+        return Ok((
+            Grouped {
+                group_by: group_by.to_vec(),
+                select: None,
+            },
+            projection.to_vec(),
+        ));
+    }
+    let mut items = projection.to_vec();
+    let mut computed: Vec<Node> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut rewritten = Vec::with_capacity(group_by.len());
+    for (n, g) in group_by.iter().enumerate() {
+        if let Expr::Identifier(_) = g {
+            rewritten.push(g.clone());
+            continue;
+        }
+        let gp = pos(g.span().start);
+        let text = g.to_string();
+        let named = items.iter().position(|item| match item {
+            SelectItem::ExprWithAlias { expr, .. } => expr.to_string() == text,
+            _ => false,
+        });
+        let name = match named {
+            Some(i) => {
+                let SelectItem::ExprWithAlias { alias, .. } = &items[i] else {
+                    unreachable!("position matched an aliased item");
+                };
+                let alias = alias.clone();
+                items[i] = SelectItem::UnnamedExpr(Expr::Identifier(alias.clone()));
+                alias
+            }
+            None => Ident::with_span(g.span(), format!("sluice_group_{n}")),
+        };
+        if let Some(item) = items
+            .iter()
+            .find(|item| matches!(item, SelectItem::UnnamedExpr(e) if e.to_string() == text))
+        {
+            return Err(SqlError::new(
+                located_item(item, gp),
+                format!("name the grouped expression: `{text} AS name`"),
+            ));
+        }
+        computed.push(scalar_quoted(format!("{text} AS {name}"), gp));
+        names.push(name.value.clone());
+        rewritten.push(Expr::Identifier(name));
+    }
+    // Every other column read: plain GROUP BY columns, the aggregates' arguments and
+    // filters, and the window's time column.
+    let mut read: Vec<String> = Vec::new();
+    let mut note = |name: &str| {
+        if !names.iter().any(|n| n == name) && !read.iter().any(|r| r == name) {
+            read.push(name.to_owned());
+        }
+    };
+    for g in &rewritten {
+        if let Expr::Identifier(id) = g
+            && !matches!(id.value.as_str(), "window_start" | "window_end")
+        {
+            note(&id.value);
+        }
+    }
+    if let Some(w) = w {
+        note(&w.column);
+    }
+    for item in &items {
+        let (SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }) = item else {
+            return Err(unsupported(at, "`*` in an aggregate's SELECT list"));
+        };
+        if let Expr::Identifier(_) = e {
+            continue;
+        }
+        let _ = sqlparser::ast::visit_expressions(e, |e| {
+            if let Expr::Identifier(id) = e {
+                note(&id.value);
+            }
+            ControlFlow::<()>::Continue(())
+        });
+    }
+    let list = read
+        .into_iter()
+        .map(|c| scalar(c, at))
+        .chain(computed)
+        .collect();
+    Ok((
+        Grouped {
+            group_by: rewritten,
+            select: Some(stage("select", seq(list, at), at)),
+        },
+        items,
+    ))
+}
+
+/// Where a SELECT item starts.
+fn located_item(item: &SelectItem, fallback: Pos) -> Pos {
+    match item {
+        SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+            located(e, fallback)
+        }
+        _ => fallback,
+    }
+}
+
 /// A plain query's SELECT list as select items; `None` for `SELECT *`.
 fn projection(items: &[SelectItem], at: Pos) -> Result<Option<Vec<Node>>> {
-    if let [SelectItem::Wildcard(_)] = items {
+    if let [SelectItem::Wildcard(options)] = items
+        && options.opt_except.is_none()
+    {
         return Ok(None);
     }
     items
         .iter()
         .map(|item| match item {
+            // `* EXCEPT (...)` (a join's `t.*` read after it) and a join's own `t.*`.
+            SelectItem::Wildcard(options) if options.opt_except.is_some() => {
+                Ok(scalar_quoted(item.to_string(), at))
+            }
+            SelectItem::QualifiedWildcard(..) => Ok(scalar_quoted(item.to_string(), at)),
             SelectItem::UnnamedExpr(e) => Ok(expr_node(e, at)),
             SelectItem::ExprWithAlias { expr, alias } => Ok(scalar_quoted(
                 format!("{expr} AS {alias}"),
