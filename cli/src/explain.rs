@@ -178,8 +178,12 @@ fn describe(node: &pb::Node) -> String {
                 }
                 None => "window".to_owned(),
             };
+            let time = match w.time() {
+                pb::TimeCharacteristic::TimeProcessing => " in processing time",
+                _ => "",
+            };
             let aggs: Vec<&str> = w.aggregates.iter().map(|e| e.sql.as_str()).collect();
-            format!("{kind}: {}", aggs.join(", "))
+            format!("{kind}{time}: {}", aggs.join(", "))
         }
         Some(Kind::Dedup(d)) => format!("first row per [{}]", d.key_columns.join(", ")),
         Some(Kind::TopN(t)) => {

@@ -16,8 +16,9 @@ use sluice_integration_tests::{
 };
 use sluice_test_support::rng::rng_from_env;
 
-/// The bid table over CSV files, with the examples' watermark.
-const BID_TABLE: &str = "CREATE TABLE bid (\n  WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND\n) \
+/// The bid table over CSV files, with the examples' watermark and processing time.
+const BID_TABLE: &str = "CREATE TABLE bid (\n  WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND,\n  \
+p_time AS PROCTIME()\n) \
 WITH ('connector' = 'file', 'path' = 'BIDS', 'format' = 'csv', 'schema.auction' = 'int64', \
 'schema.bidder' = 'int64', 'schema.price' = 'int64', 'schema.channel' = 'string', \
 'schema.url' = 'string', 'schema.date_time' = 'timestamp', 'schema.extra' = 'string');\n";
@@ -206,6 +207,11 @@ const ORACLE: &[(&str, &str)] = &[
          rownum FROM auction A, bid B WHERE A.id = B.auction AND B.date_time BETWEEN \
          A.date_time AND A.expires) WHERE rownum <= 1",
     ),
+    // Processing-time windows: see PROCESSING_TIME.
+    (
+        "q12-processing-time-windows",
+        "SELECT bidder, count(*) AS bid_count FROM bid GROUP BY bidder",
+    ),
     // An outer join: its changelog folded, each person with each of their auctions, or
     // once with none.
     (
@@ -230,6 +236,46 @@ const ORACLE: &[(&str, &str)] = &[
          dir3 FROM bid",
     ),
 ];
+
+/// Examples windowed in processing time, with their count column: which window a row
+/// falls into depends on when it was read, so each key's counts are summed over its
+/// windows (each 10 s long, aligned to 10 s) and compared with the batch count.
+const PROCESSING_TIME: &[(&str, &str)] = &[("q12-processing-time-windows", "bid_count")];
+
+/// Each key's `count` summed over its windows, after checking each window is 10 s.
+fn sum_over_windows(name: &str, count: &str, rows: Vec<Row>) -> Vec<Row> {
+    use serde_json::Value;
+    let ms = |row: &Row, column: &str| -> i64 {
+        let text = row[column]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: {column} in {row:?}"));
+        let t = chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f")
+            .unwrap_or_else(|e| panic!("{name}: {column} `{text}`: {e}"));
+        t.and_utc().timestamp_millis()
+    };
+    let mut totals: std::collections::BTreeMap<String, (Row, i64)> = Default::default();
+    for mut row in rows {
+        let (start, end) = (ms(&row, "window_start"), ms(&row, "window_end"));
+        assert_eq!(
+            (end - start, start % 10_000),
+            (10_000, 0),
+            "{name}: window of {row:?}"
+        );
+        row.remove("window_start");
+        row.remove("window_end");
+        let n = row.remove(count).and_then(|v| v.as_i64());
+        let n = n.unwrap_or_else(|| panic!("{name}: no integer {count} in {row:?}"));
+        let key = serde_json::to_string(&row).unwrap();
+        totals.entry(key).or_insert((row, 0)).1 += n;
+    }
+    totals
+        .into_values()
+        .map(|(mut row, n)| {
+            row.insert(count.to_owned(), Value::from(n));
+            row
+        })
+        .collect()
+}
 
 /// Runs `query` in DuckDB over the CSV files `bids/*.csv` and prints JSON lines; nulls
 /// are left out of a row, as Sluice's JSON writer leaves them out.
@@ -433,7 +479,10 @@ fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
         )
         .unwrap();
         run_sluice(&["run", job.to_str().unwrap(), "-q"], root).assert_success();
-        let streamed = output_rows(&out);
+        let mut streamed = output_rows(&out);
+        if let Some((_, count)) = PROCESSING_TIME.iter().find(|(n, _)| n == name) {
+            streamed = sum_over_windows(name, count, streamed);
+        }
         let expected = duckdb(&python, &bids, batch);
         assert!(!expected.is_empty(), "{name}: DuckDB found no rows");
         assert_same_rows(

@@ -18,7 +18,7 @@ use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::{Parser, ParserError};
 
 use super::SETTINGS;
-use super::text::{self, WatermarkClause, pos};
+use super::text::{self, Clauses, WatermarkClause, pos};
 use crate::job_spec::{Node, Pos, Value};
 
 /// A mistake at a position in the SQL text; the caller adds the file name.
@@ -37,6 +37,8 @@ struct Table {
     /// Options other than `connector`, in the order written.
     options: Vec<(String, Node)>,
     watermark: Option<WatermarkClause>,
+    /// The name of its processing-time column (`p_time AS PROCTIME()`), if it has one.
+    proctime: Option<String>,
 }
 
 /// What the statements of a SQL text define, in the order written.
@@ -51,10 +53,7 @@ struct Statements<'a> {
 
 /// Walks `statements`: settings, tables and views, and the INSERTs; anything else is
 /// refused at its position.
-fn collect<'a>(
-    statements: &'a [Statement],
-    watermarks: &mut Vec<WatermarkClause>,
-) -> Result<Statements<'a>> {
+fn collect<'a>(statements: &'a [Statement], clauses: &mut Clauses) -> Result<Statements<'a>> {
     let mut out = Statements {
         settings: Vec::new(),
         tables: HashMap::new(),
@@ -67,7 +66,7 @@ fn collect<'a>(
         match statement {
             Statement::Set(set) => out.settings.push(setting(set, at)?),
             Statement::CreateTable(ct) => {
-                let (name, table) = create_table(ct, watermarks)?;
+                let (name, table) = create_table(ct, clauses)?;
                 if out.tables.contains_key(&name) || out.views.contains_key(&name) {
                     return Err(SqlError::new(
                         table.at,
@@ -114,15 +113,23 @@ fn collect<'a>(
     Ok(out)
 }
 
-/// A WATERMARK clause no CREATE TABLE took is a mistake.
-fn no_stray_watermark(watermarks: &[WatermarkClause]) -> Result<()> {
-    match watermarks.first() {
-        Some(w) => Err(SqlError::new(
+/// A WATERMARK or PROCTIME() clause no CREATE TABLE took is a mistake.
+fn no_stray_clause(clauses: &Clauses) -> Result<()> {
+    if let Some(w) = clauses.watermarks.first() {
+        return Err(SqlError::new(
             w.at,
             "WATERMARK is only accepted in a CREATE TABLE's column list".to_owned(),
-        )),
-        None => Ok(()),
+        ));
     }
+    if let Some(p) = clauses.proctimes.first() {
+        return Err(SqlError::new(
+            p.at,
+            "`column AS PROCTIME()` is only accepted in a CREATE TABLE's column list; \
+             write it there and use the column"
+                .to_owned(),
+        ));
+    }
+    Ok(())
 }
 
 /// A table or view a SQL text creates, as a shell lists it.
@@ -139,15 +146,15 @@ pub struct Defined {
 pub(super) fn defined(text: &str) -> Result<Vec<Defined>> {
     let prepared = text::prepare(text)?;
     let statements = Parser::parse_sql(&GenericDialect {}, &prepared.sql).map_err(parser_error)?;
-    let mut watermarks = prepared.watermarks;
-    let found = collect(&statements, &mut watermarks)?;
+    let mut clauses = prepared.clauses;
+    let found = collect(&statements, &mut clauses)?;
     if let Some(&(_, at)) = found.inserts.first() {
         return Err(SqlError::new(
             at,
             "only SET, CREATE TABLE and CREATE VIEW define; an INSERT runs a job".to_owned(),
         ));
     }
-    no_stray_watermark(&watermarks)?;
+    no_stray_clause(&clauses)?;
     Ok(found
         .order
         .into_iter()
@@ -174,15 +181,15 @@ pub(super) struct InsertTree {
 pub(super) fn job_trees(file: &str, text: &str) -> Result<Vec<InsertTree>> {
     let prepared = text::prepare(text)?;
     let statements = Parser::parse_sql(&GenericDialect {}, &prepared.sql).map_err(parser_error)?;
-    let mut watermarks = prepared.watermarks;
+    let mut clauses = prepared.clauses;
     let Statements {
         settings,
         tables,
         views,
         inserts,
         ..
-    } = collect(&statements, &mut watermarks)?;
-    no_stray_watermark(&watermarks)?;
+    } = collect(&statements, &mut clauses)?;
+    no_stray_clause(&clauses)?;
     if inserts.is_empty() {
         return Err(SqlError::new(
             Pos::START,
@@ -477,10 +484,7 @@ fn setting(set: &sqlparser::ast::Set, at: Pos) -> Result<Setting> {
     Ok((key, path, value))
 }
 
-fn create_table(
-    ct: &CreateTable,
-    watermarks: &mut Vec<WatermarkClause>,
-) -> Result<(String, Table)> {
+fn create_table(ct: &CreateTable, clauses: &mut Clauses) -> Result<(String, Table)> {
     let (name, at) = object_name(&ct.name)?;
     let end = pos(ct.span().end);
     if let Some(c) = ct.columns.first() {
@@ -532,12 +536,22 @@ fn create_table(
             format!("table `{name}` has no 'connector' option; e.g. 'connector' = 'nexmark'"),
         ));
     };
+    let watermarks = &mut clauses.watermarks;
     let mine = watermarks.iter().position(|w| w.at >= at && w.at <= end);
     let watermark = mine.map(|i| watermarks.remove(i));
     if let Some(other) = watermarks.iter().find(|w| w.at >= at && w.at <= end) {
         return Err(SqlError::new(
             other.at,
             format!("table `{name}` has more than one WATERMARK"),
+        ));
+    }
+    let proctimes = &mut clauses.proctimes;
+    let mine = proctimes.iter().position(|p| p.at >= at && p.at <= end);
+    let proctime = mine.map(|i| proctimes.remove(i).column);
+    if let Some(other) = proctimes.iter().find(|p| p.at >= at && p.at <= end) {
+        return Err(SqlError::new(
+            other.at,
+            format!("table `{name}` has more than one PROCTIME() column"),
         ));
     }
     Ok((
@@ -547,6 +561,7 @@ fn create_table(
             connector,
             options: rest,
             watermark,
+            proctime,
         },
     ))
 }
@@ -816,16 +831,18 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
                 pipeline.push(stage("dedup", seq(names, at), at));
             }
         }
-        Some(w) => {
+        Some(mut w) => {
             if distinct {
                 return Err(unsupported(at, "SELECT DISTINCT over a window aggregate"));
             }
-            if table.watermark.is_none() {
+            w.processing = table.proctime.as_deref() == Some(w.column.as_str());
+            if !w.processing && table.watermark.is_none() {
                 return Err(SqlError::new(
                     w.at,
                     format!(
                         "a window over `{source}` needs its event time: add `WATERMARK FOR \
-                         {col} AS {col} - INTERVAL '4' SECOND` to CREATE TABLE {source}",
+                         {col} AS {col} - INTERVAL '4' SECOND` to CREATE TABLE {source} (or \
+                         `p_time AS PROCTIME()` for a window in processing time over p_time)",
                         col = w.column
                     ),
                 ));
@@ -1590,6 +1607,8 @@ struct WindowCall {
     column: String,
     /// The job file's window keys (`tumbling: 10s`, ...).
     kind: Vec<(&'static str, Node)>,
+    /// Over the table's PROCTIME() column: the wall clock when a row arrives.
+    processing: bool,
 }
 
 fn window_function(e: &Expr) -> Result<WindowCall> {
@@ -1668,6 +1687,7 @@ fn window_function(e: &Expr) -> Result<WindowCall> {
         table,
         column,
         kind,
+        processing: false,
     })
 }
 
@@ -1817,7 +1837,9 @@ fn aggregate_stages(
             for (k, v) in &w.kind {
                 window.put(&[k], v.clone())?;
             }
-            if watermarked != Some(w.column.as_str()) {
+            if w.processing {
+                window.put(&["time"], scalar("processing", w.at))?;
+            } else if watermarked != Some(w.column.as_str()) {
                 window.put(&["column"], scalar(w.column.clone(), w.at))?;
             }
             item.put(&["window"], window.into_node(w.at))?;
@@ -1927,7 +1949,7 @@ fn grouped_expressions(
             note(&id.value);
         }
     }
-    if let Some(w) = w {
+    if let Some(w) = w.filter(|w| !w.processing) {
         note(&w.column);
     }
     for item in &items {

@@ -1,7 +1,8 @@
-//! The two pieces of Flink SQL that DataFusion's parser does not take, cut out of the
-//! text before it parses: `WATERMARK FOR ...` in a table's column list, and the `TABLE`
-//! keyword before a window function's table argument (`HOP(TABLE bid, ...)`). Both are
-//! blanked with spaces, so every other token keeps its line and column.
+//! The pieces of Flink SQL that DataFusion's parser does not take, cut out of the text
+//! before it parses: `WATERMARK FOR ...` and a processing-time column `p AS PROCTIME()`
+//! in a table's column list, and the `TABLE` keyword before a window function's table
+//! argument (`HOP(TABLE bid, ...)`). Each is blanked with spaces, so every other token
+//! keeps its line and column.
 
 use sqlparser::dialect::GenericDialect;
 use sqlparser::keywords::Keyword;
@@ -22,10 +23,26 @@ pub(super) struct WatermarkClause {
     pub expr_at: Pos,
 }
 
-/// The text with the clauses blanked, and the watermark clauses in text order.
+/// A computed column `column AS PROCTIME()` cut out of the text: the table's processing
+/// time, which a window may be over.
+#[derive(Debug, Clone)]
+pub(super) struct ProctimeClause {
+    /// Where the column's name was written.
+    pub at: Pos,
+    pub column: String,
+}
+
+/// The clauses cut out of a text, in text order; each CREATE TABLE takes its own.
+#[derive(Debug, Default)]
+pub(super) struct Clauses {
+    pub watermarks: Vec<WatermarkClause>,
+    pub proctimes: Vec<ProctimeClause>,
+}
+
+/// The text with the clauses blanked, and the clauses.
 pub(super) struct Prepared {
     pub sql: String,
-    pub watermarks: Vec<WatermarkClause>,
+    pub clauses: Clauses,
 }
 
 /// A position as job files report them, from a parser location (line 0: unknown).
@@ -51,6 +68,7 @@ pub(super) fn prepare(sql: &str) -> Result<Prepared> {
     let lines = LineIndex::new(sql);
     let mut blank: Vec<(usize, usize)> = Vec::new();
     let mut watermarks = Vec::new();
+    let mut proctimes = Vec::new();
     let mut i = 0;
     while i < sig.len() {
         let after_open_or_comma = i > 0 && matches!(sig[i - 1].token, Token::LParen | Token::Comma);
@@ -62,20 +80,23 @@ pub(super) fn prepare(sql: &str) -> Result<Prepared> {
             && sig.get(i + 1).is_some_and(|t| is_keyword(t, Keyword::FOR))
         {
             let (clause, end) = watermark(&sig, i, sql, &lines)?;
-            // The clause and one comma that separates it from a neighbour.
-            let mut from = lines.range(sig[i]).0;
-            let mut to = lines.range(sig[end - 1]).1;
-            if matches!(sig[i - 1].token, Token::Comma) {
-                from = lines.range(sig[i - 1]).0;
-            } else if sig
-                .get(end)
-                .is_some_and(|t| matches!(t.token, Token::Comma))
-            {
-                to = lines.range(sig[end]).1;
-            }
-            blank.push((from, to));
+            blank.push(around_commas(&sig, i, end, &lines));
             watermarks.push(clause);
             i = end;
+            continue;
+        } else if after_open_or_comma
+            && let Some(Token::Word(column)) = sig.get(i).map(|t| &t.token)
+            && sig.get(i + 1).is_some_and(|t| is_keyword(t, Keyword::AS))
+            && sig.get(i + 2).is_some_and(|t| is_word(t, "PROCTIME"))
+            && sig.get(i + 3).is_some_and(|t| t.token == Token::LParen)
+            && sig.get(i + 4).is_some_and(|t| t.token == Token::RParen)
+        {
+            proctimes.push(ProctimeClause {
+                at: pos(sig[i].span.start),
+                column: column.value.clone(),
+            });
+            blank.push(around_commas(&sig, i, i + 5, &lines));
+            i += 5;
             continue;
         }
         i += 1;
@@ -91,7 +112,34 @@ pub(super) fn prepare(sql: &str) -> Result<Prepared> {
     // Whole tokens were replaced by ASCII spaces, so the text is still UTF-8.
     let sql = String::from_utf8(bytes)
         .map_err(|_| SqlError::new(Pos::START, "the SQL text is not UTF-8".to_owned()))?;
-    Ok(Prepared { sql, watermarks })
+    Ok(Prepared {
+        sql,
+        clauses: Clauses {
+            watermarks,
+            proctimes,
+        },
+    })
+}
+
+/// The byte range of the clause `sig[i..end]` in a column list, with one comma that
+/// separates it from a neighbour.
+fn around_commas(
+    sig: &[&TokenWithSpan],
+    i: usize,
+    end: usize,
+    lines: &LineIndex,
+) -> (usize, usize) {
+    let mut from = lines.range(sig[i]).0;
+    let mut to = lines.range(sig[end - 1]).1;
+    if matches!(sig[i - 1].token, Token::Comma) {
+        from = lines.range(sig[i - 1]).0;
+    } else if sig
+        .get(end)
+        .is_some_and(|t| matches!(t.token, Token::Comma))
+    {
+        to = lines.range(sig[end]).1;
+    }
+    (from, to)
 }
 
 /// The clause starting at `sig[i]` (`WATERMARK`), and the index just past it: it ends
