@@ -141,23 +141,67 @@ fn partitioning(edge: &sluice_compute::plan::ChainEdge) -> String {
     }
 }
 
+/// A join's description; `lookup`: the table a lookup join reads.
+fn join_text(j: &pb::JoinSpec, lookup: Option<&str>) -> String {
+    let alias = |a: &str, d: &'static str| {
+        if a.is_empty() {
+            d.to_owned()
+        } else {
+            a.to_owned()
+        }
+    };
+    let (l, r) = (alias(&j.left_alias, "l"), alias(&j.right_alias, "r"));
+    let on: Vec<String> = j
+        .left_keys
+        .iter()
+        .zip(&j.right_keys)
+        .map(|(a, b)| format!("{l}.{a} = {r}.{b}"))
+        .collect();
+    let condition = j
+        .condition
+        .as_ref()
+        .map_or(String::new(), |c| format!(" AND {}", c.sql));
+    let exprs: Vec<&str> = j.exprs.iter().map(|e| e.sql.as_str()).collect();
+    let select = if exprs.is_empty() {
+        "*".to_owned()
+    } else {
+        exprs.join(", ")
+    };
+    let kind = match j.r#type() {
+        pb::JoinType::Inner => "INNER JOIN",
+        pb::JoinType::Left => "LEFT OUTER JOIN",
+        pb::JoinType::Right => "RIGHT OUTER JOIN",
+        pb::JoinType::Full => "FULL OUTER JOIN",
+    };
+    let kind = match lookup {
+        Some(table) => format!("{kind} {table} AS {r} FOR SYSTEM_TIME AS OF processing time"),
+        None => kind.to_owned(),
+    };
+    format!("{kind} ON {}{condition}: SELECT {select}", on.join(" AND "))
+}
+
+/// What a source reads.
+fn source_text(s: &pb::SourceSpec) -> String {
+    match &s.kind {
+        Some(pb::source_spec::Kind::Nexmark(n)) => {
+            let stream = pb::NexmarkStream::try_from(n.stream)
+                .map_or("?", |s| s.as_str_name())
+                .trim_start_matches("NEXMARK_STREAM_")
+                .to_ascii_lowercase();
+            format!("nexmark {stream}, {} events", n.events)
+        }
+        Some(pb::source_spec::Kind::File(f)) => format!("files {}", f.path),
+        Some(pb::source_spec::Kind::Kafka(k)) => {
+            format!("kafka topics {}", k.topics.join(", "))
+        }
+        None => "source".to_owned(),
+    }
+}
+
 fn describe(node: &pb::Node) -> String {
     use pb::node::Kind;
     match &node.kind {
-        Some(Kind::Source(s)) => match &s.kind {
-            Some(pb::source_spec::Kind::Nexmark(n)) => {
-                let stream = pb::NexmarkStream::try_from(n.stream)
-                    .map_or("?", |s| s.as_str_name())
-                    .trim_start_matches("NEXMARK_STREAM_")
-                    .to_ascii_lowercase();
-                format!("nexmark {stream}, {} events", n.events)
-            }
-            Some(pb::source_spec::Kind::File(f)) => format!("files {}", f.path),
-            Some(pb::source_spec::Kind::Kafka(k)) => {
-                format!("kafka topics {}", k.topics.join(", "))
-            }
-            None => "source".to_owned(),
-        },
+        Some(Kind::Source(s)) => source_text(s),
         Some(Kind::Filter(f)) => format!(
             "WHERE {}",
             f.predicate.as_ref().map_or("", |e| e.sql.as_str())
@@ -208,38 +252,13 @@ fn describe(node: &pb::Node) -> String {
                 order.join(", ")
             )
         }
-        Some(Kind::Join(j)) => {
-            let alias = |a: &str, d: &'static str| {
-                if a.is_empty() {
-                    d.to_owned()
-                } else {
-                    a.to_owned()
-                }
-            };
-            let (l, r) = (alias(&j.left_alias, "l"), alias(&j.right_alias, "r"));
-            let on: Vec<String> = j
-                .left_keys
-                .iter()
-                .zip(&j.right_keys)
-                .map(|(a, b)| format!("{l}.{a} = {r}.{b}"))
-                .collect();
-            let condition = j
-                .condition
-                .as_ref()
-                .map_or(String::new(), |c| format!(" AND {}", c.sql));
-            let exprs: Vec<&str> = j.exprs.iter().map(|e| e.sql.as_str()).collect();
-            let select = if exprs.is_empty() {
-                "*".to_owned()
-            } else {
-                exprs.join(", ")
-            };
-            let kind = match j.r#type() {
-                pb::JoinType::Inner => "INNER JOIN",
-                pb::JoinType::Left => "LEFT OUTER JOIN",
-                pb::JoinType::Right => "RIGHT OUTER JOIN",
-                pb::JoinType::Full => "FULL OUTER JOIN",
-            };
-            format!("{kind} ON {}{condition}: SELECT {select}", on.join(" AND "))
+        Some(Kind::Join(j)) => join_text(j, None),
+        Some(Kind::LookupJoin(j)) => {
+            let table = j.table.as_ref().map_or("?".to_owned(), source_text);
+            join_text(
+                &sluice_compute::operator::lookup_join::LookupJoinOperator::join_spec(j),
+                Some(&table),
+            )
         }
         Some(Kind::Aggregate(a)) => {
             let aggs: Vec<&str> = a.aggregates.iter().map(|e| e.sql.as_str()).collect();
@@ -292,6 +311,9 @@ fn keyed_state(node: &pb::Node, updating_input: bool) -> Option<String> {
                 j.right_keys.join(", ")
             ))
         }
+        Some(pb::node::Kind::LookupJoin(_)) => Some(
+            "none; every subtask holds the whole table in memory, read when it starts".to_owned(),
+        ),
         Some(pb::node::Kind::Aggregate(a)) => {
             let mut text = match a.key_columns.is_empty() {
                 true => "one accumulator (not keyed: one subtask)".to_owned(),

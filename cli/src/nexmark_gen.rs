@@ -22,6 +22,9 @@ pub enum Stream {
     Auction,
     /// People.
     Person,
+    /// Nexmark q13's side table: `key`, and `value` its decimal text.
+    #[value(name = "side_input")]
+    SideInput,
 }
 
 /// Output formats.
@@ -72,6 +75,7 @@ impl EventArgs {
             Stream::Bid => pb::NexmarkStream::Bid,
             Stream::Auction => pb::NexmarkStream::Auction,
             Stream::Person => pb::NexmarkStream::Person,
+            Stream::SideInput => pb::NexmarkStream::SideInput,
         });
         Ok(spec)
     }

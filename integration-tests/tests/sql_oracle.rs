@@ -23,7 +23,8 @@ WITH ('connector' = 'file', 'path' = 'BIDS', 'format' = 'csv', 'schema.auction' 
 'schema.bidder' = 'int64', 'schema.price' = 'int64', 'schema.channel' = 'string', \
 'schema.url' = 'string', 'schema.date_time' = 'timestamp', 'schema.extra' = 'string');\n";
 
-/// The auction and person tables over CSV files (joined by q3 and q20).
+/// The auction and person tables over CSV files (joined by q3 and q20), and q13's side
+/// table.
 const OTHER_TABLES: &str = "CREATE TABLE auction (WATERMARK FOR date_time AS date_time - \
 INTERVAL '4' SECOND) WITH ('connector' = 'file', 'path' = \
 'AUCTIONS', 'format' = 'csv', 'schema.id' = 'int64', 'schema.item_name' = 'string', \
@@ -34,7 +35,9 @@ CREATE TABLE person (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND)
 ('connector' = 'file', 'path' = 'PERSONS', 'format' = 'csv', \
 'schema.id' = 'int64', 'schema.name' = 'string', 'schema.email_address' = 'string', \
 'schema.credit_card' = 'string', 'schema.city' = 'string', 'schema.state' = 'string', \
-'schema.date_time' = 'timestamp', 'schema.extra' = 'string');\n";
+'schema.date_time' = 'timestamp', 'schema.extra' = 'string');\n\
+CREATE TABLE side_input WITH ('connector' = 'file', 'path' = 'SIDE', 'format' = 'csv', \
+'schema.key' = 'int64', 'schema.value' = 'string');\n";
 
 /// Each example and DuckDB's batch query for it, over views `bid`, `auction` and
 /// `person` of the same files.
@@ -207,6 +210,12 @@ const ORACLE: &[(&str, &str)] = &[
          rownum FROM auction A, bid B WHERE A.id = B.auction AND B.date_time BETWEEN \
          A.date_time AND A.expires) WHERE rownum <= 1",
     ),
+    // A lookup join: every bid with the side table's row of its key.
+    (
+        "q13-side-input-join",
+        "SELECT B.auction, B.bidder, B.price, B.date_time, S.value FROM bid B JOIN \
+         side_input S ON B.auction % 10000 = S.key",
+    ),
     // Processing-time windows: see PROCESSING_TIME.
     (
         "q12-processing-time-windows",
@@ -298,6 +307,10 @@ con.execute(
     "'expires': 'TIMESTAMP', 'seller': 'BIGINT', 'category': 'BIGINT', 'extra': 'VARCHAR'})"
 )
 con.execute(
+    "CREATE VIEW side_input AS SELECT * FROM read_csv(" + files("side_input") + ", "
+    "header = true, columns = {'key': 'BIGINT', 'value': 'VARCHAR'})"
+)
+con.execute(
     "CREATE VIEW person AS SELECT * FROM read_csv(" + files("persons") + ", header = true, "
     "columns = {'id': 'BIGINT', 'name': 'VARCHAR', 'email_address': 'VARCHAR', "
     "'credit_card': 'VARCHAR', 'city': 'VARCHAR', 'state': 'VARCHAR', "
@@ -364,6 +377,7 @@ fn generate_bids(root: &Path) -> std::path::PathBuf {
         ("bid", "bids", EVENTS),
         ("auction", "auctions", AUCTIONS),
         ("person", "persons", PERSONS),
+        ("side_input", "side_input", SIDE_INPUT),
     ] {
         run_sluice(
             &[
@@ -396,6 +410,8 @@ fn generate_bids(root: &Path) -> std::path::PathBuf {
 const EVENTS: u64 = 60_000;
 const AUCTIONS: u64 = 3_900;
 const PERSONS: u64 = 1_300;
+/// Rows of q13's side table.
+const SIDE_INPUT: u64 = 10_000;
 
 /// The tables of every oracle job: bids, auctions and persons over the CSV files.
 fn file_tables(root: &Path) -> String {
@@ -406,6 +422,7 @@ fn file_tables(root: &Path) -> String {
         OTHER_TABLES
             .replace("AUCTIONS", &dir("auctions"))
             .replace("PERSONS", &dir("persons"))
+            .replace("SIDE", &dir("side_input"))
     )
 }
 
@@ -415,7 +432,8 @@ fn remote_job_head() -> String {
     format!(
         "SET 'parallelism.default' = '2';\nSET 'state.backend' = 'remote';\n\
          SET 'state.shards' = '4';\nSET 'execution.checkpointing.interval' = '300ms';\n\
-         CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
+         CREATE TABLE bid (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND, \
+         p_time AS PROCTIME()) \
          WITH ('connector' = 'nexmark', 'stream' = 'bid', 'events' = '{EVENTS}', \
          'seed' = '7', 'max_out_of_orderness' = '2s', 'max_events_per_second' = '12000');\n\
          CREATE TABLE auction (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
@@ -425,7 +443,9 @@ fn remote_job_head() -> String {
          CREATE TABLE person (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
          WITH ('connector' = 'nexmark', 'stream' = 'person', \
          'events' = '{PERSONS}', 'seed' = '7', 'max_out_of_orderness' = '2s', \
-         'max_events_per_second' = '260');\n"
+         'max_events_per_second' = '260');\n\
+         CREATE TABLE side_input WITH ('connector' = 'nexmark', 'stream' = 'side_input', \
+         'events' = '{SIDE_INPUT}');\n"
     )
 }
 
@@ -517,6 +537,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q3-local-item-suggestion",
         "q4-average-price-per-category",
         "q9-winning-bids",
+        "q13-side-input-join",
         "q7-highest-bid-join",
         "q8-new-users",
         "q20-expanded-bid",

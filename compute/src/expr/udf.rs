@@ -119,6 +119,14 @@ fn builtins() -> Vec<ScalarUDF> {
         ),
         // HOUR(timestamp): the hour of the day, 0 to 23.
         scalar_function("hour", vec![ts], DataType::Int64, hour),
+        // MOD(a, b): the remainder of a / b with a's sign (SQL's and Java's `%`); null
+        // when b is 0.
+        scalar_function(
+            "mod",
+            vec![DataType::Int64, DataType::Int64],
+            DataType::Int64,
+            modulo,
+        ),
     ]
 }
 
@@ -195,6 +203,22 @@ fn hour(args: &[ArrayRef]) -> Result<ArrayRef, String> {
         .map(|t| t.map(|ms| ms.rem_euclid(86_400_000) / 3_600_000))
         .collect();
     Ok(Arc::new(hours))
+}
+
+fn modulo(args: &[ArrayRef]) -> Result<ArrayRef, String> {
+    let (a, b) = (
+        args[0].as_primitive::<Int64Type>(),
+        args[1].as_primitive::<Int64Type>(),
+    );
+    let out: arrow::array::Int64Array = a
+        .iter()
+        .zip(b.iter())
+        .map(|(a, b)| match (a, b) {
+            (Some(a), Some(b)) => a.checked_rem(b),
+            _ => None,
+        })
+        .collect();
+    Ok(Arc::new(out))
 }
 
 /// A Java date pattern (`yyyy-MM-dd HH:mm:ss.SSS`) as strftime, refusing letters it
@@ -287,6 +311,18 @@ mod tests {
         assert_eq!(texts(&out), vec![Some("7".into()), None, None]);
         let bad = regexp_extract(&[strings(&[Some("a")]), strings(&[Some("(")]), ints(1, 1)]);
         assert!(bad.unwrap_err().contains("bad regular expression"));
+    }
+
+    #[test]
+    fn mod_keeps_the_dividends_sign_and_is_null_for_zero() {
+        let a: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![7, -7, 5, 3]));
+        let b: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![3, 3, 0, i64::MAX]));
+        let got = modulo(&[a, b]).unwrap();
+        let got = got.as_primitive::<Int64Type>();
+        assert_eq!(
+            got.iter().collect::<Vec<_>>(),
+            vec![Some(1), Some(-1), None, Some(3)]
+        );
     }
 
     #[test]

@@ -586,27 +586,56 @@ impl JoinOperator {
             ));
         }
         for (kind, pairs) in parts {
-            let rows = pairs.num_rows();
-            let mut columns = Vec::with_capacity(self.schema.fields().len());
-            if self.preserve.contains(&true) {
-                columns.push(changelog::op_array(&vec![kind; rows]));
-            }
-            match &self.exprs {
-                None => columns.extend(pairs.columns().iter().cloned()),
-                Some(exprs) => {
-                    for e in exprs {
-                        columns.push(e.evaluate(&pairs)?);
-                    }
-                }
-            }
-            let options = RecordBatchOptions::new().with_row_count(Some(rows));
-            out.batch(RecordBatch::try_new_with_options(
-                self.schema.clone(),
-                columns,
-                &options,
-            )?);
+            out.batch(self.output_of(kind, &pairs)?);
         }
         Ok(())
+    }
+
+    /// The output rows of `pairs`: the change kind (an outer join's) and the output
+    /// columns.
+    fn output_of(&self, kind: RowKind, pairs: &RecordBatch) -> Result<RecordBatch> {
+        let rows = pairs.num_rows();
+        let mut columns = Vec::with_capacity(self.schema.fields().len());
+        if self.preserve.contains(&true) {
+            columns.push(changelog::op_array(&vec![kind; rows]));
+        }
+        match &self.exprs {
+            None => columns.extend(pairs.columns().iter().cloned()),
+            Some(exprs) => {
+                for e in exprs {
+                    columns.push(e.evaluate(pairs)?);
+                }
+            }
+        }
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
+        Ok(RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &options,
+        )?)
+    }
+
+    /// Side `side`'s key encoder and row format (a lookup join keeps its table's rows
+    /// in the right side's).
+    pub(crate) fn side_codecs(&self, side: usize) -> (&KeyEncoder, &RowConverter) {
+        (&self.sides[side].keys, &self.sides[side].rows)
+    }
+
+    /// The output of an inner join's pairs: left rows `this` of `batch` with the right
+    /// rows `other` (in the right side's row format), the condition applied.
+    pub(crate) fn inner_pairs(
+        &self,
+        batch: &RecordBatch,
+        this: Vec<u32>,
+        other: &[Bytes],
+    ) -> Result<RecordBatch> {
+        let n = this.len();
+        let mut pairs = self.pair_batch(0, batch, Some(this), Some(other), n)?;
+        if let Some(c) = &self.condition {
+            let keep = c.evaluate(&pairs)?;
+            pairs = filter_record_batch(&pairs, keep.as_boolean())?;
+        }
+        self.output_of(RowKind::Insert, &pairs)
     }
 
     /// `n` pairs: this side's rows of `batch` at `this` (`None`: nulls), with the other
@@ -675,7 +704,7 @@ fn is_bare_column(sql: &str) -> bool {
 }
 
 /// Per row, whether any of its key columns is null (`None`: no key column has nulls).
-fn key_nulls(batch: &RecordBatch, keys: &KeyEncoder) -> Result<Option<Vec<bool>>> {
+pub(crate) fn key_nulls(batch: &RecordBatch, keys: &KeyEncoder) -> Result<Option<Vec<bool>>> {
     let mut nulls: Option<Vec<bool>> = None;
     for f in keys.fields() {
         let column = batch.column(batch.schema().index_of(f.name())?);

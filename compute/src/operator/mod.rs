@@ -27,6 +27,7 @@ pub mod aggregate;
 pub mod dedup;
 pub mod filter;
 pub mod join;
+pub mod lookup_join;
 pub mod select;
 pub mod sink;
 pub mod top_n;

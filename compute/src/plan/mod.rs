@@ -28,6 +28,7 @@ use crate::operator::aggregate::AggregateOperator;
 use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
 use crate::operator::join::{JoinOperator, side_wildcard};
+use crate::operator::lookup_join::LookupJoinOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::top_n::TopNOperator;
 use crate::operator::window::{WindowCounters, WindowOperator};
@@ -284,7 +285,17 @@ fn input_needs(
             let pred = f.predicate.as_ref().map(|e| e.sql.as_str());
             refs(&mut pred.into_iter())?.union(output_needs(plan, id, consumers, compiler, memo)?)
         }
-        Some(pb::node::Kind::Select(s)) => refs(&mut s.exprs.iter().map(|e| e.sql.as_str()))?,
+        Some(pb::node::Kind::Select(s)) => {
+            let (stars, items): (Vec<&pb::Expr>, Vec<&pb::Expr>) =
+                s.exprs.iter().partition(|e| wildcard(&e.sql).is_some());
+            let needs = refs(&mut items.iter().map(|e| e.sql.as_str()))?;
+            if stars.is_empty() {
+                needs
+            } else {
+                // `*` passes its columns on under their names: what the readers need.
+                needs.union(output_needs(plan, id, consumers, compiler, memo)?)
+            }
+        }
         Some(pb::node::Kind::Window(w)) => {
             let mut needs = refs(&mut w.aggregates.iter().map(|e| e.sql.as_str()))?;
             let mut own: BTreeSet<String> = w.key_columns.iter().cloned().collect();
@@ -299,6 +310,14 @@ fn input_needs(
         Some(pb::node::Kind::Aggregate(a)) => {
             refs(&mut a.aggregates.iter().map(|e| e.sql.as_str()))?
                 .union(Needs::Columns(a.key_columns.iter().cloned().collect()))
+        }
+        Some(pb::node::Kind::LookupJoin(j)) => {
+            let table = plan.right_input_schema(id)?;
+            let join = LookupJoinOperator::join_spec(j);
+            match JoinOperator::input_columns(&join, &input, &table, compiler, 0)? {
+                Some(columns) => Needs::Columns(columns),
+                None => Needs::All,
+            }
         }
         _ => Needs::All,
     };
@@ -514,6 +533,33 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 right_inputs.insert(id, right);
                 op.schema()
             }
+            pb::node::Kind::LookupJoin(spec) => {
+                let Some(table_spec) = &spec.table else {
+                    return Err(at(plan_err("a lookup join needs its table")));
+                };
+                // Every subtask reads the table to its end before its first row.
+                let unbounded = match &table_spec.kind {
+                    Some(pb::source_spec::Kind::Nexmark(n)) => n.events == 0,
+                    Some(pb::source_spec::Kind::File(_)) => false,
+                    Some(pb::source_spec::Kind::Kafka(_)) | None => true,
+                };
+                if unbounded {
+                    return Err(at(plan_err(
+                        "a lookup join's table must be bounded (files, or a generator with \
+                         `events`): every subtask reads it whole before joining",
+                    )));
+                }
+                let table = connectors.source_schema(table_spec).await.map_err(at)?;
+                let join = LookupJoinOperator::join_spec(spec);
+                for e in spec.condition.iter().chain(&spec.exprs) {
+                    JoinOperator::check_expr(&join, &input, &table, &compiler, &e.sql)
+                        .map_err(|err| locate(&graph, e.location.as_ref(), "join", err))?;
+                }
+                let op = LookupJoinOperator::build(spec, &input, &table, &compiler).map_err(at)?;
+                inputs.insert(id, input);
+                right_inputs.insert(id, table);
+                op.schema()
+            }
             pb::node::Kind::Sink(_) => {
                 inputs.insert(id, input.clone());
                 input
@@ -639,6 +685,10 @@ fn check_updating_input(kind: &pb::node::Kind) -> Result<()> {
         }
         pb::node::Kind::Join(_) => {
             "a join needs append-only inputs, but its left input reads an updating result \
+             (an unbounded GROUP BY's or a Top-N's changelog)"
+        }
+        pb::node::Kind::LookupJoin(_) => {
+            "a lookup join needs append-only input, but this one reads an updating result \
              (an unbounded GROUP BY's or a Top-N's changelog)"
         }
         pb::node::Kind::Source(_) => return Ok(()),

@@ -32,6 +32,7 @@ use crate::operator::aggregate::AggregateOperator;
 use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
 use crate::operator::join::JoinOperator;
+use crate::operator::lookup_join::LookupJoinOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::sink::SinkOperator;
 use crate::operator::top_n::TopNOperator;
@@ -698,6 +699,25 @@ async fn build_operator(
         Some(pb::node::Kind::Join(spec)) => {
             let right = plan.right_input_schema(node.id)?;
             Box::new(JoinOperator::build(spec, &input, &right, compiler)?)
+        }
+        Some(pb::node::Kind::LookupJoin(spec)) => {
+            let table = plan.right_input_schema(node.id)?;
+            let mut op = LookupJoinOperator::build(spec, &input, &table, compiler)?;
+            let Some(table_spec) = &spec.table else {
+                return Err(Error::Internal("a lookup join without its table".into()));
+            };
+            // The whole table, whatever this subtask's index: one reader of every split.
+            let whole = SubtaskInfo {
+                index: 0,
+                parallelism: 1,
+                fence: 0,
+            };
+            let mut reader = plan.connectors.create_source(table_spec, whole).await?;
+            while let Some(b) = reader.next_batch().await? {
+                op.load(&b.batch)?;
+            }
+            tracing::debug!(node = %node.name, rows = op.table_rows(), "lookup join table read");
+            Box::new(op)
         }
         Some(pb::node::Kind::Sink(spec)) => {
             let writer = plan.connectors.create_sink(spec, input, info).await?;

@@ -85,6 +85,7 @@ impl Generator {
             pb::NexmarkStream::Bid => self.bids(indices, count),
             pb::NexmarkStream::Auction => self.auctions(indices, count),
             pb::NexmarkStream::Person => self.persons(indices, count),
+            pb::NexmarkStream::SideInput => side_input(indices, count),
         };
         RecordBatch::try_new(self.schema.clone(), columns)
             .expect("generated columns match the Nexmark schema")
@@ -310,6 +311,17 @@ fn extra_string<'a>(scratch: &'a mut String, rng: &mut Rng) -> &'a str {
     let len = 1 + rng.below(10) as usize;
     push_letters(scratch, rng, len);
     scratch
+}
+
+/// Rows `indices` of q13's side table: each key with its decimal text.
+fn side_input(indices: impl Iterator<Item = u64>, count: usize) -> Vec<ArrayRef> {
+    let mut key = Vec::with_capacity(count);
+    let mut value = StringBuilder::with_capacity(count, count * 5);
+    for k in indices {
+        key.push(k as i64);
+        value.append_value(k.to_string());
+    }
+    vec![Arc::new(Int64Array::from(key)), Arc::new(value.finish())]
 }
 
 #[cfg(test)]

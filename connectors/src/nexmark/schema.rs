@@ -1,4 +1,4 @@
-//! The Arrow schemas of the three Nexmark streams.
+//! The Arrow schemas of the three Nexmark streams, and of q13's side table.
 
 use std::sync::{Arc, LazyLock};
 
@@ -48,11 +48,19 @@ static PERSON: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
+static SIDE_INPUT: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("key", DataType::Int64, false),
+        Field::new("value", DataType::Utf8, false),
+    ]))
+});
+
 /// The schema of `stream`'s records.
 pub fn schema(stream: pb::NexmarkStream) -> SchemaRef {
     match stream {
         pb::NexmarkStream::Bid => BID.clone(),
         pb::NexmarkStream::Auction => AUCTION.clone(),
         pb::NexmarkStream::Person => PERSON.clone(),
+        pb::NexmarkStream::SideInput => SIDE_INPUT.clone(),
     }
 }

@@ -147,6 +147,7 @@ fn nexmark(node: &Node, path: &str) -> Result<pb::NexmarkSource> {
         ("bid", pb::NexmarkStream::Bid),
         ("auction", pb::NexmarkStream::Auction),
         ("person", pb::NexmarkStream::Person),
+        ("side_input", pb::NexmarkStream::SideInput),
     ];
     let stream = fields
         .opt("stream", |node, path| choice(node, path, &streams))?

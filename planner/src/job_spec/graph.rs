@@ -154,6 +154,16 @@ fn add_stages(
                 graph.connect_input(right, node, pb::Partitioning::Hash, right_keys, 1);
                 (node, pb::Partitioning::Hash, left_keys)
             }
+            Operator::LookupJoin(spec) => {
+                let p = upstream.parallelism;
+                let node = graph.add_node(
+                    "lookup_join",
+                    p,
+                    stage.at,
+                    pb::node::Kind::LookupJoin(*spec),
+                );
+                (node, pointwise(upstream.parallelism, p), Vec::new())
+            }
             Operator::TopN(top) => {
                 let p = if top.partition_columns.is_empty() {
                     1

@@ -19,7 +19,25 @@ use super::spec::{JoinStage, Operator, Stage, WindowStage};
 use sluice_common::pb;
 
 const OPERATORS: &[&str] = &[
-    "filter", "select", "key_by", "window", "dedup", "group_by", "top_n", "join",
+    "filter",
+    "select",
+    "key_by",
+    "window",
+    "dedup",
+    "group_by",
+    "top_n",
+    "join",
+    "lookup_join",
+];
+/// Keys of a `lookup_join` item's mapping.
+const LOOKUP_JOIN_KEYS: &[&str] = &[
+    "table",
+    "left_keys",
+    "table_keys",
+    "left_alias",
+    "table_alias",
+    "condition",
+    "select",
 ];
 /// Keys of a `join` item's mapping.
 const JOIN_KEYS: &[&str] = &[
@@ -89,6 +107,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
             "group_by" => &["group_by", "aggregate"],
             "top_n" => &["top_n"],
             "join" => &["join"],
+            "lookup_join" => &["lookup_join"],
             _ => &["key_by"],
         };
         let fields = Fields::new(item, &path, allowed)?;
@@ -109,6 +128,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
             }),
             "top_n" => top_n(value, &op_path)?,
             "join" => join(value, &op_path)?,
+            "lookup_join" => lookup_join(value, &op_path)?,
             "group_by" => {
                 let aggregate = fields.require(
                     "aggregate",
@@ -463,6 +483,58 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
         source,
         source_at: source_entry.key.pos,
         pipeline,
+    })))
+}
+
+/// `lookup_join: { table: { file: {...} }, left_keys: [a], table_keys: [k], left_alias: l,
+/// table_alias: t, condition: "...", select: [...] }`.
+fn lookup_join(node: &Node, path: &str) -> Result<Operator> {
+    let fields = Fields::new(node, path, LOOKUP_JOIN_KEYS)?;
+    let table = fields.require(
+        "table",
+        " (the bounded table each row looks up, e.g. `table: { file: { path: side.csv } }`)",
+    )?;
+    let table = connector::source(table.value, &fields.path_of("table"))?;
+    let keys = |name: &str| -> Result<Vec<String>> {
+        let entry = fields.require(name, " (the columns the input and the table are equal on)")?;
+        Ok(string_list(entry.value, &fields.path_of(name), true)?
+            .into_iter()
+            .map(|(column, _)| column)
+            .collect())
+    };
+    let left_keys = keys("left_keys")?;
+    let table_keys = keys("table_keys")?;
+    if left_keys.len() != table_keys.len() {
+        let entry = fields.require("table_keys", "")?;
+        return Err(PosError::new(
+            entry.value.pos,
+            format!(
+                "`{path}` has {} left and {} table key columns; each left key is equal to \
+                 the table key at its position",
+                left_keys.len(),
+                table_keys.len()
+            ),
+        ));
+    }
+    let condition = match fields.get("condition") {
+        Some(entry) => Some(expr(
+            string(entry.value, &fields.path_of("condition"))?,
+            entry.value.pos,
+        )),
+        None => None,
+    };
+    let exprs = match fields.get("select") {
+        Some(entry) => exprs(string_list(entry.value, &fields.path_of("select"), false)?),
+        None => Vec::new(),
+    };
+    Ok(Operator::LookupJoin(Box::new(pb::LookupJoinSpec {
+        table: Some(table),
+        left_alias: fields.opt("left_alias", string)?.unwrap_or_default(),
+        table_alias: fields.opt("table_alias", string)?.unwrap_or_default(),
+        left_keys,
+        table_keys,
+        condition,
+        exprs,
     })))
 }
 

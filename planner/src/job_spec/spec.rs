@@ -44,6 +44,8 @@ pub(super) enum Operator {
     TopN(pb::TopNSpec),
     /// A join of the pipeline so far (left) with another input (right).
     Join(Box<JoinStage>),
+    /// A join of the pipeline so far with a bounded table every subtask reads whole.
+    LookupJoin(Box<pb::LookupJoinSpec>),
 }
 
 /// A `join` item: the join, and the right input's own source and pipeline.

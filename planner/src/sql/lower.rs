@@ -18,7 +18,7 @@ use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::{Parser, ParserError};
 
 use super::SETTINGS;
-use super::text::{self, Clauses, WatermarkClause, pos};
+use super::text::{self, AsOfClause, Clauses, WatermarkClause, pos};
 use crate::job_spec::{Node, Pos, Value};
 
 /// A mistake at a position in the SQL text; the caller adds the file name.
@@ -204,6 +204,7 @@ pub(super) fn job_trees(file: &str, text: &str) -> Result<Vec<InsertTree>> {
         tables,
         views,
         join_ttl,
+        as_of: std::mem::take(&mut clauses.as_of),
     };
     inserts
         .into_iter()
@@ -615,6 +616,20 @@ struct Catalog<'a> {
     views: HashMap<String, &'a Query>,
     /// `table.exec.state.ttl`, given to every join.
     join_ttl: Option<Node>,
+    /// The `FOR SYSTEM_TIME AS OF` clauses of the text: each belongs to the table whose
+    /// name starts at its `table_at`.
+    as_of: Vec<AsOfClause>,
+}
+
+impl Catalog<'_> {
+    /// The `FOR SYSTEM_TIME AS OF` written after the table `factor` names, if any.
+    fn as_of_of(&self, factor: &TableFactor) -> Option<&AsOfClause> {
+        let TableFactor::Table { name, .. } = factor else {
+            return None;
+        };
+        let at = name.0.last().map(|p| pos(p.span().start))?;
+        self.as_of.iter().find(|c| c.table_at == at)
+    }
 }
 
 /// Views and subqueries nest no deeper (a view that reads itself ends here).
@@ -745,6 +760,13 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
         }
         (None, None) => return Err(SqlError::new(at, "a SELECT without FROM".to_owned())),
         (None, Some(from)) => {
+            if let Some(c) = catalog.as_of_of(&from.relation) {
+                return Err(SqlError::new(
+                    c.at,
+                    "FOR SYSTEM_TIME AS OF belongs to the table a join looks up, on its right"
+                        .to_owned(),
+                ));
+            }
             if let Some(name) = table_name(&from.relation) {
                 // `q.col` over a single FROM item named q is its column `col`.
                 unqualify_all(&name, &mut items, &mut group_by, &mut selection);
@@ -1001,6 +1023,15 @@ fn lower_join(
     depth: usize,
 ) -> Result<Lowered> {
     let join_at = join.at;
+    if let Some(c) = catalog.as_of_of(join.left) {
+        return Err(SqlError::new(
+            c.at,
+            "FOR SYSTEM_TIME AS OF belongs to the table a join looks up, on its right".to_owned(),
+        ));
+    }
+    if let Some(as_of) = catalog.as_of_of(join.right) {
+        return lower_lookup_join(join, as_of, output, selection, catalog, at, depth);
+    }
     let (left, left_alias) = join_input(join.left, catalog, at, depth)?;
     let (right, right_alias) = join_input(join.right, catalog, at, depth)?;
     if left_alias.eq_ignore_ascii_case(&right_alias) {
@@ -1112,6 +1143,173 @@ fn lower_join(
         spec.put(&["ttl"], ttl.clone())?;
     }
     left_pipeline.push(stage("join", spec.into_node(join_at), join_at));
+    Ok(Lowered {
+        source: left.source,
+        pipeline: left_pipeline,
+        rank: None,
+    })
+}
+
+/// A processing-time temporal join (`JOIN t FOR SYSTEM_TIME AS OF l.p_time AS s ON
+/// f(l.x) = s.k`): a `lookup_join` stage after the left input, which reads the table `t`
+/// whole. Each key equality may compute its left side (a select ahead of the join adds
+/// the value as a column); other conjuncts on the left side alone filter it first, the
+/// rest are the join's condition.
+fn lower_lookup_join(
+    join: &JoinFrom<'_>,
+    as_of: &AsOfClause,
+    output: JoinOutput<'_>,
+    selection: Option<&Expr>,
+    catalog: &Catalog<'_>,
+    at: Pos,
+    depth: usize,
+) -> Result<Lowered> {
+    let join_at = join.at;
+    if join.kind != "inner" {
+        return Err(unsupported(
+            join_at,
+            "an outer join with FOR SYSTEM_TIME AS OF; write an inner JOIN",
+        ));
+    }
+    let (left, left_alias) = join_input(join.left, catalog, at, depth)?;
+    let TableFactor::Table {
+        name,
+        alias,
+        args: None,
+        ..
+    } = join.right
+    else {
+        return Err(unsupported(
+            as_of.at,
+            "FOR SYSTEM_TIME AS OF after this FROM item",
+        ));
+    };
+    let (table_name, name_at) = object_name(name)?;
+    let Some(table) = catalog.tables.get(&table_name) else {
+        if catalog.views.contains_key(&table_name) {
+            return Err(SqlError::new(
+                name_at,
+                format!(
+                    "`{table_name}` is a view; FOR SYSTEM_TIME AS OF looks up a table \
+                     created WITH a bounded connector"
+                ),
+            ));
+        }
+        return Err(catalog.unknown(&table_name, name_at));
+    };
+    let table_alias = alias
+        .as_ref()
+        .map_or(table_name.clone(), |a| a.name.value.clone());
+    let aliases = [left_alias.as_str(), table_alias.as_str()];
+    // AS OF the left side's processing time: the table as it is when a row arrives.
+    let proctime = catalog.tables[&left.source].proctime.as_deref();
+    let column = match as_of.column.as_slice() {
+        [t, c] if t.eq_ignore_ascii_case(&left_alias) => Some(c.as_str()),
+        [c] => Some(c.as_str()),
+        _ => None,
+    };
+    if column.is_none() || column != proctime {
+        return Err(SqlError::new(
+            as_of.column_at,
+            format!(
+                "FOR SYSTEM_TIME AS OF takes `{left_alias}`'s processing-time column (declared \
+                 `p_time AS PROCTIME()` in its CREATE TABLE), found `{}`; temporal joins in \
+                 event time are not supported yet",
+                as_of.column.join(".")
+            ),
+        ));
+    }
+    let mut conjuncts = Vec::new();
+    if let Some(on) = join.on {
+        split_and(on, &mut conjuncts);
+    }
+    if let Some(w) = selection {
+        split_and(w, &mut conjuncts);
+    }
+    let (mut left_keys, mut table_keys, mut computed, mut rest) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut left_pipeline = left.pipeline;
+    for c in conjuncts {
+        if let Expr::BinaryOp {
+            left: a,
+            op: BinaryOperator::Eq,
+            right: b,
+        } = &c
+        {
+            let pair = match (side_column(a, aliases), side_column(b, aliases)) {
+                (_, Some((1, t))) if one_side(a, aliases) == Some(0) => Some((a, t)),
+                (Some((1, t)), _) if one_side(b, aliases) == Some(0) => Some((b, t)),
+                _ => None,
+            };
+            if let Some((l, t)) = pair {
+                let key = match side_column(l, aliases) {
+                    Some((0, (column, p))) => (column, p),
+                    _ => {
+                        let name = format!("sluice_lookup_key_{}", computed.len());
+                        let mut value = l.as_ref().clone();
+                        unqualify(&mut value, aliases[0]);
+                        let p = located(l, join_at);
+                        computed.push(scalar_quoted(format!("{value} AS {name}"), p));
+                        (name, p)
+                    }
+                };
+                left_keys.push(key);
+                table_keys.push(t);
+                continue;
+            }
+        }
+        match one_side(&c, aliases) {
+            Some(0) => {
+                let mut unqualified = c;
+                unqualify(&mut unqualified, aliases[0]);
+                left_pipeline.push(stage("filter", expr_node(&unqualified, at), at));
+            }
+            _ => rest.push(c),
+        }
+    }
+    if left_keys.is_empty() {
+        return Err(SqlError::new(
+            join.on.map_or(join_at, |on| located(on, join_at)),
+            format!(
+                "a lookup join needs an equality between the table's column and a value of \
+                 the other side (`{table_alias}.k = {left_alias}.k`)"
+            ),
+        ));
+    }
+    if !computed.is_empty() {
+        let items = std::iter::once(scalar_quoted("*".to_owned(), join_at))
+            .chain(computed)
+            .collect();
+        left_pipeline.push(stage("select", seq(items, join_at), join_at));
+    }
+    let (source, _) = source_nodes(table)?;
+    let mut spec = Section::default();
+    spec.put(&["table"], source)?;
+    let names = |keys: Vec<(String, Pos)>| {
+        let items = keys.into_iter().map(|(k, p)| scalar(k, p)).collect();
+        seq(items, join_at)
+    };
+    spec.put(&["left_keys"], names(left_keys))?;
+    spec.put(&["table_keys"], names(table_keys))?;
+    spec.put(&["left_alias"], scalar(left_alias, join_at))?;
+    spec.put(&["table_alias"], scalar(table_alias, join_at))?;
+    if let Some(condition) = rest.into_iter().reduce(|a, b| Expr::BinaryOp {
+        left: Box::new(a),
+        op: BinaryOperator::And,
+        right: Box::new(b),
+    }) {
+        spec.put(&["condition"], expr_node(&condition, join_at))?;
+    }
+    let select = match output {
+        JoinOutput::Items(items) => projection(items, at)?,
+        JoinOutput::Columns(columns) => {
+            Some(columns.into_iter().map(|c| scalar_quoted(c, at)).collect())
+        }
+    };
+    if let Some(items) = select {
+        spec.put(&["select"], seq(items, at))?;
+    }
+    left_pipeline.push(stage("lookup_join", spec.into_node(join_at), join_at));
     Ok(Lowered {
         source: left.source,
         pipeline: left_pipeline,

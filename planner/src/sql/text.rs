@@ -1,7 +1,8 @@
 //! The pieces of Flink SQL that DataFusion's parser does not take, cut out of the text
 //! before it parses: `WATERMARK FOR ...` and a processing-time column `p AS PROCTIME()`
-//! in a table's column list, and the `TABLE` keyword before a window function's table
-//! argument (`HOP(TABLE bid, ...)`). Each is blanked with spaces, so every other token
+//! in a table's column list, `FOR SYSTEM_TIME AS OF l.p_time` after a joined table,
+//! and the `TABLE` keyword before a window function's table argument
+//! (`HOP(TABLE bid, ...)`). Each is blanked with spaces, so every other token
 //! keeps its line and column.
 
 use sqlparser::dialect::GenericDialect;
@@ -32,11 +33,26 @@ pub(super) struct ProctimeClause {
     pub column: String,
 }
 
+/// `FOR SYSTEM_TIME AS OF column` cut out of the text after a joined table: a temporal
+/// join's time.
+#[derive(Debug, Clone)]
+pub(super) struct AsOfClause {
+    /// Where `FOR` was written.
+    pub at: Pos,
+    /// The column, as written (`b.p_time`: `["b", "p_time"]`).
+    pub column: Vec<String>,
+    /// Where the column starts.
+    pub column_at: Pos,
+    /// Where the name of the table it follows starts.
+    pub table_at: Pos,
+}
+
 /// The clauses cut out of a text, in text order; each CREATE TABLE takes its own.
 #[derive(Debug, Default)]
 pub(super) struct Clauses {
     pub watermarks: Vec<WatermarkClause>,
     pub proctimes: Vec<ProctimeClause>,
+    pub as_of: Vec<AsOfClause>,
 }
 
 /// The text with the clauses blanked, and the clauses.
@@ -69,6 +85,7 @@ pub(super) fn prepare(sql: &str) -> Result<Prepared> {
     let mut blank: Vec<(usize, usize)> = Vec::new();
     let mut watermarks = Vec::new();
     let mut proctimes = Vec::new();
+    let mut as_of_clauses = Vec::new();
     let mut i = 0;
     while i < sig.len() {
         let after_open_or_comma = i > 0 && matches!(sig[i - 1].token, Token::LParen | Token::Comma);
@@ -82,6 +99,15 @@ pub(super) fn prepare(sql: &str) -> Result<Prepared> {
             let (clause, end) = watermark(&sig, i, sql, &lines)?;
             blank.push(around_commas(&sig, i, end, &lines));
             watermarks.push(clause);
+            i = end;
+            continue;
+        } else if i > 0
+            && is_keyword(sig[i], Keyword::FOR)
+            && sig.get(i + 1).is_some_and(|t| is_word(t, "SYSTEM_TIME"))
+        {
+            let (clause, end) = as_of(&sig, i)?;
+            blank.push((lines.range(sig[i]).0, lines.range(sig[end - 1]).1));
+            as_of_clauses.push(clause);
             i = end;
             continue;
         } else if after_open_or_comma
@@ -117,8 +143,50 @@ pub(super) fn prepare(sql: &str) -> Result<Prepared> {
         clauses: Clauses {
             watermarks,
             proctimes,
+            as_of: as_of_clauses,
         },
     })
+}
+
+/// The clause starting at `sig[i]` (`FOR SYSTEM_TIME AS OF col`), and the index just
+/// past it.
+fn as_of(sig: &[&TokenWithSpan], i: usize) -> Result<(AsOfClause, usize)> {
+    let at = pos(sig[i].span.start);
+    let expected = || {
+        SqlError::new(
+            at,
+            "expected `FOR SYSTEM_TIME AS OF alias.column`, the processing-time column of \
+             the join's other side"
+                .to_owned(),
+        )
+    };
+    if !(sig.get(i + 2).is_some_and(|t| is_keyword(t, Keyword::AS))
+        && sig.get(i + 3).is_some_and(|t| is_word(t, "OF")))
+    {
+        return Err(expected());
+    }
+    let mut end = i + 4;
+    let mut column = Vec::new();
+    loop {
+        match sig.get(end).map(|t| &t.token) {
+            Some(Token::Word(w)) => column.push(w.value.clone()),
+            _ => return Err(expected()),
+        }
+        end += 1;
+        if sig.get(end).is_none_or(|t| t.token != Token::Period) {
+            break;
+        }
+        end += 1;
+    }
+    Ok((
+        AsOfClause {
+            at,
+            column,
+            column_at: pos(sig[i + 4].span.start),
+            table_at: pos(sig[i - 1].span.start),
+        },
+        end,
+    ))
 }
 
 /// The byte range of the clause `sig[i..end]` in a column list, with one comma that
