@@ -271,6 +271,11 @@ fn describe(node: &pb::Node) -> String {
         Some(Kind::Sink(s)) => match &s.kind {
             Some(pb::sink_spec::Kind::Stdout(_)) => "stdout".to_owned(),
             Some(pb::sink_spec::Kind::Blackhole(_)) => "blackhole".to_owned(),
+            Some(pb::sink_spec::Kind::File(f)) if !f.partition_by.is_empty() => format!(
+                "files {}, a directory per [{}]",
+                f.path,
+                f.partition_by.join(", ")
+            ),
             Some(pb::sink_spec::Kind::File(f)) => format!("files {}", f.path),
             Some(pb::sink_spec::Kind::Kafka(k)) => format!("kafka topic {}", k.topic),
             None => "sink".to_owned(),

@@ -112,7 +112,10 @@ impl Connectors for Builtin {
                 delay_per_batch: std::time::Duration::from_millis(b.delay_per_batch_ms),
             })),
             Some(pb::sink_spec::Kind::File(f)) => {
-                let writer = Box::new(file::FileWriter::create(f, schema, subtask).await?);
+                let writer: Box<dyn SinkWriter> = match f.partition_by.is_empty() {
+                    true => Box::new(file::FileWriter::create(f, schema, subtask).await?),
+                    false => Box::new(file::PartitionedWriter::create(f, schema, subtask)?),
+                };
                 Ok(match f.delay_per_batch_ms {
                     0 => writer,
                     ms => Box::new(blackhole::DelayedWriter {

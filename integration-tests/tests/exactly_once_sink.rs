@@ -167,6 +167,7 @@ impl S3 {
             format: format as i32,
             store: Some(self.config()),
             delay_per_batch_ms: 0,
+            partition_by: Vec::new(),
         };
         FileWriter::create(
             &spec,

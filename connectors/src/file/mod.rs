@@ -5,7 +5,8 @@
 //! [`dead_letter`]), reading a subtask's files ([`source`]) and writing its part files
 //! ([`sink`]), committed in two phases when the job checkpoints: part names and stages
 //! ([`part_name`]), the directory's atomic moves ([`part_dir`]) and recovery's decisions
-//! ([`recovery`]). It must not know how a path becomes a store (that is
+//! ([`recovery`]); a partitioned sink writes a directory per partition value
+//! ([`partitioned`]). It must not know how a path becomes a store (that is
 //! [`store`](crate::store)) nor anything about watermarks or the runtime.
 //!
 //! # Formats
@@ -41,6 +42,7 @@ pub mod decode;
 pub mod parquet_object;
 pub mod part_dir;
 pub mod part_name;
+pub mod partitioned;
 pub mod position;
 pub mod records;
 pub mod recovery;
@@ -48,6 +50,7 @@ pub mod schema;
 pub mod sink;
 pub mod source;
 
+pub use partitioned::PartitionedWriter;
 pub use sink::FileWriter;
 pub use source::{FileReader, source_schema};
 

@@ -214,6 +214,23 @@ impl FileWriter {
         Ok(writer)
     }
 
+    /// Switches to two-phase commits (the job checkpoints): parts are numbered after any
+    /// number this subtask's index ever used in the directory.
+    pub async fn start_two_phase(&mut self) -> Result<()> {
+        if !self.two_phase {
+            let names = self.dir.list().await?;
+            self.next_seq = recovery::next_seq(&names, self.subtask.index);
+            self.two_phase = true;
+        }
+        Ok(())
+    }
+
+    /// Whether nothing is open or waiting for a commit (in two phases): the writer may
+    /// be dropped and the directory opened again later.
+    pub fn is_idle(&self) -> bool {
+        self.two_phase && self.pending.is_empty() && self.current.is_none() && !self.finished
+    }
+
     /// Where the part of a job without checkpoints is written, for messages.
     pub fn display(&self) -> String {
         self.dir.display(&self.single_part().to_string())
@@ -351,13 +368,8 @@ impl SinkWriter for FileWriter {
             tracing::debug!(checkpoint, dir = %self.dir.display(""), "barrier after finish: nothing to pre-commit");
             return Ok(self.pending());
         }
-        if !self.two_phase {
-            // The job checkpoints: from now on parts are numbered and committed in two
-            // phases, after any number this subtask's index ever used in the directory.
-            let names = self.dir.list().await?;
-            self.next_seq = recovery::next_seq(&names, self.subtask.index);
-            self.two_phase = true;
-        }
+        // The job checkpoints: from now on parts are numbered and committed in two phases.
+        self.start_two_phase().await?;
         if let Some(part) = self.current.take() {
             if part.rows == 0 {
                 discard(&self.dir, part).await?;

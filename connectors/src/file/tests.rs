@@ -89,6 +89,7 @@ async fn write_part(
         format: format as i32,
         store: None,
         delay_per_batch_ms: 0,
+        partition_by: Vec::new(),
     };
     let mut writer = FileWriter::create(&spec, schema, subtask(index, 2))
         .await

@@ -46,6 +46,7 @@ fn spec(dir: &Path, format: pb::FileFormat) -> pb::FileSink {
         format: format as i32,
         store: None,
         delay_per_batch_ms: 0,
+        partition_by: Vec::new(),
     }
 }
 

@@ -5,7 +5,7 @@
 //! `allow_http`, credentials) sit next to `path` in a `file` connector.
 
 use super::fields::{
-    Entry, Fields, Result, bool_value, choice, duration_ms, string, u32_in, u64_value,
+    Entry, Fields, Result, bool_value, choice, duration_ms, string, string_list, u32_in, u64_value,
 };
 use super::marked_yaml::{Node, PosError, Value};
 use sluice_common::pb;
@@ -78,7 +78,11 @@ pub(super) fn sink(node: &Node, path: &str) -> Result<pb::SinkSpec> {
             })
         }
         _ => {
-            let allowed = [&["path", "format", "delay_per_batch"][..], STORE_KEYS].concat();
+            let allowed = [
+                &["path", "format", "delay_per_batch", "partition_by"][..],
+                STORE_KEYS,
+            ]
+            .concat();
             let fields = Fields::new(entry.value, &path, &allowed)?;
             let file_path = string(
                 fields.require("path", "; where should output go?")?.value,
@@ -92,6 +96,13 @@ pub(super) fn sink(node: &Node, path: &str) -> Result<pb::SinkSpec> {
                 format: format as i32,
                 store: object_store(&fields)?,
                 delay_per_batch_ms: fields.opt("delay_per_batch", duration_ms)?.unwrap_or(0),
+                partition_by: match fields.get("partition_by") {
+                    Some(entry) => string_list(entry.value, &fields.path_of("partition_by"), true)?
+                        .into_iter()
+                        .map(|(column, _)| column)
+                        .collect(),
+                    None => Vec::new(),
+                },
             })
         }
     };

@@ -206,6 +206,7 @@ fn full_example_becomes_the_expected_graph() {
                 format: pb::FileFormat::Csv as i32,
                 store: None,
                 delay_per_batch_ms: 0,
+                partition_by: Vec::new(),
             })),
             parallelism: 0,
         }))

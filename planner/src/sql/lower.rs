@@ -39,6 +39,8 @@ struct Table {
     watermark: Option<WatermarkClause>,
     /// The name of its processing-time column (`p_time AS PROCTIME()`), if it has one.
     proctime: Option<String>,
+    /// `PARTITIONED BY (dt, hm)`: the columns naming a written file table's directories.
+    partition_by: Option<(Vec<Node>, Pos)>,
 }
 
 /// What the statements of a SQL text define, in the order written.
@@ -319,6 +321,18 @@ fn job(
     };
     let mut snk = Section::default();
     snk.put(&[connector], map(Vec::new(), *connector_at))?;
+    if let Some((columns, at)) = &sink.partition_by {
+        if connector != "file" {
+            return Err(SqlError::new(
+                *at,
+                format!(
+                    "table `{sink_name}` is PARTITIONED BY, which only a 'file' table \
+                     writes (a directory per partition)"
+                ),
+            ));
+        }
+        snk.put(&["file", "partition_by"], seq(columns.clone(), *at))?;
+    }
     for (key, value) in &sink.options {
         match key.as_str() {
             "parallelism" => snk.put(&["parallelism"], value.clone())?,
@@ -331,6 +345,14 @@ fn job(
 
 /// A read table's `source:` and `watermark:` sections, as a job file writes them.
 fn source_nodes(source: &Table) -> Result<(Node, Option<Node>)> {
+    if let Some((_, at)) = &source.partition_by {
+        return Err(SqlError::new(
+            *at,
+            "a PARTITIONED BY table is written here, not read: reading partitioned \
+             directories is not supported yet"
+                .to_owned(),
+        ));
+    }
     let (connector, connector_at) = &source.connector;
     let mut src = Section::default();
     src.put(&[connector.as_str()], map(Vec::new(), *connector_at))?;
@@ -546,6 +568,18 @@ fn create_table(ct: &CreateTable, clauses: &mut Clauses) -> Result<(String, Tabl
             format!("table `{name}` has more than one WATERMARK"),
         ));
     }
+    let partition_by = match &ct.hive_distribution {
+        sqlparser::ast::HiveDistributionStyle::NONE => None,
+        sqlparser::ast::HiveDistributionStyle::PARTITIONED { columns } => {
+            let at = columns.first().map_or(at, |c| pos(c.name.span.start));
+            let names = columns
+                .iter()
+                .map(|c| scalar(c.name.value.clone(), pos(c.name.span.start)))
+                .collect();
+            Some((names, at))
+        }
+        _ => return Err(unsupported(at, "SKEWED BY")),
+    };
     let proctimes = &mut clauses.proctimes;
     let mine = proctimes.iter().position(|p| p.at >= at && p.at <= end);
     let proctime = mine.map(|i| proctimes.remove(i).column);
@@ -563,6 +597,7 @@ fn create_table(ct: &CreateTable, clauses: &mut Clauses) -> Result<(String, Tabl
             options: rest,
             watermark,
             proctime,
+            partition_by,
         },
     ))
 }
