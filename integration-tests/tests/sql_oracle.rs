@@ -190,6 +190,16 @@ const ORACLE: &[(&str, &str)] = &[
          category, A.extra AS extra0 FROM bid AS B JOIN auction AS A ON B.auction = A.id \
          WHERE A.category = 10",
     ),
+    // A join of a window aggregate with an updating aggregate: the hot items of each
+    // sliding window.
+    (
+        "q5-hottest-auctions",
+        "WITH s AS (SELECT auction, epoch_ms(date_time) AS t FROM bid), \
+         w AS (SELECT auction, t - t % 2000 - k * 2000 AS ws FROM s, range(0, 5) r(k)), \
+         c AS (SELECT auction, ws, count(*) AS num FROM w GROUP BY auction, ws), \
+         m AS (SELECT ws, max(num) AS maxn FROM c GROUP BY ws) \
+         SELECT c.auction, c.num FROM c JOIN m ON c.ws = m.ws AND c.num >= m.maxn",
+    ),
     // An aggregate over an aggregate's changelog: each auction's highest bid while it
     // was open, averaged per category.
     (
@@ -622,6 +632,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q19-top-bids",
         "q3-local-item-suggestion",
         "q4-average-price-per-category",
+        "q5-hottest-auctions",
         "q9-winning-bids",
         "q10-partitioned-files",
         "q13-side-input-join",

@@ -70,6 +70,10 @@ pub struct JoinOperator {
     /// Per side, whether its rows are kept when nothing matches them (padded with nulls):
     /// the left of a LEFT join, the right of a RIGHT join, both of a FULL join.
     preserve: [bool; 2],
+    /// The output is a changelog (an outer join, or an updating input).
+    updating: bool,
+    /// Per input, whether it is a changelog (its first column the change kind).
+    updating_input: [bool; 2],
     /// Columns of the left side (the pair's first).
     left_width: usize,
     sides: [Side; 2],
@@ -112,6 +116,7 @@ pub(crate) fn pair_of(
     right: &SchemaRef,
 ) -> (SchemaRef, Vec<String>) {
     let [l, r] = aliases(spec);
+    let (left, right) = (data_schema(left), data_schema(right));
     let fields: Vec<Field> = left
         .fields()
         .iter()
@@ -122,6 +127,15 @@ pub(crate) fn pair_of(
         .chain(std::iter::repeat_n(r, right.fields().len()))
         .collect();
     (Arc::new(Schema::new(fields)), qualifiers)
+}
+
+/// An input's columns without the change kind of an updating input: the rows a join
+/// keeps and pairs.
+pub(crate) fn data_schema(schema: &SchemaRef) -> SchemaRef {
+    match changelog::is_changelog(schema) {
+        true => Arc::new(Schema::new(schema.fields()[1..].to_vec())),
+        false => schema.clone(),
+    }
 }
 
 /// Which side (0 left, 1 right) an output item `alias.*` names, if it is one.
@@ -140,7 +154,7 @@ fn output_items(spec: &pb::JoinSpec, left: &SchemaRef, right: &SchemaRef) -> Vec
     for e in &spec.exprs {
         match side_wildcard(spec, &e.sql) {
             Some(side) => {
-                let schema = [left, right][side];
+                let schema = data_schema([left, right][side]);
                 items.extend(schema.fields().iter().map(|f| {
                     let name = f.name().replace('"', "\"\"");
                     (format!("{}.\"{name}\"", aliases[side].to_lowercase()), true)
@@ -235,14 +249,20 @@ impl JoinOperator {
                     .into(),
             ));
         }
-        for (schema, side) in [(left, "left"), (right, "right")] {
-            if changelog::is_changelog(schema) {
+        let updating_input = [left, right].map(|s| changelog::is_changelog(s));
+        for (updating, side) in updating_input.iter().zip(["left", "right"]) {
+            if *updating && outer {
                 return Err(Error::Plan(format!(
-                    "a join needs append-only inputs, but its {side} input is an updating \
-                     result"
+                    "an outer join needs append-only inputs, but its {side} input is an \
+                     updating result; an inner join takes one"
                 )));
             }
         }
+        let (left_data, right_data) = (data_schema(left), data_schema(right));
+        let (left, right) = (&left_data, &right_data);
+        // An outer join's result changes as matches arrive; a join of an updating input
+        // takes back the pairs of each row retracted.
+        let updating = outer || updating_input.contains(&true);
         let side = |schema: &SchemaRef, keys: &[String], which: &str| -> Result<Side> {
             let encoder = KeyEncoder::new(schema, keys).map_err(|e| match e {
                 Error::Plan(m) => Error::Plan(format!("the join's {which} side: {m}")),
@@ -347,7 +367,7 @@ impl JoinOperator {
             ));
             (Some(exprs), schema)
         };
-        let schema = if outer {
+        let schema = if updating {
             let mut fields = vec![changelog::op_field()];
             fields.extend(schema.fields().iter().map(|f| f.as_ref().clone()));
             if let Some(dup) = fields[1..]
@@ -355,7 +375,7 @@ impl JoinOperator {
                 .find(|f| f.name() == changelog::OP_COLUMN)
             {
                 return Err(Error::Plan(format!(
-                    "the join's output column `{}` is the change kind of an outer join's \
+                    "the join's output column `{}` is the change kind of the join's \
                      updating result; give it another name with AS",
                     dup.name()
                 )));
@@ -366,6 +386,8 @@ impl JoinOperator {
         };
         Ok(Self {
             preserve,
+            updating,
+            updating_input,
             left_width: left.fields().len(),
             sides: [l, r],
             encoded: EncodedKeys::default(),
@@ -591,12 +613,127 @@ impl JoinOperator {
         Ok(())
     }
 
+    /// A batch of input `input`. Of an updating input, the rows that add (`+I`, `+U`) are
+    /// joined and kept as an append-only input's, then the rows that take one back
+    /// (`-U`, `-D`) are [retracted](Self::retract): adding first means a pair is never
+    /// taken back before it was emitted.
+    async fn process_changes(
+        &mut self,
+        input: usize,
+        batch: RecordBatch,
+        out: &mut Output,
+    ) -> Result<()> {
+        if !self.updating_input[input] {
+            return self.process(input, batch, out).await;
+        }
+        let signs = changelog::signs(batch.column(0))
+            .ok_or_else(|| Error::Internal("an updating input's `op` is not text".into()))?;
+        let data = batch.project(&(1..batch.num_columns()).collect::<Vec<_>>())?;
+        let adds =
+            arrow::array::BooleanArray::from(signs.iter().map(|&s| s > 0).collect::<Vec<_>>());
+        let added = filter_record_batch(&data, &adds)?;
+        if added.num_rows() > 0 {
+            self.process(input, added, out).await?;
+        }
+        let removed = filter_record_batch(&data, &arrow::compute::not(&adds)?)?;
+        if removed.num_rows() > 0 {
+            self.retract(input, removed, out).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes back rows of input `input` (an inner join's updating input): one arrival of
+    /// each from its entry in state, and each pair it made with the other side's live
+    /// rows, emitted as a deletion (`-D`). A row not in state takes nothing back.
+    async fn retract(&mut self, input: usize, batch: RecordBatch, out: &mut Output) -> Result<()> {
+        let Some(tables) = self.tables.clone() else {
+            return Err(Error::Internal("join used before `open`".into()));
+        };
+        let side = &self.sides[input];
+        side.keys.encode(&batch, &mut self.encoded)?;
+        let rows = side.rows.convert_columns(batch.columns())?;
+        let nulls = key_nulls(&batch, &side.keys)?;
+        let now = unix_ms() as i64;
+        // Each distinct (key, row) retracted, with the batch rows that retract it.
+        let mut distinct: HashMap<(&[u8], &[u8]), Vec<u32>, Hasher> = HashMap::default();
+        for row in 0..batch.num_rows() {
+            if nulls.as_ref().is_some_and(|n| n[row]) {
+                continue;
+            }
+            let key = (self.encoded.row(row), rows.row(row).data());
+            distinct.entry(key).or_default().push(row as u32);
+        }
+        let mut distinct: Vec<((&[u8], &[u8]), Vec<u32>)> = distinct.into_iter().collect();
+        distinct.sort_unstable();
+        let own = &tables[input];
+        let state_keys: Vec<Bytes> = distinct
+            .iter()
+            .map(|((key, row), _)| own.key(key_group_of(key, self.max_parallelism), key, row))
+            .collect();
+        let stored = own.get_many(&state_keys).await?;
+        let mut writes = Vec::with_capacity(state_keys.len());
+        // The batch rows whose retraction found their row, by key.
+        let mut taken: HashMap<&[u8], Vec<u32>, Hasher> = HashMap::default();
+        for (((key, _), members), (state_key, value)) in
+            distinct.iter().zip(state_keys.into_iter().zip(stored))
+        {
+            let Some(value) = value else {
+                continue;
+            };
+            let have = value.len() / ttl::HEADER_LEN;
+            let removed = members.len().min(have);
+            let keep = have - removed;
+            writes.push(match keep {
+                0 => WriteOp::Delete { key: state_key },
+                _ => WriteOp::Put {
+                    key: state_key,
+                    value: value.slice(..keep * ttl::HEADER_LEN),
+                },
+            });
+            taken
+                .entry(key)
+                .or_default()
+                .extend_from_slice(&members[..removed]);
+        }
+        own.write(writes).await?;
+        let theirs = &tables[1 - input];
+        let mut this_rows: Vec<u32> = Vec::new();
+        let mut other_rows: Vec<Bytes> = Vec::new();
+        let mut taken: Vec<(&[u8], Vec<u32>)> = taken.into_iter().collect();
+        taken.sort_unstable();
+        for (key, members) in taken {
+            let group = key_group_of(key, self.max_parallelism);
+            for m in theirs.scan_key(group, key, SCAN_PAGE).await? {
+                let (n, _) = live_arrivals(&m.value, now)?;
+                for &row in &members {
+                    for _ in 0..n {
+                        this_rows.push(row);
+                        other_rows.push(m.namespace.clone());
+                    }
+                }
+            }
+        }
+        if this_rows.is_empty() {
+            return Ok(());
+        }
+        let n = this_rows.len();
+        let mut pairs = self.pair_batch(input, &batch, Some(this_rows), Some(&other_rows), n)?;
+        if let Some(c) = &self.condition {
+            let keep = c.evaluate(&pairs)?;
+            pairs = filter_record_batch(&pairs, keep.as_boolean())?;
+        }
+        if pairs.num_rows() > 0 {
+            out.batch(self.output_of(RowKind::Delete, &pairs)?);
+        }
+        Ok(())
+    }
+
     /// The output rows of `pairs`: the change kind (an outer join's) and the output
     /// columns.
     fn output_of(&self, kind: RowKind, pairs: &RecordBatch) -> Result<RecordBatch> {
         let rows = pairs.num_rows();
         let mut columns = Vec::with_capacity(self.schema.fields().len());
-        if self.preserve.contains(&true) {
+        if self.updating {
             columns.push(changelog::op_array(&vec![kind; rows]));
         }
         match &self.exprs {
@@ -767,7 +904,7 @@ impl Operator for JoinOperator {
     }
 
     async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
-        self.process(0, batch, out).await
+        self.process_changes(0, batch, out).await
     }
 
     async fn process_input(
@@ -779,7 +916,7 @@ impl Operator for JoinOperator {
         if input > 1 {
             return Err(Error::Internal(format!("a join has no input {input}")));
         }
-        self.process(input, batch, out).await
+        self.process_changes(input, batch, out).await
     }
 }
 
@@ -990,6 +1127,95 @@ mod tests {
             }
         }
         rows
+    }
+
+    #[tokio::test]
+    async fn an_updating_input_takes_back_the_pairs_of_its_retracted_rows() {
+        let updating = Arc::new(Schema::new(vec![
+            changelog::op_field(),
+            Field::new("id", DataType::Int32, false),
+            Field::new("v", DataType::Utf8, false),
+        ]));
+        let changes_of = |rows: &[(&str, i32, &str)]| {
+            RecordBatch::try_new(
+                updating.clone(),
+                vec![
+                    Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                    Arc::new(arrow::array::Int32Array::from_iter_values(
+                        rows.iter().map(|r| r.1),
+                    )),
+                    Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2))),
+                ],
+            )
+            .unwrap()
+        };
+        let mut op = JoinOperator::build(
+            &spec(None, 0),
+            &left_schema(),
+            &updating,
+            &ExprCompiler::new(),
+        )
+        .unwrap();
+        let state = OperatorState::new(
+            Arc::new(MemoryStateStore::new(false)),
+            3,
+            key_group_range(128, 1, 0),
+            1,
+            false,
+        );
+        let ctx = OperatorContext {
+            node_id: 3,
+            node_name: "join".into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            state: Some(state),
+        };
+        op.open(&ctx).await.unwrap();
+        let c = |op: &str, k: i64, l: i64, r: &str| {
+            (op.to_owned(), Some(k), Some(l), Some(r.to_owned()))
+        };
+        let mut out = Output::default();
+        op.process_input(1, changes_of(&[("+I", 1, "a")]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(0, left(&[(Some(1), 10), (Some(1), 11)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(changes(&out), [c("+I", 1, 10, "a"), c("+I", 1, 11, "a")]);
+        // The right row is updated: its old version's pairs are taken back.
+        let mut out = Output::default();
+        op.process_input(1, changes_of(&[("-U", 1, "a"), ("+U", 1, "b")]), &mut out)
+            .await
+            .unwrap();
+        let mut got = changes(&out);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                c("+I", 1, 10, "b"),
+                c("+I", 1, 11, "b"),
+                c("-D", 1, 10, "a"),
+                c("-D", 1, 11, "a")
+            ]
+        );
+        // Only "b" is left to join; a retraction of a row never stored takes nothing.
+        let mut out = Output::default();
+        op.process_input(1, changes_of(&[("-D", 1, "zzz")]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(0, left(&[(Some(1), 12)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(changes(&out), [c("+I", 1, 12, "b")]);
+        // An outer join refuses an updating input.
+        let mut outer = spec(None, 0);
+        outer.r#type = pb::JoinType::Left as i32;
+        let err = JoinOperator::build(&outer, &left_schema(), &updating, &ExprCompiler::new())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("outer join needs append-only inputs"), "{err}");
     }
 
     #[tokio::test]

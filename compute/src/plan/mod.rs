@@ -512,12 +512,6 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
             pb::node::Kind::Join(spec) => {
                 let right_edge = all_incoming[&id][1];
                 let right = outputs[&right_edge.source].clone();
-                if changelog::is_changelog(&right) {
-                    return Err(at(plan_err(
-                        "a join needs append-only inputs, but its right input reads an \
-                         updating result (an unbounded GROUP BY's or a Top-N's changelog)",
-                    )));
-                }
                 check_edge(&nodes, right_edge, &right).map_err(at)?;
                 check_join_edges(spec, all_incoming[&id].as_slice()).map_err(at)?;
                 let items = spec
@@ -568,10 +562,11 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
         };
         if let Some(e) = incoming.get(&id) {
             check_edge(&nodes, e, &outputs[&e.source]).map_err(at)?;
-            // A group aggregate may read a changelog hashed by its own key: every change
-            // of an upstream row goes, in order, to the subtask owning the row's group.
+            // A group aggregate or a join may read a changelog hashed by its own key:
+            // every change of an upstream row goes, in order, to the subtask owning the
+            // row's key (a join's right input is checked the same way below).
             let regrouped = e.partitioning() == pb::Partitioning::Hash
-                && matches!(kind, pb::node::Kind::Aggregate(_));
+                && matches!(kind, pb::node::Kind::Aggregate(_) | pb::node::Kind::Join(_));
             if changelog::is_changelog(&outputs[&e.source])
                 && e.partitioning() != pb::Partitioning::Forward
                 && !regrouped
@@ -694,7 +689,10 @@ fn check_partitions(spec: &pb::SinkSpec, input: &SchemaRef) -> Result<()> {
 /// Refuses what cannot take an updating result (`+I -U +U -D`) as its input.
 fn check_updating_input(kind: &pb::node::Kind) -> Result<()> {
     let what = match kind {
-        pb::node::Kind::Filter(_) | pb::node::Kind::Select(_) | pb::node::Kind::Aggregate(_) => {
+        pb::node::Kind::Filter(_)
+        | pb::node::Kind::Select(_)
+        | pb::node::Kind::Aggregate(_)
+        | pb::node::Kind::Join(_) => {
             return Ok(());
         }
         pb::node::Kind::Sink(sink) => match &sink.kind {
@@ -715,10 +713,6 @@ fn check_updating_input(kind: &pb::node::Kind) -> Result<()> {
         pb::node::Kind::TopN(_) => {
             "Top-N needs append-only input, but this one reads an updating result (an \
              unbounded GROUP BY's or another Top-N's changelog)"
-        }
-        pb::node::Kind::Join(_) => {
-            "a join needs append-only inputs, but its left input reads an updating result \
-             (an unbounded GROUP BY's or a Top-N's changelog)"
         }
         pb::node::Kind::LookupJoin(_) => {
             "a lookup join needs append-only input, but this one reads an updating result \
