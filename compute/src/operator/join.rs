@@ -59,6 +59,9 @@ const PROBES_PER_READ: usize = 4;
 /// Hashes short keys of one batch: keys come from the job's own data.
 type Hasher = foldhash::fast::RandomState;
 
+/// A row's key and its bytes in the row format, borrowed from one batch.
+type KeyRow<'a> = (&'a [u8], &'a [u8]);
+
 /// One side of the join.
 struct Side {
     keys: KeyEncoder,
@@ -655,7 +658,7 @@ impl JoinOperator {
         let nulls = key_nulls(&batch, &side.keys)?;
         let now = unix_ms() as i64;
         // Each distinct (key, row) retracted, with the batch rows that retract it.
-        let mut distinct: HashMap<(&[u8], &[u8]), Vec<u32>, Hasher> = HashMap::default();
+        let mut distinct: HashMap<KeyRow<'_>, Vec<u32>, Hasher> = HashMap::default();
         for row in 0..batch.num_rows() {
             if nulls.as_ref().is_some_and(|n| n[row]) {
                 continue;
@@ -663,7 +666,7 @@ impl JoinOperator {
             let key = (self.encoded.row(row), rows.row(row).data());
             distinct.entry(key).or_default().push(row as u32);
         }
-        let mut distinct: Vec<((&[u8], &[u8]), Vec<u32>)> = distinct.into_iter().collect();
+        let mut distinct: Vec<(KeyRow<'_>, Vec<u32>)> = distinct.into_iter().collect();
         distinct.sort_unstable();
         let own = &tables[input];
         let state_keys: Vec<Bytes> = distinct
