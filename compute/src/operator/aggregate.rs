@@ -629,23 +629,7 @@ mod tests {
                 location: None,
             }],
         };
-        let mut op = AggregateOperator::build(&spec, &input(), &ExprCompiler::new()).unwrap();
-        let state = OperatorState::new(
-            Arc::new(MemoryStateStore::new(false)),
-            4,
-            key_group_range(128, 1, 0),
-            1,
-            true,
-        );
-        let ctx = OperatorContext {
-            node_id: 4,
-            node_name: "aggregate".into(),
-            subtask: 0,
-            parallelism: 1,
-            max_parallelism: 128,
-            state: Some(state),
-        };
-        op.open(&ctx).await.unwrap();
+        let mut op = opened(&spec, &input()).await;
         let mut out = Output::default();
         op.process_batch(batch(&[(1, 10)]), &mut out).await.unwrap();
         op.process_batch(batch(&[(1, 3)]), &mut out).await.unwrap();
@@ -719,23 +703,7 @@ mod tests {
             })
             .into(),
         };
-        let mut op = AggregateOperator::build(&spec, &input(), &ExprCompiler::new()).unwrap();
-        let state = OperatorState::new(
-            Arc::new(MemoryStateStore::new(false)),
-            4,
-            key_group_range(128, 1, 0),
-            1,
-            true,
-        );
-        let ctx = OperatorContext {
-            node_id: 4,
-            node_name: "aggregate".into(),
-            subtask: 0,
-            parallelism: 1,
-            max_parallelism: 128,
-            state: Some(state),
-        };
-        op.open(&ctx).await.unwrap();
+        let mut op = opened(&spec, &input()).await;
         let mut out = Output::default();
         op.process_batch(batch(&[(1, 1), (1, 1), (1, 3), (2, 1)]), &mut out)
             .await
@@ -773,19 +741,9 @@ mod tests {
         );
     }
 
-    /// An aggregate over changelog rows `(op, k, v)`.
-    async fn retracting(aggregates: &[&str]) -> AggregateOperator {
-        let spec = pb::AggregateSpec {
-            key_columns: vec!["k".into()],
-            aggregates: aggregates
-                .iter()
-                .map(|sql| pb::Expr {
-                    sql: (*sql).into(),
-                    location: None,
-                })
-                .collect(),
-        };
-        let mut op = AggregateOperator::build(&spec, &updating(), &ExprCompiler::new()).unwrap();
+    /// The aggregate of `spec` over `input`, open on empty memory state (one subtask).
+    async fn opened(spec: &pb::AggregateSpec, input: &SchemaRef) -> AggregateOperator {
+        let mut op = AggregateOperator::build(spec, input, &ExprCompiler::new()).unwrap();
         let state = OperatorState::new(
             Arc::new(MemoryStateStore::new(false)),
             4,
@@ -803,6 +761,21 @@ mod tests {
         };
         op.open(&ctx).await.unwrap();
         op
+    }
+
+    /// An aggregate over changelog rows `(op, k, v)`.
+    async fn retracting(aggregates: &[&str]) -> AggregateOperator {
+        let spec = pb::AggregateSpec {
+            key_columns: vec!["k".into()],
+            aggregates: aggregates
+                .iter()
+                .map(|sql| pb::Expr {
+                    sql: (*sql).into(),
+                    location: None,
+                })
+                .collect(),
+        };
+        opened(&spec, &updating()).await
     }
 
     fn updating() -> SchemaRef {

@@ -424,38 +424,12 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
         Some(entry) => pipeline(entry.value, source.watermark.as_ref())?,
         None => Vec::new(),
     };
-    let keys = |name: &str| -> Result<Vec<String>> {
-        let entry = fields.require(name, " (the columns the two sides are equal on)")?;
-        Ok(string_list(entry.value, &fields.path_of(name), true)?
-            .into_iter()
-            .map(|(column, _)| column)
-            .collect())
-    };
-    let left_keys = keys("left_keys")?;
-    let right_keys = keys("right_keys")?;
-    if left_keys.len() != right_keys.len() {
-        let entry = fields.require("right_keys", "")?;
-        return Err(PosError::new(
-            entry.value.pos,
-            format!(
-                "`{path}` has {} left and {} right key columns; each left key is equal to \
-                 the right key at its position",
-                left_keys.len(),
-                right_keys.len()
-            ),
-        ));
-    }
-    let condition = match fields.get("condition") {
-        Some(entry) => Some(expr(
-            string(entry.value, &fields.path_of("condition"))?,
-            entry.value.pos,
-        )),
-        None => None,
-    };
-    let exprs = match fields.get("select") {
-        Some(entry) => exprs(string_list(entry.value, &fields.path_of("select"), false)?),
-        None => Vec::new(),
-    };
+    let JoinParts {
+        left_keys,
+        other_keys: right_keys,
+        condition,
+        exprs,
+    } = join_parts(&fields, path, "right")?;
     Ok(Operator::Join(Box::new(JoinStage {
         spec: pb::JoinSpec {
             r#type: fields
@@ -486,33 +460,37 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
     })))
 }
 
-/// `lookup_join: { table: { file: {...} }, left_keys: [a], table_keys: [k], left_alias: l,
-/// table_alias: t, condition: "...", select: [...] }`.
-fn lookup_join(node: &Node, path: &str) -> Result<Operator> {
-    let fields = Fields::new(node, path, LOOKUP_JOIN_KEYS)?;
-    let table = fields.require(
-        "table",
-        " (the bounded table each row looks up, e.g. `table: { file: { path: side.csv } }`)",
-    )?;
-    let table = connector::source(table.value, &fields.path_of("table"))?;
+/// What a `join` and a `lookup_join` item both hold.
+struct JoinParts {
+    left_keys: Vec<String>,
+    /// `right_keys`, or a lookup join's `table_keys`.
+    other_keys: Vec<String>,
+    condition: Option<pb::Expr>,
+    exprs: Vec<pb::Expr>,
+}
+
+/// The keys (`left_keys` and `<other>_keys`, as many of each), `condition` and `select`
+/// of the join item at `path`.
+fn join_parts(fields: &Fields, path: &str, other: &str) -> Result<JoinParts> {
     let keys = |name: &str| -> Result<Vec<String>> {
-        let entry = fields.require(name, " (the columns the input and the table are equal on)")?;
+        let entry = fields.require(name, " (the columns the two sides are equal on)")?;
         Ok(string_list(entry.value, &fields.path_of(name), true)?
             .into_iter()
             .map(|(column, _)| column)
             .collect())
     };
+    let other_name = format!("{other}_keys");
     let left_keys = keys("left_keys")?;
-    let table_keys = keys("table_keys")?;
-    if left_keys.len() != table_keys.len() {
-        let entry = fields.require("table_keys", "")?;
+    let other_keys = keys(&other_name)?;
+    if left_keys.len() != other_keys.len() {
+        let entry = fields.require(&other_name, "")?;
         return Err(PosError::new(
             entry.value.pos,
             format!(
-                "`{path}` has {} left and {} table key columns; each left key is equal to \
-                 the table key at its position",
+                "`{path}` has {} left and {} {other} key columns; each left key is equal to \
+                 the {other} key at its position",
                 left_keys.len(),
-                table_keys.len()
+                other_keys.len()
             ),
         ));
     }
@@ -527,6 +505,29 @@ fn lookup_join(node: &Node, path: &str) -> Result<Operator> {
         Some(entry) => exprs(string_list(entry.value, &fields.path_of("select"), false)?),
         None => Vec::new(),
     };
+    Ok(JoinParts {
+        left_keys,
+        other_keys,
+        condition,
+        exprs,
+    })
+}
+
+/// `lookup_join: { table: { file: {...} }, left_keys: [a], table_keys: [k], left_alias: l,
+/// table_alias: t, condition: "...", select: [...] }`.
+fn lookup_join(node: &Node, path: &str) -> Result<Operator> {
+    let fields = Fields::new(node, path, LOOKUP_JOIN_KEYS)?;
+    let table = fields.require(
+        "table",
+        " (the bounded table each row looks up, e.g. `table: { file: { path: side.csv } }`)",
+    )?;
+    let table = connector::source(table.value, &fields.path_of("table"))?;
+    let JoinParts {
+        left_keys,
+        other_keys: table_keys,
+        condition,
+        exprs,
+    } = join_parts(&fields, path, "table")?;
     Ok(Operator::LookupJoin(Box::new(pb::LookupJoinSpec {
         table: Some(table),
         left_alias: fields.opt("left_alias", string)?.unwrap_or_default(),

@@ -835,11 +835,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             }
             pipeline.push(stage("select", seq(list, at), at));
         }
-        selection = rest.into_iter().reduce(|a, b| Expr::BinaryOp {
-            left: Box::new(a),
-            op: BinaryOperator::And,
-            right: Box::new(b),
-        });
+        selection = and_all(rest);
     }
     if let Some(predicate) = &selection {
         pipeline.push(stage("filter", expr_node(predicate, at), at));
@@ -1147,33 +1143,17 @@ fn lower_join(
     input.put(&["pipeline"], seq(right_pipeline, join_at))?;
     let mut spec = Section::default();
     spec.put(&["right"], input.into_node(join_at))?;
-    let names = |keys: Vec<(String, Pos)>| {
-        let items = keys.into_iter().map(|(k, p)| scalar(k, p)).collect();
-        seq(items, join_at)
-    };
-    spec.put(&["left_keys"], names(left_keys))?;
-    spec.put(&["right_keys"], names(right_keys))?;
     if join.kind != "inner" {
         spec.put(&["type"], scalar(join.kind, join_at))?;
     }
-    spec.put(&["left_alias"], scalar(left_alias, join_at))?;
-    spec.put(&["right_alias"], scalar(right_alias, join_at))?;
-    if let Some(condition) = rest.into_iter().reduce(|a, b| Expr::BinaryOp {
-        left: Box::new(a),
-        op: BinaryOperator::And,
-        right: Box::new(b),
-    }) {
-        spec.put(&["condition"], expr_node(&condition, join_at))?;
-    }
-    let select = match output {
-        JoinOutput::Items(items) => projection(items, at)?,
-        JoinOutput::Columns(columns) => {
-            Some(columns.into_iter().map(|c| scalar_quoted(c, at)).collect())
-        }
+    let parts = JoinParts {
+        other: "right",
+        keys: [left_keys, right_keys],
+        aliases: [left_alias, right_alias],
+        rest,
+        output,
     };
-    if let Some(items) = select {
-        spec.put(&["select"], seq(items, at))?;
-    }
+    parts.put(&mut spec, join_at, at)?;
     if let Some(ttl) = &catalog.join_ttl {
         spec.put(&["ttl"], ttl.clone())?;
     }
@@ -1320,35 +1300,73 @@ fn lower_lookup_join(
     let (source, _) = source_nodes(table)?;
     let mut spec = Section::default();
     spec.put(&["table"], source)?;
-    let names = |keys: Vec<(String, Pos)>| {
-        let items = keys.into_iter().map(|(k, p)| scalar(k, p)).collect();
-        seq(items, join_at)
+    let parts = JoinParts {
+        other: "table",
+        keys: [left_keys, table_keys],
+        aliases: [left_alias, table_alias],
+        rest,
+        output,
     };
-    spec.put(&["left_keys"], names(left_keys))?;
-    spec.put(&["table_keys"], names(table_keys))?;
-    spec.put(&["left_alias"], scalar(left_alias, join_at))?;
-    spec.put(&["table_alias"], scalar(table_alias, join_at))?;
-    if let Some(condition) = rest.into_iter().reduce(|a, b| Expr::BinaryOp {
-        left: Box::new(a),
-        op: BinaryOperator::And,
-        right: Box::new(b),
-    }) {
-        spec.put(&["condition"], expr_node(&condition, join_at))?;
-    }
-    let select = match output {
-        JoinOutput::Items(items) => projection(items, at)?,
-        JoinOutput::Columns(columns) => {
-            Some(columns.into_iter().map(|c| scalar_quoted(c, at)).collect())
-        }
-    };
-    if let Some(items) = select {
-        spec.put(&["select"], seq(items, at))?;
-    }
+    parts.put(&mut spec, join_at, at)?;
     left_pipeline.push(stage("lookup_join", spec.into_node(join_at), join_at));
     Ok(Lowered {
         source: left.source,
         pipeline: left_pipeline,
         rank: None,
+    })
+}
+
+/// What a `join` and a `lookup_join` item both hold.
+struct JoinParts<'q> {
+    /// The other side's name in the item's keys (`right`, or a lookup's `table`).
+    other: &'static str,
+    /// The left side's key columns and the other side's, pairwise equal.
+    keys: [Vec<(String, Pos)>; 2],
+    aliases: [String; 2],
+    /// The conjuncts checked on each pair.
+    rest: Vec<Expr>,
+    output: JoinOutput<'q>,
+}
+
+impl JoinParts<'_> {
+    /// Writes the keys, aliases, condition and output into `spec`.
+    fn put(self, spec: &mut Section, join_at: Pos, at: Pos) -> Result<()> {
+        let [left_keys, other_keys] = self.keys;
+        let [left_alias, other_alias] = self.aliases;
+        let names = |keys: Vec<(String, Pos)>| {
+            let items = keys.into_iter().map(|(k, p)| scalar(k, p)).collect();
+            seq(items, join_at)
+        };
+        let (keys, alias) = (
+            format!("{}_keys", self.other),
+            format!("{}_alias", self.other),
+        );
+        spec.put(&["left_keys"], names(left_keys))?;
+        spec.put(&[keys.as_str()], names(other_keys))?;
+        spec.put(&["left_alias"], scalar(left_alias, join_at))?;
+        spec.put(&[alias.as_str()], scalar(other_alias, join_at))?;
+        if let Some(condition) = and_all(self.rest) {
+            spec.put(&["condition"], expr_node(&condition, join_at))?;
+        }
+        let select = match self.output {
+            JoinOutput::Items(items) => projection(items, at)?,
+            JoinOutput::Columns(columns) => {
+                Some(columns.into_iter().map(|c| scalar_quoted(c, at)).collect())
+            }
+        };
+        if let Some(items) = select {
+            spec.put(&["select"], seq(items, at))?;
+        }
+        Ok(())
+    }
+}
+
+/// The conjunction of `conjuncts`; `None` for none.
+fn and_all(conjuncts: Vec<Expr>) -> Option<Expr> {
+    conjuncts.into_iter().reduce(|a, b| Expr::BinaryOp {
+        left: Box::new(a),
+        op: BinaryOperator::And,
+        right: Box::new(b),
     })
 }
 
@@ -1371,14 +1389,7 @@ fn preserved_conjuncts(
     let (before, after): (Vec<Expr>, Vec<Expr>) = conjuncts
         .into_iter()
         .partition(|c| one_side(c, [l.as_str(), r.as_str()]).is_some_and(|side| preserves[side]));
-    let and = |v: Vec<Expr>| {
-        v.into_iter().reduce(|a, b| Expr::BinaryOp {
-            left: Box::new(a),
-            op: BinaryOperator::And,
-            right: Box::new(b),
-        })
-    };
-    (and(before), and(after))
+    (and_all(before), and_all(after))
 }
 
 /// The name a join gives column `column` of the side called `table` when the rest of
