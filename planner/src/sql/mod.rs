@@ -152,62 +152,51 @@ pub fn parse_sql_job(file: &str, text: &str) -> Result<pb::JobGraph, JobSpecErro
     };
     let mut graph = graph_from_tree(file, &first.tree)?;
     for insert in rest {
-        let other = graph_from_tree(file, &insert.tree)?;
-        share_source(&mut graph, other, first, insert).map_err(|e| at(file, e))?;
+        share_sources(&mut graph, graph_from_tree(file, &insert.tree)?);
     }
     Ok(graph)
 }
 
-/// Adds the graph of a later INSERT to `merged`, the graph of the first, reading the
-/// first's source: one source node feeds both pipelines (its records go to each), so
-/// the table is read once. Nodes keep their kinds; ids follow on, and a name already
-/// taken gets the next free number (`sink-2`).
-fn share_source(
-    merged: &mut pb::JobGraph,
-    graph: pb::JobGraph,
-    first: &lower::InsertTree,
-    insert: &lower::InsertTree,
-) -> Result<(), PosError> {
-    if insert.source != first.source {
-        return Err(PosError::new(
-            insert.at,
-            format!(
-                "the INSERTs of one job read one table for now: this one reads `{}`, the \
-                 first `{}`; write one job per table",
-                insert.source, first.source
-            ),
-        ));
-    }
-    let source_of = |g: &pb::JobGraph| {
-        g.nodes
-            .iter()
-            .find(|n| matches!(n.kind, Some(pb::node::Kind::Source(_))))
-            .map(|n| (n.id, n.kind.clone(), n.parallelism))
-    };
-    let (Some((shared, kind, parallelism)), Some((own, other_kind, other_parallelism))) =
-        (source_of(merged), source_of(&graph))
-    else {
-        return Err(PosError::new(insert.at, "a job without a source"));
-    };
-    if kind != other_kind || parallelism != other_parallelism {
-        return Err(PosError::new(
-            insert.at,
-            format!("table `{}` is read in two different ways", insert.source),
-        ));
-    }
+/// Adds the graph of a later INSERT to `merged`, the graph of those before it. Each of
+/// its sources that reads what a source of `merged` reads (the same table, the same
+/// way) is that node: one source node feeds every pipeline reading the table (its
+/// records go to each), so the table is read once. Its other nodes, and sources of
+/// tables no earlier INSERT reads, are added: ids follow on, and a name already taken
+/// gets the next free number (`sink-2`).
+fn share_sources(merged: &mut pb::JobGraph, graph: pb::JobGraph) {
+    let sources: Vec<(u32, Option<pb::node::Kind>, u32)> = merged
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.kind, Some(pb::node::Kind::Source(_))))
+        .map(|n| (n.id, n.kind.clone(), n.parallelism))
+        .collect();
     let mut next = merged.nodes.iter().map(|n| n.id + 1).max().unwrap_or(0);
-    let mut ids = std::collections::HashMap::from([(own, shared)]);
+    let mut ids = std::collections::HashMap::new();
+    let mut shared = std::collections::HashSet::new();
     for n in &graph.nodes {
-        ids.entry(n.id).or_insert_with(|| {
-            next += 1;
-            next - 1
-        });
+        let same = matches!(n.kind, Some(pb::node::Kind::Source(_)))
+            .then(|| {
+                sources
+                    .iter()
+                    .find(|(_, kind, p)| *kind == n.kind && *p == n.parallelism)
+            })
+            .flatten();
+        match same {
+            Some((id, _, _)) => {
+                ids.insert(n.id, *id);
+                shared.insert(n.id);
+            }
+            None => {
+                ids.insert(n.id, next);
+                next += 1;
+            }
+        }
     }
     let id = |n: u32| ids.get(&n).copied().unwrap_or(n);
     let mut names: std::collections::HashSet<String> =
         merged.nodes.iter().map(|n| n.name.clone()).collect();
     for mut node in graph.nodes {
-        if node.id == own {
+        if shared.contains(&node.id) {
             continue;
         }
         node.id = id(node.id);
@@ -220,7 +209,6 @@ fn share_source(
         edge.target = id(edge.target);
         merged.edges.push(edge);
     }
-    Ok(())
 }
 
 /// `name`, or when taken its base (without a `-N` suffix) with the next free number.
