@@ -171,8 +171,7 @@ pub(super) fn defined(text: &str) -> Result<Vec<Defined>> {
 pub(super) struct InsertTree {
     /// The job file tree.
     pub tree: Node,
-    /// The table it reads and the table it writes.
-    pub source: String,
+    /// The table it writes.
     pub sink: String,
     /// Where the INSERT starts.
     pub at: Pos,
@@ -259,7 +258,6 @@ fn insert_tree(
     )?;
     Ok(InsertTree {
         tree,
-        source: plan.source,
         sink: sink_name,
         at: insert_at,
     })
