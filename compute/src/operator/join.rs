@@ -73,8 +73,6 @@ pub struct JoinOperator {
     /// Per side, whether its rows are kept when nothing matches them (padded with nulls):
     /// the left of a LEFT join, the right of a RIGHT join, both of a FULL join.
     preserve: [bool; 2],
-    /// The output is a changelog (an outer join, or an updating input).
-    updating: bool,
     /// Per input, whether it is a changelog (its first column the change kind).
     updating_input: [bool; 2],
     /// Columns of the left side (the pair's first).
@@ -389,7 +387,6 @@ impl JoinOperator {
         };
         Ok(Self {
             preserve,
-            updating,
             updating_input,
             left_width: left.fields().len(),
             sides: [l, r],
@@ -594,13 +591,7 @@ impl JoinOperator {
             ));
         }
         if !this_rows.is_empty() {
-            let n = this_rows.len();
-            let mut pairs =
-                self.pair_batch(input, &batch, Some(this_rows), Some(&other_rows), n)?;
-            if let Some(c) = &self.condition {
-                let keep = c.evaluate(&pairs)?;
-                pairs = filter_record_batch(&pairs, keep.as_boolean())?;
-            }
+            let pairs = self.matched_pairs(input, &batch, this_rows, &other_rows)?;
             parts.push((RowKind::Insert, pairs));
         }
         if !padded.is_empty() {
@@ -719,12 +710,7 @@ impl JoinOperator {
         if this_rows.is_empty() {
             return Ok(());
         }
-        let n = this_rows.len();
-        let mut pairs = self.pair_batch(input, &batch, Some(this_rows), Some(&other_rows), n)?;
-        if let Some(c) = &self.condition {
-            let keep = c.evaluate(&pairs)?;
-            pairs = filter_record_batch(&pairs, keep.as_boolean())?;
-        }
+        let pairs = self.matched_pairs(input, &batch, this_rows, &other_rows)?;
         if pairs.num_rows() > 0 {
             out.batch(self.output_of(RowKind::Delete, &pairs)?);
         }
@@ -736,7 +722,7 @@ impl JoinOperator {
     fn output_of(&self, kind: RowKind, pairs: &RecordBatch) -> Result<RecordBatch> {
         let rows = pairs.num_rows();
         let mut columns = Vec::with_capacity(self.schema.fields().len());
-        if self.updating {
+        if changelog::is_changelog(&self.schema) {
             columns.push(changelog::op_array(&vec![kind; rows]));
         }
         match &self.exprs {
@@ -769,13 +755,28 @@ impl JoinOperator {
         this: Vec<u32>,
         other: &[Bytes],
     ) -> Result<RecordBatch> {
-        let n = this.len();
-        let mut pairs = self.pair_batch(0, batch, Some(this), Some(other), n)?;
-        if let Some(c) = &self.condition {
-            let keep = c.evaluate(&pairs)?;
-            pairs = filter_record_batch(&pairs, keep.as_boolean())?;
-        }
+        let pairs = self.matched_pairs(0, batch, this, other)?;
         self.output_of(RowKind::Insert, &pairs)
+    }
+
+    /// This side's rows of `batch` at `this` paired with the other side's stored rows
+    /// `other`, one pair each, left side first, kept where the condition holds.
+    fn matched_pairs(
+        &self,
+        input: usize,
+        batch: &RecordBatch,
+        this: Vec<u32>,
+        other: &[Bytes],
+    ) -> Result<RecordBatch> {
+        let n = this.len();
+        let pairs = self.pair_batch(input, batch, Some(this), Some(other), n)?;
+        match &self.condition {
+            Some(c) => {
+                let keep = c.evaluate(&pairs)?;
+                Ok(filter_record_batch(&pairs, keep.as_boolean())?)
+            }
+            None => Ok(pairs),
+        }
     }
 
     /// `n` pairs: this side's rows of `batch` at `this` (`None`: nulls), with the other
@@ -998,9 +999,18 @@ mod tests {
         store: Arc<dyn StateStore>,
         first_epoch: u64,
     ) -> JoinOperator {
+        join_over(spec, &right_schema(), store, first_epoch).await
+    }
+
+    /// The join of `spec` of left rows with `right` rows, open on `store`.
+    async fn join_over(
+        spec: &pb::JoinSpec,
+        right: &SchemaRef,
+        store: Arc<dyn StateStore>,
+        first_epoch: u64,
+    ) -> JoinOperator {
         let mut op =
-            JoinOperator::build(spec, &left_schema(), &right_schema(), &ExprCompiler::new())
-                .unwrap();
+            JoinOperator::build(spec, &left_schema(), right, &ExprCompiler::new()).unwrap();
         let state = OperatorState::new(store, 3, key_group_range(128, 1, 0), first_epoch, false);
         let ctx = OperatorContext {
             node_id: 3,
@@ -1152,29 +1162,8 @@ mod tests {
             )
             .unwrap()
         };
-        let mut op = JoinOperator::build(
-            &spec(None, 0),
-            &left_schema(),
-            &updating,
-            &ExprCompiler::new(),
-        )
-        .unwrap();
-        let state = OperatorState::new(
-            Arc::new(MemoryStateStore::new(false)),
-            3,
-            key_group_range(128, 1, 0),
-            1,
-            false,
-        );
-        let ctx = OperatorContext {
-            node_id: 3,
-            node_name: "join".into(),
-            subtask: 0,
-            parallelism: 1,
-            max_parallelism: 128,
-            state: Some(state),
-        };
-        op.open(&ctx).await.unwrap();
+        let store = Arc::new(MemoryStateStore::new(false));
+        let mut op = join_over(&spec(None, 0), &updating, store, 1).await;
         let c = |op: &str, k: i64, l: i64, r: &str| {
             (op.to_owned(), Some(k), Some(l), Some(r.to_owned()))
         };
