@@ -35,7 +35,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sluice_common::key_group::key_group_of;
 use sluice_common::pb;
-use sluice_common::state::{StateTable, WriteOp};
+use sluice_common::state::{Row, StateTable, WriteOp};
 
 use super::{Operator, OperatorContext, Output};
 use crate::changelog::{self, RowKind};
@@ -279,6 +279,8 @@ impl AggregateOperator {
             }
         }
         vals.write(writes).await?;
+        // A key's kept values, scanned once for all its calls that lost their extreme.
+        let mut scanned: HashMap<u32, Vec<Row>, Hasher> = HashMap::default();
         for ((slot, call), (lost, added)) in touched {
             let c = usize::from(call);
             let spec = &self.calls[c];
@@ -289,11 +291,12 @@ impl AggregateOperator {
             }
             let best = if lost {
                 // The next extreme is the first (min) or last (max) value still kept.
-                let key = key_of(slot);
-                let kept = vals
-                    .scan_key(key_group_of(key, self.max_parallelism), key, 4096)
-                    .await?;
-                let mut values = kept
+                if !scanned.contains_key(&slot) {
+                    let key = key_of(slot);
+                    let group = key_group_of(key, self.max_parallelism);
+                    scanned.insert(slot, vals.scan_key(group, key, 4096).await?);
+                }
+                let mut values = scanned[&slot]
                     .iter()
                     .filter(|r| r.namespace.len() == 9 && r.namespace[0] == call)
                     .map(|r| u64::from_be_bytes(r.namespace[1..].try_into().unwrap_or_default()));
