@@ -291,10 +291,10 @@ impl AggregateOperator {
             }
             let best = if lost {
                 // The next extreme is the first (min) or last (max) value still kept.
-                if !scanned.contains_key(&slot) {
+                if let std::collections::hash_map::Entry::Vacant(entry) = scanned.entry(slot) {
                     let key = key_of(slot);
                     let group = key_group_of(key, self.max_parallelism);
-                    scanned.insert(slot, vals.scan_key(group, key, 4096).await?);
+                    entry.insert(vals.scan_key(group, key, 4096).await?);
                 }
                 let mut values = scanned[&slot]
                     .iter()
