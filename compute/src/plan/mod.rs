@@ -514,14 +514,7 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 let right = outputs[&right_edge.source].clone();
                 check_edge(&nodes, right_edge, &right).map_err(at)?;
                 check_join_edges(spec, all_incoming[&id].as_slice()).map_err(at)?;
-                let items = spec
-                    .exprs
-                    .iter()
-                    .filter(|e| side_wildcard(spec, &e.sql).is_none());
-                for e in spec.condition.iter().chain(items) {
-                    JoinOperator::check_expr(spec, &input, &right, &compiler, &e.sql)
-                        .map_err(|err| locate(&graph, e.location.as_ref(), "join", err))?;
-                }
+                check_join_exprs(&graph, spec, &input, &right, &compiler)?;
                 let op = JoinOperator::build(spec, &input, &right, &compiler).map_err(at)?;
                 inputs.insert(id, input);
                 right_inputs.insert(id, right);
@@ -545,10 +538,7 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 }
                 let table = connectors.source_schema(table_spec).await.map_err(at)?;
                 let join = LookupJoinOperator::join_spec(spec);
-                for e in spec.condition.iter().chain(&spec.exprs) {
-                    JoinOperator::check_expr(&join, &input, &table, &compiler, &e.sql)
-                        .map_err(|err| locate(&graph, e.location.as_ref(), "join", err))?;
-                }
+                check_join_exprs(&graph, &join, &input, &table, &compiler)?;
                 let op = LookupJoinOperator::build(spec, &input, &table, &compiler).map_err(at)?;
                 inputs.insert(id, input);
                 right_inputs.insert(id, table);
@@ -652,6 +642,26 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
         right_inputs,
         outputs,
     })
+}
+
+/// Compiles a join's condition and output items (a side's `t.*` aside) over its two
+/// inputs, each error at the expression's own position.
+fn check_join_exprs(
+    graph: &pb::JobGraph,
+    spec: &pb::JoinSpec,
+    left: &SchemaRef,
+    right: &SchemaRef,
+    compiler: &ExprCompiler,
+) -> Result<()> {
+    let items = spec
+        .exprs
+        .iter()
+        .filter(|e| side_wildcard(spec, &e.sql).is_none());
+    for e in spec.condition.iter().chain(items) {
+        JoinOperator::check_expr(spec, left, right, compiler, &e.sql)
+            .map_err(|err| locate(graph, e.location.as_ref(), "join", err))?;
+    }
+    Ok(())
 }
 
 /// A partitioned file sink's partition columns must be columns of its input, each once,
