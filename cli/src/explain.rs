@@ -92,8 +92,9 @@ pub fn explain(plan: &PhysicalPlan) -> String {
             let node = plan.node(id);
             let _ = writeln!(out, "  {}: {}", node.name, describe(node));
             let updating_input = matches!(node.kind, Some(pb::node::Kind::Aggregate(_)))
-                && sluice_compute::changelog::is_changelog(&plan.input_schema(id));
-            if let Some(state) = keyed_state(node, updating_input) {
+                .then(|| plan.input_schema(id))
+                .filter(|input| sluice_compute::changelog::is_changelog(input));
+            if let Some(state) = keyed_state(node, updating_input.as_ref()) {
                 let _ = writeln!(out, "    keyed state: {state}");
             }
             let (verb, schema) = match node.kind {
@@ -284,8 +285,12 @@ fn describe(node: &pb::Node) -> String {
     }
 }
 
-/// What an operator keeps per key, if anything (`updating_input`: it reads a changelog).
-fn keyed_state(node: &pb::Node, updating_input: bool) -> Option<String> {
+/// What an operator keeps per key, if anything (`updating_input`: the changelog an
+/// aggregate reads).
+fn keyed_state(
+    node: &pb::Node,
+    updating_input: Option<&arrow::datatypes::SchemaRef>,
+) -> Option<String> {
     match &node.kind {
         Some(pb::node::Kind::Window(w)) if w.key_columns.is_empty() => {
             Some("one accumulator per open window (not keyed: one subtask)".to_owned())
@@ -327,11 +332,13 @@ fn keyed_state(node: &pb::Node, updating_input: bool) -> Option<String> {
                     a.key_columns.join(", ")
                 ),
             };
-            let extremes = a.aggregates.iter().any(|e| {
-                let sql = e.sql.trim_start().to_ascii_lowercase();
-                sql.starts_with("min(") || sql.starts_with("max(")
-            });
-            if updating_input {
+            if let Some(input) = updating_input {
+                use sluice_compute::expr::aggregate::{AggFunc, AggregateCall};
+                let compiler = sluice_compute::expr::ExprCompiler::new();
+                let extremes = a.aggregates.iter().any(|e| {
+                    AggregateCall::compile(&compiler, &e.sql, input)
+                        .is_ok_and(|c| matches!(c.func, AggFunc::Min | AggFunc::Max))
+                });
                 text.push_str("; retractions taken back");
                 if extremes {
                     text.push_str(", with every MIN/MAX value counted per key");
