@@ -201,6 +201,37 @@ pub trait Connectors: Send + Sync + std::fmt::Debug {
     ) -> Result<Box<dyn SinkWriter>>;
 }
 
+/// Indices of a partitioned file sink's `partition_by` columns in its input `schema`;
+/// an error names a column the input lacks or names twice, or partitioning by every
+/// column (the files would hold none). Planning and the sink both ask.
+pub fn partition_columns(partition_by: &[String], schema: &SchemaRef) -> Result<Vec<usize>> {
+    let mut indices = Vec::with_capacity(partition_by.len());
+    for column in partition_by {
+        let index = schema.index_of(column).map_err(|_| {
+            let have: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            Error::Plan(format!(
+                "the file sink is partitioned by `{column}`, which its input does not have \
+                 (it has {})",
+                have.join(", ")
+            ))
+        })?;
+        if indices.contains(&index) {
+            return Err(Error::Plan(format!(
+                "the file sink is partitioned by `{column}` twice"
+            )));
+        }
+        indices.push(index);
+    }
+    if indices.len() == schema.fields().len() {
+        return Err(Error::Plan(
+            "the file sink is partitioned by every column of its input: the files would \
+             hold none"
+                .into(),
+        ));
+    }
+    Ok(indices)
+}
+
 /// Indices of `columns` in `schema` (`None` when all columns are wanted, in order).
 pub fn projection(schema: &SchemaRef, columns: &[String]) -> Result<Option<Vec<usize>>> {
     if columns.is_empty() {

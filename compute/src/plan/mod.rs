@@ -667,33 +667,12 @@ fn check_join_exprs(
 /// A partitioned file sink's partition columns must be columns of its input, each once,
 /// and leave the files at least one column.
 fn check_partitions(spec: &pb::SinkSpec, input: &SchemaRef) -> Result<()> {
-    let Some(pb::sink_spec::Kind::File(f)) = &spec.kind else {
-        return Ok(());
-    };
-    let mut seen = Vec::new();
-    for column in &f.partition_by {
-        if input.index_of(column).is_err() {
-            let have: Vec<&str> = input.fields().iter().map(|f| f.name().as_str()).collect();
-            return Err(plan_err(format!(
-                "the file sink is partitioned by `{column}`, which its input does not have \
-                 (it has {})",
-                have.join(", ")
-            )));
+    match &spec.kind {
+        Some(pb::sink_spec::Kind::File(f)) if !f.partition_by.is_empty() => {
+            crate::connector::partition_columns(&f.partition_by, input).map(|_| ())
         }
-        if seen.contains(&column) {
-            return Err(plan_err(format!(
-                "the file sink is partitioned by `{column}` twice"
-            )));
-        }
-        seen.push(column);
+        _ => Ok(()),
     }
-    if !f.partition_by.is_empty() && seen.len() == input.fields().len() {
-        return Err(plan_err(
-            "the file sink is partitioned by every column of its input: the files would \
-             hold none",
-        ));
-    }
-    Ok(())
 }
 
 /// Refuses what cannot take an updating result (`+I -U +U -D`) as its input.

@@ -22,7 +22,7 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use sluice_common::pb;
-use sluice_compute::connector::{SinkWriter, SubtaskInfo};
+use sluice_compute::connector::{SinkWriter, SubtaskInfo, partition_columns};
 use sluice_compute::error::{Error, Result};
 
 use super::FileWriter;
@@ -74,37 +74,10 @@ impl PartitionedWriter {
     /// an error names a partition column the input lacks, or one that leaves the files
     /// no column.
     pub fn create(spec: &pb::FileSink, schema: SchemaRef, subtask: SubtaskInfo) -> Result<Self> {
-        let mut partition = Vec::with_capacity(spec.partition_by.len());
-        for column in &spec.partition_by {
-            let index = schema.index_of(column).map_err(|_| {
-                Error::Plan(format!(
-                    "the file sink partitions by `{column}`, which its input does not have \
-                     (it has {})",
-                    schema
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-            })?;
-            if partition.contains(&index) {
-                return Err(Error::Plan(format!(
-                    "the file sink partitions by `{column}` twice"
-                )));
-            }
-            partition.push(index);
-        }
+        let partition = partition_columns(&spec.partition_by, &schema)?;
         let keep: Vec<usize> = (0..schema.fields().len())
             .filter(|i| !partition.contains(i))
             .collect();
-        if keep.is_empty() {
-            return Err(Error::Plan(
-                "the file sink partitions by every column of its input: the files would \
-                 hold none"
-                    .into(),
-            ));
-        }
         let file_schema = Arc::new(schema.project(&keep)?);
         Ok(Self {
             spec: spec.clone(),
