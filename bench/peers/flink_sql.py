@@ -105,13 +105,75 @@ QUERIES = {
             f"{BIDS}, item_name STRING, description STRING, initial_bid BIGINT, "
             "reserve BIGINT, date_time0 TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, "
             "category BIGINT, extra0 STRING"),
+    # The rest of Flink's Nexmark, as its query files write them.
+    "q4": ("SELECT Q.category, AVG(Q.final) FROM ("
+           "SELECT MAX(B.price) AS final, A.category FROM auction A, bid B "
+           "WHERE A.id = B.auction AND B.date_time BETWEEN A.date_time AND A.expires "
+           "GROUP BY A.id, A.category) Q GROUP BY Q.category",
+           "category BIGINT, avg_price BIGINT"),
+    "q5-hottest": ("SELECT AuctionBids.auction, AuctionBids.num FROM ("
+                   "SELECT auction, count(*) AS num, window_start AS starttime, window_end AS endtime "
+                   "FROM TABLE(HOP(TABLE bid, DESCRIPTOR(date_time), INTERVAL '2' SECOND, INTERVAL '10' SECOND)) "
+                   "GROUP BY auction, window_start, window_end) AS AuctionBids JOIN ("
+                   "SELECT max(CountBids.num) AS maxn, CountBids.starttime, CountBids.endtime FROM ("
+                   "SELECT count(*) AS num, window_start AS starttime, window_end AS endtime "
+                   "FROM TABLE(HOP(TABLE bid, DESCRIPTOR(date_time), INTERVAL '2' SECOND, INTERVAL '10' SECOND)) "
+                   "GROUP BY auction, window_start, window_end) AS CountBids "
+                   "GROUP BY CountBids.starttime, CountBids.endtime) AS MaxBids "
+                   "ON AuctionBids.starttime = MaxBids.starttime AND AuctionBids.endtime = MaxBids.endtime "
+                   "AND AuctionBids.num >= MaxBids.maxn",
+                   "auction BIGINT, num BIGINT"),
+    "q9": ("SELECT id, item_name, description, initial_bid, reserve, date_time, expires, seller, "
+           "category, extra, auction, bidder, price, bid_date_time, bid_extra FROM ("
+           "SELECT A.*, B.auction, B.bidder, B.price, B.date_time AS bid_date_time, "
+           "B.extra AS bid_extra, ROW_NUMBER() OVER (PARTITION BY A.id "
+           "ORDER BY B.price DESC, B.date_time ASC) AS rownum FROM auction A, bid B "
+           "WHERE A.id = B.auction AND B.date_time BETWEEN A.date_time AND A.expires) "
+           "WHERE rownum <= 1",
+           f"{AUCTIONS}, auction BIGINT, bidder BIGINT, price BIGINT, "
+           "bid_date_time TIMESTAMP(3), bid_extra STRING"),
+    "q10": ("SELECT auction, bidder, price, date_time, extra, "
+            "DATE_FORMAT(date_time, 'yyyy-MM-dd'), DATE_FORMAT(date_time, 'HH:mm') FROM bid",
+            "auction BIGINT, bidder BIGINT, price BIGINT, date_time TIMESTAMP(3), extra STRING, "
+            "dt STRING, hm STRING"),
+    "q12": ("SELECT bidder, count(*) AS bid_count, window_start, window_end "
+            "FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(p_time), INTERVAL '10' SECOND)) "
+            "GROUP BY bidder, window_start, window_end",
+            f"bidder BIGINT, bid_count BIGINT, {WINDOW}"),
+    "q13": ("SELECT B.auction, B.bidder, B.price, B.date_time, S.`value` FROM bid B "
+            "JOIN side_input FOR SYSTEM_TIME AS OF B.p_time AS S ON mod(B.auction, 10000) = S.key",
+            "auction BIGINT, bidder BIGINT, price BIGINT, date_time TIMESTAMP(3), `value` STRING"),
+    "q16": ("SELECT channel, DATE_FORMAT(date_time, 'yyyy-MM-dd') AS `day`, "
+            "max(DATE_FORMAT(date_time, 'HH:mm')) AS `minute`, count(*) AS total_bids, "
+            f"{BANDS.format(x='*', n='bids')}, "
+            "count(DISTINCT bidder) AS total_bidders, "
+            f"{BANDS.format(x='DISTINCT bidder', n='bidders')}, "
+            "count(DISTINCT auction) AS total_auctions, "
+            f"{BANDS.format(x='DISTINCT auction', n='auctions')} "
+            "FROM bid GROUP BY channel, DATE_FORMAT(date_time, 'yyyy-MM-dd')",
+            "channel STRING, `day` STRING, `minute` STRING, "
+            + ", ".join(f"c{i} BIGINT" for i in range(12))),
+    "q21": ("SELECT auction, bidder, price, channel, CASE "
+            "WHEN lower(channel) = 'apple' THEN '0' WHEN lower(channel) = 'google' THEN '1' "
+            "WHEN lower(channel) = 'facebook' THEN '2' WHEN lower(channel) = 'baidu' THEN '3' "
+            "ELSE REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2) END AS channel_id FROM bid "
+            "WHERE REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2) IS NOT NULL "
+            "OR lower(channel) IN ('apple', 'google', 'facebook', 'baidu')",
+            "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, channel_id STRING"),
+    "q22": ("SELECT auction, bidder, price, channel, SPLIT_INDEX(url, '/', 3) AS dir1, "
+            "SPLIT_INDEX(url, '/', 4) AS dir2, SPLIT_INDEX(url, '/', 5) AS dir3 FROM bid",
+            "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, dir1 STRING, "
+            "dir2 STRING, dir3 STRING"),
 }
 
 # The tables each query reads besides `bid`.
-JOINED = {"q3": ("auction", "person"), "q8": ("auction", "person"), "q20": ("auction",)}
+JOINED = {"q3": ("auction", "person"), "q8": ("auction", "person"), "q20": ("auction",),
+          "q4": ("auction",), "q9": ("auction",)}
+# Columns a query's bid table computes besides the CSV's.
+COMPUTED = {"q12": "p_time AS PROCTIME(),", "q13": "p_time AS PROCTIME(),"}
 
 TABLE = """CREATE TABLE {name} (
-  {columns},
+  {columns}, {computed}
   WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND
 ) WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'csv')"""
 
@@ -150,6 +212,10 @@ def main():
     ap.add_argument("--query", "-q", required=True, choices=sorted(QUERIES))
     ap.add_argument("--auctions", default=None, help="a directory of headerless CSV auctions")
     ap.add_argument("--persons", default=None, help="a directory of headerless CSV persons")
+    ap.add_argument("--side-input", default=None,
+                    help="q13: a directory with Nexmark's side input (key,value lines)")
+    ap.add_argument("--out", default=None,
+                    help="q10: where its partitioned files go (default: a temporary directory)")
     ap.add_argument("--rows", type=int, required=True,
                     help="the events the query reads (bids, and auctions or persons it joins)")
     ap.add_argument("--parallelism", "-p", type=int, default=2)
@@ -174,14 +240,32 @@ def main():
     for name in ("bid",) + JOINED.get(args.query, ()):
         if dirs[name] is None:
             ap.error(f"{args.query} reads {name}s: give --{name}s")
-        t_env.execute_sql(TABLE.format(name=name, columns=columns_of[name],
+        computed = COMPUTED.get(args.query, "") if name == "bid" else ""
+        t_env.execute_sql(TABLE.format(name=name, columns=columns_of[name], computed=computed,
                                        path="file://" + os.path.abspath(dirs[name])))
+    if args.query == "q13":
+        if args.side_input is None:
+            ap.error("q13 reads the side input: give --side-input")
+        t_env.execute_sql("CREATE TABLE side_input (key BIGINT, `value` STRING) WITH ("
+                          "'connector' = 'filesystem', 'format' = 'csv', "
+                          f"'path' = 'file://{os.path.abspath(args.side_input)}')")
     select, columns = QUERIES[args.query]
-    t_env.execute_sql(f"CREATE TABLE output ({columns}) WITH ('connector' = 'blackhole')")
+    scratch = None
+    if args.query == "q10":
+        out = args.out or tempfile.mkdtemp(prefix="flink-q10-")
+        scratch = None if args.out else out
+        t_env.execute_sql(f"CREATE TABLE output ({columns}) PARTITIONED BY (dt, hm) WITH ("
+                          f"'connector' = 'filesystem', 'path' = 'file://{os.path.abspath(out)}', "
+                          "'format' = 'csv')")
+    else:
+        t_env.execute_sql(f"CREATE TABLE output ({columns}) WITH ('connector' = 'blackhole')")
     t_sub = time.time()
     result = t_env.execute_sql(f"INSERT INTO output {select}")
     jer = result.get_job_client().get_job_execution_result().result()
     t_end = time.time()
+    if scratch is not None:
+        import shutil
+        shutil.rmtree(scratch, ignore_errors=True)
     seconds = jer.get_net_runtime() / 1000.0
     eps = args.rows / seconds if seconds > 0 else float("nan")
     print(f"flink q={args.query} rows={args.rows} seconds={seconds:.3f} events_per_s={eps:.0f} "

@@ -21,7 +21,7 @@ use crate::{Error, Host, Result};
 use sluice_common::process::self_peak_rss_bytes as peak_rss_bytes;
 
 /// Benchmark queries.
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Query {
     /// Pass-through.
     Q0,
@@ -57,6 +57,56 @@ pub enum Query {
     /// Every bid on a category 10 auction with the auction's columns (a regular join;
     /// the source events are the bids and auctions).
     Q20,
+    /// Average closing price per category: bids joined with their open auctions, the
+    /// highest bid per auction, averaged per category (an aggregate over a changelog).
+    /// SQL only.
+    Q4,
+    /// Flink's q5: each window's bid count per auction joined with the window's highest
+    /// count (a join of two updating results). SQL only.
+    Q5Hottest,
+    /// The winning bid of each auction: bids joined with their open auctions, the highest
+    /// per auction (a Top-N over a join). SQL only.
+    Q9,
+    /// Every bid written to CSV files partitioned by day and minute (`--out`, or a
+    /// temporary directory). SQL only.
+    Q10,
+    /// Bids per bidder in 10 s processing-time windows. SQL only.
+    Q12,
+    /// Every bid joined with a 10,000-row side table (a processing-time lookup join).
+    /// SQL only.
+    Q13,
+    /// Daily bids, bidders and auctions per channel and price band. SQL only.
+    Q16,
+    /// Each bid's channel id, from its channel or its URL (CASE, REGEXP_EXTRACT). SQL only.
+    Q21,
+    /// The first three directories of each bid's URL (SPLIT_INDEX). SQL only.
+    Q22,
+}
+
+impl Query {
+    /// Whether the query is written only in SQL: it has no YAML twin to compare with.
+    fn sql_only(self) -> bool {
+        matches!(
+            self,
+            Query::Q4
+                | Query::Q5Hottest
+                | Query::Q9
+                | Query::Q10
+                | Query::Q12
+                | Query::Q13
+                | Query::Q16
+                | Query::Q21
+                | Query::Q22
+        )
+    }
+
+    /// The columns a query's bid table computes besides the CSV's.
+    fn bid_columns(self) -> &'static str {
+        match self {
+            Query::Q12 | Query::Q13 => "p_time AS PROCTIME(), ",
+            _ => "",
+        }
+    }
 }
 
 /// The Nexmark streams a benchmark job reads.
@@ -191,7 +241,7 @@ fn main_stream(query: Query) -> Stream {
 fn joined_streams(query: Query) -> &'static [Stream] {
     match query {
         Query::Q3 => &[Stream::Person],
-        Query::Q8 | Query::Q20 => &[Stream::Auction],
+        Query::Q8 | Query::Q20 | Query::Q4 | Query::Q9 => &[Stream::Auction],
         Query::Q7Join => &[Stream::Bid],
         _ => &[],
     }
@@ -246,6 +296,9 @@ pub struct Args {
     /// both plan into the same graph, so their figures should agree.
     #[arg(long)]
     sql: bool,
+    /// q10's output directory (default: a temporary directory, removed afterwards).
+    #[arg(long)]
+    out: Option<String>,
 }
 
 /// How a benchmark job is set up, besides its query.
@@ -269,6 +322,8 @@ pub struct JobOptions<'a> {
     pub cache: Option<u64>,
     /// Watermark alignment's maximum drift (0: none).
     pub max_drift_ms: u64,
+    /// Where q10 writes its partitioned files (other queries write to a blackhole).
+    pub out: Option<&'a str>,
 }
 
 /// The state backend of a benchmark run.
@@ -396,7 +451,17 @@ fn fixed_pipeline(query: Query) -> &'static str {
         Query::Q19 => {
             "pipeline:\n  - top_n: { partition_by: [auction], order_by: [\"price DESC\"], limit: 10, rank_column: rank_number }\n"
         }
+        // The joins are built by `pipeline`; SQL-only queries never reach a job file.
         Query::Q3 | Query::Q7Join | Query::Q8 | Query::Q20 => "",
+        Query::Q4
+        | Query::Q5Hottest
+        | Query::Q9
+        | Query::Q10
+        | Query::Q12
+        | Query::Q13
+        | Query::Q16
+        | Query::Q21
+        | Query::Q22 => "",
     }
 }
 
@@ -489,6 +554,79 @@ fn select(query: Query) -> &'static str {
              GROUP BY seller, window_start, window_end) A \
              ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime"
         }
+        Query::Q4 => {
+            "SELECT Q.category, AVG(Q.final) AS avg_price FROM (\
+             SELECT MAX(B.price) AS final, A.category FROM auction A, bid B \
+             WHERE A.id = B.auction AND B.date_time BETWEEN A.date_time AND A.expires \
+             GROUP BY A.id, A.category) Q GROUP BY Q.category"
+        }
+        Query::Q5Hottest => {
+            "SELECT AuctionBids.auction, AuctionBids.num FROM (\
+             SELECT auction, COUNT(*) AS num, window_start AS starttime, window_end AS endtime \
+             FROM TABLE(HOP(TABLE bid, DESCRIPTOR(date_time), INTERVAL '2' SECOND, INTERVAL '10' SECOND)) \
+             GROUP BY auction, window_start, window_end) AS AuctionBids JOIN (\
+             SELECT MAX(CountBids.num) AS maxn, CountBids.starttime, CountBids.endtime FROM (\
+             SELECT COUNT(*) AS num, window_start AS starttime, window_end AS endtime \
+             FROM TABLE(HOP(TABLE bid, DESCRIPTOR(date_time), INTERVAL '2' SECOND, INTERVAL '10' SECOND)) \
+             GROUP BY auction, window_start, window_end) AS CountBids \
+             GROUP BY CountBids.starttime, CountBids.endtime) AS MaxBids \
+             ON AuctionBids.starttime = MaxBids.starttime AND AuctionBids.endtime = MaxBids.endtime \
+             AND AuctionBids.num >= MaxBids.maxn"
+        }
+        Query::Q9 => {
+            "SELECT id, item_name, description, initial_bid, reserve, date_time, expires, seller, \
+             category, extra, auction, bidder, price, bid_date_time, bid_extra FROM (\
+             SELECT A.*, B.auction, B.bidder, B.price, B.date_time AS bid_date_time, \
+             B.extra AS bid_extra, ROW_NUMBER() OVER (PARTITION BY A.id \
+             ORDER BY B.price DESC, B.date_time ASC) AS rownum FROM auction A, bid B \
+             WHERE A.id = B.auction AND B.date_time BETWEEN A.date_time AND A.expires) \
+             WHERE rownum <= 1"
+        }
+        Query::Q10 => {
+            "SELECT auction, bidder, price, date_time, extra, \
+             DATE_FORMAT(date_time, 'yyyy-MM-dd') AS dt, DATE_FORMAT(date_time, 'HH:mm') AS hm \
+             FROM bid"
+        }
+        Query::Q12 => {
+            "SELECT bidder, COUNT(*) AS bid_count, window_start, window_end \
+             FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(p_time), INTERVAL '10' SECOND)) \
+             GROUP BY bidder, window_start, window_end"
+        }
+        Query::Q13 => {
+            "SELECT B.auction, B.bidder, B.price, B.date_time, S.`value` FROM bid B \
+             JOIN side_input FOR SYSTEM_TIME AS OF B.p_time AS S ON MOD(B.auction, 10000) = S.key"
+        }
+        Query::Q16 => {
+            "SELECT channel, day, DATE_FORMAT(last_bid, 'HH:mm') AS minute, total_bids, \
+             rank1_bids, rank2_bids, rank3_bids, total_bidders, rank1_bidders, rank2_bidders, \
+             rank3_bidders, total_auctions, rank1_auctions, rank2_auctions, rank3_auctions FROM (\
+             SELECT channel, DATE_FORMAT(date_time, 'yyyy-MM-dd') AS day, \
+             MAX(date_time) AS last_bid, count(*) AS total_bids, \
+             count(*) FILTER (WHERE price < 10000) AS rank1_bids, \
+             count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, \
+             count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, \
+             count(DISTINCT bidder) AS total_bidders, \
+             count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, \
+             count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders, \
+             count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, \
+             count(DISTINCT auction) AS total_auctions, \
+             count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, \
+             count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions, \
+             count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions \
+             FROM bid GROUP BY channel, DATE_FORMAT(date_time, 'yyyy-MM-dd'))"
+        }
+        Query::Q21 => {
+            "SELECT auction, bidder, price, channel, CASE \
+             WHEN lower(channel) = 'apple' THEN '0' WHEN lower(channel) = 'google' THEN '1' \
+             WHEN lower(channel) = 'facebook' THEN '2' WHEN lower(channel) = 'baidu' THEN '3' \
+             ELSE REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2) END AS channel_id FROM bid \
+             WHERE REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2) IS NOT NULL \
+             OR lower(channel) IN ('apple', 'google', 'facebook', 'baidu')"
+        }
+        Query::Q22 => {
+            "SELECT auction, bidder, price, channel, SPLIT_INDEX(url, '/', 3) AS dir1, \
+             SPLIT_INDEX(url, '/', 4) AS dir2, SPLIT_INDEX(url, '/', 5) AS dir3 FROM bid"
+        }
     }
 }
 
@@ -521,22 +659,51 @@ pub fn sql_text(query: Query, o: &JobOptions) -> Result<String> {
             // Only bids were given: the table cannot be read.
             continue;
         }
+        let computed = match stream {
+            Stream::Bid => query.bid_columns(),
+            _ => "",
+        };
         text.push_str(&format!(
-            "CREATE TABLE {} (WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
+            "CREATE TABLE {} ({computed}WATERMARK FOR date_time AS date_time - INTERVAL '4' SECOND) \
              WITH ({});\n",
             stream.name(),
             stream.sql_options(o)
         ));
     }
-    text.push_str(&format!(
-        "CREATE TABLE output WITH ('connector' = 'blackhole');\nINSERT INTO output {};\n",
-        select(query)
-    ));
+    match query {
+        // Flink's q13 reads a file of 10,000 rows; the generator's side_input stream
+        // holds the same rows.
+        Query::Q13 => text.push_str(
+            "CREATE TABLE side_input WITH ('connector' = 'nexmark', 'stream' = 'side_input', \
+             'events' = '10000');\n",
+        ),
+        Query::Q10 => {
+            let out = o
+                .out
+                .ok_or_else(|| Error::usage("q10 writes files: give their directory with --out"))?;
+            text.push_str(&format!(
+                "CREATE TABLE output PARTITIONED BY (dt, hm) WITH ('connector' = 'file', \
+                 'path' = '{}', 'format' = 'csv');\n",
+                out.replace('\'', "''")
+            ));
+        }
+        _ => {}
+    }
+    if query != Query::Q10 {
+        text.push_str("CREATE TABLE output WITH ('connector' = 'blackhole');\n");
+    }
+    text.push_str(&format!("INSERT INTO output {};\n", select(query)));
     Ok(text)
 }
 
 /// The job file text of a benchmark run.
-pub fn job_text(query: Query, o: &JobOptions) -> String {
+pub fn job_text(query: Query, o: &JobOptions) -> Result<String> {
+    if query.sql_only() {
+        return Err(Error::usage(format!(
+            "{} is written in SQL only (it has no job file twin): add --sql",
+            query_name(query)
+        )));
+    }
     let JobOptions {
         parallelism,
         state,
@@ -559,11 +726,19 @@ pub fn job_text(query: Query, o: &JobOptions) -> String {
         0 => String::new(),
         ms => format!(", alignment: {{ max_drift: {ms}ms }}"),
     };
-    format!(
+    Ok(format!(
         "name: bench-{q:?}\nparallelism: {parallelism}\nstate: {{ backend: {state}{cache} }}\n{checkpoint}source:\n{source}watermark: {{ column: date_time, max_out_of_orderness: 4s{alignment} }}\n{p}sink:\n  blackhole: {{}}\n",
         q = query,
         p = pipeline(query, o)
-    )
+    ))
+}
+
+/// The query's name as `--query` takes it.
+fn query_name(query: Query) -> String {
+    query
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_else(|| format!("{query:?}"))
 }
 
 /// Runs `sluice bench nexmark`.
@@ -581,6 +756,19 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         checkpoint_ms: args.checkpoint_ms,
         cache: args.cache,
         max_drift_ms: args.max_drift_ms,
+        out: None,
+    };
+    // q10's files go to --out, or to a directory removed when the run ends.
+    let scratch = match (&args.out, args.query) {
+        (None, Query::Q10) => Some(tempfile::tempdir().map_err(|e| {
+            Error::usage(format!("cannot make a directory for q10's files: {e}"))
+        })?),
+        _ => None,
+    };
+    let scratch_path = scratch.as_ref().map(|d| d.path().to_string_lossy().into_owned());
+    let options = JobOptions {
+        out: args.out.as_deref().or(scratch_path.as_deref()),
+        ..options
     };
     if options.input.is_some() {
         for stream in std::iter::once(main_stream(args.query))
@@ -605,7 +793,7 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         let text = sql_text(args.query, &options)?;
         sluice_planner::sql::parse_sql_job("<bench>.sql", &text)
     } else {
-        job_spec::parse_job("<bench>", &job_text(args.query, &options))
+        job_spec::parse_job("<bench>", &job_text(args.query, &options)?)
     }
     .map_err(|e| Error::usage(e.to_string()))?;
     let s = host.run_job(graph, args.workers)?;
@@ -652,6 +840,9 @@ mod tests {
     #[test]
     fn every_query_is_a_valid_job() {
         for q in Query::value_variants() {
+            if q.sql_only() {
+                continue;
+            }
             for input in [None, Some("/tmp/bids")] {
                 for max_drift_ms in [0, 2000] {
                     let text = job_text(
@@ -666,8 +857,10 @@ mod tests {
                             checkpoint_ms: 0,
                             cache: None,
                             max_drift_ms,
+                            out: None,
                         },
-                    );
+                    )
+                    .unwrap();
                     job_spec::parse_job("<bench>", &text)
                         .unwrap_or_else(|e| panic!("{q:?}: {e}\n{text}"));
                 }
@@ -717,11 +910,17 @@ mod tests {
                         checkpoint_ms,
                         cache,
                         max_drift_ms: 0,
+                        out: Some("/tmp/q10's files"),
                     };
                     let sql = sql_text(*q, &o).unwrap();
                     let from_sql = sluice_planner::sql::parse_sql_job("<bench>.sql", &sql)
                         .unwrap_or_else(|e| panic!("{q:?}: {e}\n{sql}"));
-                    let yaml = job_text(*q, &o);
+                    if q.sql_only() {
+                        let e = job_text(*q, &o).unwrap_err().to_string();
+                        assert!(e.contains("add --sql"), "{e}");
+                        continue;
+                    }
+                    let yaml = job_text(*q, &o).unwrap();
                     let from_yaml = job_spec::parse_job("<bench>", &yaml).unwrap();
                     assert_eq!(
                         unplaced(from_sql),
@@ -741,7 +940,14 @@ mod tests {
             checkpoint_ms: 0,
             cache: None,
             max_drift_ms: 5,
+            out: None,
         };
         assert!(sql_text(Query::Q0, &drift).is_err());
+        let no_out = JobOptions {
+            max_drift_ms: 0,
+            ..drift
+        };
+        let e = sql_text(Query::Q10, &no_out).unwrap_err().to_string();
+        assert!(e.contains("--out"), "{e}");
     }
 }

@@ -84,8 +84,9 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
                 checkpoint_ms: args.checkpoint_ms,
                 cache: None,
                 max_drift_ms: 0,
+                out: None,
             },
-        );
+        )?;
         let graph =
             job_spec::parse_job("<bench>", &text).map_err(|e| Error::usage(e.to_string()))?;
         let before = receiver.exports();
