@@ -91,9 +91,12 @@ pub fn explain(plan: &PhysicalPlan) -> String {
         for &id in nodes {
             let node = plan.node(id);
             let _ = writeln!(out, "  {}: {}", node.name, describe(node));
-            let updating_input = matches!(node.kind, Some(pb::node::Kind::Aggregate(_)))
-                .then(|| plan.input_schema(id))
-                .filter(|input| sluice_compute::changelog::is_changelog(input));
+            let updating_input = matches!(
+                node.kind,
+                Some(pb::node::Kind::Aggregate(_) | pb::node::Kind::TopN(_))
+            )
+            .then(|| plan.input_schema(id))
+            .filter(|input| sluice_compute::changelog::is_changelog(input));
             if let Some(state) = keyed_state(node, updating_input.as_ref()) {
                 let _ = writeln!(out, "    keyed state: {state}");
             }
@@ -286,7 +289,7 @@ fn describe(node: &pb::Node) -> String {
 }
 
 /// What an operator keeps per key, if anything (`updating_input`: the changelog an
-/// aggregate reads).
+/// aggregate or a Top-N reads).
 fn keyed_state(
     node: &pb::Node,
     updating_input: Option<&arrow::datatypes::SchemaRef>,
@@ -302,14 +305,21 @@ fn keyed_state(
         Some(pb::node::Kind::Dedup(d)) => {
             Some(format!("the keys [{}] seen", d.key_columns.join(", ")))
         }
-        Some(pb::node::Kind::TopN(t)) if t.partition_columns.is_empty() => {
-            Some(format!("the top {} rows (not keyed: one subtask)", t.limit))
+        Some(pb::node::Kind::TopN(t)) => {
+            let per = match t.partition_columns.is_empty() {
+                true => " (not keyed: one subtask)".to_owned(),
+                false => format!(" per [{}]", t.partition_columns.join(", ")),
+            };
+            // Over a changelog a retracted top row is replaced from the rows below it.
+            Some(match updating_input {
+                Some(_) => format!(
+                    "every live row and the top {}{per}; a retracted row's place goes to \
+                     the next",
+                    t.limit
+                ),
+                None => format!("the top {} rows{per}", t.limit),
+            })
         }
-        Some(pb::node::Kind::TopN(t)) => Some(format!(
-            "the top {} rows per [{}]",
-            t.limit,
-            t.partition_columns.join(", ")
-        )),
         Some(pb::node::Kind::Join(j)) => {
             let ttl = match j.ttl_ms {
                 0 => "kept forever".to_owned(),

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 /// Name of the change-kind column of an updating stream.
 pub const OP_COLUMN: &str = "op";
@@ -60,6 +60,15 @@ pub fn is_changelog(schema: &Schema) -> bool {
         .fields()
         .first()
         .is_some_and(|f| f.name() == OP_COLUMN && f.metadata().contains_key(MARKER))
+}
+
+/// An input's columns without the change kind of an updating input: the rows a join or
+/// a Top-N keeps.
+pub fn data_schema(schema: &SchemaRef) -> SchemaRef {
+    match is_changelog(schema) {
+        true => Arc::new(Schema::new(schema.fields()[1..].to_vec())),
+        false => schema.clone(),
+    }
 }
 
 /// The `op` column for `kinds`.

@@ -208,6 +208,16 @@ const ORACLE: &[(&str, &str)] = &[
          A.category FROM auction A, bid B WHERE A.id = B.auction AND B.date_time BETWEEN \
          A.date_time AND A.expires GROUP BY A.id, A.category) GROUP BY category",
     ),
+    // A Top-N over an aggregate's changelog, and an aggregate over the Top-N's: each
+    // seller's ten latest-closing auctions, their selling prices averaged.
+    (
+        "q6-average-selling-price-by-seller",
+        "SELECT seller, avg(final) AS avg_price FROM (SELECT seller, final, row_number() \
+         OVER (PARTITION BY seller ORDER BY expires DESC, id DESC) AS rn FROM (SELECT A.id, \
+         A.seller, A.expires, max(B.price) AS final FROM auction A, bid B WHERE A.id = \
+         B.auction AND B.date_time BETWEEN A.date_time AND A.expires GROUP BY A.id, \
+         A.seller, A.expires)) WHERE rn <= 10 GROUP BY seller",
+    ),
     // A Top-N over a join: ties after price and time go by the rest of the row.
     (
         "q9-winning-bids",
@@ -633,6 +643,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q3-local-item-suggestion",
         "q4-average-price-per-category",
         "q5-hottest-auctions",
+        "q6-average-selling-price-by-seller",
         "q9-winning-bids",
         "q10-partitioned-files",
         "q13-side-input-join",

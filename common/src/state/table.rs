@@ -93,6 +93,23 @@ impl StateTable {
         self.scan_prefix(prefix, page).await
     }
 
+    /// The first `n` rows of one key, in namespace order: one read, however many rows
+    /// the key has.
+    pub async fn first_of_key(
+        &self,
+        key_group: u16,
+        key: &[u8],
+        n: usize,
+    ) -> StateResult<Vec<Row>> {
+        let prefix = key_prefix(key_group, self.operator_id, self.name, key);
+        let end = prefix_end(&prefix);
+        let entries = self.backend.scan(&prefix, &end, Some(n.max(1))).await?;
+        entries
+            .iter()
+            .map(|(state_key, value)| self.row(state_key, value))
+            .collect()
+    }
+
     /// The operation removing every row of `key` in `key_group` (any namespace).
     pub fn delete_key(&self, key_group: u16, key: &[u8]) -> WriteOp {
         let prefix = key_prefix(key_group, self.operator_id, self.name, key);
@@ -103,6 +120,23 @@ impl StateTable {
         }
     }
 
+    /// A scanned entry as a row of this table.
+    fn row(&self, state_key: &[u8], value: &Bytes) -> StateResult<Row> {
+        let k = decode_key(state_key)?;
+        if k.operator_id != self.operator_id || k.state_name != self.name {
+            return Err(StateError::Internal(format!(
+                "a scan of state `{}` returned a key of another state",
+                String::from_utf8_lossy(self.name)
+            )));
+        }
+        Ok(Row {
+            key_group: k.key_group,
+            key: Bytes::copy_from_slice(k.key),
+            namespace: Bytes::copy_from_slice(k.namespace),
+            value: value.clone(),
+        })
+    }
+
     async fn scan_prefix(&self, prefix: Vec<u8>, page: usize) -> StateResult<Vec<Row>> {
         let end = prefix_end(&prefix);
         let mut from = prefix;
@@ -111,19 +145,7 @@ impl StateTable {
         loop {
             let entries = self.backend.scan(&from, &end, Some(page)).await?;
             for (state_key, value) in &entries {
-                let k = decode_key(state_key)?;
-                if k.operator_id != self.operator_id || k.state_name != self.name {
-                    return Err(StateError::Internal(format!(
-                        "a scan of state `{}` returned a key of another state",
-                        String::from_utf8_lossy(self.name)
-                    )));
-                }
-                rows.push(Row {
-                    key_group: k.key_group,
-                    key: Bytes::copy_from_slice(k.key),
-                    namespace: Bytes::copy_from_slice(k.namespace),
-                    value: value.clone(),
-                });
+                rows.push(self.row(state_key, value)?);
             }
             match entries.last() {
                 // The smallest key after the last one read.

@@ -41,7 +41,7 @@ use sluice_common::pb;
 use sluice_common::state::{StateTable, WriteOp, ttl};
 
 use super::{Operator, OperatorContext, Output};
-use crate::changelog::{self, RowKind};
+use crate::changelog::{self, RowKind, data_schema};
 use crate::element::unix_ms;
 use crate::error::{Error, Result};
 use crate::expr::{CompiledExpr, ExprCompiler};
@@ -128,15 +128,6 @@ pub(crate) fn pair_of(
         .chain(std::iter::repeat_n(r, right.fields().len()))
         .collect();
     (Arc::new(Schema::new(fields)), qualifiers)
-}
-
-/// An input's columns without the change kind of an updating input: the rows a join
-/// keeps and pairs.
-pub(crate) fn data_schema(schema: &SchemaRef) -> SchemaRef {
-    match changelog::is_changelog(schema) {
-        true => Arc::new(Schema::new(schema.fields()[1..].to_vec())),
-        false => schema.clone(),
-    }
 }
 
 /// Which side (0 left, 1 right) an output item `alias.*` names, if it is one.

@@ -9,10 +9,18 @@
 //! is deterministic. A batch is merged per key first, so a key's top changes once per
 //! batch.
 //!
+//! Over an updating input (an unbounded GROUP BY's changelog, Flink's retract Top-N) a
+//! row that adds (`+I`, `+U`) is a candidate as before, and a row that takes one back
+//! (`-U`, `-D`) leaves the ranking: when it was in the top, the next row below takes its
+//! place. So every row of the input that is still live is kept, not only the top.
+//!
 //! # State
-//! One table, `top`: per key the current top rows, each as its sort key and its whole row
-//! in Arrow's row format (which compares as bytes in the requested order), at most N.
-//! The input must be append-only: a retracted row would need the rows below the top.
+//! Table `top`: per key the current top rows, each as its sort key and its whole row in
+//! Arrow's row format (which compares as bytes in the requested order), at most N. Over
+//! an updating input also table `rows`: per key, every live row with its count, under
+//! the namespace sort key then row, so that a scan of the key's first N entries reads
+//! its top in order (the row format of one schema is prefix-free, so the concatenation
+//! sorts as the pair).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::keys::{EncodedKeys, KeyEncoder};
 
 const TOP_STATE: &str = "top";
+const ROWS_STATE: &str = "rows";
 
 /// Hashes short keys of one batch: keys come from the job's own data.
 type Hasher = foldhash::fast::RandomState;
@@ -55,22 +64,21 @@ pub struct TopNOperator {
     row_converter: RowConverter,
     limit: usize,
     rank: bool,
+    /// Whether the input is a changelog (its first column the change kind).
+    updating: bool,
     schema: SchemaRef,
     table: Option<StateTable>,
+    /// Every live row per key, over an updating input.
+    rows_table: Option<StateTable>,
     max_parallelism: u32,
 }
 
 impl TopNOperator {
-    /// Builds the operator over `input`; errors name a missing or unsortable column, a
-    /// limit of 0 or an updating input.
+    /// Builds the operator over `input`; errors name a missing or unsortable column or a
+    /// limit of 0.
     pub fn build(spec: &pb::TopNSpec, input: &SchemaRef) -> Result<Self> {
-        if changelog::is_changelog(input) {
-            return Err(Error::Plan(
-                "Top-N reads an updating result (an aggregate's changelog); it needs \
-                 append-only input"
-                    .into(),
-            ));
-        }
+        let updating = changelog::is_changelog(input);
+        let input = &changelog::data_schema(input);
         if spec.limit == 0 {
             return Err(Error::Plan(
                 "Top-N needs a limit of at least 1 (`rn <= 1` keeps the first row)".into(),
@@ -137,8 +145,10 @@ impl TopNOperator {
             row_converter,
             limit: spec.limit as usize,
             rank,
+            updating,
             schema: Arc::new(Schema::new(fields)),
             table: None,
+            rows_table: None,
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
         })
     }
@@ -192,6 +202,9 @@ impl TopNOperator {
     }
 }
 
+/// A row of one key of a batch: the key's slot, the row's sort key and its bytes.
+type SlotEntry<'a> = (usize, &'a [u8], &'a [u8]);
+
 /// One emitted change: its kind, the row's bytes and its rank (when ranks are emitted).
 type Change<'a> = (RowKind, &'a [u8], i64);
 
@@ -228,11 +241,18 @@ fn decode(mut bytes: &[u8], out: &mut Vec<Entry>) -> Result<()> {
 impl Operator for TopNOperator {
     async fn open(&mut self, ctx: &OperatorContext) -> Result<()> {
         self.max_parallelism = ctx.max_parallelism;
-        self.table = Some(ctx.keyed_state()?.table(TOP_STATE));
+        let state = ctx.keyed_state()?;
+        self.table = Some(state.table(TOP_STATE));
+        if self.updating {
+            self.rows_table = Some(state.table(ROWS_STATE));
+        }
         Ok(())
     }
 
     async fn process_batch(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
+        if self.updating {
+            return self.process_changes(batch, out).await;
+        }
         let Some(table) = self.table.as_ref() else {
             return Err(Error::Internal("top_n used before `open`".into()));
         };
@@ -294,9 +314,19 @@ impl Operator for TopNOperator {
             return Ok(());
         }
         table.write(writes).await?;
+        self.emit(&olds, &news, out)
+    }
+}
+
+impl TopNOperator {
+    /// Emits the changes from each key's old top to its new one.
+    fn emit(&self, olds: &[Vec<Entry>], news: &[Vec<Entry>], out: &mut Output) -> Result<()> {
         let mut changes = Vec::new();
-        for (old, new) in olds.iter().zip(&news) {
+        for (old, new) in olds.iter().zip(news) {
             self.diff(old, new, &mut changes);
+        }
+        if changes.is_empty() {
+            return Ok(());
         }
         let parser = self.row_converter.parser();
         let mut columns = Vec::with_capacity(self.schema.fields().len());
@@ -314,6 +344,154 @@ impl Operator for TopNOperator {
         out.batch(RecordBatch::try_new(self.schema.clone(), columns)?);
         Ok(())
     }
+
+    /// A batch of an updating input: each row's count in `rows` goes up or down, and
+    /// each key's top is read again from its first N live rows.
+    async fn process_changes(&mut self, batch: RecordBatch, out: &mut Output) -> Result<()> {
+        let (Some(table), Some(rows_table)) = (self.table.as_ref(), self.rows_table.as_ref())
+        else {
+            return Err(Error::Internal("top_n used before `open`".into()));
+        };
+        let signs = changelog::signs(batch.column(0))
+            .ok_or_else(|| Error::Internal("an updating input's `op` is not text".into()))?;
+        let data = batch.project(&(1..batch.num_columns()).collect::<Vec<_>>())?;
+        self.key_encoder.encode(&data, &mut self.keys)?;
+        let sort_input: Vec<ArrayRef> = self
+            .sort_columns
+            .iter()
+            .map(|&i| data.column(i).clone())
+            .collect();
+        let sorts = self.sort_converter.convert_columns(&sort_input)?;
+        let rows = self.row_converter.convert_columns(data.columns())?;
+        // Per key, the change of each distinct (sort, row)'s count.
+        let mut slot_of: HashMap<&[u8], usize, Hasher> = HashMap::default();
+        let mut first: Vec<usize> = Vec::new();
+        let mut deltas: HashMap<SlotEntry<'_>, i64, Hasher> = HashMap::default();
+        for (row, sign) in signs.iter().enumerate() {
+            let key = self.keys.row(row);
+            let slot = *slot_of.entry(key).or_insert_with(|| {
+                first.push(row);
+                first.len() - 1
+            });
+            *deltas
+                .entry((slot, sorts.row(row).data(), rows.row(row).data()))
+                .or_default() += sign;
+        }
+        let mut changed: Vec<(SlotEntry<'_>, i64)> =
+            deltas.into_iter().filter(|(_, d)| *d != 0).collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        changed.sort_unstable();
+        let group = |slot: usize| {
+            let key = self.keys.row(first[slot]);
+            (key_group_of(key, self.max_parallelism), key)
+        };
+        let count_keys: Vec<Bytes> = changed
+            .iter()
+            .map(|((slot, sort, row), _)| {
+                let (kg, key) = group(*slot);
+                rows_table.key(kg, key, &[*sort, *row].concat())
+            })
+            .collect();
+        let counts = rows_table.get_many(&count_keys).await?;
+        let mut writes = Vec::with_capacity(changed.len());
+        for ((((_, sort, _), delta), state_key), stored) in
+            changed.iter().zip(count_keys).zip(counts)
+        {
+            let before = match &stored {
+                Some(v) => decode_count(v)?.0,
+                None => 0,
+            };
+            // A retraction of a row never kept (its addition expired or came before a
+            // restore from a checkpoint without it) takes nothing back.
+            let after = (before as i64).saturating_add(*delta).max(0) as u64;
+            if after == before {
+                continue;
+            }
+            writes.push(match after {
+                0 => WriteOp::Delete { key: state_key },
+                n => WriteOp::Put {
+                    key: state_key,
+                    value: encode_count(n, sort.len()),
+                },
+            });
+        }
+        if writes.is_empty() {
+            return Ok(());
+        }
+        rows_table.write(writes).await?;
+        let mut slots: Vec<usize> = changed.iter().map(|((slot, _, _), _)| *slot).collect();
+        slots.dedup();
+        let top_keys: Vec<Bytes> = slots
+            .iter()
+            .map(|&slot| {
+                let (kg, key) = group(slot);
+                table.key(kg, key, &[])
+            })
+            .collect();
+        let stored = table.get_many(&top_keys).await?;
+        let mut olds = Vec::with_capacity(slots.len());
+        let mut news = Vec::with_capacity(slots.len());
+        let mut writes = Vec::new();
+        for ((&slot, state_key), value) in slots.iter().zip(top_keys).zip(stored) {
+            let mut old = Vec::new();
+            if let Some(bytes) = &value {
+                decode(bytes, &mut old)?;
+            }
+            let (kg, key) = group(slot);
+            let mut new = Vec::with_capacity(self.limit);
+            for live in rows_table.first_of_key(kg, key, self.limit).await? {
+                let (count, sort_len) = decode_count(&live.value)?;
+                let (sort, row) = live
+                    .namespace
+                    .split_at_checked(sort_len)
+                    .ok_or_else(|| Error::Internal("Top-N state is truncated".into()))?;
+                let take = (count as usize).min(self.limit - new.len());
+                new.extend(std::iter::repeat_n(
+                    Entry {
+                        sort: sort.to_vec(),
+                        row: row.to_vec(),
+                    },
+                    take,
+                ));
+                if new.len() == self.limit {
+                    break;
+                }
+            }
+            if new != old {
+                writes.push(match new.is_empty() {
+                    true => WriteOp::Delete { key: state_key },
+                    false => WriteOp::Put {
+                        key: state_key,
+                        value: encode(&new),
+                    },
+                });
+            }
+            olds.push(old);
+            news.push(new);
+        }
+        table.write(writes).await?;
+        self.emit(&olds, &news, out)
+    }
+}
+
+/// A live row's value in `rows`: its count, then the length of its sort key.
+fn encode_count(count: u64, sort_len: usize) -> Bytes {
+    let mut out = Vec::with_capacity(12);
+    out.put_u64(count);
+    out.put_u32(sort_len as u32);
+    Bytes::from(out)
+}
+
+fn decode_count(bytes: &[u8]) -> Result<(u64, usize)> {
+    let corrupt = || Error::Internal("Top-N state is truncated".into());
+    let (count, rest) = bytes.split_first_chunk::<8>().ok_or_else(corrupt)?;
+    let (len, _) = rest.split_first_chunk::<4>().ok_or_else(corrupt)?;
+    Ok((
+        u64::from_be_bytes(*count),
+        u32::from_be_bytes(*len) as usize,
+    ))
 }
 
 #[cfg(test)]
@@ -495,6 +673,116 @@ mod tests {
         assert_eq!(got, vec![c("+I", 1, 11, 0), c("-D", 1, 10, 0)]);
     }
 
+    fn changelog_input() -> SchemaRef {
+        let mut fields = vec![changelog::op_field()];
+        fields.extend(input().fields().iter().map(|f| f.as_ref().clone()));
+        Arc::new(Schema::new(fields))
+    }
+
+    /// A batch of changes `(op, k, v)`.
+    fn changes_batch(rows: &[(&str, i64, i64)]) -> RecordBatch {
+        let plain = batch(&rows.iter().map(|r| (r.1, r.2)).collect::<Vec<_>>());
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.0),
+        ))];
+        columns.extend(plain.columns().iter().cloned());
+        RecordBatch::try_new(changelog_input(), columns).unwrap()
+    }
+
+    async fn updating_top_n(spec: &pb::TopNSpec) -> TopNOperator {
+        let store = Arc::new(MemoryStateStore::new(false));
+        let mut op = TopNOperator::build(spec, &changelog_input()).unwrap();
+        let state = OperatorState::new(store, 5, key_group_range(128, 1, 0), 1, true);
+        let ctx = OperatorContext {
+            node_id: 5,
+            node_name: "top_n".into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            state: Some(state),
+        };
+        op.open(&ctx).await.unwrap();
+        op
+    }
+
+    #[tokio::test]
+    async fn over_a_changelog_a_retracted_row_gives_its_place_to_the_next() {
+        let mut op = updating_top_n(&spec(2, "")).await;
+        assert_eq!(
+            op.schema().fields().len(),
+            4,
+            "op, k, v, s: the input's op is not a column twice"
+        );
+        let mut out = Output::default();
+        op.process_batch(
+            changes_batch(&[("+I", 1, 10), ("+I", 1, 5), ("+I", 1, 3), ("+I", 2, 7)]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        // 10 is updated to 4: 5 and 4 are the top two.
+        op.process_batch(changes_batch(&[("-U", 1, 10), ("+U", 1, 4)]), &mut out)
+            .await
+            .unwrap();
+        // 5 is deleted: 3 comes back into the top from below it.
+        op.process_batch(changes_batch(&[("-D", 1, 5)]), &mut out)
+            .await
+            .unwrap();
+        // A row never added takes nothing back; an add and its retraction in one batch
+        // say nothing.
+        op.process_batch(
+            changes_batch(&[("-D", 1, 99), ("+I", 1, 50), ("-D", 1, 50)]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        // Key 2 loses its only row.
+        op.process_batch(changes_batch(&[("-D", 2, 7)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            vec![
+                c("+I", 1, 10, 0),
+                c("+I", 1, 5, 0),
+                c("+I", 2, 7, 0),
+                c("-D", 1, 10, 0),
+                c("+I", 1, 4, 0),
+                c("-D", 1, 5, 0),
+                c("+I", 1, 3, 0),
+                c("-D", 2, 7, 0),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn over_a_changelog_duplicates_count_and_ranks_move_up() {
+        let mut op = updating_top_n(&spec(3, "rn")).await;
+        let mut out = Output::default();
+        op.process_batch(
+            changes_batch(&[("+I", 1, 9), ("+I", 1, 9), ("+I", 1, 2), ("+I", 1, 1)]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        // One of the two 9s goes: 2 and 1 move up a rank.
+        op.process_batch(changes_batch(&[("-D", 1, 9)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            vec![
+                c("+I", 1, 9, 1),
+                c("+I", 1, 9, 2),
+                c("+I", 1, 2, 3),
+                c("-U", 1, 9, 2),
+                c("+U", 1, 2, 2),
+                c("-U", 1, 2, 3),
+                c("+U", 1, 1, 3),
+            ]
+        );
+    }
+
     #[test]
     fn state_that_does_not_decode_is_an_error_not_a_panic() {
         let entries = vec![Entry {
@@ -511,5 +799,8 @@ mod tests {
                 "cut at {cut}"
             );
         }
+        let count = encode_count(7, 3);
+        assert_eq!(decode_count(&count).unwrap(), (7, 3));
+        assert!(decode_count(&count[..11]).is_err());
     }
 }

@@ -552,11 +552,16 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
         };
         if let Some(e) = incoming.get(&id) {
             check_edge(&nodes, e, &outputs[&e.source]).map_err(at)?;
-            // A group aggregate or a join may read a changelog hashed by its own key:
+            // A group aggregate, a join or a Top-N may read a changelog hashed by its own key:
             // every change of an upstream row goes, in order, to the subtask owning the
             // row's key (a join's right input is checked the same way below).
             let regrouped = e.partitioning() == pb::Partitioning::Hash
-                && matches!(kind, pb::node::Kind::Aggregate(_) | pb::node::Kind::Join(_));
+                && matches!(
+                    kind,
+                    pb::node::Kind::Aggregate(_)
+                        | pb::node::Kind::Join(_)
+                        | pb::node::Kind::TopN(_)
+                );
             if changelog::is_changelog(&outputs[&e.source])
                 && e.partitioning() != pb::Partitioning::Forward
                 && !regrouped
@@ -681,7 +686,8 @@ fn check_updating_input(kind: &pb::node::Kind) -> Result<()> {
         pb::node::Kind::Filter(_)
         | pb::node::Kind::Select(_)
         | pb::node::Kind::Aggregate(_)
-        | pb::node::Kind::Join(_) => {
+        | pb::node::Kind::Join(_)
+        | pb::node::Kind::TopN(_) => {
             return Ok(());
         }
         pb::node::Kind::Sink(sink) => match &sink.kind {
@@ -698,10 +704,6 @@ fn check_updating_input(kind: &pb::node::Kind) -> Result<()> {
         pb::node::Kind::Dedup(_) => {
             "deduplication needs append-only input, but this one reads an updating result \
              (an unbounded GROUP BY's changelog)"
-        }
-        pb::node::Kind::TopN(_) => {
-            "Top-N needs append-only input, but this one reads an updating result (an \
-             unbounded GROUP BY's or another Top-N's changelog)"
         }
         pb::node::Kind::LookupJoin(_) => {
             "a lookup join needs append-only input, but this one reads an updating result \
