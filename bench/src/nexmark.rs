@@ -759,13 +759,16 @@ pub fn run(args: Args, host: &dyn Host) -> Result<()> {
         out: None,
     };
     // q10's files go to --out, or to a directory removed when the run ends.
-    let scratch = match (&args.out, args.query) {
-        (None, Query::Q10) => Some(tempfile::tempdir().map_err(|e| {
-            Error::usage(format!("cannot make a directory for q10's files: {e}"))
-        })?),
-        _ => None,
-    };
-    let scratch_path = scratch.as_ref().map(|d| d.path().to_string_lossy().into_owned());
+    let scratch =
+        match (&args.out, args.query) {
+            (None, Query::Q10) => Some(tempfile::tempdir().map_err(|e| {
+                Error::usage(format!("cannot make a directory for q10's files: {e}"))
+            })?),
+            _ => None,
+        };
+    let scratch_path = scratch
+        .as_ref()
+        .map(|d| d.path().to_string_lossy().into_owned());
     let options = JobOptions {
         out: args.out.as_deref().or(scratch_path.as_deref()),
         ..options

@@ -58,6 +58,20 @@ pub struct AggregateCall {
     /// `count(DISTINCT x)`: each distinct value of the argument counts once (only
     /// unbounded group-bys keep the values seen; windows refuse it).
     pub distinct: bool,
+    /// A `count(DISTINCT x)`'s value and FILTER apart (`arg` folds them into one), so
+    /// that calls over the same value share the values seen.
+    pub distinct_parts: Option<DistinctParts>,
+}
+
+/// The parts of a `count(DISTINCT x) FILTER (WHERE f)` call.
+#[derive(Debug, Clone)]
+pub struct DistinctParts {
+    /// `x`, as written (calls with the same text count the same values).
+    pub value_sql: String,
+    /// `x`, compiled.
+    pub value: CompiledExpr,
+    /// `f`, compiled (a boolean), if the call has a FILTER.
+    pub filter: Option<CompiledExpr>,
 }
 
 const SUPPORTED: &str = "count, sum, min, max, avg";
@@ -112,6 +126,29 @@ impl AggregateCall {
         let is_star = func == AggFunc::Count
             && !distinct
             && matches!(&arg, Expr::Literal(v, _) if !v.is_null());
+        let distinct_parts = match distinct {
+            true => {
+                let filter = match &params.filter {
+                    Some(f) => {
+                        let f = compiler.plan((**f).clone(), &df_schema, schema)?;
+                        if f.data_type != DataType::Boolean {
+                            return Err(Error::Plan(format!(
+                                "`{sql}`: its FILTER is of type {}, not a boolean",
+                                f.data_type
+                            )));
+                        }
+                        Some(f)
+                    }
+                    None => None,
+                };
+                Some(DistinctParts {
+                    value_sql: arg.schema_name().to_string(),
+                    value: compiler.plan(arg.clone(), &df_schema, schema)?,
+                    filter,
+                })
+            }
+            false => None,
+        };
         let arg = match params.filter {
             // Rows the filter refuses become nulls, which every function skips.
             Some(filter) => when(*filter, if is_star { lit(true) } else { arg })
@@ -126,6 +163,7 @@ impl AggregateCall {
                     name,
                     output_type: DataType::Int64,
                     distinct: false,
+                    distinct_parts: None,
                 });
             }
             None => arg,
@@ -169,6 +207,7 @@ impl AggregateCall {
             name,
             output_type,
             distinct,
+            distinct_parts,
         })
     }
 }

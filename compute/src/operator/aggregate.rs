@@ -11,8 +11,10 @@
 //! One table, `acc`: per key the fixed-size accumulators of its aggregates
 //! ([`crate::window::accumulator`]). Per batch the batch's distinct keys are read in one
 //! call and written back in one. `COUNT(DISTINCT x)` also keeps, in table `seen`, a row
-//! per key, call and value seen (the value in Arrow's row format): a batch's new
-//! values are looked up in one read, and only unseen ones count.
+//! per key, value expression and value seen (the value in Arrow's row format), as
+//! Flink's distinct aggregation does: calls over the same `x` with different FILTERs
+//! share the row, whose value is a bitmask of the calls that counted it. A batch's
+//! values are looked up in one read, and each call counts only what its bit lacked.
 //!
 //! # Updating input
 //! Over a changelog (another aggregate's, a Top-N's, an outer join's), `-U` and `-D`
@@ -26,7 +28,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray, UInt32Array};
 use arrow::compute::take;
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
@@ -52,14 +54,25 @@ const VALS_STATE: &str = "vals";
 /// Hashes short keys of one batch: keys come from the job's own data.
 type Hasher = foldhash::fast::RandomState;
 
+/// `COUNT(DISTINCT x)` calls over one `x`: they share the values seen.
+struct DistinctGroup {
+    /// How the values become bytes.
+    converter: RowConverter,
+    /// The calls' indices; bit `i` of a seen value's mask is `calls[i]`.
+    calls: Vec<usize>,
+}
+
+/// The most `COUNT(DISTINCT)` calls over one value (the bits of a seen value's mask).
+const MAX_CALLS_PER_DISTINCT_VALUE: usize = 64;
+
 /// The group aggregate of one subtask.
 pub struct AggregateOperator {
     key_encoder: KeyEncoder,
     /// Input indices of the key columns, in key order.
     key_indices: Vec<usize>,
     calls: Vec<AggregateCall>,
-    /// For each `COUNT(DISTINCT x)` call: its index and how its values become bytes.
-    distinct: Vec<(usize, RowConverter)>,
+    /// The `COUNT(DISTINCT x)` calls, grouped by `x`.
+    distinct: Vec<DistinctGroup>,
     schema: SchemaRef,
     keys: EncodedKeys,
     table: Option<StateTable>,
@@ -96,7 +109,8 @@ impl AggregateOperator {
             .iter()
             .map(|e| AggregateCall::compile(compiler, &e.sql, input))
             .collect::<Result<Vec<_>>>()?;
-        let mut distinct = Vec::new();
+        let mut distinct: Vec<DistinctGroup> = Vec::new();
+        let mut group_of: HashMap<&str, usize> = HashMap::new();
         for (i, call) in calls.iter().enumerate() {
             if retracting && call.distinct {
                 return Err(Error::Plan(format!(
@@ -105,17 +119,35 @@ impl AggregateOperator {
                     call.name
                 )));
             }
-            if let (true, Some(arg)) = (call.distinct, &call.arg) {
-                let converter = RowConverter::new(vec![SortField::new(arg.data_type.clone())])
-                    .map_err(|e| {
-                        Error::Plan(format!("`{}`: cannot keep its values: {e}", call.name))
-                    })?;
-                distinct.push((i, converter));
+            let Some(parts) = &call.distinct_parts else {
+                continue;
+            };
+            match group_of.get(parts.value_sql.as_str()) {
+                Some(&g) if distinct[g].calls.len() >= MAX_CALLS_PER_DISTINCT_VALUE => {
+                    return Err(Error::Plan(format!(
+                        "`{}`: an aggregate keeps at most {MAX_CALLS_PER_DISTINCT_VALUE} \
+                         COUNT(DISTINCT {}) calls",
+                        call.name, parts.value_sql
+                    )));
+                }
+                Some(&g) => distinct[g].calls.push(i),
+                None => {
+                    let converter =
+                        RowConverter::new(vec![SortField::new(parts.value.data_type.clone())])
+                            .map_err(|e| {
+                                Error::Plan(format!("`{}`: cannot keep its values: {e}", call.name))
+                            })?;
+                    group_of.insert(&parts.value_sql, distinct.len());
+                    distinct.push(DistinctGroup {
+                        converter,
+                        calls: vec![i],
+                    });
+                }
             }
         }
         if distinct.len() > usize::from(u8::MAX) {
             return Err(Error::Plan(
-                "an aggregate keeps at most 255 COUNT(DISTINCT ...) calls".into(),
+                "an aggregate keeps at most 255 distinct COUNT(DISTINCT ...) values".into(),
             ));
         }
         let mut fields = vec![changelog::op_field()];
@@ -157,7 +189,7 @@ impl AggregateOperator {
     }
 
     /// Adds to `partial` (per slot, per call) each `COUNT(DISTINCT)` value of the batch
-    /// that its key had not seen, and records those values as seen.
+    /// that its call had not counted for its key, and records those values as counted.
     async fn count_distinct(
         &self,
         batch: &RecordBatch,
@@ -169,41 +201,107 @@ impl AggregateOperator {
             return Err(Error::Internal("aggregate used before `open`".into()));
         };
         let n_calls = self.calls.len();
-        // (slot, call, state key) of each value new to this batch.
-        let mut candidates: Vec<(usize, usize, Bytes)> = Vec::new();
-        let mut in_batch: std::collections::HashSet<Bytes, Hasher> = Default::default();
-        let mut suffix = Vec::new();
-        for (d, (call_index, converter)) in self.distinct.iter().enumerate() {
-            let Some(arg) = &self.calls[*call_index].arg else {
-                continue;
+        // Per group: the values in bytes, and per row the mask of its calls that count it
+        // (a call counts a non-null value its FILTER passes).
+        let mut encoded = Vec::with_capacity(self.distinct.len());
+        let mut row_masks: Vec<Vec<u64>> = Vec::with_capacity(self.distinct.len());
+        for group in &self.distinct {
+            let parts = |call: usize| {
+                self.calls[call]
+                    .distinct_parts
+                    .as_ref()
+                    .ok_or_else(|| Error::Internal("a COUNT(DISTINCT) call lost its parts".into()))
             };
-            let values = arg.evaluate(batch)?;
-            let encoded = converter.convert_columns(std::slice::from_ref(&values))?;
-            for (row, &slot) in row_slots.iter().enumerate() {
-                if values.is_null(row) {
+            let values = parts(group.calls[0])?.value.evaluate(batch)?;
+            let mut masks: Vec<u64> = (0..batch.num_rows())
+                .map(|row| match values.is_null(row) {
+                    true => 0,
+                    false => u64::MAX >> (64 - group.calls.len()),
+                })
+                .collect();
+            for (bit, &call) in group.calls.iter().enumerate() {
+                let Some(filter) = &parts(call)?.filter else {
+                    continue;
+                };
+                let passed = filter.evaluate(batch)?;
+                let passed = passed.as_boolean_opt().ok_or_else(|| {
+                    Error::Internal(format!(
+                        "`{}`'s FILTER is not a boolean",
+                        self.calls[call].name
+                    ))
+                })?;
+                for (row, mask) in masks.iter_mut().enumerate() {
+                    if !(passed.is_valid(row) && passed.value(row)) {
+                        *mask &= !(1 << bit);
+                    }
+                }
+            }
+            encoded.push(
+                group
+                    .converter
+                    .convert_columns(std::slice::from_ref(&values))?,
+            );
+            row_masks.push(masks);
+        }
+        // The batch's distinct (slot, group, value)s, with the calls that count each.
+        let mut index: HashMap<(u32, usize, &[u8]), usize, Hasher> = HashMap::default();
+        let mut candidates: Vec<(u32, usize, &[u8], u64)> = Vec::new();
+        for (g, (values, masks)) in encoded.iter().zip(&row_masks).enumerate() {
+            for (row, (&slot, &mask)) in row_slots.iter().zip(masks).enumerate() {
+                if mask == 0 {
                     continue;
                 }
-                let key = self.keys.row(first[slot as usize] as usize);
-                suffix.clear();
-                suffix.push(d as u8);
-                suffix.extend_from_slice(encoded.row(row).as_ref());
-                let state_key = seen.key(key_group_of(key, self.max_parallelism), key, &suffix);
-                if in_batch.insert(state_key.clone()) {
-                    candidates.push((slot as usize, *call_index, state_key));
+                let value = values.row(row).data();
+                match index.entry((slot, g, value)) {
+                    std::collections::hash_map::Entry::Occupied(e) => {
+                        candidates[*e.get()].3 |= mask;
+                    }
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(candidates.len());
+                        candidates.push((slot, g, value, mask));
+                    }
                 }
             }
         }
-        let keys: Vec<Bytes> = candidates.iter().map(|c| c.2.clone()).collect();
+        let mut namespace = Vec::new();
+        let keys: Vec<Bytes> = candidates
+            .iter()
+            .map(|&(slot, g, value, _)| {
+                let key = self.keys.row(first[slot as usize] as usize);
+                namespace.clear();
+                namespace.push(g as u8);
+                namespace.extend_from_slice(value);
+                seen.key(key_group_of(key, self.max_parallelism), key, &namespace)
+            })
+            .collect();
         let stored = seen.get_many(&keys).await?;
         let mut writes = Vec::new();
-        for ((slot, call, key), value) in candidates.into_iter().zip(stored) {
-            if value.is_none() {
-                partial[slot * n_calls + call].n += 1;
-                writes.push(WriteOp::Put {
-                    key,
-                    value: Bytes::new(),
-                });
+        for ((slot, g, _, mask), (key, value)) in
+            candidates.into_iter().zip(keys.into_iter().zip(stored))
+        {
+            let before = match value {
+                Some(bytes) => u64::from_be_bytes(bytes.as_ref().try_into().map_err(|_| {
+                    Error::Internal(
+                        "a COUNT(DISTINCT) value seen is not a mask of calls (state of an \
+                         older version?)"
+                            .into(),
+                    )
+                })?),
+                None => 0,
+            };
+            let new = mask & !before;
+            if new == 0 {
+                continue;
             }
+            for (bit, &call) in self.distinct[g].calls.iter().enumerate() {
+                if new & (1 << bit) != 0 {
+                    partial[slot as usize * n_calls + call].n += 1;
+                }
+            }
+            writes.push(WriteOp::Put {
+                key,
+                value: Bytes::copy_from_slice(&(before | mask).to_be_bytes()),
+            });
         }
         seen.write(writes).await?;
         Ok(())
@@ -687,6 +785,51 @@ mod tests {
                 row("+U", 2, 2, 25),
                 row("-U", 1, 1, 10),
                 row("-U", 2, 1, 20),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn count_distincts_of_one_value_share_what_they_saw_each_counting_its_own() {
+        let spec = pb::AggregateSpec {
+            key_columns: vec!["k".into()],
+            aggregates: [
+                "count(DISTINCT v % 10) AS n",
+                "count(DISTINCT v % 10) FILTER (WHERE v >= 10) AS big",
+            ]
+            .map(|sql| pb::Expr {
+                sql: sql.into(),
+                location: None,
+            })
+            .into(),
+        };
+        let mut op = opened(&spec, &input()).await;
+        assert_eq!(op.distinct.len(), 1, "one value, so one group");
+        let mut out = Output::default();
+        // 3 counts for n only; 13 is the same value, which big now counts; 23 and 3
+        // again count for neither.
+        for rows in [&[(1, 3)][..], &[(1, 13)], &[(1, 23), (1, 3)], &[(1, 14)]] {
+            op.process_batch(batch(rows), &mut out).await.unwrap();
+        }
+        let mut rows = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                let op = b.column(0).as_string::<i32>();
+                let [n, big] = [2, 3].map(|c| b.column(c).as_primitive::<Int64Type>());
+                rows.extend(
+                    (0..b.num_rows()).map(|r| (op.value(r).to_owned(), n.value(r), big.value(r))),
+                );
+            }
+        }
+        let r = |op: &str, n, big| (op.to_owned(), n, big);
+        assert_eq!(
+            rows,
+            vec![
+                r("+I", 1, 0),
+                r("-U", 1, 0),
+                r("+U", 1, 1),
+                r("-U", 1, 1),
+                r("+U", 2, 2),
             ]
         );
     }
