@@ -164,11 +164,18 @@ QUERIES = {
             "SPLIT_INDEX(url, '/', 4) AS dir2, SPLIT_INDEX(url, '/', 5) AS dir3 FROM bid",
             "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, dir1 STRING, "
             "dir2 STRING, dir3 STRING"),
+    # An interval join (both times are rowtime attributes, so Flink plans its
+    # IntervalJoin): every bid of its auction's first 10 seconds.
+    "interval-join": ("SELECT A.id AS auction, A.seller, B.bidder, B.price, B.date_time AS bid_time "
+                      "FROM auction A, bid B WHERE A.id = B.auction "
+                      "AND B.date_time BETWEEN A.date_time AND A.date_time + INTERVAL '10' SECOND",
+                      "auction BIGINT, seller BIGINT, bidder BIGINT, price BIGINT, "
+                      "bid_time TIMESTAMP(3)"),
 }
 
 # The tables each query reads besides `bid`.
 JOINED = {"q3": ("auction", "person"), "q8": ("auction", "person"), "q20": ("auction",),
-          "q4": ("auction",), "q9": ("auction",)}
+          "q4": ("auction",), "q9": ("auction",), "interval-join": ("auction",)}
 # Columns a query's bid table computes besides the CSV's.
 COMPUTED = {"q12": "p_time AS PROCTIME(),", "q13": "p_time AS PROCTIME(),"}
 

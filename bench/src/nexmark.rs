@@ -81,6 +81,9 @@ pub enum Query {
     Q21,
     /// The first three directories of each bid's URL (SPLIT_INDEX). SQL only.
     Q22,
+    /// Every bid of its auction's first 10 seconds: an interval join of bids and
+    /// auctions on their event times, rows kept only while they can match. SQL only.
+    IntervalJoin,
 }
 
 impl Query {
@@ -97,6 +100,7 @@ impl Query {
                 | Query::Q16
                 | Query::Q21
                 | Query::Q22
+                | Query::IntervalJoin
         )
     }
 
@@ -241,7 +245,7 @@ fn main_stream(query: Query) -> Stream {
 fn joined_streams(query: Query) -> &'static [Stream] {
     match query {
         Query::Q3 => &[Stream::Person],
-        Query::Q8 | Query::Q20 | Query::Q4 | Query::Q9 => &[Stream::Auction],
+        Query::Q8 | Query::Q20 | Query::Q4 | Query::Q9 | Query::IntervalJoin => &[Stream::Auction],
         Query::Q7Join => &[Stream::Bid],
         _ => &[],
     }
@@ -461,7 +465,8 @@ fn fixed_pipeline(query: Query) -> &'static str {
         | Query::Q13
         | Query::Q16
         | Query::Q21
-        | Query::Q22 => "",
+        | Query::Q22
+        | Query::IntervalJoin => "",
     }
 }
 
@@ -626,6 +631,11 @@ fn select(query: Query) -> &'static str {
         Query::Q22 => {
             "SELECT auction, bidder, price, channel, SPLIT_INDEX(url, '/', 3) AS dir1, \
              SPLIT_INDEX(url, '/', 4) AS dir2, SPLIT_INDEX(url, '/', 5) AS dir3 FROM bid"
+        }
+        Query::IntervalJoin => {
+            "SELECT A.id AS auction, A.seller, B.bidder, B.price, B.date_time AS bid_time \
+             FROM auction A, bid B WHERE A.id = B.auction \
+             AND B.date_time BETWEEN A.date_time AND A.date_time + INTERVAL '10' SECOND"
         }
     }
 }

@@ -321,9 +321,30 @@ fn keyed_state(
             })
         }
         Some(pb::node::Kind::Join(j)) => {
-            let ttl = match j.ttl_ms {
-                0 => "kept forever".to_owned(),
-                ms => format!("each kept {ms} ms after it arrived"),
+            let ttl = match (&j.interval, j.ttl_ms) {
+                (Some(i), _) => {
+                    let [l, r] = [&j.left_alias, &j.right_alias]
+                        .map(|a| if a.is_empty() { "" } else { a.as_str() });
+                    let dot = |a: &str| {
+                        if a.is_empty() {
+                            String::new()
+                        } else {
+                            format!("{a}.")
+                        }
+                    };
+                    format!(
+                        "an interval join: each kept until the watermark passes the last \
+                         time it can match ({}{} - {}{} within [{} ms, {} ms])",
+                        dot(l),
+                        i.left_time,
+                        dot(r),
+                        i.right_time,
+                        i.lower_ms,
+                        i.upper_ms
+                    )
+                }
+                (None, 0) => "kept forever".to_owned(),
+                (None, ms) => format!("each kept {ms} ms after it arrived"),
             };
             Some(format!(
                 "every row of both sides per key [{}] / [{}], {ttl}",

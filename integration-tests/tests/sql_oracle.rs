@@ -208,6 +208,13 @@ const ORACLE: &[(&str, &str)] = &[
          A.category FROM auction A, bid B WHERE A.id = B.auction AND B.date_time BETWEEN \
          A.date_time AND A.expires GROUP BY A.id, A.category) GROUP BY category",
     ),
+    // An interval join: each bid of an auction's first 10 seconds.
+    (
+        "early-bids-interval-join",
+        "SELECT A.id AS auction, A.seller, B.bidder, B.price, B.date_time AS bid_time FROM \
+         auction A, bid B WHERE A.id = B.auction AND B.date_time BETWEEN A.date_time AND \
+         A.date_time + INTERVAL 10 SECOND",
+    ),
     // A Top-N over an aggregate's changelog, and an aggregate over the Top-N's: each
     // seller's ten latest-closing auctions, their selling prices averaged.
     (
@@ -644,6 +651,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "q4-average-price-per-category",
         "q5-hottest-auctions",
         "q6-average-selling-price-by-seller",
+        "early-bids-interval-join",
         "q9-winning-bids",
         "q10-partitioned-files",
         "q13-side-input-join",

@@ -22,6 +22,17 @@
 //! started from empty state, it also remembers which keys that side has, so that a probe
 //! of a key the other side never had costs no scan.
 //!
+//! # Interval joins
+//! With an interval (`l.t BETWEEN r.t + lower AND r.t + upper` on the inputs' event-time
+//! columns, Flink's interval join), each arrival's expiry is not a processing time but
+//! the event time after which no row of the other side can match it: `t - lower` for a
+//! left row, `t + upper` for a right one. Rows expire as the watermark (the lower of the
+//! two inputs') passes that time; a row already expired when it arrives joins what is
+//! kept but is not stored. So that rows of keys no probe meets again leave state too,
+//! each stored arrival registers a timer for its key and side at its expiry, rounded up
+//! to a bucket; when the watermark reaches it, the key's expired rows are removed.
+//! Timers are kept in table `timers` at every checkpoint.
+//!
 //! The operator never sees which store holds its state or how inputs are scheduled: the
 //! task tells it which input a batch came from.
 
@@ -42,12 +53,15 @@ use sluice_common::state::{StateTable, WriteOp, ttl};
 
 use super::{Operator, OperatorContext, Output};
 use crate::changelog::{self, RowKind, data_schema};
-use crate::element::unix_ms;
+use crate::element::{Barrier, Timestamp, unix_ms};
 use crate::error::{Error, Result};
 use crate::expr::{CompiledExpr, ExprCompiler};
+use crate::keyed::KeyedTimers;
 use crate::keys::{EncodedKeys, KeyEncoder};
 
 const STATES: [&str; 2] = ["left", "right"];
+/// An interval join's cleanup timers.
+const TIMER_STATE: &str = "timers";
 
 /// Rows of the other side read per scan call.
 const SCAN_PAGE: usize = 1024;
@@ -58,6 +72,9 @@ const PROBES_PER_READ: usize = 4;
 
 /// Hashes short keys of one batch: keys come from the job's own data.
 type Hasher = foldhash::fast::RandomState;
+
+/// How often a distinct row arrived in a batch, and when its arrivals expire.
+type Arrived = (u64, i64);
 
 /// A row's key and its bytes in the row format, borrowed from one batch.
 type KeyRow<'a> = (&'a [u8], &'a [u8]);
@@ -92,6 +109,44 @@ pub struct JoinOperator {
     /// started from empty state and the side has few keys): a probe of a key not in it
     /// needs no scan. `None`: not known, every probe scans.
     known: [Option<HashSet<Box<[u8]>, Hasher>>; 2],
+    /// An interval join's bounds; `None`: a regular join.
+    interval: Option<Interval>,
+    /// The event-time watermark seen last (an interval join's clock).
+    watermark: Timestamp,
+    /// An interval join's cleanup timers, per side and key.
+    timers: Option<KeyedTimers>,
+}
+
+/// An interval join's bounds: a left row at `l` matches right rows at `r` with
+/// `r + lower <= l <= r + upper`.
+struct Interval {
+    /// Per side, the index of its event-time column.
+    times: [usize; 2],
+    lower: i64,
+    upper: i64,
+    /// Cleanup timers fire at multiples of this (ms).
+    bucket: i64,
+}
+
+impl Interval {
+    /// The event time after which a row of `side` at `t` can match no future row of
+    /// the other side (whose times are past the watermark); `None` for a null time,
+    /// which matches nothing.
+    fn expiry(&self, side: usize, t: Option<i64>) -> i64 {
+        match (side, t) {
+            (_, None) => i64::MIN,
+            (0, Some(t)) => t.saturating_sub(self.lower),
+            (_, Some(t)) => t.saturating_add(self.upper),
+        }
+    }
+
+    /// When the cleanup timer of a row expiring at `expiry` fires.
+    fn timer_at(&self, expiry: i64) -> i64 {
+        expiry
+            .div_euclid(self.bucket)
+            .saturating_add(1)
+            .saturating_mul(self.bucket)
+    }
 }
 
 /// The most keys of one side a join subtask remembers; past this it scans for every
@@ -242,6 +297,17 @@ impl JoinOperator {
             ));
         }
         let updating_input = [left, right].map(|s| changelog::is_changelog(s));
+        let interval = match &spec.interval {
+            Some(i) => Some(interval_of(
+                i,
+                outer,
+                spec.ttl_ms,
+                updating_input,
+                left,
+                right,
+            )?),
+            None => None,
+        };
         for (updating, side) in updating_input.iter().zip(["left", "right"]) {
             if *updating && outer {
                 return Err(Error::Plan(format!(
@@ -390,6 +456,9 @@ impl JoinOperator {
             tables: None,
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
             known: [None, None],
+            interval,
+            watermark: Timestamp::MIN,
+            timers: None,
         })
     }
 
@@ -405,6 +474,61 @@ impl JoinOperator {
         }
     }
 
+    /// Per row of `batch` (from input `input`), when its arrival expires: an interval
+    /// join's by the row's event time, a regular join's by the TTL from `now`.
+    fn expiries(&self, input: usize, batch: &RecordBatch, now: i64) -> Result<Vec<i64>> {
+        let Some(interval) = &self.interval else {
+            return Ok(vec![self.expires_at(now); batch.num_rows()]);
+        };
+        let times = arrow::compute::cast(
+            batch.column(interval.times[input]),
+            &arrow::datatypes::DataType::Timestamp(arrow::datatypes::TimeUnit::Millisecond, None),
+        )?;
+        let times = times.as_primitive::<arrow::datatypes::TimestampMillisecondType>();
+        Ok(times.iter().map(|t| interval.expiry(input, t)).collect())
+    }
+
+    /// Removes, for each due cleanup timer, its key's expired rows on its side.
+    async fn clean_up(&mut self, now: Timestamp) -> Result<()> {
+        let (Some(tables), Some(timers)) = (self.tables.clone(), self.timers.as_mut()) else {
+            return Ok(());
+        };
+        let due = timers.pop_due(now);
+        let scans = due.into_iter().map(|(_, group, payload)| {
+            let tables = tables.clone();
+            async move {
+                let (&side, key) = payload
+                    .split_first()
+                    .filter(|(side, _)| **side < 2)
+                    .ok_or_else(|| Error::Internal("a join timer names no side".into()))?;
+                let table = &tables[usize::from(side)];
+                let rows = table.scan_key(group, key, SCAN_PAGE).await?;
+                let mut writes = Vec::new();
+                for row in rows {
+                    let (_, rewrite) = live_arrivals(&row.value, now)?;
+                    if let Some(value) = rewrite {
+                        let state_key = table.key(group, key, &row.namespace);
+                        writes.push(match value.is_empty() {
+                            true => WriteOp::Delete { key: state_key },
+                            false => WriteOp::Put {
+                                key: state_key,
+                                value,
+                            },
+                        });
+                    }
+                }
+                table.write(writes).await?;
+                Ok::<_, Error>(())
+            }
+        });
+        let in_flight = tables[0].pipelined_reads().max(1) * PROBES_PER_READ;
+        let mut cleaned = futures::stream::iter(scans).buffer_unordered(in_flight);
+        while let Some(done) = cleaned.next().await {
+            done?;
+        }
+        Ok(())
+    }
+
     /// Stores the rows of `batch` (from input `input`) and emits their pairs with the
     /// other side's stored rows.
     async fn process(&mut self, input: usize, batch: RecordBatch, out: &mut Output) -> Result<()> {
@@ -416,13 +540,17 @@ impl JoinOperator {
         side.keys.encode(&batch, &mut self.encoded)?;
         let rows = side.rows.convert_columns(batch.columns())?;
         let nulls = key_nulls(&batch, &side.keys)?;
-        let now = unix_ms() as i64;
-        let expires = self.expires_at(now);
+        // An interval join's clock is the watermark; a regular join's the wall clock.
+        let now = match self.interval {
+            Some(_) => self.watermark,
+            None => unix_ms() as i64,
+        };
+        let expiries = self.expiries(input, &batch, now)?;
         // The batch's rows per key, and how often each distinct row arrived.
         let mut slot_of: HashMap<&[u8], usize, Hasher> = HashMap::default();
         let mut keys: Vec<usize> = Vec::new();
         let mut members: Vec<Vec<usize>> = Vec::new();
-        let mut counts: HashMap<(usize, &[u8]), u64, Hasher> = HashMap::default();
+        let mut counts: HashMap<(usize, &[u8]), Arrived, Hasher> = HashMap::default();
         // This side's rows with no match, padded with nulls (a preserved side's).
         let mut padded: Vec<u32> = Vec::new();
         for row in 0..batch.num_rows() {
@@ -439,7 +567,15 @@ impl JoinOperator {
                 keys.len() - 1
             });
             members[slot].push(row);
-            *counts.entry((slot, rows.row(row).data())).or_default() += 1;
+            let expires = expiries[row];
+            if ttl::is_expired(expires, now) {
+                // An interval join's row no future row can match: joined, not kept.
+                continue;
+            }
+            counts
+                .entry((slot, rows.row(row).data()))
+                .or_insert((0, expires))
+                .0 += 1;
         }
         // Keys this side had no rows of before: the other side's padded rows of such a
         // key are retracted when it is joined (a preserved other side only).
@@ -459,19 +595,27 @@ impl JoinOperator {
         }
         // Store this side's rows: each arrival appends its expiry time to its row's
         // entry, which needs no read.
-        let mut distinct: Vec<((usize, &[u8]), u64)> = counts.into_iter().collect();
+        let mut distinct: Vec<((usize, &[u8]), Arrived)> = counts.into_iter().collect();
         distinct.sort_unstable();
         let writes: Vec<WriteOp> = distinct
             .iter()
-            .map(|((slot, row), arrived)| {
+            .map(|((slot, row), (arrived, expires))| {
                 let key = self.encoded.row(keys[*slot]);
                 WriteOp::Merge {
                     key: own.key(key_group_of(key, self.max_parallelism), key, row),
-                    operand: arrivals(expires, *arrived),
+                    operand: arrivals(*expires, *arrived),
                 }
             })
             .collect();
         own.write(writes).await?;
+        if let (Some(interval), Some(timers)) = (&self.interval, &mut self.timers) {
+            for ((slot, _), (_, expires)) in &distinct {
+                let key = self.encoded.row(keys[*slot]);
+                let payload = Bytes::from([&[input as u8][..], key].concat());
+                let group = key_group_of(key, self.max_parallelism);
+                timers.register(interval.timer_at(*expires), group, payload);
+            }
+        }
         if let Some(known) = &mut self.known[input] {
             for &first in &keys {
                 let key = self.encoded.row(first);
@@ -853,6 +997,77 @@ pub(crate) fn key_nulls(batch: &RecordBatch, keys: &KeyEncoder) -> Result<Option
 
 /// What `n` arrivals of a row expiring at `expires_at` append to its entry: one expiry
 /// header each.
+/// An interval join's bounds over `left` and `right` rows; errors name what an interval
+/// join cannot be (outer, with a TTL, of an updating input) and a time column that is
+/// missing or not a timestamp.
+fn interval_of(
+    spec: &pb::JoinInterval,
+    outer: bool,
+    ttl_ms: u64,
+    updating_input: [bool; 2],
+    left: &SchemaRef,
+    right: &SchemaRef,
+) -> Result<Interval> {
+    if outer {
+        return Err(Error::Plan(
+            "an interval join is an inner join: an outer one would pad a row with nulls \
+             when its interval passes, which is not built"
+                .into(),
+        ));
+    }
+    if ttl_ms > 0 {
+        return Err(Error::Plan(
+            "an interval join keeps each row until the watermark passes its interval; a \
+             state TTL does not apply to it (leave `ttl` out)"
+                .into(),
+        ));
+    }
+    if updating_input.contains(&true) {
+        return Err(Error::Plan(
+            "an interval join needs append-only inputs, but one of its inputs is an \
+             updating result; a regular join takes one"
+                .into(),
+        ));
+    }
+    if spec.lower_ms > spec.upper_ms {
+        return Err(Error::Plan(format!(
+            "the join's interval is empty: its lower bound ({} ms) is after its upper ({} ms)",
+            spec.lower_ms, spec.upper_ms
+        )));
+    }
+    let time = |schema: &SchemaRef, column: &str, side: &str| -> Result<usize> {
+        let i = schema.index_of(column).map_err(|_| {
+            let known: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            Error::Plan(format!(
+                "the interval join's {side} time column `{column}` does not exist; the {side} \
+                 side has columns {}",
+                known.join(", ")
+            ))
+        })?;
+        match schema.field(i).data_type() {
+            arrow::datatypes::DataType::Timestamp(_, _) => Ok(i),
+            other => Err(Error::Plan(format!(
+                "the interval join's {side} time column `{column}` is of type {other}, not a \
+                 timestamp"
+            ))),
+        }
+    };
+    Ok(Interval {
+        times: [
+            time(left, &spec.left_time, "left")?,
+            time(right, &spec.right_time, "right")?,
+        ],
+        lower: spec.lower_ms,
+        upper: spec.upper_ms,
+        // Rows expire up to one bucket late; a key gets one timer per bucket it has
+        // rows expiring in.
+        bucket: spec
+            .upper_ms
+            .saturating_sub(spec.lower_ms)
+            .clamp(1000, 60_000),
+    })
+}
+
 fn arrivals(expires_at: i64, n: u64) -> Bytes {
     let mut v = Vec::with_capacity(ttl::HEADER_LEN * n as usize);
     for _ in 0..n {
@@ -895,6 +1110,33 @@ impl Operator for JoinOperator {
         if state.starts_empty() {
             self.known = [Some(HashSet::default()), Some(HashSet::default())];
         }
+        if self.interval.is_some() {
+            self.timers = Some(
+                KeyedTimers::restore(
+                    state.table(TIMER_STATE),
+                    state.key_groups(),
+                    state.checkpointed(),
+                )
+                .await?,
+            );
+        }
+        Ok(())
+    }
+
+    async fn on_watermark(&mut self, ts: Timestamp, out: &mut Output) -> Result<()> {
+        if self.interval.is_some() && ts > self.watermark {
+            self.watermark = ts;
+            self.clean_up(ts).await?;
+        }
+        out.watermark(ts);
+        Ok(())
+    }
+
+    async fn on_barrier(&mut self, barrier: Barrier, out: &mut Output) -> Result<()> {
+        if let Some(timers) = self.timers.as_mut() {
+            timers.persist().await?;
+        }
+        out.barrier(barrier);
         Ok(())
     }
 
@@ -978,7 +1220,164 @@ mod tests {
             condition: condition.map(expr),
             exprs: vec![expr("k"), expr("a.v"), expr("b.v")],
             ttl_ms,
+            interval: None,
         }
+    }
+
+    /// Rows `(key, event time ms)` of either side of an interval join.
+    fn timed_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new(
+                "t",
+                DataType::Timestamp(arrow::datatypes::TimeUnit::Millisecond, None),
+                true,
+            ),
+        ]))
+    }
+
+    fn timed(rows: &[(i64, i64)]) -> RecordBatch {
+        RecordBatch::try_new(
+            timed_schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(arrow::array::TimestampMillisecondArray::from_iter_values(
+                    rows.iter().map(|r| r.1),
+                )),
+            ],
+        )
+        .unwrap()
+    }
+
+    /// `a.t BETWEEN b.t - 10 s AND b.t`, emitting `(k, a.t, b.t)`.
+    fn interval_spec() -> pb::JoinSpec {
+        let expr = |sql: &str| pb::Expr {
+            sql: sql.into(),
+            location: None,
+        };
+        pb::JoinSpec {
+            r#type: pb::JoinType::Inner as i32,
+            left_alias: "a".into(),
+            right_alias: "b".into(),
+            left_keys: vec!["k".into()],
+            right_keys: vec!["k".into()],
+            condition: Some(expr("a.t BETWEEN b.t - INTERVAL '10' SECOND AND b.t")),
+            exprs: vec![expr("a.k"), expr("a.t AS lt"), expr("b.t AS rt")],
+            ttl_ms: 0,
+            interval: Some(pb::JoinInterval {
+                left_time: "t".into(),
+                right_time: "t".into(),
+                lower_ms: -10_000,
+                upper_ms: 0,
+            }),
+        }
+    }
+
+    /// `(k, left t, right t)` of every row emitted, sorted.
+    fn timed_pairs(out: &Output) -> Vec<(i64, i64, i64)> {
+        let mut rows = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                let k = b.column(0).as_primitive::<Int64Type>();
+                let [l, r] = [1, 2].map(|c| {
+                    b.column(c)
+                        .as_primitive::<arrow::datatypes::TimestampMillisecondType>()
+                });
+                rows.extend((0..b.num_rows()).map(|i| (k.value(i), l.value(i), r.value(i))));
+            }
+        }
+        rows.sort();
+        rows
+    }
+
+    #[tokio::test]
+    async fn an_interval_join_forgets_rows_the_watermark_has_passed() {
+        let mut op = JoinOperator::build(
+            &interval_spec(),
+            &timed_schema(),
+            &timed_schema(),
+            &ExprCompiler::new(),
+        )
+        .unwrap();
+        let state = OperatorState::new(
+            Arc::new(MemoryStateStore::new(false)),
+            3,
+            key_group_range(128, 1, 0),
+            1,
+            false,
+        );
+        let ctx = OperatorContext {
+            node_id: 3,
+            node_name: "join".into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            state: Some(state),
+        };
+        op.open(&ctx).await.unwrap();
+        let mut out = Output::default();
+        op.process_input(0, timed(&[(1, 1_000), (2, 1_000)]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(1, timed(&[(1, 5_000), (1, 30_000)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(timed_pairs(&out), [(1, 1_000, 5_000)]);
+        // The left rows can match right rows up to 11 s, the right one at 5 s left rows
+        // up to 5 s: past 11 s nothing is live, and past the timers' buckets (10 s wide)
+        // nothing is kept.
+        let mut out = Output::default();
+        op.on_watermark(20_000, &mut out).await.unwrap();
+        let kept = |op: &JoinOperator, side: usize, k: i64| {
+            let tables = op.tables.clone().unwrap();
+            async move {
+                let mut key = Vec::new();
+                sluice_common::key_group::push_i64(&mut key, Some(k));
+                let group = key_group_of(&key, 128);
+                tables[side].scan_key(group, &key, 16).await.unwrap().len()
+            }
+        };
+        assert_eq!(kept(&op, 0, 1).await, 0, "left row of key 1 cleaned");
+        assert_eq!(
+            kept(&op, 0, 2).await,
+            0,
+            "left row of key 2 cleaned, never probed"
+        );
+        assert_eq!(kept(&op, 1, 1).await, 1, "the right row at 30 s is live");
+        // A late left row at 1 s would have matched the right row at 5 s, which is
+        // gone: it joins nothing and, expired on arrival, is not kept. One at 25 s
+        // matches the right row at 30 s and is kept (it can match right rows up to 35 s).
+        op.process_input(0, timed(&[(1, 1_000), (1, 25_000)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(timed_pairs(&out), [(1, 25_000, 30_000)]);
+        assert_eq!(kept(&op, 0, 1).await, 1, "the late row is not kept");
+    }
+
+    #[test]
+    fn an_interval_join_refuses_what_it_cannot_be() {
+        let build = |spec: &pb::JoinSpec, right: &SchemaRef| {
+            JoinOperator::build(spec, &timed_schema(), right, &ExprCompiler::new())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        let mut outer = interval_spec();
+        outer.r#type = pb::JoinType::Left as i32;
+        outer.condition = None;
+        assert!(build(&outer, &timed_schema()).contains("inner join"));
+        let mut ttl = interval_spec();
+        ttl.ttl_ms = 1000;
+        assert!(build(&ttl, &timed_schema()).contains("TTL"));
+        let mut untimed = interval_spec();
+        untimed.interval.as_mut().unwrap().right_time = "k".into();
+        assert!(build(&untimed, &timed_schema()).contains("not a timestamp"));
+        let mut missing = interval_spec();
+        missing.interval.as_mut().unwrap().left_time = "ts".into();
+        assert!(build(&missing, &timed_schema()).contains("`ts` does not exist"));
+        let mut empty = interval_spec();
+        empty.interval.as_mut().unwrap().lower_ms = 5;
+        assert!(build(&empty, &timed_schema()).contains("empty"));
     }
 
     async fn join(spec: &pb::JoinSpec, store: Arc<dyn StateStore>) -> JoinOperator {

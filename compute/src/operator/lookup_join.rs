@@ -53,6 +53,7 @@ impl LookupJoinOperator {
             condition: spec.condition.clone(),
             exprs: spec.exprs.clone(),
             ttl_ms: 0,
+            interval: None,
         }
     }
 

@@ -281,6 +281,24 @@ pub(crate) fn duration_ms(node: &Node, path: &str) -> Result<u64> {
         .map_err(|reason| PosError::new(node.pos, format!("bad duration for `{path}`: {reason}")))
 }
 
+/// A duration that may be negative (`-10s`), in milliseconds.
+pub(crate) fn signed_duration_ms(node: &Node, path: &str) -> Result<i64> {
+    let text = match &node.value {
+        Value::Scalar { text, .. } => text.trim(),
+        _ => return Err(type_error(node, "a duration such as `-10s`", path)),
+    };
+    let (sign, magnitude) = match text.strip_prefix('-') {
+        Some(rest) => (-1, rest.trim_start()),
+        None => (1, text),
+    };
+    let ms = parse_duration_ms(magnitude).map_err(|reason| {
+        PosError::new(node.pos, format!("bad duration for `{path}`: {reason}"))
+    })?;
+    i64::try_from(ms)
+        .map(|ms| sign * ms)
+        .map_err(|_| PosError::new(node.pos, format!("`{path}` is too long")))
+}
+
 /// A duration that must be longer than zero.
 pub(crate) fn positive_duration_ms(node: &Node, path: &str) -> Result<u64> {
     match duration_ms(node, path)? {

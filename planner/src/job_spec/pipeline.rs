@@ -12,7 +12,8 @@
 
 use super::connector;
 use super::fields::{
-    Fields, Result, choice, duration_ms, positive_duration_ms, string, string_list,
+    Fields, Result, choice, duration_ms, positive_duration_ms, signed_duration_ms, string,
+    string_list,
 };
 use super::marked_yaml::{Node, Pos, PosError, Value};
 use super::spec::{JoinStage, Operator, Stage, WindowStage};
@@ -50,7 +51,10 @@ const JOIN_KEYS: &[&str] = &[
     "condition",
     "select",
     "ttl",
+    "interval",
 ];
+/// Keys of a join's `interval` mapping.
+const INTERVAL_KEYS: &[&str] = &["left", "right", "lower", "upper"];
 /// Keys a `window` item holds next to `window:`.
 const WINDOW_COMPANIONS: &[&str] = &["aggregate", "late"];
 const WINDOW_KINDS: &[&str] = &["tumbling", "sliding", "cumulate", "session"];
@@ -453,11 +457,43 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
             condition,
             exprs,
             ttl_ms: fields.opt("ttl", duration_ms)?.unwrap_or(0),
+            interval: fields.opt("interval", interval)?,
         },
         source,
         source_at: source_entry.key.pos,
         pipeline,
     })))
+}
+
+/// `interval: { left: date_time, right: date_time, lower: -10s, upper: 0s }`: an interval
+/// join's bounds, `left.date_time BETWEEN right.date_time + lower AND right.date_time +
+/// upper`.
+fn interval(node: &Node, path: &str) -> Result<pb::JoinInterval> {
+    let fields = Fields::new(node, path, INTERVAL_KEYS)?;
+    let time = |key: &str| -> Result<String> {
+        let entry = fields.require(key, " (the side's event-time column)")?;
+        string(entry.value, &fields.path_of(key))
+    };
+    let bound = |key: &str| -> Result<i64> {
+        let entry = fields.require(key, " (a duration such as `-10s` or `0s`)")?;
+        signed_duration_ms(entry.value, &fields.path_of(key))
+    };
+    let (lower_ms, upper_ms) = (bound("lower")?, bound("upper")?);
+    if lower_ms > upper_ms {
+        return Err(PosError::new(
+            node.pos,
+            format!(
+                "`{path}`: lower ({lower_ms} ms) is after upper ({upper_ms} ms), so no pair \
+                 can match"
+            ),
+        ));
+    }
+    Ok(pb::JoinInterval {
+        left_time: time("left")?,
+        right_time: time("right")?,
+        lower_ms,
+        upper_ms,
+    })
 }
 
 /// What a `join` and a `lookup_join` item both hold.

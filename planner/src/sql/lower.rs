@@ -1144,6 +1144,14 @@ fn lower_join(
     if join.kind != "inner" {
         spec.put(&["type"], scalar(join.kind, join_at))?;
     }
+    // Bounds between the two sides' event times make an interval join, whose rows leave
+    // state as the watermark passes them (the condition still checks the bounds).
+    let times = [join.left, join.right].map(|f| event_time_of(f, catalog));
+    let interval = match (outer, times) {
+        (false, [Some(l), Some(r)]) => join_interval(&rest, aliases, [&l, &r])
+            .map(|(lower, upper)| (l.clone(), r.clone(), lower, upper)),
+        _ => None,
+    };
     let parts = JoinParts {
         other: "right",
         keys: [left_keys, right_keys],
@@ -1152,8 +1160,21 @@ fn lower_join(
         output,
     };
     parts.put(&mut spec, join_at, at)?;
-    if let Some(ttl) = &catalog.join_ttl {
-        spec.put(&["ttl"], ttl.clone())?;
+    match interval {
+        Some((left_time, right_time, lower, upper)) => {
+            let mut bounds = Section::default();
+            bounds.put(&["left"], scalar(left_time, join_at))?;
+            bounds.put(&["right"], scalar(right_time, join_at))?;
+            bounds.put(&["lower"], scalar(format!("{lower}ms"), join_at))?;
+            bounds.put(&["upper"], scalar(format!("{upper}ms"), join_at))?;
+            spec.put(&["interval"], bounds.into_node(join_at))?;
+        }
+        // An interval join's rows leave with the watermark; the TTL is a regular join's.
+        None => {
+            if let Some(ttl) = &catalog.join_ttl {
+                spec.put(&["ttl"], ttl.clone())?;
+            }
+        }
     }
     left_pipeline.push(stage("join", spec.into_node(join_at), join_at));
     Ok(Lowered {
@@ -1594,6 +1615,121 @@ fn join_input(
         return Err(unbounded_rank(rank));
     }
     Ok((lowered, alias))
+}
+
+/// The event-time column of a join input that is a table read as it is (its WATERMARK's
+/// column): as Flink's interval join needs time attributes, a view or subquery side
+/// makes a regular join.
+fn event_time_of(factor: &TableFactor, catalog: &Catalog<'_>) -> Option<String> {
+    let TableFactor::Table {
+        name, args: None, ..
+    } = factor
+    else {
+        return None;
+    };
+    let (name, _) = object_name(name).ok()?;
+    let watermark = catalog.tables.get(&name)?.watermark.as_ref()?;
+    Some(watermark.column.clone())
+}
+
+/// The bounds `(lower, upper)` in ms on `left time - right time` that the conjuncts set
+/// between the two sides' event times (`a.t BETWEEN b.t - INTERVAL '10' SECOND AND b.t`,
+/// or `>=`, `>`, `<=`, `<` either way round), when they set both.
+fn join_interval(conjuncts: &[Expr], aliases: [&str; 2], times: [&str; 2]) -> Option<(i64, i64)> {
+    let (mut lower, mut upper) = (None::<i64>, None::<i64>);
+    for c in conjuncts {
+        for (l, u) in time_bounds(c, aliases, times) {
+            if let Some(l) = l {
+                lower = Some(lower.map_or(l, |x| x.max(l)));
+            }
+            if let Some(u) = u {
+                upper = Some(upper.map_or(u, |x| x.min(u)));
+            }
+        }
+    }
+    Some((lower?, upper?))
+}
+
+/// The bounds one conjunct sets on `left time - right time` (none when it compares no
+/// two times).
+fn time_bounds(c: &Expr, aliases: [&str; 2], times: [&str; 2]) -> Vec<(Option<i64>, Option<i64>)> {
+    match c {
+        Expr::Nested(inner) => time_bounds(inner, aliases, times),
+        Expr::Between {
+            expr,
+            negated: false,
+            low,
+            high,
+        } => [
+            time_compare(expr, &BinaryOperator::GtEq, low, aliases, times),
+            time_compare(expr, &BinaryOperator::LtEq, high, aliases, times),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+        Expr::BinaryOp { left, op, right } => time_compare(left, op, right, aliases, times)
+            .into_iter()
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// `a op b` over the two sides' times as a bound on `left time - right time`.
+fn time_compare(
+    a: &Expr,
+    op: &BinaryOperator,
+    b: &Expr,
+    aliases: [&str; 2],
+    times: [&str; 2],
+) -> Option<(Option<i64>, Option<i64>)> {
+    let (side_a, offset_a) = time_operand(a, aliases, times)?;
+    let (side_b, offset_b) = time_operand(b, aliases, times)?;
+    if side_a == side_b {
+        return None;
+    }
+    // left + oa op right + ob is (left - right) op (ob - oa); with the right side
+    // first, the comparison turns round.
+    let (at_least, bound) = match (side_a, op) {
+        (0, BinaryOperator::GtEq | BinaryOperator::Gt) => (true, offset_b - offset_a),
+        (0, BinaryOperator::LtEq | BinaryOperator::Lt) => (false, offset_b - offset_a),
+        (_, BinaryOperator::GtEq | BinaryOperator::Gt) => (false, offset_a - offset_b),
+        (_, BinaryOperator::LtEq | BinaryOperator::Lt) => (true, offset_a - offset_b),
+        _ => return None,
+    };
+    Some(match at_least {
+        true => (Some(bound), None),
+        false => (None, Some(bound)),
+    })
+}
+
+/// A side's event time plus a constant: `b.t`, `b.t - INTERVAL '10' SECOND`; the side and
+/// the constant in ms.
+fn time_operand(e: &Expr, aliases: [&str; 2], times: [&str; 2]) -> Option<(usize, i64)> {
+    match e {
+        Expr::Nested(inner) => time_operand(inner, aliases, times),
+        Expr::BinaryOp {
+            left,
+            op: op @ (BinaryOperator::Plus | BinaryOperator::Minus),
+            right,
+        } => {
+            let (side, offset) = time_operand(left, aliases, times)?;
+            let Value::Scalar { text, .. } = duration(right, Pos::START).ok()?.value else {
+                return None;
+            };
+            let ms = i64::try_from(crate::job_spec::parse_duration_ms(&text).ok()?).ok()?;
+            match op {
+                BinaryOperator::Plus => offset.checked_add(ms),
+                _ => offset.checked_sub(ms),
+            }
+            .map(|offset| (side, offset))
+        }
+        _ => {
+            let (side, (column, _)) = side_column(e, aliases)?;
+            column
+                .eq_ignore_ascii_case(times[side])
+                .then_some((side, 0))
+        }
+    }
 }
 
 /// `alias.column` of one side of a join: the side (0 left, 1 right) and the column.

@@ -45,6 +45,10 @@
 //!   with nulls, an updating result: their ON holds the keys and conditions on the side
 //!   they pad (which filter it first), their WHERE filters the result (conjuncts on a
 //!   side they keep filter it first).
+//! - An inner join of two tables read as they are, whose conditions bound one side's
+//!   event time (its WATERMARK column) by the other's (`b.t BETWEEN a.t AND a.t +
+//!   INTERVAL '10' SECOND`, or `>=`/`<` pairs), is an interval join: each row leaves
+//!   state once the watermark passes the last time it can match.
 //!
 //! Anything else (interval, window and temporal joins, INSERTs reading different tables,
 //! ORDER BY, ...) is refused at its position, named as not supported yet. DataFusion's logical optimizer does not
@@ -110,7 +114,8 @@ pub const SETTINGS: &[(&str, &[&str], &str)] = &[
         "table.exec.state.ttl",
         &[],
         "how long a join keeps each row after it arrived, e.g. 1h (processing time; \
-         other operators' state does not expire)",
+         an interval join keeps rows until the watermark passes them instead, and other \
+         operators' state does not expire)",
     ),
     (
         "execution.checkpointing.aligned-checkpoint-timeout",
