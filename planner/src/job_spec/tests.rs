@@ -1260,3 +1260,58 @@ fn kafka_mistakes_are_named_where_they_are() {
         &["unknown value", "json, csv"],
     );
 }
+
+/// A join item of `with_pipeline` whose `interval:` is `interval`.
+fn interval_join(interval: &str) -> String {
+    with_pipeline(&format!(
+        "  - join:\n      right: {{ source: {{ nexmark: {{ stream: auction }} }} }}\n      \
+         left_keys: [auction]\n      right_keys: [id]\n      left_alias: b\n      \
+         right_alias: a\n      interval: {interval}\n"
+    ))
+}
+
+#[test]
+fn a_join_interval_takes_signed_bounds() {
+    let graph = parse(&interval_join(
+        "{ left: date_time, right: date_time, lower: -10s, upper: 500ms }",
+    ));
+    let join = graph
+        .nodes
+        .iter()
+        .find_map(|n| match &n.kind {
+            Some(Kind::Join(j)) => Some(j.clone()),
+            _ => None,
+        })
+        .expect("a join node");
+    assert_eq!(
+        join.interval,
+        Some(pb::JoinInterval {
+            left_time: "date_time".into(),
+            right_time: "date_time".into(),
+            lower_ms: -10_000,
+            upper_ms: 500,
+        })
+    );
+}
+
+#[test]
+fn a_join_interval_names_what_is_wrong() {
+    assert_err(
+        &interval_join("{ left: date_time, right: date_time, lower: 1s, upper: -1s }"),
+        12,
+        17,
+        &["lower (1000 ms) is after upper (-1000 ms)"],
+    );
+    assert_err(
+        &interval_join("{ left: date_time, right: date_time, lower: -x, upper: 0s }"),
+        12,
+        61,
+        &["bad duration", "interval.lower"],
+    );
+    assert_err(
+        &interval_join("{ left: date_time, lower: 0s, upper: 0s }"),
+        12,
+        17,
+        &["right"],
+    );
+}
