@@ -494,6 +494,11 @@ impl JoinOperator {
             return Ok(());
         };
         let due = timers.pop_due(now);
+        if due.is_empty() {
+            return Ok(());
+        }
+        // Each due key's rows of its side, several scans in flight; what expired is
+        // removed in one write per side.
         let scans = due.into_iter().map(|(_, group, payload)| {
             let tables = tables.clone();
             async move {
@@ -501,7 +506,8 @@ impl JoinOperator {
                     .split_first()
                     .filter(|(side, _)| **side < 2)
                     .ok_or_else(|| Error::Internal("a join timer names no side".into()))?;
-                let table = &tables[usize::from(side)];
+                let side = usize::from(side);
+                let table = &tables[side];
                 let rows = table.scan_key(group, key, SCAN_PAGE).await?;
                 let mut writes = Vec::new();
                 for row in rows {
@@ -517,15 +523,19 @@ impl JoinOperator {
                         });
                     }
                 }
-                table.write(writes).await?;
-                Ok::<_, Error>(())
+                Ok::<_, Error>((side, writes))
             }
         });
         let in_flight = tables[0].pipelined_reads().max(1) * PROBES_PER_READ;
         let mut cleaned = futures::stream::iter(scans).buffer_unordered(in_flight);
+        let mut writes: [Vec<WriteOp>; 2] = Default::default();
         while let Some(done) = cleaned.next().await {
-            done?;
+            let (side, mut ops) = done?;
+            writes[side].append(&mut ops);
         }
+        let [left, right] = writes;
+        tables[0].write(left).await?;
+        tables[1].write(right).await?;
         Ok(())
     }
 
@@ -609,11 +619,17 @@ impl JoinOperator {
             .collect();
         own.write(writes).await?;
         if let (Some(interval), Some(timers)) = (&self.interval, &mut self.timers) {
-            for ((slot, _), (_, expires)) in &distinct {
-                let key = self.encoded.row(keys[*slot]);
+            // One timer per key and bucket of the batch, however many rows expire in it.
+            let mut due: Vec<(usize, i64)> = distinct
+                .iter()
+                .map(|((slot, _), (_, expires))| (*slot, interval.timer_at(*expires)))
+                .collect();
+            due.sort_unstable();
+            due.dedup();
+            for (slot, at) in due {
+                let key = self.encoded.row(keys[slot]);
                 let payload = Bytes::from([&[input as u8][..], key].concat());
-                let group = key_group_of(key, self.max_parallelism);
-                timers.register(interval.timer_at(*expires), group, payload);
+                timers.register(at, key_group_of(key, self.max_parallelism), payload);
             }
         }
         if let Some(known) = &mut self.known[input] {
