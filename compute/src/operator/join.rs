@@ -1222,11 +1222,14 @@ mod tests {
         .unwrap()
     }
 
-    fn spec(condition: Option<&str>, ttl_ms: u64) -> pb::JoinSpec {
-        let expr = |sql: &str| pb::Expr {
+    fn expr(sql: &str) -> pb::Expr {
+        pb::Expr {
             sql: sql.into(),
             location: None,
-        };
+        }
+    }
+
+    fn spec(condition: Option<&str>, ttl_ms: u64) -> pb::JoinSpec {
         pb::JoinSpec {
             r#type: pb::JoinType::Inner as i32,
             left_alias: "a".into(),
@@ -1267,10 +1270,6 @@ mod tests {
 
     /// `a.t BETWEEN b.t - 10 s AND b.t`, emitting `(k, a.t, b.t)`.
     fn interval_spec() -> pb::JoinSpec {
-        let expr = |sql: &str| pb::Expr {
-            sql: sql.into(),
-            location: None,
-        };
         pb::JoinSpec {
             r#type: pb::JoinType::Inner as i32,
             left_alias: "a".into(),
@@ -1308,29 +1307,14 @@ mod tests {
 
     #[tokio::test]
     async fn an_interval_join_forgets_rows_the_watermark_has_passed() {
-        let mut op = JoinOperator::build(
+        let mut op = join_of(
             &interval_spec(),
             &timed_schema(),
             &timed_schema(),
-            &ExprCompiler::new(),
-        )
-        .unwrap();
-        let state = OperatorState::new(
             Arc::new(MemoryStateStore::new(false)),
-            3,
-            key_group_range(128, 1, 0),
             1,
-            false,
-        );
-        let ctx = OperatorContext {
-            node_id: 3,
-            node_name: "join".into(),
-            subtask: 0,
-            parallelism: 1,
-            max_parallelism: 128,
-            state: Some(state),
-        };
-        op.open(&ctx).await.unwrap();
+        )
+        .await;
         let mut out = Output::default();
         op.process_input(0, timed(&[(1, 1_000), (2, 1_000)]), &mut out)
             .await
@@ -1415,8 +1399,18 @@ mod tests {
         store: Arc<dyn StateStore>,
         first_epoch: u64,
     ) -> JoinOperator {
-        let mut op =
-            JoinOperator::build(spec, &left_schema(), right, &ExprCompiler::new()).unwrap();
+        join_of(spec, &left_schema(), right, store, first_epoch).await
+    }
+
+    /// The join of `spec` of `left` rows with `right` rows, open on `store`.
+    async fn join_of(
+        spec: &pb::JoinSpec,
+        left: &SchemaRef,
+        right: &SchemaRef,
+        store: Arc<dyn StateStore>,
+        first_epoch: u64,
+    ) -> JoinOperator {
+        let mut op = JoinOperator::build(spec, left, right, &ExprCompiler::new()).unwrap();
         let state = OperatorState::new(store, 3, key_group_range(128, 1, 0), first_epoch, false);
         let ctx = OperatorContext {
             node_id: 3,
