@@ -512,15 +512,8 @@ impl JoinOperator {
                 let mut writes = Vec::new();
                 for row in rows {
                     let (_, rewrite) = live_arrivals(&row.value, now)?;
-                    if let Some(value) = rewrite {
-                        let state_key = table.key(group, key, &row.namespace);
-                        writes.push(match value.is_empty() {
-                            true => WriteOp::Delete { key: state_key },
-                            false => WriteOp::Put {
-                                key: state_key,
-                                value,
-                            },
-                        });
+                    if let Some(kept) = rewrite {
+                        writes.push(keep_arrivals(table.key(group, key, &row.namespace), kept));
                     }
                 }
                 Ok::<_, Error>((side, writes))
@@ -692,12 +685,8 @@ impl JoinOperator {
             let mut live: Vec<(Bytes, u64)> = Vec::with_capacity(matches.len());
             for m in matches {
                 let (n, rewrite) = live_arrivals(&m.value, now)?;
-                if let Some(value) = rewrite {
-                    let key = theirs.key(group, key, &m.namespace);
-                    expired.push(match value.is_empty() {
-                        true => WriteOp::Delete { key },
-                        false => WriteOp::Put { key, value },
-                    });
+                if let Some(kept) = rewrite {
+                    expired.push(keep_arrivals(theirs.key(group, key, &m.namespace), kept));
                 }
                 if n > 0 {
                     live.push((m.namespace, n));
@@ -1090,6 +1079,18 @@ fn arrivals(expires_at: i64, n: u64) -> Bytes {
         ttl::write_header(&mut v, expires_at);
     }
     Bytes::from(v)
+}
+
+/// The write that leaves a row's entry at `state_key` with the arrivals `kept` (as
+/// [`live_arrivals`] gives them): an entry with none left is deleted.
+fn keep_arrivals(state_key: Bytes, kept: Bytes) -> WriteOp {
+    match kept.is_empty() {
+        true => WriteOp::Delete { key: state_key },
+        false => WriteOp::Put {
+            key: state_key,
+            value: kept,
+        },
+    }
 }
 
 /// How many arrivals of a stored row are still alive at `now`, and when some expired,

@@ -546,7 +546,18 @@ mod tests {
         subtask: u32,
         parallelism: u32,
     ) -> (TopNOperator, OperatorState) {
-        let mut op = TopNOperator::build(spec, &input()).unwrap();
+        top_n_over(spec, &input(), store, subtask, parallelism).await
+    }
+
+    /// The Top-N of `spec` over `input` rows, open on `store`.
+    async fn top_n_over(
+        spec: &pb::TopNSpec,
+        input: &SchemaRef,
+        store: Arc<dyn StateStore>,
+        subtask: u32,
+        parallelism: u32,
+    ) -> (TopNOperator, OperatorState) {
+        let mut op = TopNOperator::build(spec, input).unwrap();
         let state = OperatorState::new(
             store,
             5,
@@ -691,18 +702,7 @@ mod tests {
 
     async fn updating_top_n(spec: &pb::TopNSpec) -> TopNOperator {
         let store = Arc::new(MemoryStateStore::new(false));
-        let mut op = TopNOperator::build(spec, &changelog_input()).unwrap();
-        let state = OperatorState::new(store, 5, key_group_range(128, 1, 0), 1, true);
-        let ctx = OperatorContext {
-            node_id: 5,
-            node_name: "top_n".into(),
-            subtask: 0,
-            parallelism: 1,
-            max_parallelism: 128,
-            state: Some(state),
-        };
-        op.open(&ctx).await.unwrap();
-        op
+        top_n_over(spec, &changelog_input(), store, 0, 1).await.0
     }
 
     #[tokio::test]
