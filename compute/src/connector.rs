@@ -74,11 +74,20 @@ pub trait SourceReader: Send {
             None => SourceStep::End,
         })
     }
-    /// Whether every split is read at once (Kafka partitions), so that a split that has
-    /// produced nothing yet holds the watermark back until it does or is idle. Files
-    /// are read one after another, so their unread splits hold nothing back.
+    /// Whether every split is read at once (Kafka partitions, the Nexmark generator's
+    /// interleaved splits), so that a split that has produced nothing yet holds the
+    /// watermark back until it does or is idle: after a restore the splits resume at
+    /// different event times, and the first batch of one far ahead must not close the
+    /// windows the others are still filling. Readers that read some splits at a time
+    /// report those as they start ([`Self::take_opened_splits`]) instead.
     fn splits_read_concurrently(&self) -> bool {
         false
+    }
+    /// Splits that began to be read since the last call, alongside others (files opened
+    /// into a reader's round-robin): each holds the watermark back from now until it
+    /// produces, finishes or is idle. Splits not started yet hold nothing back.
+    fn take_opened_splits(&mut self) -> Vec<usize> {
+        Vec::new()
     }
     /// Splits that finished since the last call (so their watermark stops holding back).
     fn take_finished_splits(&mut self) -> Vec<usize> {

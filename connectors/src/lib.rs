@@ -25,7 +25,7 @@ use bytes::Bytes;
 use sluice_common::pb;
 use sluice_compute::connector::{
     Connectors, DEFAULT_BATCH_SIZE, SinkWriter, SourceBatch, SourceCounters, SourceReader,
-    SubtaskInfo, projection,
+    SourceStep, SubtaskInfo, projection,
 };
 use sluice_compute::error::{Error, Result};
 
@@ -166,8 +166,34 @@ impl SourceReader for ProjectedReader {
         }))
     }
 
+    async fn poll_batch(&mut self, wait: std::time::Duration) -> Result<SourceStep> {
+        Ok(match self.inner.poll_batch(wait).await? {
+            SourceStep::Batch(sb) => SourceStep::Batch(SourceBatch {
+                split: sb.split,
+                batch: sb.batch.project(&self.indices)?,
+            }),
+            other => other,
+        })
+    }
+
+    fn splits_read_concurrently(&self) -> bool {
+        self.inner.splits_read_concurrently()
+    }
+
+    fn take_opened_splits(&mut self) -> Vec<usize> {
+        self.inner.take_opened_splits()
+    }
+
     fn take_finished_splits(&mut self) -> Vec<usize> {
         self.inner.take_finished_splits()
+    }
+
+    fn checkpoint_committed(&mut self, positions: &[(String, Bytes)]) {
+        self.inner.checkpoint_committed(positions)
+    }
+
+    fn split_name(&self, split: usize) -> Option<String> {
+        self.inner.split_name(split)
     }
 
     fn counters(&self) -> SourceCounters {

@@ -785,6 +785,8 @@ impl<T> Default for Shared<T> {
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("sluice-it-")
+        // To read what a failed test left (its jobs, outputs and logs).
+        .disable_cleanup(std::env::var_os("SLUICE_TEST_KEEP_DIRS").is_some())
         .tempdir()
         .expect("creating a temporary directory")
 }

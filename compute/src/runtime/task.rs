@@ -879,8 +879,15 @@ impl Task {
             .records_in
             .fetch_add(sb.batch.num_rows() as u64, Ordering::Relaxed);
         super::fault::check_source(read + sb.batch.num_rows() as u64)?;
+        // Before the batch: a split opened with it holds what the batch may advance.
+        let opened = src.reader.take_opened_splits();
         let mut wm = match src.watermarks.as_mut() {
-            Some(g) => g.on_batch(sb.split, &sb.batch)?,
+            Some(g) => {
+                for split in opened {
+                    g.on_split_opened(split);
+                }
+                g.on_batch(sb.split, &sb.batch)?
+            }
             None => None,
         };
         for split in src.reader.take_finished_splits() {

@@ -127,6 +127,20 @@ impl WatermarkGenerator {
         Ok(self.advance(now))
     }
 
+    /// `split` began to be read alongside others: until it produces (or is idle, or
+    /// finishes) it holds the watermark where it is, so that records it resumes with
+    /// behind the other splits are not behind the watermark.
+    pub fn on_split_opened(&mut self, split: usize) {
+        if split >= self.splits.len() {
+            self.splits.resize(split + 1, None);
+        }
+        self.splits[split].get_or_insert(SplitState {
+            max_ts: Timestamp::MIN,
+            last_active: Instant::now(),
+            finished: false,
+        });
+    }
+
     /// `split` is exhausted: it no longer holds the watermark back.
     pub fn on_split_finished(&mut self, split: usize) -> Option<StreamElement> {
         if let Some(Some(s)) = self.splits.get_mut(split) {
@@ -265,6 +279,29 @@ mod tests {
         assert!(matches!(
             g.on_split_finished(1),
             Some(StreamElement::Watermark(189))
+        ));
+    }
+
+    #[test]
+    fn a_split_opened_beside_others_holds_the_watermark_until_it_produces() {
+        // Files read in turn, restored at different times: the one far ahead speaks first.
+        let b = batch(&[0]);
+        let mut g = WatermarkGenerator::new(&spec(0), &b.schema(), 2, false).unwrap();
+        g.on_split_opened(0);
+        g.on_split_opened(1);
+        assert!(g.on_batch(0, &batch(&[5_000])).unwrap().is_none());
+        assert!(matches!(
+            g.on_batch(1, &batch(&[100])).unwrap(),
+            Some(StreamElement::Watermark(99))
+        ));
+        // Opening a split that already spoke changes nothing.
+        g.on_split_opened(1);
+        assert_eq!(g.holder(), Some(1));
+        // A split never opened holds nothing back (it waits for a place).
+        let mut g = WatermarkGenerator::new(&spec(0), &b.schema(), 2, false).unwrap();
+        assert!(matches!(
+            g.on_batch(0, &batch(&[5_000])).unwrap(),
+            Some(StreamElement::Watermark(4_999))
         ));
     }
 

@@ -5,9 +5,12 @@
 //! right after its last batch. Up to [`MAX_OPEN_TEXT_FILES`] CSV or JSON-lines files are
 //! read at once, a batch from each in turn, so that files covering the same stretch of
 //! event time advance together and per-split watermarks hold: read one after another,
-//! every record of the second file would be behind the first file's watermark. Files
-//! beyond that number wait for a place (like Flink's unassigned splits, they do not hold
-//! the watermark back until they start); Parquet files, whose row groups are larger,
+//! every record of the second file would be behind the first file's watermark. A file
+//! holds the watermark from when it is opened (`take_opened_splits`), before its first
+//! batch: restored files resume at different event times, and the first batch of one
+//! far ahead must not close the windows the others are still filling. Files beyond that
+//! number wait for a place (like Flink's unassigned splits, they do not hold the
+//! watermark back until they start); Parquet files, whose row groups are larger,
 //! [`MAX_OPEN_PARQUET_FILES`] at a time.
 //!
 //! CSV and JSON-lines files are streamed with bounded memory: the object is fetched in
@@ -253,6 +256,9 @@ pub struct FileReader {
     waiting: VecDeque<(usize, Open)>,
     /// The first assigned file not opened yet.
     next_file: usize,
+    /// Files opened into the round-robin not yet taken by
+    /// [`SourceReader::take_opened_splits`].
+    opened: Vec<usize>,
     decoder: Option<TextDecoder>,
     spans: Vec<RecordSpan>,
     dead_letter: Option<DeadLetter>,
@@ -355,6 +361,7 @@ impl FileReader {
             current: 0,
             open: None,
             waiting: VecDeque::new(),
+            opened: Vec::new(),
             next_file: 0,
             decoder,
             spans: Vec::new(),
@@ -653,6 +660,7 @@ impl SourceReader for FileReader {
                 self.current = split;
                 let open = self.open_current().await?;
                 self.waiting.push_back((split, open));
+                self.opened.push(split);
             }
             let Some((split, open)) = self.waiting.pop_front() else {
                 break;
@@ -678,6 +686,10 @@ impl SourceReader for FileReader {
             dead_letter.finish().await?;
         }
         Ok(None)
+    }
+
+    fn take_opened_splits(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.opened)
     }
 
     fn take_finished_splits(&mut self) -> Vec<usize> {
@@ -733,6 +745,7 @@ impl SourceReader for FileReader {
         self.positions = restored;
         self.open = None;
         self.waiting.clear();
+        self.opened.clear();
         self.next_file = 0;
         self.current = 0;
         self.finished = (0..self.files.len())
