@@ -4,7 +4,7 @@
 //! worker processes it starts all know it:
 //!
 //! ```sh
-//! cargo run -p sluice-cli --example udf -- run examples/udf/q14-count-char.sql --workers 2
+//! cargo run -p sluice-cli --example udf -- run examples/nexmark/q14.sql --workers 2
 //! ```
 
 use std::process::ExitCode;

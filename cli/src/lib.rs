@@ -16,7 +16,7 @@
 //! (and of the benchmarks) to the library crates. It holds no benchmark code.
 //!
 //! The command is a library too ([`main`]), so that a program can register its own
-//! functions and then be the `sluice` command (`examples/udf`).
+//! functions and then be the `sluice` command (`cli/examples/udf.rs`).
 //!
 //! Exit codes: 0 success, 1 a job or I/O failure, 2 a mistake in the job or the command
 //! line (the message names file, line and column where there is one).

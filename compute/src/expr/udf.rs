@@ -31,7 +31,7 @@
 //! ));
 //! ```
 //!
-//! (`examples/udf` is such a program.) A UDF's argument types are exact: DataFusion
+//! (`cli/examples/udf.rs` is such a program.) A UDF's argument types are exact: DataFusion
 //! reports a call with other types at planning, at the expression's place in the job
 //! file. An error the function returns fails the job with its message. Aggregate UDFs
 //! are not supported: windows and group-bys keep fixed-size accumulators in state.

@@ -2,7 +2,7 @@
 -- the day they were made in and how many times 'c' occurs in their extra field, by a
 -- user-defined function registered in Rust. Run it with the program that registers
 -- count_char (cli/examples/udf.rs):
---   cargo run -p sluice-cli --example udf -- run examples/udf/q14-count-char.sql
+--   cargo run -p sluice-cli --example udf -- run examples/nexmark/q14.sql
 SET 'pipeline.name' = 'q14-count-char';
 SET 'parallelism.default' = '2';
 

@@ -1,5 +1,5 @@
 -- Nexmark q0 (pass-through): every bid, unchanged. The SQL twin of
--- examples/q0-passthrough.yaml; `sluice run examples/sql/q0-passthrough.sql`.
+-- examples/q0-passthrough.yaml; `sluice run examples/nexmark/q0.sql`.
 SET 'pipeline.name' = 'q0-passthrough';
 SET 'parallelism.default' = '2';
 
