@@ -64,6 +64,10 @@ pub enum Query {
     /// Flink's q5: each window's bid count per auction joined with the window's highest
     /// count (a join of two updating results). SQL only.
     Q5Hottest,
+    /// Each seller's average selling price over their last 10 closed auctions: q4's
+    /// highest bid per auction, a Top-N per seller over that changelog, averaged (an
+    /// aggregate over a Top-N over an aggregate over a join). SQL only.
+    Q6,
     /// The winning bid of each auction: bids joined with their open auctions, the highest
     /// per auction (a Top-N over a join). SQL only.
     Q9,
@@ -93,6 +97,7 @@ impl Query {
             self,
             Query::Q4
                 | Query::Q5Hottest
+                | Query::Q6
                 | Query::Q9
                 | Query::Q10
                 | Query::Q12
@@ -245,7 +250,9 @@ fn main_stream(query: Query) -> Stream {
 fn joined_streams(query: Query) -> &'static [Stream] {
     match query {
         Query::Q3 => &[Stream::Person],
-        Query::Q8 | Query::Q20 | Query::Q4 | Query::Q9 | Query::IntervalJoin => &[Stream::Auction],
+        Query::Q8 | Query::Q20 | Query::Q4 | Query::Q6 | Query::Q9 | Query::IntervalJoin => {
+            &[Stream::Auction]
+        }
         Query::Q7Join => &[Stream::Bid],
         _ => &[],
     }
@@ -459,6 +466,7 @@ fn fixed_pipeline(query: Query) -> &'static str {
         Query::Q3 | Query::Q7Join | Query::Q8 | Query::Q20 => "",
         Query::Q4
         | Query::Q5Hottest
+        | Query::Q6
         | Query::Q9
         | Query::Q10
         | Query::Q12
@@ -577,6 +585,14 @@ fn select(query: Query) -> &'static str {
              GROUP BY CountBids.starttime, CountBids.endtime) AS MaxBids \
              ON AuctionBids.starttime = MaxBids.starttime AND AuctionBids.endtime = MaxBids.endtime \
              AND AuctionBids.num >= MaxBids.maxn"
+        }
+        Query::Q6 => {
+            "SELECT seller, AVG(final) AS avg_price FROM (\
+             SELECT seller, final, ROW_NUMBER() OVER (PARTITION BY seller \
+             ORDER BY expires DESC, id DESC) AS rn FROM (\
+             SELECT A.id, A.seller, A.expires, MAX(B.price) AS final FROM auction A, bid B \
+             WHERE A.id = B.auction AND B.date_time BETWEEN A.date_time AND A.expires \
+             GROUP BY A.id, A.seller, A.expires)) WHERE rn <= 10 GROUP BY seller"
         }
         Query::Q9 => {
             "SELECT id, item_name, description, initial_bid, reserve, date_time, expires, seller, \
