@@ -1148,8 +1148,22 @@ fn lower_join(
     // state as the watermark passes them (the condition still checks the bounds).
     let times = [join.left, join.right].map(|f| event_time_of(f, catalog));
     let interval = match (outer, times) {
-        (false, [Some(l), Some(r)]) => join_interval(&rest, aliases, [&l, &r])
-            .map(|(lower, upper)| (l.clone(), r.clone(), lower, upper)),
+        (false, [Some(l), Some(r)]) => {
+            // Equal times are a key (a window join's `P.window_end = A.window_end`), and
+            // bound the interval at 0 both ways.
+            let equal = left_keys
+                .iter()
+                .zip(&right_keys)
+                .any(|((a, _), (b, _))| *a == l && *b == r);
+            match (join_interval(&rest, aliases, [&l, &r]), equal) {
+                (bounds, false) => bounds,
+                (None, true) => Some((0, 0)),
+                (Some((lower, upper)), true) => {
+                    Some((lower.max(0), upper.min(0))).filter(|(lower, upper)| lower <= upper)
+                }
+            }
+            .map(|(lower, upper)| (l.clone(), r.clone(), lower, upper))
+        }
         _ => None,
     };
     let parts = JoinParts {
@@ -1617,19 +1631,90 @@ fn join_input(
     Ok((lowered, alias))
 }
 
-/// The event-time column of a join input that is a table read as it is (its WATERMARK's
-/// column): as Flink's interval join needs time attributes, a view or subquery side
-/// makes a regular join.
+/// The event-time column of a join input, as Flink's time attributes go: a table's
+/// WATERMARK column, and through a view or subquery the column that passes it on or the
+/// `window_end` of a window aggregate over it (see [`query_event_time`]). A side without
+/// one makes a regular join.
 fn event_time_of(factor: &TableFactor, catalog: &Catalog<'_>) -> Option<String> {
-    let TableFactor::Table {
-        name, args: None, ..
-    } = factor
-    else {
+    factor_event_time(factor, catalog, 0)
+}
+
+fn factor_event_time(factor: &TableFactor, catalog: &Catalog<'_>, depth: usize) -> Option<String> {
+    if depth > MAX_NESTING {
+        return None;
+    }
+    match factor {
+        TableFactor::Table {
+            name, args: None, ..
+        } => {
+            let (name, _) = object_name(name).ok()?;
+            match catalog.tables.get(&name) {
+                Some(table) => Some(table.watermark.as_ref()?.column.clone()),
+                None => query_event_time(catalog.views.get(&name)?, catalog, depth + 1),
+            }
+        }
+        TableFactor::Derived {
+            lateral: false,
+            subquery,
+            ..
+        } => query_event_time(subquery, catalog, depth + 1),
+        _ => None,
+    }
+}
+
+/// The output column of `query` that is an event time: its input's event-time column
+/// passed on (by name or renamed) through filters and projections of an append-only
+/// input, or the `window_end` of a window aggregate over a table's event time (`SELECT
+/// ..., window_end AS t FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), ...)) GROUP
+/// BY ..., window_end`). A window's rows leave the aggregate when the watermark reaches
+/// its end, before the watermark passes it, so that end bounds them as a watermark column
+/// bounds a table's rows: a join on it keeps a row only until the watermark passes what
+/// it can meet (Flink's window join). Aggregates, ranks, DISTINCT and joins (updating or
+/// re-timed results) and processing-time windows have none.
+fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Option<String> {
+    let SetExpr::Select(select) = query.body.as_ref() else {
         return None;
     };
-    let (name, _) = object_name(name).ok()?;
-    let watermark = catalog.tables.get(&name)?.watermark.as_ref()?;
-    Some(watermark.column.clone())
+    let [from] = select.from.as_slice() else {
+        return None;
+    };
+    let GroupByExpr::Expressions(grouped, _) = &select.group_by else {
+        return None;
+    };
+    if !from.joins.is_empty() || select.distinct.is_some() || has_over(&select.projection) {
+        return None;
+    }
+    let is_end =
+        |e: &Expr| matches!(e, Expr::Identifier(id) if id.value.eq_ignore_ascii_case("window_end"));
+    let time = match &from.relation {
+        TableFactor::TableFunction { expr, .. } => {
+            let window = window_function(expr).ok()?;
+            let watermark = catalog.tables.get(&window.table.0)?.watermark.as_ref()?;
+            if watermark.column != window.column || !grouped.iter().any(is_end) {
+                return None;
+            }
+            "window_end".to_owned()
+        }
+        relation => {
+            if !grouped.is_empty() || has_aggregate(&select.projection) {
+                return None;
+            }
+            factor_event_time(relation, catalog, depth)?
+        }
+    };
+    let passes = |e: &Expr| match e {
+        Expr::Identifier(id) => id.value.eq_ignore_ascii_case(&time),
+        Expr::CompoundIdentifier(parts) => parts
+            .last()
+            .is_some_and(|id| id.value.eq_ignore_ascii_case(&time)),
+        _ => false,
+    };
+    select.projection.iter().find_map(|item| match item {
+        SelectItem::Wildcard(_) => Some(time.clone()),
+        SelectItem::UnnamedExpr(e) if passes(e) => Some(time.clone()),
+        SelectItem::ExprWithAlias { expr, alias } if passes(expr) => Some(alias.value.clone()),
+        _ => None,
+    })
 }
 
 /// The bounds `(lower, upper)` in ms on `left time - right time` that the conjuncts set
