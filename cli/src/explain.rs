@@ -332,15 +332,20 @@ fn keyed_state(
                             format!("{a}.")
                         }
                     };
+                    let plus = |ms: i64| match ms {
+                        0 => String::new(),
+                        ms if ms > 0 => format!(" + {ms} ms"),
+                        ms => format!(" - {} ms", ms.unsigned_abs()),
+                    };
                     format!(
                         "an interval join: each kept until the watermark passes the last \
-                         time it can match ({}{} - {}{} within [{} ms, {} ms])",
+                         time it can match, a left row's {}{}{}, a right row's {}{}{}",
                         dot(l),
                         i.left_time,
+                        plus(i.lower_ms.saturating_neg()),
                         dot(r),
                         i.right_time,
-                        i.lower_ms,
-                        i.upper_ms
+                        plus(i.upper_ms)
                     )
                 }
                 (None, 0) => "kept forever".to_owned(),

@@ -26,7 +26,10 @@
 //! With an interval (`l.t BETWEEN r.t + lower AND r.t + upper` on the inputs' event-time
 //! columns, Flink's interval join), each arrival's expiry is not a processing time but
 //! the event time after which no row of the other side can match it: `t - lower` for a
-//! left row, `t + upper` for a right one. Rows expire as the watermark (the lower of the
+//! left row, `t + upper` for a right one. Each side's expiry column may be another of
+//! its timestamps where the condition bounds the other side's event time by it (`b.t
+//! BETWEEN a.t AND a.expires` keeps an auction until `expires`): future rows of the other
+//! side come after the watermark. Rows expire as the watermark (the lower of the
 //! two inputs') passes that time; a row already expired when it arrives joins what is
 //! kept but is not stored. So that rows of keys no probe meets again leave state too,
 //! each stored arrival registers a timer for its key and side at its expiry, rounded up

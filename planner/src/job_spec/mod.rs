@@ -44,11 +44,12 @@
 //!       condition: "b.price > a.reserve"    # optional, on each matching pair
 //!       select: [b.auction, b.price, a.seller]   # optional; default every column
 //!       ttl: 1h                     # optional: rows stop joining after this long
-//!       interval:                   # optional: an interval join on event time, its
-//!         left: date_time           # rows kept only until the watermark passes them:
-//!         right: date_time          # b.date_time BETWEEN a.date_time + lower
-//!         lower: -10s               #   AND a.date_time + upper (the condition checks
-//!         upper: 0s                 #   that too); both columns the inputs' event time
+//!       interval:                   # optional: an interval join on event time, a
+//!         left: date_time           # left row kept until the watermark passes its
+//!         right: date_time          # `left` minus `lower`, a right row its `right`
+//!         lower: -10s               # plus `upper` (b.date_time BETWEEN a.date_time +
+//!         upper: 0s                 # lower AND a.date_time + upper; the condition
+//!                                   # checks that; see operator/join.rs)
 //! sink:                             # exactly one of stdout, blackhole, file
 //!   stdout: { format: jsonl }
 //! ```

@@ -1157,12 +1157,23 @@ fn lower_join(
                 .any(|((a, _), (b, _))| *a == l && *b == r);
             match (join_interval(&rest, aliases, [&l, &r]), equal) {
                 (bounds, false) => bounds,
-                (None, true) => Some((0, 0)),
-                (Some((lower, upper)), true) => {
-                    Some((lower.max(0), upper.min(0))).filter(|(lower, upper)| lower <= upper)
+                (None, true) => Some((0, l.clone(), 0, r.clone())),
+                // The equal times are the tighter bound where they are at least as tight.
+                (Some((lower, left, upper, right)), true) => {
+                    let (lower, left) = if lower >= 0 {
+                        (lower, left)
+                    } else {
+                        (0, l.clone())
+                    };
+                    let (upper, right) = if upper <= 0 {
+                        (upper, right)
+                    } else {
+                        (0, r.clone())
+                    };
+                    Some((lower, left, upper, right))
                 }
             }
-            .map(|(lower, upper)| (l.clone(), r.clone(), lower, upper))
+            .map(|(lower, left, upper, right)| (left, right, lower, upper))
         }
         _ => None,
     };
@@ -1717,58 +1728,78 @@ fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Optio
     })
 }
 
-/// The bounds `(lower, upper)` in ms on `left time - right time` that the conjuncts set
-/// between the two sides' event times (`a.t BETWEEN b.t - INTERVAL '10' SECOND AND b.t`,
-/// or `>=`, `>`, `<=`, `<` either way round), when they set both.
-fn join_interval(conjuncts: &[Expr], aliases: [&str; 2], times: [&str; 2]) -> Option<(i64, i64)> {
-    let (mut lower, mut upper) = (None::<i64>, None::<i64>);
+/// An interval join's bounds the conjuncts set, when they set both: `(lower, left,
+/// upper, right)`, where a left row can match no future right row once the watermark
+/// passes its `left` column minus `lower` ms, and a right row no future left row once it
+/// passes its `right` column plus `upper` ms.
+///
+/// Each conjunct compares a column of each side plus a constant (`a.t BETWEEN b.t -
+/// INTERVAL '10' SECOND AND b.t`, or `>=`, `>`, `<=`, `<` either way round) as a bound on
+/// `left column - right column`. A lower bound expires left rows: future right rows come
+/// after the watermark by their event time, so it must compare the right side's event
+/// time, with any left column (an auction's `expires`). An upper bound expires right rows
+/// and must compare the left side's event time, with any right column. So `B.date_time
+/// BETWEEN A.date_time AND A.expires` keeps each auction until it expires and each bid
+/// until the watermark passes it.
+fn join_interval(
+    conjuncts: &[Expr],
+    aliases: [&str; 2],
+    times: [&str; 2],
+) -> Option<(i64, String, i64, String)> {
+    let (mut lower, mut upper) = (None::<(i64, String)>, None::<(i64, String)>);
     for c in conjuncts {
-        for (l, u) in time_bounds(c, aliases, times) {
-            if let Some(l) = l {
-                lower = Some(lower.map_or(l, |x| x.max(l)));
-            }
-            if let Some(u) = u {
-                upper = Some(upper.map_or(u, |x| x.min(u)));
+        for b in time_bounds(c, aliases) {
+            if b.at_least && b.columns[1].eq_ignore_ascii_case(times[1]) {
+                if lower.as_ref().is_none_or(|(l, _)| b.bound > *l) {
+                    lower = Some((b.bound, b.columns[0].clone()));
+                }
+            } else if !b.at_least
+                && b.columns[0].eq_ignore_ascii_case(times[0])
+                && upper.as_ref().is_none_or(|(u, _)| b.bound < *u)
+            {
+                upper = Some((b.bound, b.columns[1].clone()));
             }
         }
     }
-    Some((lower?, upper?))
+    let ((lower, left), (upper, right)) = (lower?, upper?);
+    Some((lower, left, upper, right))
 }
 
-/// The bounds one conjunct sets on `left time - right time` (none when it compares no
-/// two times).
-fn time_bounds(c: &Expr, aliases: [&str; 2], times: [&str; 2]) -> Vec<(Option<i64>, Option<i64>)> {
+/// A bound on `left column - right column`: at least or at most `bound` ms.
+struct TimeBound {
+    at_least: bool,
+    bound: i64,
+    columns: [String; 2],
+}
+
+/// The bounds one conjunct sets between a column of each side (none when it compares no
+/// two such columns).
+fn time_bounds(c: &Expr, aliases: [&str; 2]) -> Vec<TimeBound> {
     match c {
-        Expr::Nested(inner) => time_bounds(inner, aliases, times),
+        Expr::Nested(inner) => time_bounds(inner, aliases),
         Expr::Between {
             expr,
             negated: false,
             low,
             high,
         } => [
-            time_compare(expr, &BinaryOperator::GtEq, low, aliases, times),
-            time_compare(expr, &BinaryOperator::LtEq, high, aliases, times),
+            time_compare(expr, &BinaryOperator::GtEq, low, aliases),
+            time_compare(expr, &BinaryOperator::LtEq, high, aliases),
         ]
         .into_iter()
         .flatten()
         .collect(),
-        Expr::BinaryOp { left, op, right } => time_compare(left, op, right, aliases, times)
-            .into_iter()
-            .collect(),
+        Expr::BinaryOp { left, op, right } => {
+            time_compare(left, op, right, aliases).into_iter().collect()
+        }
         _ => Vec::new(),
     }
 }
 
-/// `a op b` over the two sides' times as a bound on `left time - right time`.
-fn time_compare(
-    a: &Expr,
-    op: &BinaryOperator,
-    b: &Expr,
-    aliases: [&str; 2],
-    times: [&str; 2],
-) -> Option<(Option<i64>, Option<i64>)> {
-    let (side_a, offset_a) = time_operand(a, aliases, times)?;
-    let (side_b, offset_b) = time_operand(b, aliases, times)?;
+/// `a op b` over a column of each side as a bound on `left column - right column`.
+fn time_compare(a: &Expr, op: &BinaryOperator, b: &Expr, aliases: [&str; 2]) -> Option<TimeBound> {
+    let (side_a, column_a, offset_a) = time_operand(a, aliases)?;
+    let (side_b, column_b, offset_b) = time_operand(b, aliases)?;
     if side_a == side_b {
         return None;
     }
@@ -1781,23 +1812,29 @@ fn time_compare(
         (_, BinaryOperator::LtEq | BinaryOperator::Lt) => (true, offset_a - offset_b),
         _ => return None,
     };
-    Some(match at_least {
-        true => (Some(bound), None),
-        false => (None, Some(bound)),
+    let columns = if side_a == 0 {
+        [column_a, column_b]
+    } else {
+        [column_b, column_a]
+    };
+    Some(TimeBound {
+        at_least,
+        bound,
+        columns,
     })
 }
 
-/// A side's event time plus a constant: `b.t`, `b.t - INTERVAL '10' SECOND`; the side and
-/// the constant in ms.
-fn time_operand(e: &Expr, aliases: [&str; 2], times: [&str; 2]) -> Option<(usize, i64)> {
+/// A side's column plus a constant: `b.t`, `b.t - INTERVAL '10' SECOND`; the side, the
+/// column and the constant in ms.
+fn time_operand(e: &Expr, aliases: [&str; 2]) -> Option<(usize, String, i64)> {
     match e {
-        Expr::Nested(inner) => time_operand(inner, aliases, times),
+        Expr::Nested(inner) => time_operand(inner, aliases),
         Expr::BinaryOp {
             left,
             op: op @ (BinaryOperator::Plus | BinaryOperator::Minus),
             right,
         } => {
-            let (side, offset) = time_operand(left, aliases, times)?;
+            let (side, column, offset) = time_operand(left, aliases)?;
             let Value::Scalar { text, .. } = duration(right, Pos::START).ok()?.value else {
                 return None;
             };
@@ -1806,13 +1843,11 @@ fn time_operand(e: &Expr, aliases: [&str; 2], times: [&str; 2]) -> Option<(usize
                 BinaryOperator::Plus => offset.checked_add(ms),
                 _ => offset.checked_sub(ms),
             }
-            .map(|offset| (side, offset))
+            .map(|offset| (side, column, offset))
         }
         _ => {
             let (side, (column, _)) = side_column(e, aliases)?;
-            column
-                .eq_ignore_ascii_case(times[side])
-                .then_some((side, 0))
+            Some((side, column, 0))
         }
     }
 }

@@ -45,12 +45,15 @@
 //!   with nulls, an updating result: their ON holds the keys and conditions on the side
 //!   they pad (which filter it first), their WHERE filters the result (conjuncts on a
 //!   side they keep filter it first).
-//! - An inner join of two tables read as they are, whose conditions bound one side's
-//!   event time (its WATERMARK column) by the other's (`b.t BETWEEN a.t AND a.t +
-//!   INTERVAL '10' SECOND`, or `>=`/`<` pairs), is an interval join: each row leaves
-//!   state once the watermark passes the last time it can match.
+//! - An inner join whose conditions bound each side's event time by a column of the
+//!   other (`b.t BETWEEN a.t AND a.t + INTERVAL '10' SECOND`, `b.t BETWEEN a.t AND
+//!   a.expires`, or `>=`/`<` pairs) is an interval join: each row leaves state once the
+//!   watermark passes the last time it can match. A side's event time is its table's
+//!   WATERMARK column, passed on by a view's or subquery's filters and projections, or
+//!   the `window_end` of a window aggregate over it; equal event times as a key (a window
+//!   join) bound it at 0.
 //!
-//! Anything else (interval, window and temporal joins, INSERTs reading different tables,
+//! Anything else (temporal joins in event time,
 //! ORDER BY, ...) is refused at its position, named as not supported yet. DataFusion's logical optimizer does not
 //! plan these jobs yet: the shapes above map one to one onto Sluice's operators.
 //!
