@@ -1068,11 +1068,13 @@ fn interval_of(
         lower: spec.lower_ms,
         upper: spec.upper_ms,
         // Rows expire up to one bucket late; a key gets one timer per bucket it has
-        // rows expiring in.
+        // rows expiring in. At least 5 s: a key's rows of a few seconds share a timer
+        // and a scan (q4 over its bids, 1 s against 5 s: 0.41 M against 0.54 M
+        // events/s, the same memory).
         bucket: spec
             .upper_ms
             .saturating_sub(spec.lower_ms)
-            .clamp(1000, 60_000),
+            .clamp(5_000, 60_000),
     })
 }
 
