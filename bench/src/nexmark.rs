@@ -377,7 +377,8 @@ fn pipeline(query: Query, o: &JobOptions) -> String {
             "pipeline:\n  - join:\n{}      left_keys: [price]\n      right_keys: [maxprice]\n      \
              left_alias: B\n      right_alias: B1\n      condition: \"B.date_time BETWEEN \
              B1.date_time - INTERVAL '10' SECOND AND B1.date_time\"\n      select: [B.auction, \
-             B.price, B.bidder, B.date_time, B.extra]\n",
+             B.price, B.bidder, B.date_time, B.extra]\n      interval: {{ left: date_time, \
+             right: date_time, lower: -10s, upper: 0s }}\n",
             right(
                 Stream::Bid,
                 "        pipeline:\n          - window: { tumbling: 10s }\n            \
@@ -390,7 +391,8 @@ fn pipeline(query: Query, o: &JobOptions) -> String {
              aggregate: [\"count(*) AS sluice_group_rows\"]\n  - select: [id, name, \
              \"window_start AS starttime\", \"window_end AS endtime\"]\n  - join:\n{}      \
              left_keys: [id, starttime, endtime]\n      right_keys: [seller, starttime, endtime]\n      \
-             left_alias: P\n      right_alias: A\n      select: [P.id, P.name, P.starttime]\n",
+             left_alias: P\n      right_alias: A\n      select: [P.id, P.name, P.starttime]\n      \
+             interval: {{ left: endtime, right: endtime, lower: 0s, upper: 0s }}\n",
             right(
                 Stream::Auction,
                 "        pipeline:\n          - key_by: [seller]\n          - window: { tumbling: 10s }\n            \

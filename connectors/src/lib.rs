@@ -35,6 +35,8 @@ pub mod kafka;
 pub mod nexmark;
 pub mod stdout;
 pub mod store;
+#[cfg(test)]
+mod watermark_tests;
 
 /// Every connector of this crate.
 #[derive(Debug, Default, Clone, Copy)]

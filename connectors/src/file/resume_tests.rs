@@ -391,9 +391,6 @@ async fn a_parquet_position_beyond_the_file_is_refused() {
 
 #[tokio::test]
 async fn a_restored_file_behind_the_others_is_not_behind_the_watermark() {
-    use arrow::array::AsArray;
-    use sluice_compute::element::StreamElement;
-    use sluice_compute::time::watermark::WatermarkGenerator;
     let dir = tempfile::tempdir().unwrap();
     for name in ["a", "b"] {
         std::fs::write(dir.path().join(format!("{name}.csv")), awkward_csv(60)).unwrap();
@@ -409,47 +406,9 @@ async fn a_restored_file_behind_the_others_is_not_behind_the_watermark() {
     }
     let mut reader = open(&spec, 0, 1, 3, HUGE_CHUNK).await;
     reader.restore(&positions).unwrap();
-    // The source task's generator, as the runtime drives it; `id` is the event time.
-    let wm = pb::WatermarkSpec {
-        column: "id".into(),
-        max_out_of_orderness_ms: 0,
-        idleness_ms: 0,
-        alignment: None,
-    };
-    let mut g = WatermarkGenerator::new(
-        &wm,
-        &reader.schema(),
-        reader.num_splits(),
-        reader.splits_read_concurrently(),
-    )
-    .unwrap();
-    let mut watermark = i64::MIN;
-    let mut batches = 0;
-    while let Some(b) = reader.next_batch().await.unwrap() {
-        let ids = b
-            .batch
-            .column(0)
-            .as_primitive::<arrow::datatypes::Int64Type>();
-        let first = arrow::compute::min(ids).unwrap();
-        assert!(
-            first > watermark,
-            "batch {batches} of split {} starts at {first}, behind the watermark {watermark}",
-            b.split
-        );
-        for split in reader.take_opened_splits() {
-            g.on_split_opened(split);
-        }
-        let mut emitted = vec![g.on_batch(b.split, &b.batch).unwrap()];
-        for split in reader.take_finished_splits() {
-            emitted.push(g.on_split_finished(split));
-        }
-        for e in emitted.into_iter().flatten() {
-            if let StreamElement::Watermark(w) = e {
-                watermark = w;
-            }
-        }
-        batches += 1;
-    }
+    // `id` is the event time.
+    let (batches, watermark) =
+        crate::watermark_tests::read_behind_no_watermark(&mut reader, "id", 0).await;
     assert!(
         batches > 20 && watermark > i64::MIN,
         "{batches} {watermark}"

@@ -675,16 +675,8 @@ mod tests {
         assert!(msg.contains("`file/a.csv`"), "{msg}");
     }
 
-    /// The smallest event time of a batch of bids.
-    fn min_time(batch: &RecordBatch) -> i64 {
-        let times = batch.column_by_name("date_time").unwrap();
-        arrow::compute::min(times.as_primitive::<TimestampMillisecondType>()).unwrap()
-    }
-
-    #[test]
-    fn a_restored_split_behind_the_others_is_not_behind_the_watermark() {
-        use sluice_compute::element::StreamElement;
-        use sluice_compute::time::watermark::WatermarkGenerator;
+    #[tokio::test]
+    async fn a_restored_split_behind_the_others_is_not_behind_the_watermark() {
         // Split 0 read 3 s of event time further than split 1, then both restored into
         // one subtask, which reads split 0 first.
         let s = spec(pb::NexmarkStream::Bid, 40_000, 2);
@@ -696,39 +688,8 @@ mod tests {
         }
         let mut r = reader(&s, 0, 1, 100);
         r.restore(&positions).unwrap();
-        // The source task's generator, as the runtime builds it.
-        let wm = pb::WatermarkSpec {
-            column: "date_time".into(),
-            max_out_of_orderness_ms: 1_000,
-            idleness_ms: 0,
-            alignment: None,
-        };
-        let mut g = WatermarkGenerator::new(
-            &wm,
-            &r.schema(),
-            r.num_splits(),
-            r.splits_read_concurrently(),
-        )
-        .unwrap();
-        let mut watermark = i64::MIN;
-        let mut batches = 0;
-        while let Some(b) = r.next_batch_sync() {
-            assert!(
-                min_time(&b.batch) > watermark,
-                "batch {batches} of split {} is behind the watermark {watermark}",
-                b.split
-            );
-            let mut emitted = vec![g.on_batch(b.split, &b.batch).unwrap()];
-            for split in r.take_finished_splits() {
-                emitted.push(g.on_split_finished(split));
-            }
-            for e in emitted.into_iter().flatten() {
-                if let StreamElement::Watermark(w) = e {
-                    watermark = w;
-                }
-            }
-            batches += 1;
-        }
+        let (batches, watermark) =
+            crate::watermark_tests::read_behind_no_watermark(&mut r, "date_time", 1_000).await;
         assert!(
             batches > 200 && watermark > i64::MIN,
             "{batches} {watermark}"
