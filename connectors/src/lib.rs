@@ -148,6 +148,16 @@ struct ProjectedReader {
     schema: SchemaRef,
 }
 
+impl ProjectedReader {
+    /// The inner reader's batch with the job's columns only.
+    fn project(&self, sb: SourceBatch) -> Result<SourceBatch> {
+        Ok(SourceBatch {
+            split: sb.split,
+            batch: sb.batch.project(&self.indices)?,
+        })
+    }
+}
+
 #[async_trait]
 impl SourceReader for ProjectedReader {
     fn schema(&self) -> SchemaRef {
@@ -159,21 +169,16 @@ impl SourceReader for ProjectedReader {
     }
 
     async fn next_batch(&mut self) -> Result<Option<SourceBatch>> {
-        let Some(sb) = self.inner.next_batch().await? else {
-            return Ok(None);
-        };
-        Ok(Some(SourceBatch {
-            split: sb.split,
-            batch: sb.batch.project(&self.indices)?,
-        }))
+        self.inner
+            .next_batch()
+            .await?
+            .map(|sb| self.project(sb))
+            .transpose()
     }
 
     async fn poll_batch(&mut self, wait: std::time::Duration) -> Result<SourceStep> {
         Ok(match self.inner.poll_batch(wait).await? {
-            SourceStep::Batch(sb) => SourceStep::Batch(SourceBatch {
-                split: sb.split,
-                batch: sb.batch.project(&self.indices)?,
-            }),
+            SourceStep::Batch(sb) => SourceStep::Batch(self.project(sb)?),
             other => other,
         })
     }

@@ -162,7 +162,8 @@ const ORACLE: &[(&str, &str)] = &[
          DESC, auction, bidder, price, channel, url, date_time, extra) AS rank_number FROM \
          bid) WHERE rank_number <= 10",
     ),
-    // Regular joins: every pair of rows with equal keys, whichever side came first.
+    // Joins: every pair of rows with equal keys, whichever side came first (q7 and q8 as
+    // interval and window joins over the oracle's watermarked tables).
     (
         "nexmark/q7",
         "WITH m AS (SELECT max(price) AS maxprice, time_bucket(INTERVAL 10 SECOND, \

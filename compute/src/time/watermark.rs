@@ -100,9 +100,6 @@ impl WatermarkGenerator {
         batch: &RecordBatch,
         now: Instant,
     ) -> Result<Option<StreamElement>> {
-        if split >= self.splits.len() {
-            self.splits.resize(split + 1, None);
-        }
         let col = batch.column(self.column);
         let ms = match col.data_type() {
             DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Int64 => {
@@ -113,11 +110,7 @@ impl WatermarkGenerator {
                 &DataType::Int64,
             )?,
         };
-        let state = self.splits[split].get_or_insert(SplitState {
-            max_ts: Timestamp::MIN,
-            last_active: now,
-            finished: false,
-        });
+        let state = self.split_mut(split, now);
         state.last_active = now;
         if let Some(m) = max(ms.as_primitive::<Int64Type>()) {
             state.max_ts = state.max_ts.max(m);
@@ -131,14 +124,19 @@ impl WatermarkGenerator {
     /// finishes) it holds the watermark where it is, so that records it resumes with
     /// behind the other splits are not behind the watermark.
     pub fn on_split_opened(&mut self, split: usize) {
+        self.split_mut(split, Instant::now());
+    }
+
+    /// `split`'s state, tracked from `now` if it was not yet.
+    fn split_mut(&mut self, split: usize, now: Instant) -> &mut SplitState {
         if split >= self.splits.len() {
             self.splits.resize(split + 1, None);
         }
         self.splits[split].get_or_insert(SplitState {
             max_ts: Timestamp::MIN,
-            last_active: Instant::now(),
+            last_active: now,
             finished: false,
-        });
+        })
     }
 
     /// `split` is exhausted: it no longer holds the watermark back.

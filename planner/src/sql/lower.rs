@@ -1146,34 +1146,28 @@ fn lower_join(
     }
     // Bounds between the two sides' event times make an interval join, whose rows leave
     // state as the watermark passes them (the condition still checks the bounds).
-    let times = [join.left, join.right].map(|f| event_time_of(f, catalog));
+    let times = [join.left, join.right].map(|f| event_time_of(f, catalog, 0));
     let interval = match (outer, times) {
         (false, [Some(l), Some(r)]) => {
-            // Equal times are a key (a window join's `P.window_end = A.window_end`), and
+            // Equal times are a key (a window join's `P.window_end = A.window_end`): they
             // bound the interval at 0 both ways.
             let equal = left_keys
                 .iter()
                 .zip(&right_keys)
-                .any(|((a, _), (b, _))| *a == l && *b == r);
-            match (join_interval(&rest, aliases, [&l, &r]), equal) {
-                (bounds, false) => bounds,
-                (None, true) => Some((0, l.clone(), 0, r.clone())),
-                // The equal times are the tighter bound where they are at least as tight.
-                (Some((lower, left, upper, right)), true) => {
-                    let (lower, left) = if lower >= 0 {
-                        (lower, left)
-                    } else {
-                        (0, l.clone())
-                    };
-                    let (upper, right) = if upper <= 0 {
-                        (upper, right)
-                    } else {
-                        (0, r.clone())
-                    };
-                    Some((lower, left, upper, right))
-                }
-            }
-            .map(|(lower, left, upper, right)| (left, right, lower, upper))
+                .filter(|((a, _), (b, _))| *a == l && *b == r)
+                .flat_map(|_| {
+                    [true, false].map(|at_least| TimeBound {
+                        at_least,
+                        bound: 0,
+                        columns: [l.clone(), r.clone()],
+                    })
+                });
+            let bounds = rest
+                .iter()
+                .flat_map(|c| time_bounds(c, aliases))
+                .chain(equal);
+            join_interval(bounds, [&l, &r])
+                .map(|(lower, left, upper, right)| (left, right, lower, upper))
         }
         _ => None,
     };
@@ -1645,12 +1639,8 @@ fn join_input(
 /// The event-time column of a join input, as Flink's time attributes go: a table's
 /// WATERMARK column, and through a view or subquery the column that passes it on or the
 /// `window_end` of a window aggregate over it (see [`query_event_time`]). A side without
-/// one makes a regular join.
-fn event_time_of(factor: &TableFactor, catalog: &Catalog<'_>) -> Option<String> {
-    factor_event_time(factor, catalog, 0)
-}
-
-fn factor_event_time(factor: &TableFactor, catalog: &Catalog<'_>, depth: usize) -> Option<String> {
+/// one makes a regular join. `depth` counts the views and subqueries gone through.
+fn event_time_of(factor: &TableFactor, catalog: &Catalog<'_>, depth: usize) -> Option<String> {
     if depth > MAX_NESTING {
         return None;
     }
@@ -1710,7 +1700,7 @@ fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Optio
             if !grouped.is_empty() || has_aggregate(&select.projection) {
                 return None;
             }
-            factor_event_time(relation, catalog, depth)?
+            event_time_of(relation, catalog, depth)?
         }
     };
     let passes = |e: &Expr| match e {
@@ -1728,10 +1718,11 @@ fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Optio
     })
 }
 
-/// An interval join's bounds the conjuncts set, when they set both: `(lower, left,
-/// upper, right)`, where a left row can match no future right row once the watermark
-/// passes its `left` column minus `lower` ms, and a right row no future left row once it
-/// passes its `right` column plus `upper` ms.
+/// An interval join's bounds among `bounds` (the conjuncts', then equal times as a key),
+/// when they set both: `(lower, left, upper, right)`, the tightest of each (the first of
+/// equals). A left row can match no future right row once the watermark passes its
+/// `left` column minus `lower` ms, and a right row no future left row once it passes its
+/// `right` column plus `upper` ms.
 ///
 /// Each conjunct compares a column of each side plus a constant (`a.t BETWEEN b.t -
 /// INTERVAL '10' SECOND AND b.t`, or `>=`, `>`, `<=`, `<` either way round) as a bound on
@@ -1742,23 +1733,20 @@ fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Optio
 /// BETWEEN A.date_time AND A.expires` keeps each auction until it expires and each bid
 /// until the watermark passes it.
 fn join_interval(
-    conjuncts: &[Expr],
-    aliases: [&str; 2],
+    bounds: impl IntoIterator<Item = TimeBound>,
     times: [&str; 2],
 ) -> Option<(i64, String, i64, String)> {
     let (mut lower, mut upper) = (None::<(i64, String)>, None::<(i64, String)>);
-    for c in conjuncts {
-        for b in time_bounds(c, aliases) {
-            if b.at_least && b.columns[1].eq_ignore_ascii_case(times[1]) {
-                if lower.as_ref().is_none_or(|(l, _)| b.bound > *l) {
-                    lower = Some((b.bound, b.columns[0].clone()));
-                }
-            } else if !b.at_least
-                && b.columns[0].eq_ignore_ascii_case(times[0])
-                && upper.as_ref().is_none_or(|(u, _)| b.bound < *u)
-            {
-                upper = Some((b.bound, b.columns[1].clone()));
+    for b in bounds {
+        if b.at_least && b.columns[1].eq_ignore_ascii_case(times[1]) {
+            if lower.as_ref().is_none_or(|(l, _)| b.bound > *l) {
+                lower = Some((b.bound, b.columns[0].clone()));
             }
+        } else if !b.at_least
+            && b.columns[0].eq_ignore_ascii_case(times[0])
+            && upper.as_ref().is_none_or(|(u, _)| b.bound < *u)
+        {
+            upper = Some((b.bound, b.columns[1].clone()));
         }
     }
     let ((lower, left), (upper, right)) = (lower?, upper?);
