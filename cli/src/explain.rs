@@ -224,6 +224,12 @@ fn describe(node: &pb::Node) -> String {
                 Some(pb::window_spec::Kind::Cumulate(c)) => {
                     format!("cumulate {} ms every {} ms", c.size_ms, c.step_ms)
                 }
+                Some(pb::window_spec::Kind::Cascade(_)) => {
+                    format!(
+                        "cascade over the upstream windows ending at {}",
+                        w.time_column
+                    )
+                }
                 None => "window".to_owned(),
             };
             let time = match w.time() {

@@ -1,9 +1,10 @@
 -- Nexmark q5 as Flink's Nexmark writes it: the auctions with the most bids in each
 -- 10-second window sliding by 2 seconds. Each auction's count per window (a window
--- aggregate) is joined with each window's highest count, an unbounded GROUP BY whose
--- result updates as windows fire: when a window's maximum rises, its old maximum is
--- retracted from the join (-U), which takes back the pairs it made (-D), and the new
--- one joins (+U). The output is a changelog whose final rows are the hot items.
+-- aggregate) is joined with each window's highest count. That maximum groups by the
+-- windows' ends, so it is a window of its own (Flink's cascading window aggregation):
+-- it fires once per window when the watermark reaches the window's end. The join on
+-- the windows' ends is a window join: it keeps a window's rows only until the
+-- watermark passes its end. The output is append-only, as in Flink.
 -- (examples/sql/q5-hot-items.sql is the per-auction count alone.)
 SET 'pipeline.name' = 'q5-hottest-auctions';
 SET 'parallelism.default' = '2';

@@ -9,6 +9,11 @@
 //! timers. Sessions keep one state row per key (its open sessions), read and written
 //! once per key and batch, and a timer per key in the runtime's timer service.
 //!
+//! A cascade (`CascadeWindow`) is a 1 ms tumbling window over an upstream window's
+//! results, its time column their end `e` taken as `e - 1`: it fires each end when the
+//! watermark reaches `e - 1`, as the upstream did, and emits keys (the end among them)
+//! and aggregates without bounds of its own.
+//!
 //! Firing: an event-time window fires when the watermark reaches `end - 1`; results
 //! carry `window_start` and `window_end`. With allowed lateness a fired window is kept
 //! until `end - 1 + lateness`, and a late record inside that bound re-emits the updated
@@ -81,6 +86,9 @@ const TIMER_STATE: &str = "timers";
 enum TimeSource {
     /// The column at this index (timestamp or integer milliseconds).
     Event(usize),
+    /// The column at this index holds the ends of upstream windows (a cascade): a row's
+    /// time is its end - 1 ms, the last instant of its window.
+    EventEnd(usize),
     /// The wall clock when the batch arrives.
     Processing,
 }
@@ -153,7 +161,15 @@ impl WindowOperator {
         counters: Arc<WindowCounters>,
     ) -> Result<Self> {
         let assigner = WindowAssigner::from_spec(spec)?;
+        let cascade = matches!(spec.kind, Some(pb::window_spec::Kind::Cascade(_)));
         let time = match spec.time() {
+            pb::TimeCharacteristic::TimeProcessing if cascade => {
+                return Err(Error::Plan(
+                    "a cascade window follows the event time of the windows upstream; it \
+                     cannot run in processing time"
+                        .into(),
+                ));
+            }
             pb::TimeCharacteristic::TimeProcessing => TimeSource::Processing,
             pb::TimeCharacteristic::TimeEvent => {
                 let col = &spec.time_column;
@@ -163,6 +179,9 @@ impl WindowOperator {
                     ))
                 })?;
                 match input.field(idx).data_type() {
+                    DataType::Timestamp(_, _) | DataType::Int64 if cascade => {
+                        TimeSource::EventEnd(idx)
+                    }
                     DataType::Timestamp(_, _) | DataType::Int64 => TimeSource::Event(idx),
                     other => {
                         return Err(Error::Plan(format!(
@@ -172,6 +191,13 @@ impl WindowOperator {
                 }
             }
         };
+        if cascade && !spec.key_columns.contains(&spec.time_column) {
+            // Rows of one key but different ends belong to different upstream windows.
+            return Err(Error::Plan(format!(
+                "a cascade window's end column `{}` must be one of its key columns",
+                spec.time_column
+            )));
+        }
         let key_encoder = KeyEncoder::new(input, &spec.key_columns)?;
         let hot_keys = (!spec.key_columns.is_empty()).then(|| {
             counters
@@ -197,8 +223,11 @@ impl WindowOperator {
         }
         let ts_type = DataType::Timestamp(TimeUnit::Millisecond, None);
         let mut fields: Vec<Field> = key_encoder.fields().to_vec();
-        fields.push(Field::new("window_start", ts_type.clone(), false));
-        fields.push(Field::new("window_end", ts_type, false));
+        if !cascade {
+            // A cascade's window is its end column, already a key.
+            fields.push(Field::new("window_start", ts_type.clone(), false));
+            fields.push(Field::new("window_end", ts_type, false));
+        }
         for call in &calls {
             let nullable = !matches!(
                 call.func,
@@ -240,7 +269,7 @@ impl WindowOperator {
     }
 
     fn is_event_time(&self) -> bool {
-        matches!(self.time, TimeSource::Event(_))
+        matches!(self.time, TimeSource::Event(_) | TimeSource::EventEnd(_))
     }
 
     /// Each row's time in milliseconds (event time: the column, without a copy when it
@@ -251,7 +280,7 @@ impl WindowOperator {
                 now_ms(),
                 batch.num_rows(),
             )),
-            TimeSource::Event(idx) => {
+            TimeSource::Event(idx) | TimeSource::EventEnd(idx) => {
                 let col = batch.column(idx);
                 let ms = match col.data_type() {
                     DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Int64 => col.clone(),
@@ -264,7 +293,11 @@ impl WindowOperator {
                         message: "a record has no event time (null time column)".into(),
                     });
                 }
-                Ok(ms.as_primitive::<Int64Type>().clone())
+                let ms = ms.as_primitive::<Int64Type>();
+                Ok(match self.time {
+                    TimeSource::EventEnd(_) => ms.unary(|end| end.saturating_sub(1)),
+                    _ => ms.clone(),
+                })
             }
         }
     }
@@ -576,7 +609,8 @@ impl WindowOperator {
     }
 }
 
-/// One batch of window results: the key columns, the window's bounds, the aggregates.
+/// One batch of window results: the key columns, the window's bounds (unless the schema
+/// has none: a cascade), the aggregates.
 fn results(
     calls: &[AggregateCall],
     keys: &KeyEncoder,
@@ -586,8 +620,10 @@ fn results(
     let naggs = calls.len();
     let mut columns: Vec<ArrayRef> =
         decode_keys(keys.fields(), (0..fired.len()).map(|i| fired.key(i)))?;
-    columns.push(Arc::new(TimestampMillisecondArray::from(fired.starts)));
-    columns.push(Arc::new(TimestampMillisecondArray::from(fired.ends)));
+    if schema.fields().len() > columns.len() + naggs {
+        columns.push(Arc::new(TimestampMillisecondArray::from(fired.starts)));
+        columns.push(Arc::new(TimestampMillisecondArray::from(fired.ends)));
+    }
     for (i, call) in calls.iter().enumerate() {
         columns.push(accumulator::finish(
             call,
@@ -858,6 +894,110 @@ mod tests {
         assert_eq!(op.counters.late_records.load(Ordering::Relaxed), 1);
         op.on_watermark(i64::MAX, &mut out).await.unwrap();
         assert_eq!(results(&out), vec![(1, 10, 1, 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_cascade_fires_each_upstream_end_when_the_watermark_reaches_it() {
+        // `t` holds the ends of upstream windows, as their results carry them.
+        let mut spec = cascade_spec(&["k", "t"]);
+        let store = Arc::new(MemoryStateStore::new(false));
+        let mut op = WindowOperator::build(
+            &spec,
+            &input_schema(),
+            &ExprCompiler::new(),
+            Arc::new(WindowCounters::default()),
+        )
+        .unwrap();
+        let ctx = OperatorContext {
+            node_id: 1,
+            node_name: "window".into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            state: Some(OperatorState::new(store, 1, 0..128, 1, true)),
+        };
+        op.open(&ctx).await.unwrap();
+        let names: Vec<&str> = op
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["k", "t", "n", "s"],
+            "a cascade's end is a key, not new bounds"
+        );
+        let mut out = Output::default();
+        let ends = [(1, 5, 10), (1, 2, 10), (2, 7, 20), (1, 1, 20)];
+        op.process_batch(batch(&ends), &mut out).await.unwrap();
+        op.on_watermark(8, &mut out).await.unwrap();
+        assert!(
+            out.main
+                .iter()
+                .all(|e| !matches!(e, StreamElement::Batch(_)))
+        );
+        op.on_watermark(9, &mut out).await.unwrap();
+        let fired = |out: &Output| -> Vec<(i64, i64, i64, i64)> {
+            let mut rows = Vec::new();
+            for e in &out.main {
+                if let StreamElement::Batch(b) = e {
+                    let col = |i: usize| cast(b.column(i), &DataType::Int64).unwrap();
+                    let col = |i: usize| col(i).as_primitive::<Int64Type>().clone();
+                    let (k, t, n, s) = (col(0), col(1), col(2), col(3));
+                    rows.extend(
+                        (0..b.num_rows()).map(|r| (k.value(r), t.value(r), n.value(r), s.value(r))),
+                    );
+                }
+            }
+            rows.sort_unstable();
+            rows
+        };
+        assert_eq!(
+            fired(&out),
+            vec![(1, 10, 2, 7)],
+            "end 10 fires at watermark 9"
+        );
+        let mut out = Output::default();
+        op.process_batch(batch(&[(1, 100, 10)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(op.counters.late_records.load(Ordering::Relaxed), 1);
+        op.on_watermark(19, &mut out).await.unwrap();
+        assert_eq!(fired(&out), vec![(1, 20, 1, 1), (2, 20, 1, 7)]);
+        spec.set_time(pb::TimeCharacteristic::TimeProcessing);
+        let build = |spec: &pb::WindowSpec| {
+            let counters = Arc::new(WindowCounters::default());
+            WindowOperator::build(spec, &input_schema(), &ExprCompiler::new(), counters)
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        assert!(build(&spec).contains("processing time"), "{}", build(&spec));
+        let unkeyed = build(&cascade_spec(&["k"]));
+        assert!(
+            unkeyed.contains("`t`") && unkeyed.contains("key"),
+            "{unkeyed}"
+        );
+    }
+
+    /// A cascade over ends in `t`, keyed by `keys`, counting and summing `v`.
+    fn cascade_spec(keys: &[&str]) -> pb::WindowSpec {
+        let mut spec = pb::WindowSpec {
+            kind: Some(pb::window_spec::Kind::Cascade(pb::CascadeWindow {})),
+            key_columns: keys.iter().map(|k| k.to_string()).collect(),
+            aggregates: ["count(*) AS n", "sum(v) AS s"]
+                .iter()
+                .map(|sql| pb::Expr {
+                    sql: sql.to_string(),
+                    location: None,
+                })
+                .collect(),
+            time_column: "t".into(),
+            ..Default::default()
+        };
+        spec.set_time(pb::TimeCharacteristic::TimeEvent);
+        spec
     }
 
     #[tokio::test]

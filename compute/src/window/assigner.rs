@@ -73,8 +73,11 @@ impl WindowAssigner {
             Some(pb::window_spec::Kind::Session(s)) => Ok(Self::Session {
                 gap: ms(s.gap_ms, "gap")?,
             }),
+            // Each end `e` is the window [e - 1, e): the operator takes `e - 1` as the
+            // row's time, so a 1 ms tumbling window holds exactly the rows of that end.
+            Some(pb::window_spec::Kind::Cascade(_)) => Ok(Self::Tumbling { size: 1 }),
             None => Err(Error::Plan(
-                "the window has no kind (tumbling, sliding, cumulate or session)".into(),
+                "the window has no kind (tumbling, sliding, cumulate, session or cascade)".into(),
             )),
         }
     }

@@ -57,8 +57,9 @@ const JOIN_KEYS: &[&str] = &[
 const INTERVAL_KEYS: &[&str] = &["left", "right", "lower", "upper"];
 /// Keys a `window` item holds next to `window:`.
 const WINDOW_COMPANIONS: &[&str] = &["aggregate", "late"];
-const WINDOW_KINDS: &[&str] = &["tumbling", "sliding", "cumulate", "session"];
+const WINDOW_KINDS: &[&str] = &["tumbling", "sliding", "cumulate", "session", "cascade"];
 const WINDOW_KEYS: &[&str] = &[
+    "cascade",
     "tumbling",
     "sliding",
     "slide",
@@ -296,6 +297,9 @@ fn window(
             ));
         }
     };
+    if kind_name == "cascade" {
+        return cascade_window(item, &fields, kind_entry.value, key_columns, watermark);
+    }
     let size_path = fields.path_of(kind_name);
     let size_ms = positive_duration_ms(kind_entry.value, &size_path)?;
     for (field, owner) in [("slide", "sliding"), ("step", "cumulate")] {
@@ -379,6 +383,19 @@ fn window(
             ));
         }
     }
+    let lateness = fields.opt("allowed_lateness", duration_ms)?.unwrap_or(0);
+    window_stage(item, kind, key_columns, lateness, time, time_column)
+}
+
+/// The window item's `aggregate:` and `late:` around its decoded `window:`.
+fn window_stage(
+    item: &Fields<'_>,
+    kind: pb::window_spec::Kind,
+    key_columns: Vec<String>,
+    allowed_lateness_ms: u64,
+    time: pb::TimeCharacteristic,
+    time_column: String,
+) -> Result<Operator> {
     let aggregate = item.require(
         "aggregate",
         "; a window needs at least one, e.g. `aggregate: [\"count(*) AS n\"]`",
@@ -396,12 +413,49 @@ fn window(
         kind: Some(kind),
         key_columns,
         aggregates,
-        allowed_lateness_ms: fields.opt("allowed_lateness", duration_ms)?.unwrap_or(0),
+        allowed_lateness_ms,
         late: late as i32,
         time: time as i32,
         time_column,
     };
     Ok(Operator::Window(Box::new(WindowStage { spec, late_sink })))
+}
+
+/// `window: { cascade: end_column }`: a window per end of the upstream windows whose
+/// results this item aggregates (see `CascadeWindow` in job_graph.proto). It runs in
+/// event time, on the end column alone.
+fn cascade_window(
+    item: &Fields<'_>,
+    fields: &Fields<'_>,
+    column: &Node,
+    key_columns: Vec<String>,
+    watermark: Option<&pb::WatermarkSpec>,
+) -> Result<Operator> {
+    for other in ["column", "time", "allowed_lateness"] {
+        if let Some(entry) = fields.get(other) {
+            return Err(PosError::new(
+                entry.key.pos,
+                format!(
+                    "`{other}` does not apply to a cascade window: it runs in the event time \
+                     of the windows upstream, by the end column `cascade:` names"
+                ),
+            ));
+        }
+    }
+    let time_column = string(column, &fields.path_of("cascade"))?;
+    if watermark.is_none() {
+        return Err(PosError::new(
+            column.pos,
+            format!(
+                "a cascade window needs the event time of the windows upstream: add a \
+                 `watermark:` section (in {})",
+                item.path
+            ),
+        ));
+    }
+    let kind = pb::window_spec::Kind::Cascade(pb::CascadeWindow {});
+    let time = pb::TimeCharacteristic::TimeEvent;
+    window_stage(item, kind, key_columns, 0, time, time_column)
 }
 
 /// `join: { right: { source, watermark, pipeline }, left_keys: [a], right_keys: [b],

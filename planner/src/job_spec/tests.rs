@@ -1315,3 +1315,27 @@ fn a_join_interval_names_what_is_wrong() {
         &["right"],
     );
 }
+
+#[test]
+fn a_cascade_window_aggregates_upstream_windows_by_their_end() {
+    let graph = parse(&with_pipeline(
+        "  - key_by: [auction]\n  - window: { tumbling: 10s }\n    aggregate: [\"count(*) AS n\"]\n  \
+         - key_by: [window_end]\n  - window: { cascade: window_end }\n    aggregate: [\"max(n) AS top\"]\n",
+    ));
+    let window = window_of(&graph, "window-2");
+    assert_eq!(
+        window.kind,
+        Some(pb::window_spec::Kind::Cascade(pb::CascadeWindow {}))
+    );
+    assert_eq!(window.key_columns, ["window_end"]);
+    assert_eq!(window.time_column, "window_end");
+    assert_eq!(window.time, pb::TimeCharacteristic::TimeEvent as i32);
+    let cascade = "  - key_by: [window_end]\n  - window: { cascade: window_end, time: processing }\n    \
+                   aggregate: [\"count(*) AS n\"]\n";
+    assert_err(
+        &with_pipeline(cascade),
+        7,
+        36,
+        &["`time` does not apply to a cascade window"],
+    );
+}

@@ -9,10 +9,10 @@
 use std::collections::HashMap;
 
 use sqlparser::ast::{
-    BinaryOperator, CreateTable, CreateTableOptions, DateTimeField, Expr, FunctionArg,
-    FunctionArgExpr, FunctionArguments, GroupByExpr, Ident, JoinConstraint, JoinOperator,
-    ObjectName, ObjectNamePart, Query, SelectItem, SetExpr, Spanned, SqlOption, Statement,
-    TableFactor, TableObject, TableWithJoins, Value as SqlValue,
+    BinaryOperator, CreateTable, CreateTableOptions, DateTimeField, DuplicateTreatment, Expr,
+    FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident, JoinConstraint,
+    JoinOperator, ObjectName, ObjectNamePart, Query, SelectItem, SetExpr, Spanned, SqlOption,
+    Statement, TableFactor, TableObject, TableWithJoins, Value as SqlValue,
 };
 use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::{Parser, ParserError};
@@ -752,6 +752,8 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
     let mut group_by: Vec<Expr> = group_by.to_vec();
     let mut selection = select.selection.clone();
     let joined = join_from(&select.from, at)?;
+    // The input's event time, when a GROUP BY over it may cascade from its windows.
+    let mut input_time = None;
     let (input, window) = match (joined, select.from.first()) {
         (Some(join), _) => {
             // An outer join's WHERE conjuncts on a side it keeps filter that side first;
@@ -804,6 +806,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
                 // `q.col` over a single FROM item named q is its column `col`.
                 unqualify_all(&name, &mut items, &mut group_by, &mut selection);
             }
+            input_time = event_time_of(&from.relation, catalog, depth);
             single_input(&from.relation, catalog, at, depth)?
         }
     };
@@ -869,7 +872,11 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             if distinct {
                 return Err(unsupported(at, "SELECT DISTINCT over a GROUP BY"));
             }
-            pipeline.extend(aggregate_stages(None, None, group_by, &items, at)?);
+            let windowing = match cascades(input_time.as_ref(), group_by, &items) {
+                true => input_time.as_ref().map(|t| Windowing::Cascade(&t.column)),
+                false => None,
+            };
+            pipeline.extend(aggregate_stages(windowing, None, group_by, &items, at)?);
         }
         None => {
             if let Some(list) = projection(&items, at)? {
@@ -900,7 +907,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             }
             let watermarked = table.watermark.as_ref().map(|c| c.column.as_str());
             pipeline.extend(aggregate_stages(
-                Some(&w),
+                Some(Windowing::Tvf(&w)),
                 watermarked,
                 group_by,
                 &items,
@@ -1146,7 +1153,7 @@ fn lower_join(
     }
     // Bounds between the two sides' event times make an interval join, whose rows leave
     // state as the watermark passes them (the condition still checks the bounds).
-    let times = [join.left, join.right].map(|f| event_time_of(f, catalog, 0));
+    let times = [join.left, join.right].map(|f| event_time_of(f, catalog, 0).map(|t| t.column));
     let interval = match (outer, times) {
         (false, [Some(l), Some(r)]) => {
             // Equal times are a key (a window join's `P.window_end = A.window_end`): they
@@ -1640,7 +1647,7 @@ fn join_input(
 /// WATERMARK column, and through a view or subquery the column that passes it on or the
 /// `window_end` of a window aggregate over it (see [`query_event_time`]). A side without
 /// one makes a regular join. `depth` counts the views and subqueries gone through.
-fn event_time_of(factor: &TableFactor, catalog: &Catalog<'_>, depth: usize) -> Option<String> {
+fn event_time_of(factor: &TableFactor, catalog: &Catalog<'_>, depth: usize) -> Option<EventTime> {
     if depth > MAX_NESTING {
         return None;
     }
@@ -1650,7 +1657,10 @@ fn event_time_of(factor: &TableFactor, catalog: &Catalog<'_>, depth: usize) -> O
         } => {
             let (name, _) = object_name(name).ok()?;
             match catalog.tables.get(&name) {
-                Some(table) => Some(table.watermark.as_ref()?.column.clone()),
+                Some(table) => Some(EventTime {
+                    column: table.watermark.as_ref()?.column.clone(),
+                    ends_windows: false,
+                }),
                 None => query_event_time(catalog.views.get(&name)?, catalog, depth + 1),
             }
         }
@@ -1663,16 +1673,65 @@ fn event_time_of(factor: &TableFactor, catalog: &Catalog<'_>, depth: usize) -> O
     }
 }
 
+/// An append-only input's event-time column.
+#[derive(Debug, Clone)]
+struct EventTime {
+    column: String,
+    /// The column holds the ends of fired windows (a window aggregate's `window_end`,
+    /// passed on), so that a GROUP BY over it is a cascading window aggregate.
+    ends_windows: bool,
+}
+
+/// Whether `e` names `column` (bare or qualified).
+fn names_column(e: &Expr, column: &str) -> bool {
+    match e {
+        Expr::Identifier(id) => id.value.eq_ignore_ascii_case(column),
+        Expr::CompoundIdentifier(parts) => parts
+            .last()
+            .is_some_and(|id| id.value.eq_ignore_ascii_case(column)),
+        _ => false,
+    }
+}
+
+/// Whether a GROUP BY over an input with event time `time` is a cascading window
+/// aggregate (Flink's window aggregation over a windowed input): it groups by the ends
+/// of the upstream windows, so each group is complete once the watermark reaches its
+/// end, and it fires then, append-only, and forgets the group. COUNT(DISTINCT) stays an
+/// unbounded aggregate, which keeps the values seen.
+fn cascades(time: Option<&EventTime>, group_by: &[Expr], items: &[SelectItem]) -> bool {
+    time.is_some_and(|t| {
+        t.ends_windows
+            && group_by.iter().any(|g| names_column(g, &t.column))
+            && !items.iter().any(has_distinct_aggregate)
+    })
+}
+
+/// Whether `item` calls an aggregate with DISTINCT.
+fn has_distinct_aggregate(item: &SelectItem) -> bool {
+    use std::ops::ControlFlow;
+    let found = sqlparser::ast::visit_expressions(item, |e| match e {
+        Expr::Function(f)
+            if matches!(&f.args, FunctionArguments::List(list)
+                if list.duplicate_treatment == Some(DuplicateTreatment::Distinct)) =>
+        {
+            ControlFlow::Break(())
+        }
+        _ => ControlFlow::Continue(()),
+    });
+    found.is_break()
+}
+
 /// The output column of `query` that is an event time: its input's event-time column
 /// passed on (by name or renamed) through filters and projections of an append-only
-/// input, or the `window_end` of a window aggregate over a table's event time (`SELECT
+/// input, the `window_end` of a window aggregate over a table's event time (`SELECT
 /// ..., window_end AS t FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), ...)) GROUP
-/// BY ..., window_end`). A window's rows leave the aggregate when the watermark reaches
-/// its end, before the watermark passes it, so that end bounds them as a watermark column
-/// bounds a table's rows: a join on it keeps a row only until the watermark passes what
-/// it can meet (Flink's window join). Aggregates, ranks, DISTINCT and joins (updating or
+/// BY ..., window_end`), or the end column a cascading window aggregate groups by. A
+/// window's rows leave the aggregate when the watermark reaches its end, before the
+/// watermark passes it, so that end bounds them as a watermark column bounds a table's
+/// rows: a join on it keeps a row only until the watermark passes what it can meet
+/// (Flink's window join). Other aggregates, ranks, DISTINCT and joins (updating or
 /// re-timed results) and processing-time windows have none.
-fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Option<String> {
+fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Option<EventTime> {
     let SetExpr::Select(select) = query.body.as_ref() else {
         return None;
     };
@@ -1685,8 +1744,7 @@ fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Optio
     if !from.joins.is_empty() || select.distinct.is_some() || has_over(&select.projection) {
         return None;
     }
-    let is_end =
-        |e: &Expr| matches!(e, Expr::Identifier(id) if id.value.eq_ignore_ascii_case("window_end"));
+    let is_end = |e: &Expr| names_column(e, "window_end");
     let time = match &from.relation {
         TableFactor::TableFunction { expr, .. } => {
             let window = window_function(expr).ok()?;
@@ -1694,27 +1752,33 @@ fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Optio
             if watermark.column != window.column || !grouped.iter().any(is_end) {
                 return None;
             }
-            "window_end".to_owned()
+            EventTime {
+                column: "window_end".to_owned(),
+                ends_windows: true,
+            }
         }
         relation => {
-            if !grouped.is_empty() || has_aggregate(&select.projection) {
+            let time = event_time_of(relation, catalog, depth)?;
+            let aggregates = !grouped.is_empty() || has_aggregate(&select.projection);
+            if aggregates && !cascades(Some(&time), grouped, &select.projection) {
                 return None;
             }
-            event_time_of(relation, catalog, depth)?
+            time
         }
     };
-    let passes = |e: &Expr| match e {
-        Expr::Identifier(id) => id.value.eq_ignore_ascii_case(&time),
-        Expr::CompoundIdentifier(parts) => parts
-            .last()
-            .is_some_and(|id| id.value.eq_ignore_ascii_case(&time)),
-        _ => false,
-    };
-    select.projection.iter().find_map(|item| match item {
-        SelectItem::Wildcard(_) => Some(time.clone()),
-        SelectItem::UnnamedExpr(e) if passes(e) => Some(time.clone()),
-        SelectItem::ExprWithAlias { expr, alias } if passes(expr) => Some(alias.value.clone()),
-        _ => None,
+    select.projection.iter().find_map(|item| {
+        let column = match item {
+            SelectItem::Wildcard(_) => time.column.clone(),
+            SelectItem::UnnamedExpr(e) if names_column(e, &time.column) => time.column.clone(),
+            SelectItem::ExprWithAlias { expr, alias } if names_column(expr, &time.column) => {
+                alias.value.clone()
+            }
+            _ => return None,
+        };
+        Some(EventTime {
+            column,
+            ends_windows: time.ends_windows,
+        })
     })
 }
 
@@ -2210,13 +2274,26 @@ fn has_aggregate(items: &[SelectItem]) -> bool {
 
 /// The stages of a GROUP BY: over a window table function (`w`), a keyed window; without
 /// one, an unbounded aggregate whose result is a changelog.
+/// How a GROUP BY is windowed.
+#[derive(Clone, Copy)]
+enum Windowing<'a> {
+    /// By a window table function: its `window_start` and `window_end` are grouped by.
+    Tvf(&'a WindowCall),
+    /// By the ends of upstream windows in this column, a key (see [`cascades`]).
+    Cascade(&'a str),
+}
+
 fn aggregate_stages(
-    w: Option<&WindowCall>,
+    windowing: Option<Windowing<'_>>,
     watermarked: Option<&str>,
     group_by: &[Expr],
     projection: &[SelectItem],
     at: Pos,
 ) -> Result<Vec<Node>> {
+    let w = match windowing {
+        Some(Windowing::Tvf(w)) => Some(w),
+        _ => None,
+    };
     // A GROUP BY expression is computed by a select ahead of the aggregate, under the
     // name the SELECT list gives it (`DATE_FORMAT(t, 'yyyy-MM-dd') AS day`) or a hidden
     // one; that select also passes on every column the rest reads.
@@ -2335,10 +2412,21 @@ fn aggregate_stages(
                 .chain(aggregate_names)
                 .collect()
         }
-        None => {
-            item.put(&["group_by"], seq(key_nodes, at))?;
-            key_names.chain(aggregate_names).collect()
-        }
+        None => match windowing {
+            Some(Windowing::Cascade(column)) => {
+                // Keyed by every grouped column, the end among them; the window emits
+                // the keys and the aggregates.
+                stages.push(stage("key_by", seq(key_nodes, at), at));
+                let mut window = Section::default();
+                window.put(&["cascade"], scalar(column.to_owned(), at))?;
+                item.put(&["window"], window.into_node(at))?;
+                key_names.chain(aggregate_names).collect()
+            }
+            _ => {
+                item.put(&["group_by"], seq(key_nodes, at))?;
+                key_names.chain(aggregate_names).collect()
+            }
+        },
     };
     item.put(&["aggregate"], seq(aggregates, at))?;
     stages.push(item.into_node(w.map_or(at, |w| w.at)));

@@ -52,6 +52,10 @@
 //!   WATERMARK column, passed on by a view's or subquery's filters and projections, or
 //!   the `window_end` of a window aggregate over it; equal event times as a key (a window
 //!   join) bound it at 0.
+//! - A `GROUP BY` over such a `window_end` (under any name) of a window aggregate's
+//!   results is Flink's cascading window aggregation: a window per end that fires when
+//!   the watermark reaches it, append-only, its end still an event time (Nexmark q5's
+//!   maximum per window). With `COUNT(DISTINCT ...)` it stays an unbounded aggregate.
 //!
 //! Anything else (temporal joins in event time,
 //! ORDER BY, ...) is refused at its position, named as not supported yet. DataFusion's logical optimizer does not
