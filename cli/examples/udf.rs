@@ -1,10 +1,12 @@
-//! A `sluice` command with a user-defined function: Nexmark's `count_char(text, ch)`,
-//! the number of times `ch` occurs in `text` (its q14). The program registers the
-//! function and then is the `sluice` command, so `run`, `worker`, `coordinator` and the
-//! worker processes it starts all know it:
+//! A `sluice` command with user-defined functions: Nexmark's `count_char(text, ch)`, the
+//! number of times `ch` occurs in `text` (its q14), and the aggregate `geomean(x)`, the
+//! geometric mean of positive values. The program registers the functions and then is
+//! the `sluice` command, so `run`, `worker`, `coordinator` and the worker processes it
+//! starts all know them:
 //!
 //! ```sh
 //! cargo run -p sluice-cli --example udf -- run examples/nexmark/q14.sql --workers 2
+//! cargo run -p sluice-cli --example udf -- run examples/sql/geomean-price.sql
 //! ```
 
 use std::process::ExitCode;
@@ -12,7 +14,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Int64Array};
 use arrow::datatypes::DataType;
-use sluice_compute::expr::udf;
+use sluice_compute::expr::udf::{self, Acc, AggregateFunction, Number};
 
 fn main() -> ExitCode {
     udf::register_scalar(udf::scalar_function(
@@ -21,7 +23,29 @@ fn main() -> ExitCode {
         DataType::Int64,
         count_char,
     ));
+    if let Err(e) = udf::register_aggregate("geomean", DataType::Float64, GeoMean) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     sluice_cli::main()
+}
+
+/// The geometric mean of positive values: the mean of their logarithms (in `acc.f`)
+/// raised again. A value of 0 or less makes it NaN, as DuckDB's `geomean` does.
+struct GeoMean;
+
+impl AggregateFunction for GeoMean {
+    fn update(&self, acc: &mut Acc, value: Number) {
+        acc.f += value.as_f64().ln();
+    }
+
+    fn merge(&self, acc: &mut Acc, other: &Acc) {
+        acc.f += other.f;
+    }
+
+    fn finish(&self, acc: &Acc) -> Number {
+        Number::Float((acc.f / acc.n as f64).exp())
+    }
 }
 
 fn count_char(args: &[ArrayRef]) -> Result<ArrayRef, String> {

@@ -4,6 +4,8 @@
 //!
 //! - [`pb`]: the protobuf messages compiled from `common/proto/` (the [`pb::JobGraph`] and
 //!   its parts). Generated types are used through this module only.
+//! - [`aggregate_names`]: the names of aggregate functions a program registered, for the
+//!   SQL front end.
 //! - [`byte_size`]: byte sizes as people write them on command lines (`512MiB`, `1.5GB`).
 //! - [`channel_state`]: the object format of an unaligned checkpoint's channel state
 //!   (written by workers, kept by the coordinator beside `_metadata`).
@@ -18,6 +20,7 @@
 //! This crate must not know about Arrow, DataFusion, RocksDB, foyer, S3 or the network:
 //! those belong to the crates that run things (`compute`, `state-service`).
 
+pub mod aggregate_names;
 pub mod byte_size;
 pub mod channel_state;
 pub mod key_group;

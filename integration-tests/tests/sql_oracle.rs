@@ -581,6 +581,9 @@ fn selected(name: &str) -> bool {
     }
 }
 
+/// The examples that call functions registered by `cli/examples/udf.rs`.
+const NEEDS_UDF_PROGRAM: &[&str] = &["nexmark/q14", "sql/geomean-price"];
+
 fn batch_query(name: &str) -> &'static str {
     ORACLE
         .iter()
@@ -595,8 +598,8 @@ fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
     let dir = tempdir();
     let root = dir.path();
     let bids = generate_bids(root);
-    // Every example has a batch query here, but q14, whose function only a program that
-    // registers it knows (`a_user_defined_function_runs_in_worker_processes`).
+    // Every example has a batch query here, but those calling functions only a program
+    // that registers them knows (`user_defined_functions_run_in_worker_processes`).
     let mut examples = Vec::new();
     for dir in ["nexmark", "sql"] {
         for entry in std::fs::read_dir(workspace_root().join("examples").join(dir))
@@ -613,7 +616,10 @@ fn every_sql_example_equals_duckdbs_answer_over_the_same_bids() {
         }
     }
     assert!(examples.len() > 20, "{examples:?}");
-    for name in examples.iter().filter(|n| *n != "nexmark/q14") {
+    for name in examples
+        .iter()
+        .filter(|n| !NEEDS_UDF_PROGRAM.contains(&n.as_str()))
+    {
         batch_query(name);
     }
     for (name, batch) in ORACLE.iter().filter(|(n, _)| selected(n)) {
@@ -747,12 +753,13 @@ fn several_inserts_share_their_source_and_each_equals_duckdb() {
     }
 }
 
-/// Nexmark q14 calls `count_char`, a function registered in Rust by the program
-/// `cli/examples/udf.rs`, which is then the `sluice` command: its run on two worker
-/// processes (started from the same executable) equals DuckDB's answer, and the plain
+/// Nexmark q14 calls `count_char`, a scalar function, and `sql/geomean-price` the
+/// aggregate `geomean` in a window, both registered in Rust by the program
+/// `cli/examples/udf.rs`, which is then the `sluice` command: their runs on two worker
+/// processes (started from the same executable) equal DuckDB's answers, and the plain
 /// `sluice` names the unknown function where it is called.
 #[test]
-fn a_user_defined_function_runs_in_worker_processes() {
+fn user_defined_functions_run_in_worker_processes() {
     let python = duckdb_python();
     let dir = tempdir();
     let root = dir.path();
@@ -801,6 +808,53 @@ fn a_user_defined_function_runs_in_worker_processes() {
     assert!(!expected.is_empty());
     assert_same_rows(
         "q14 with count_char on two workers against DuckDB",
+        &read_jsonl_dir(&out),
+        &expected,
+    );
+
+    let name = "sql/geomean-price";
+    let out = root.join("out").join(name);
+    let job = root.join("geomean.sql");
+    std::fs::write(
+        &job,
+        format!(
+            "SET 'parallelism.default' = '2';\n{}{}{}",
+            file_tables(root),
+            output_table(name, &out),
+            example_insert(name)
+        ),
+    )
+    .unwrap();
+    let plain = run_sluice(&["explain", job.to_str().unwrap()], root);
+    assert_eq!(plain.code, Some(2), "{}", plain.stderr);
+    assert!(
+        plain.stderr.contains("Invalid function 'geomean'"),
+        "{}",
+        plain.stderr
+    );
+    let run = Command::new(example_bin("udf"))
+        .args(["run", job.to_str().unwrap(), "--workers", "2", "-q"])
+        .current_dir(root)
+        .output()
+        .expect("running the udf example");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // The geometric mean is the exponential of the mean logarithm.
+    let expected = duckdb(
+        &python,
+        &bids,
+        "SELECT channel, time_bucket(INTERVAL 10 SECOND, date_time) AS window_start, \
+         time_bucket(INTERVAL 10 SECOND, date_time) + INTERVAL 10 SECOND AS window_end, \
+         count(*) AS bids, exp(avg(ln(price))) AS typical_price, \
+         exp(avg(ln(price)) FILTER (WHERE price >= 1000000)) AS typical_dear_price \
+         FROM bid GROUP BY channel, window_start, window_end",
+    );
+    assert!(!expected.is_empty());
+    assert_same_rows(
+        "geomean-price with the aggregate geomean on two workers against DuckDB",
         &read_jsonl_dir(&out),
         &expected,
     );

@@ -11,6 +11,7 @@
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use datafusion::logical_expr::{Expr, lit, when};
 
+use super::udf::{self, AggregateUdf};
 use super::{CompiledExpr, ExprCompiler};
 use crate::error::{Error, Result};
 
@@ -29,6 +30,8 @@ pub enum AggFunc {
     Max,
     /// `avg(x)` (also `mean`).
     Avg,
+    /// An aggregate function the program registered (`expr::udf`).
+    Udf(&'static AggregateUdf),
 }
 
 /// How an argument's values are held while aggregating.
@@ -74,7 +77,7 @@ pub struct DistinctParts {
     pub filter: Option<CompiledExpr>,
 }
 
-const SUPPORTED: &str = "count, sum, min, max, avg";
+const SUPPORTED: &str = "count, sum, min, max, avg, or one the program registers";
 
 impl AggregateCall {
     /// Compiles `sql` (for example `count(*) AS bids`) over `schema`.
@@ -93,6 +96,13 @@ impl AggregateCall {
         let fname = agg.func.name().to_ascii_lowercase();
         let params = agg.params;
         let distinct = params.distinct;
+        let registered = udf::registered_aggregate(&fname);
+        if distinct && registered.is_some() {
+            return Err(Error::Plan(format!(
+                "`{sql}`: {fname}(DISTINCT ...) is not supported: an aggregate function \
+                 registered in Rust folds every value in"
+            )));
+        }
         if distinct && fname != "count" {
             return Err(Error::Plan(format!(
                 "`{sql}`: {}(DISTINCT ...) is not supported yet (COUNT(DISTINCT ...) is, \
@@ -106,6 +116,7 @@ impl AggregateCall {
             )));
         }
         let mut func = match fname.as_str() {
+            _ if registered.is_some() => registered.map_or(AggFunc::Count, AggFunc::Udf),
             "count" => AggFunc::Count,
             "sum" => AggFunc::Sum,
             "min" => AggFunc::Min,
@@ -195,6 +206,7 @@ impl AggregateCall {
             }
         };
         let output_type = match (func, arg_kind) {
+            (AggFunc::Udf(udf), _) => udf.returns.clone(),
             (AggFunc::Count | AggFunc::CountStar, _) => DataType::Int64,
             (AggFunc::Avg, _) | (_, ArgKind::Float) => DataType::Float64,
             (_, ArgKind::Int) => DataType::Int64,

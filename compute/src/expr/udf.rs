@@ -33,20 +33,170 @@
 //!
 //! (`cli/examples/udf.rs` is such a program.) A UDF's argument types are exact: DataFusion
 //! reports a call with other types at planning, at the expression's place in the job
-//! file. An error the function returns fails the job with its message. Aggregate UDFs
-//! are not supported: windows and group-bys keep fixed-size accumulators in state.
+//! file. An error the function returns fails the job with its message.
+//!
+//! # Registering an aggregate function
+//! An aggregate function of one numeric argument keeps its running state in an [`Acc`],
+//! the fixed-size accumulator windows and GROUP BYs hold per key and window in keyed
+//! state: `i` (an i64) and `f` (an f64) are the function's own, starting at 0, and `n`
+//! counts the values folded in (Sluice keeps it; a group of no values is null, and the
+//! function is not asked). It folds one value in, merges two partial states (of
+//! different batches, or of a sliding window's panes), and gives the result:
+//!
+//! ```
+//! use arrow::datatypes::DataType;
+//! use sluice_compute::expr::udf::{self, Acc, AggregateFunction, Number};
+//!
+//! /// The geometric mean of positive values.
+//! struct GeoMean;
+//!
+//! impl AggregateFunction for GeoMean {
+//!     fn update(&self, acc: &mut Acc, value: Number) {
+//!         acc.f += value.as_f64().ln();
+//!     }
+//!     fn merge(&self, acc: &mut Acc, other: &Acc) {
+//!         acc.f += other.f;
+//!     }
+//!     fn finish(&self, acc: &Acc) -> Number {
+//!         Number::Float((acc.f / acc.n as f64).exp())
+//!     }
+//! }
+//!
+//! udf::register_aggregate("geomean", DataType::Float64, GeoMean).unwrap();
+//! ```
+//!
+//! Then `geomean(price)` is an aggregate in SQL and in a job file's `aggregate:` list,
+//! with `FILTER (WHERE ...)` (rows it refuses are not folded in). Nulls are skipped.
+//! Integer and timestamp arguments arrive as [`Number::Int`] (milliseconds), floats and
+//! decimals as [`Number::Float`]. It cannot take an updating input back (a GROUP BY over
+//! a changelog refuses it at planning) nor `DISTINCT`.
 //!
 //! This module knows nothing of jobs, operators or state.
 
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef, AsArray, StringArray, StringBuilder};
+use arrow::datatypes::Field;
 use arrow::datatypes::{DataType, Int64Type, TimeUnit, TimestampMillisecondType};
-use datafusion::logical_expr::{ColumnarValue, ScalarUDF, Volatility, create_udf};
+use datafusion::logical_expr::{
+    AggregateUDF, ColumnarValue, ScalarUDF, Signature, SimpleAggregateUDF, Volatility, create_udf,
+};
 use datafusion::prelude::SessionContext;
+
+pub use crate::window::accumulator::Acc;
 
 /// Functions registered by the program, installed in every expression compiler.
 static REGISTERED: Mutex<Vec<ScalarUDF>> = Mutex::new(Vec::new());
+
+/// Aggregate functions registered by the program (each lives as long as the process).
+static AGGREGATES: Mutex<Vec<&'static AggregateUdf>> = Mutex::new(Vec::new());
+
+/// A value an aggregate function folds in or returns.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Number {
+    /// An integer (timestamps in milliseconds).
+    Int(i64),
+    /// A float.
+    Float(f64),
+}
+
+impl Number {
+    /// The value as a float.
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Number::Int(i) => i as f64,
+            Number::Float(f) => f,
+        }
+    }
+
+    /// The value as an integer (a float truncated toward zero, saturating).
+    pub fn as_i64(self) -> i64 {
+        match self {
+            Number::Int(i) => i,
+            Number::Float(f) => f as i64,
+        }
+    }
+}
+
+/// What an aggregate function registered in Rust computes (see the module docs).
+pub trait AggregateFunction: Send + Sync + 'static {
+    /// Folds one non-null value into `acc` (`acc.n` is counted by Sluice afterwards).
+    fn update(&self, acc: &mut Acc, value: Number);
+    /// Merges the partial state `other` (of at least one value) into `acc`.
+    fn merge(&self, acc: &mut Acc, other: &Acc);
+    /// The result of a state of at least one value.
+    fn finish(&self, acc: &Acc) -> Number;
+}
+
+/// A registered aggregate function: its name, result type and computation.
+pub struct AggregateUdf {
+    /// The name calls use (lowercase).
+    pub name: String,
+    /// The result type: Int64 or Float64.
+    pub returns: DataType,
+    /// The computation.
+    pub function: Box<dyn AggregateFunction>,
+}
+
+impl std::fmt::Debug for AggregateUdf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}(..) -> {}", self.name, self.returns)
+    }
+}
+
+impl PartialEq for AggregateUdf {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for AggregateUdf {}
+
+/// Makes the aggregate function `name(x)` callable from every job's aggregates in this
+/// process, returning `returns` (Int64 or Float64); a later registration of the same
+/// name replaces the earlier one. Errors name what is wrong with the registration.
+pub fn register_aggregate(
+    name: &str,
+    returns: DataType,
+    function: impl AggregateFunction,
+) -> Result<(), String> {
+    let name = name.to_ascii_lowercase();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!(
+            "aggregate function name `{name}`: use letters, digits and `_`"
+        ));
+    }
+    if !matches!(returns, DataType::Int64 | DataType::Float64) {
+        return Err(format!(
+            "aggregate function `{name}` returns {returns}; it may return Int64 or Float64"
+        ));
+    }
+    if matches!(
+        name.as_str(),
+        "count" | "sum" | "min" | "max" | "avg" | "mean"
+    ) {
+        return Err(format!("`{name}` is a built-in aggregate function"));
+    }
+    let udf: &'static AggregateUdf = Box::leak(Box::new(AggregateUdf {
+        name: name.clone(),
+        returns,
+        function: Box::new(function),
+    }));
+    let mut registered = AGGREGATES.lock().unwrap_or_else(|e| e.into_inner());
+    registered.retain(|f| f.name != name);
+    registered.push(udf);
+    sluice_common::aggregate_names::register(&name);
+    Ok(())
+}
+
+/// The registered aggregate function `name` (any case), if there is one.
+pub(crate) fn registered_aggregate(name: &str) -> Option<&'static AggregateUdf> {
+    let registered = AGGREGATES.lock().unwrap_or_else(|e| e.into_inner());
+    registered
+        .iter()
+        .find(|f| f.name.eq_ignore_ascii_case(name))
+        .copied()
+}
 
 /// Makes `udf` callable from every job's expressions in this process (a later
 /// registration of the same name replaces the earlier one, and built-ins).
@@ -88,6 +238,23 @@ pub(crate) fn install(ctx: &SessionContext) {
     let registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
     for udf in registered.iter() {
         ctx.register_udf(udf.clone());
+    }
+    // DataFusion only parses and types the calls (one argument of any type, checked by
+    // `AggregateCall::compile`); Sluice's accumulators compute them.
+    let aggregates = AGGREGATES.lock().unwrap_or_else(|e| e.into_inner());
+    for udf in aggregates.iter() {
+        let state = Field::new("state", DataType::Float64, true);
+        ctx.register_udaf(AggregateUDF::from(SimpleAggregateUDF::new_with_signature(
+            &udf.name,
+            Signature::any(1, Volatility::Immutable),
+            udf.returns.clone(),
+            Arc::new(|_| {
+                datafusion::common::not_impl_err!(
+                    "aggregate functions registered in Rust run in Sluice's operators"
+                )
+            }),
+            vec![Arc::new(state)],
+        )));
     }
 }
 

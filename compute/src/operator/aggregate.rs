@@ -119,6 +119,14 @@ impl AggregateOperator {
                     call.name
                 )));
             }
+            if let (true, AggFunc::Udf(udf)) = (retracting, call.func) {
+                return Err(Error::Plan(format!(
+                    "`{}`: {} is registered in Rust and cannot take rows back; it reads an \
+                     updating result (another GROUP BY's, a Top-N's or an outer join's \
+                     changelog), which only count, sum, avg, min and max can",
+                    call.name, udf.name
+                )));
+            }
             let Some(parts) = &call.distinct_parts else {
                 continue;
             };
@@ -434,6 +442,8 @@ impl AggregateOperator {
                 match call.func {
                     AggFunc::CountStar | AggFunc::Count => a.n == b.n,
                     AggFunc::Avg => a.n == b.n && a.f == b.f,
+                    // Its result may read any part of its state.
+                    AggFunc::Udf(_) => a == b,
                     _ if (a.n > 0) != (b.n > 0) => false,
                     _ if float => a.f == b.f,
                     _ => a.i == b.i,

@@ -15,6 +15,7 @@ use arrow::record_batch::RecordBatch;
 
 use crate::error::{Error, Result};
 use crate::expr::aggregate::{AggFunc, AggregateCall, ArgKind};
+use crate::expr::udf::Number;
 
 /// Bytes of one encoded [`Acc`].
 pub const ACC_BYTES: usize = 24;
@@ -91,6 +92,7 @@ pub fn update(func: AggFunc, acc: &mut Acc, arg: &ArgValues, row: usize) {
             let v = a.value(row);
             match func {
                 AggFunc::Count => {}
+                AggFunc::Udf(udf) => udf.function.update(acc, Number::Int(v)),
                 AggFunc::Sum => acc.i = acc.i.wrapping_add(v),
                 AggFunc::Avg => acc.f += v as f64,
                 AggFunc::Min => acc.i = if acc.n == 0 { v } else { acc.i.min(v) },
@@ -106,6 +108,7 @@ pub fn update(func: AggFunc, acc: &mut Acc, arg: &ArgValues, row: usize) {
             let v = a.value(row);
             match func {
                 AggFunc::Count => {}
+                AggFunc::Udf(udf) => udf.function.update(acc, Number::Float(v)),
                 AggFunc::Sum | AggFunc::Avg => acc.f += v,
                 AggFunc::Min => acc.f = if acc.n == 0 { v } else { acc.f.min(v) },
                 AggFunc::Max => acc.f = if acc.n == 0 { v } else { acc.f.max(v) },
@@ -125,6 +128,7 @@ pub fn merge(func: AggFunc, kind: ArgKind, acc: &mut Acc, other: &Acc) {
     let float = kind == ArgKind::Float;
     match func {
         AggFunc::CountStar | AggFunc::Count => {}
+        AggFunc::Udf(udf) => udf.function.merge(acc, other),
         AggFunc::Sum if float => acc.f += other.f,
         AggFunc::Sum => acc.i = acc.i.wrapping_add(other.i),
         AggFunc::Avg => acc.f += other.f,
@@ -291,6 +295,21 @@ pub fn finish<'a>(call: &AggregateCall, accs: impl Iterator<Item = &'a Acc>) -> 
             accs.map(|a| (a.n > 0).then_some(a.i))
                 .collect::<Int64Array>(),
         ),
+        AggFunc::Udf(udf) => {
+            let results = accs.map(|a| (a.n > 0).then(|| udf.function.finish(a)));
+            match udf.returns {
+                DataType::Int64 => Arc::new(
+                    results
+                        .map(|r| r.map(Number::as_i64))
+                        .collect::<Int64Array>(),
+                ),
+                _ => Arc::new(
+                    results
+                        .map(|r| r.map(Number::as_f64))
+                        .collect::<Float64Array>(),
+                ),
+            }
+        }
     };
     if array.data_type() == &call.output_type {
         Ok(array)
@@ -322,6 +341,57 @@ mod tests {
             merge(func, ArgKind::Int, &mut a, &b);
             assert_eq!(a, whole, "{func:?}");
         }
+    }
+
+    /// The sum of squares, in `acc.i`.
+    struct SumOfSquares;
+
+    impl crate::expr::udf::AggregateFunction for SumOfSquares {
+        fn update(&self, acc: &mut Acc, value: Number) {
+            acc.i += value.as_i64() * value.as_i64();
+        }
+        fn merge(&self, acc: &mut Acc, other: &Acc) {
+            acc.i += other.i;
+        }
+        fn finish(&self, acc: &Acc) -> Number {
+            Number::Int(acc.i)
+        }
+    }
+
+    #[test]
+    fn a_registered_aggregate_folds_merges_and_finishes() {
+        use arrow::datatypes::{Field, Schema};
+        crate::expr::udf::register_aggregate("sum_sq_test", DataType::Int64, SumOfSquares).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
+        let compiler = crate::expr::ExprCompiler::new();
+        let call = AggregateCall::compile(&compiler, "SUM_SQ_TEST(x) AS s", &schema).unwrap();
+        assert!(matches!(call.func, AggFunc::Udf(u) if u.name == "sum_sq_test"));
+        assert_eq!(call.output_type, DataType::Int64);
+        let values = Int64Array::from(vec![Some(3), None, Some(-2), Some(5)]);
+        let arg = ArgValues::Int(values);
+        let mut whole = Acc::default();
+        (0..4).for_each(|r| update(call.func, &mut whole, &arg, r));
+        let (mut a, mut b) = (Acc::default(), Acc::default());
+        (0..2).for_each(|r| update(call.func, &mut a, &arg, r));
+        (2..4).for_each(|r| update(call.func, &mut b, &arg, r));
+        merge(call.func, call.arg_kind, &mut a, &b);
+        assert_eq!((a, whole.i, whole.n), (whole, 38, 3), "nulls are skipped");
+        let empty = Acc::default();
+        let out = finish(&call, [whole, empty].iter()).unwrap();
+        let out = out.as_primitive::<arrow::datatypes::Int64Type>();
+        assert_eq!(out.iter().collect::<Vec<_>>(), [Some(38), None]);
+        for (sql, needle) in [
+            ("sum_sq_test(DISTINCT x)", "DISTINCT"),
+            (
+                "sum_sq_test(CAST(x AS VARCHAR))",
+                "cannot compute sum_sq_test",
+            ),
+        ] {
+            let err = AggregateCall::compile(&compiler, sql, &schema).unwrap_err();
+            assert!(err.to_string().contains(needle), "{sql}: {err}");
+        }
+        let wrong = crate::expr::udf::register_aggregate("bad", DataType::Utf8, SumOfSquares);
+        assert!(wrong.unwrap_err().contains("Int64 or Float64"));
     }
 
     #[test]

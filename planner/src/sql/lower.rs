@@ -2256,7 +2256,8 @@ fn keeps(items: &[SelectItem], name: &str) -> bool {
     })
 }
 
-/// Whether a SELECT list calls an aggregate function (a global aggregate without GROUP BY).
+/// Whether a SELECT list calls an aggregate function, built in or registered by the
+/// program (a global aggregate without GROUP BY).
 fn has_aggregate(items: &[SelectItem]) -> bool {
     items.iter().any(|item| {
         let (SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }) = item else {
@@ -2265,15 +2266,14 @@ fn has_aggregate(items: &[SelectItem]) -> bool {
         let Expr::Function(f) = e else {
             return false;
         };
+        let name = name_text(&f.name).to_ascii_lowercase();
         matches!(
-            name_text(&f.name).to_ascii_lowercase().as_str(),
+            name.as_str(),
             "count" | "sum" | "min" | "max" | "avg" | "mean"
-        )
+        ) || sluice_common::aggregate_names::is_registered(&name)
     })
 }
 
-/// The stages of a GROUP BY: over a window table function (`w`), a keyed window; without
-/// one, an unbounded aggregate whose result is a changelog.
 /// How a GROUP BY is windowed.
 #[derive(Clone, Copy)]
 enum Windowing<'a> {
@@ -2283,6 +2283,9 @@ enum Windowing<'a> {
     Cascade(&'a str),
 }
 
+/// The stages of a GROUP BY: by a window table function, a keyed window; by the ends of
+/// upstream windows, a cascade; without either, an unbounded aggregate whose result is
+/// a changelog.
 fn aggregate_stages(
     windowing: Option<Windowing<'_>>,
     watermarked: Option<&str>,
