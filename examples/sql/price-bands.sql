@@ -1,6 +1,6 @@
 -- Bids per channel in 10-second tumbling windows, split into price bands with
--- FILTER (WHERE ...), as Nexmark q15 splits its daily statistics (without q15's
--- COUNT(DISTINCT), which windows do not keep yet).
+-- FILTER (WHERE ...), as Nexmark q15 splits its daily statistics (q15's distinct
+-- bidders per window are in distinct-bidders.sql).
 SET 'pipeline.name' = 'price-bands';
 SET 'parallelism.default' = '2';
 

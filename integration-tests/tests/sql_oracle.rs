@@ -85,6 +85,17 @@ const ORACLE: &[(&str, &str)] = &[
          max(price) FILTER (WHERE channel <> 'Google') AS top_price_elsewhere \
          FROM bid GROUP BY ALL",
     ),
+    // Sliding windows of 10 s every 5 s: the two windows whose start, a multiple of 5 s,
+    // lies in (t - 10 s, t].
+    (
+        "sql/distinct-bidders",
+        "WITH s AS (SELECT channel, bidder, price, epoch_ms(date_time) AS t FROM bid), \
+         w AS (SELECT *, t - t % 5000 - k * 5000 AS ws FROM s, range(0, 2) r(k)) \
+         SELECT channel, epoch_ms(ws) AS window_start, epoch_ms(ws + 10000) AS window_end, \
+         count(*) AS bids, count(DISTINCT bidder) AS bidders, \
+         count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS dear_bidders, \
+         max(price) AS top_price FROM w GROUP BY channel, ws",
+    ),
     // Sessions per bidder: a bid more than 10 s after the bidder's previous one starts a
     // new session (exactly 10 s apart share one, as in Flink); a session ends 10 s after
     // its last bid.
@@ -665,6 +676,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "sql/q5-hot-items",
         "nexmark/q11",
         "sql/price-bands",
+        "sql/distinct-bidders",
         "sql/cumulate-channel-volume",
         "nexmark/q15",
         "nexmark/q16",

@@ -106,7 +106,7 @@ impl AggregateCall {
         if distinct && fname != "count" {
             return Err(Error::Plan(format!(
                 "`{sql}`: {}(DISTINCT ...) is not supported yet (COUNT(DISTINCT ...) is, \
-                 in a GROUP BY without a window)",
+                 in a GROUP BY and in HOP, TUMBLE and CUMULATE windows)",
                 fname.to_ascii_uppercase()
             )));
         }

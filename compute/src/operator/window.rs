@@ -216,8 +216,8 @@ impl WindowOperator {
             .collect::<Result<Vec<_>>>()?;
         if let Some(call) = calls.iter().find(|c| c.distinct) {
             return Err(Error::Plan(format!(
-                "`{}`: COUNT(DISTINCT ...) is not supported in windows yet (it is in a GROUP \
-                 BY without a window)",
+                "`{}`: COUNT(DISTINCT ...) is not kept by one window (SQL plans a window's \
+                 as a window per value and a cascade; a GROUP BY without a window keeps it)",
                 call.name
             )));
         }

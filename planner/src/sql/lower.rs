@@ -906,13 +906,16 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
                 ));
             }
             let watermarked = table.watermark.as_ref().map(|c| c.column.as_str());
-            pipeline.extend(aggregate_stages(
-                Some(Windowing::Tvf(&w)),
-                watermarked,
-                group_by,
-                &items,
-                at,
-            )?);
+            match distinct_window_stages(&w, watermarked, group_by, &items, at)? {
+                Some(stages) => pipeline.extend(stages),
+                None => pipeline.extend(aggregate_stages(
+                    Some(Windowing::Tvf(&w)),
+                    watermarked,
+                    group_by,
+                    &items,
+                    at,
+                )?),
+            }
         }
     }
     Ok(Lowered {
@@ -2442,6 +2445,177 @@ fn aggregate_stages(
         stages.push(stage("select", seq(items, at), at));
     }
     Ok(stages)
+}
+
+/// The column of the first window's rows holding the counted value of
+/// `COUNT(DISTINCT x)` in a window (see [`distinct_window_stages`]).
+const DISTINCT_VALUE: &str = "sluice_distinct_value";
+
+/// A window aggregate with `COUNT(DISTINCT x)`, as two: the window aggregate grouped also
+/// by `x` (one row per distinct value, key and window, with the other aggregates'
+/// partial results and, per FILTER of a distinct count, how many rows passed it), then a
+/// cascade over its windows' ends that counts those rows per key and window and merges
+/// the partial results (Flink splits distinct aggregates likewise). Both keep only open
+/// windows; the result is append-only, one row per key and window as without DISTINCT.
+/// `None` when the query counts nothing DISTINCT.
+///
+/// Every DISTINCT count reads the same `x`; beside them, `COUNT`, `SUM`, `MIN` and `MAX`
+/// (with FILTERs) merge, `AVG` and registered functions do not. Sessions are per key, so
+/// a session window cannot be grouped by `x` too, and a processing-time window has no
+/// event time to cascade on.
+fn distinct_window_stages(
+    w: &WindowCall,
+    watermarked: Option<&str>,
+    group_by: &[Expr],
+    items: &[SelectItem],
+    at: Pos,
+) -> Result<Option<Vec<Node>>> {
+    let calls: Vec<(usize, &sqlparser::ast::Function, &Ident)> = items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, item)| match item {
+            SelectItem::ExprWithAlias {
+                expr: Expr::Function(f),
+                alias,
+            } => Some((i, f, alias)),
+            _ => None,
+        })
+        .collect();
+    let distinct_arg = |f: &sqlparser::ast::Function| match &f.args {
+        FunctionArguments::List(list)
+            if list.duplicate_treatment == Some(DuplicateTreatment::Distinct) =>
+        {
+            match list.args.as_slice() {
+                [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => Some(e.clone()),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    let Some((first_at, value)) = calls
+        .iter()
+        .find_map(|(_, f, _)| Some((pos(f.span().start), distinct_arg(f)?)))
+    else {
+        return Ok(None);
+    };
+    let refuse = |at: Pos, what: String| Err(SqlError::new(at, what));
+    if w.processing {
+        return refuse(
+            first_at,
+            "COUNT(DISTINCT ...) in a processing-time window is not supported yet".into(),
+        );
+    }
+    if w.kind.iter().any(|(k, _)| *k == "session") {
+        return refuse(
+            first_at,
+            "COUNT(DISTINCT ...) in a SESSION window is not supported yet (sessions are per \
+             key, not per key and value)"
+                .into(),
+        );
+    }
+    let mut keys: Vec<Ident> = Vec::new();
+    for g in group_by {
+        match g {
+            Expr::Identifier(id) if matches!(id.value.as_str(), "window_start" | "window_end") => {}
+            Expr::Identifier(id) => keys.push(id.clone()),
+            other => {
+                return refuse(
+                    pos(other.span().start),
+                    format!(
+                        "GROUP BY `{other}` beside COUNT(DISTINCT ...) in a window is not \
+                         supported yet; compute it in a subquery and group by its name"
+                    ),
+                );
+            }
+        }
+    }
+    let parse = |text: &str| -> Result<Expr> {
+        Parser::new(&GenericDialect {})
+            .try_with_sql(text)
+            .and_then(|mut p| p.parse_expr())
+            .map_err(parser_error)
+    };
+    let bounds = ["window_start", "window_end"].map(|b| Expr::Identifier(Ident::new(b)));
+    let column = |name: &Ident| SelectItem::UnnamedExpr(Expr::Identifier(name.clone()));
+    // The first window: keys, the value, its bounds, then the partial results.
+    let mut first: Vec<SelectItem> = keys.iter().map(column).collect();
+    first.push(SelectItem::ExprWithAlias {
+        expr: value.clone(),
+        alias: Ident::new(DISTINCT_VALUE),
+    });
+    first.extend(bounds.iter().cloned().map(SelectItem::UnnamedExpr));
+    let mut first_group: Vec<Expr> = keys.iter().cloned().map(Expr::Identifier).collect();
+    first_group.push(value.clone());
+    first_group.extend(bounds.iter().cloned());
+    // The cascade: the SELECT list with each aggregate merging its partials.
+    let mut second: Vec<SelectItem> = items.to_vec();
+    for (i, f, alias) in calls {
+        let partial = format!("sluice_partial_{i}");
+        let call_at = pos(f.span().start);
+        let merged = match distinct_arg(f) {
+            Some(arg) if arg.to_string() != value.to_string() => {
+                return refuse(
+                    call_at,
+                    format!(
+                        "COUNT(DISTINCT ...) of two values in one window is not supported \
+                         yet: this one counts `{arg}`, an earlier one `{value}`"
+                    ),
+                );
+            }
+            Some(_) => match &f.filter {
+                Some(filter) => {
+                    first.push(SelectItem::ExprWithAlias {
+                        expr: parse(&format!("COUNT(*) FILTER (WHERE {filter})"))?,
+                        alias: Ident::new(&partial),
+                    });
+                    format!("COUNT({DISTINCT_VALUE}) FILTER (WHERE {partial} > 0)")
+                }
+                None => format!("COUNT({DISTINCT_VALUE})"),
+            },
+            None => {
+                let merge = match name_text(&f.name).to_ascii_lowercase().as_str() {
+                    "count" | "sum" => "SUM",
+                    "min" => "MIN",
+                    "max" => "MAX",
+                    _ => {
+                        return refuse(
+                            call_at,
+                            format!(
+                                "`{f}` beside COUNT(DISTINCT ...) in a window is not supported \
+                                 yet (COUNT, SUM, MIN and MAX are)"
+                            ),
+                        );
+                    }
+                };
+                first.push(SelectItem::ExprWithAlias {
+                    expr: Expr::Function(f.clone()),
+                    alias: Ident::new(&partial),
+                });
+                format!("{merge}({partial})")
+            }
+        };
+        second[i] = SelectItem::ExprWithAlias {
+            expr: parse(&merged)?,
+            alias: alias.clone(),
+        };
+    }
+    let mut second_group: Vec<Expr> = keys.into_iter().map(Expr::Identifier).collect();
+    second_group.extend(bounds);
+    let mut stages = aggregate_stages(
+        Some(Windowing::Tvf(w)),
+        watermarked,
+        &first_group,
+        &first,
+        at,
+    )?;
+    stages.extend(aggregate_stages(
+        Some(Windowing::Cascade("window_end")),
+        None,
+        &second_group,
+        &second,
+        at,
+    )?);
+    Ok(Some(stages))
 }
 
 /// A GROUP BY whose expressions were computed ahead of the aggregate.

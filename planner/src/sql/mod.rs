@@ -56,6 +56,9 @@
 //!   results is Flink's cascading window aggregation: a window per end that fires when
 //!   the watermark reaches it, append-only, its end still an event time (Nexmark q5's
 //!   maximum per window). With `COUNT(DISTINCT ...)` it stays an unbounded aggregate.
+//! - `COUNT(DISTINCT x)` in a HOP, TUMBLE or CUMULATE window aggregate is two: the window
+//!   grouped also by `x`, then a cascade counting its rows per key and window
+//!   (`distinct_window_stages`).
 //!
 //! Anything else (temporal joins in event time,
 //! ORDER BY, ...) is refused at its position, named as not supported yet. DataFusion's logical optimizer does not
