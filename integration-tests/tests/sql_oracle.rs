@@ -765,6 +765,30 @@ fn several_inserts_share_their_source_and_each_equals_duckdb() {
     }
 }
 
+/// Runs `job` with the program `cli/examples/udf.rs` on two worker processes, after
+/// checking that the plain `sluice` names `function` as unknown.
+fn run_with_udf_program(job: &Path, root: &Path, function: &str) {
+    let plain = run_sluice(&["explain", job.to_str().unwrap()], root);
+    assert_eq!(plain.code, Some(2), "{}", plain.stderr);
+    assert!(
+        plain
+            .stderr
+            .contains(&format!("Invalid function '{function}'")),
+        "{}",
+        plain.stderr
+    );
+    let run = Command::new(example_bin("udf"))
+        .args(["run", job.to_str().unwrap(), "--workers", "2", "-q"])
+        .current_dir(root)
+        .output()
+        .expect("running the udf example");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
 /// Nexmark q14 calls `count_char`, a scalar function, and `sql/geomean-price` the
 /// aggregate `geomean` in a window, both registered in Rust by the program
 /// `cli/examples/udf.rs`, which is then the `sluice` command: their runs on two worker
@@ -791,23 +815,7 @@ fn user_defined_functions_run_in_worker_processes() {
         ),
     )
     .unwrap();
-    let plain = run_sluice(&["explain", job.to_str().unwrap()], root);
-    assert_eq!(plain.code, Some(2), "{}", plain.stderr);
-    assert!(
-        plain.stderr.contains("Invalid function 'count_char'"),
-        "{}",
-        plain.stderr
-    );
-    let run = Command::new(example_bin("udf"))
-        .args(["run", job.to_str().unwrap(), "--workers", "2", "-q"])
-        .current_dir(root)
-        .output()
-        .expect("running the udf example");
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    run_with_udf_program(&job, root, "count_char");
     let expected = duckdb(
         &python,
         &bids,
@@ -837,23 +845,7 @@ fn user_defined_functions_run_in_worker_processes() {
         ),
     )
     .unwrap();
-    let plain = run_sluice(&["explain", job.to_str().unwrap()], root);
-    assert_eq!(plain.code, Some(2), "{}", plain.stderr);
-    assert!(
-        plain.stderr.contains("Invalid function 'geomean'"),
-        "{}",
-        plain.stderr
-    );
-    let run = Command::new(example_bin("udf"))
-        .args(["run", job.to_str().unwrap(), "--workers", "2", "-q"])
-        .current_dir(root)
-        .output()
-        .expect("running the udf example");
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    run_with_udf_program(&job, root, "geomean");
     // The geometric mean is the exponential of the mean logarithm.
     let expected = duckdb(
         &python,
