@@ -8,6 +8,14 @@ use std::sync::RwLock;
 
 static NAMES: RwLock<Vec<String>> = RwLock::new(Vec::new());
 
+/// The built-in aggregate functions' names (`mean` is `avg`).
+pub const BUILT_IN: &[&str] = &["count", "sum", "min", "max", "avg", "mean"];
+
+/// Whether `name` (any case) is an aggregate function: built in or registered.
+pub fn is_aggregate(name: &str) -> bool {
+    BUILT_IN.iter().any(|b| b.eq_ignore_ascii_case(name)) || is_registered(name)
+}
+
 /// Records `name` (any case) as a registered aggregate function of this process.
 pub fn register(name: &str) {
     let name = name.to_ascii_lowercase();
@@ -30,5 +38,7 @@ mod tests {
         super::register("GeoMean_Test");
         assert!(super::is_registered("geomean_test"));
         assert!(!super::is_registered("geomean_other"));
+        assert!(super::is_aggregate("GEOMEAN_TEST") && super::is_aggregate("Mean"));
+        assert!(!super::is_aggregate("geomean_other"));
     }
 }

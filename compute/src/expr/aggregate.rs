@@ -115,14 +115,14 @@ impl AggregateCall {
                 "`{sql}`: ORDER BY inside an aggregate is not supported in windows and GROUP BY"
             )));
         }
-        let mut func = match fname.as_str() {
-            _ if registered.is_some() => registered.map_or(AggFunc::Count, AggFunc::Udf),
-            "count" => AggFunc::Count,
-            "sum" => AggFunc::Sum,
-            "min" => AggFunc::Min,
-            "max" => AggFunc::Max,
-            "avg" | "mean" => AggFunc::Avg,
-            other => {
+        let mut func = match (registered, fname.as_str()) {
+            (Some(udf), _) => AggFunc::Udf(udf),
+            (None, "count") => AggFunc::Count,
+            (None, "sum") => AggFunc::Sum,
+            (None, "min") => AggFunc::Min,
+            (None, "max") => AggFunc::Max,
+            (None, "avg" | "mean") => AggFunc::Avg,
+            (None, other) => {
                 return Err(Error::Plan(format!(
                     "`{sql}`: aggregate `{other}` is not supported in windows and GROUP BY; use one of {SUPPORTED}"
                 )));

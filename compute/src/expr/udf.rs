@@ -171,10 +171,7 @@ pub fn register_aggregate(
             "aggregate function `{name}` returns {returns}; it may return Int64 or Float64"
         ));
     }
-    if matches!(
-        name.as_str(),
-        "count" | "sum" | "min" | "max" | "avg" | "mean"
-    ) {
+    if sluice_common::aggregate_names::BUILT_IN.contains(&name.as_str()) {
         return Err(format!("`{name}` is a built-in aggregate function"));
     }
     let udf: &'static AggregateUdf = Box::leak(Box::new(AggregateUdf {

@@ -385,10 +385,7 @@ fn watermark(w: &WatermarkClause) -> Result<Node> {
             ),
         )
     };
-    let expr = Parser::new(&GenericDialect {})
-        .try_with_sql(&w.expr)
-        .and_then(|mut p| p.parse_expr())
-        .map_err(|_| expected())?;
+    let expr = parse_expr(&w.expr).map_err(|_| expected())?;
     let delay = match &expr {
         Expr::Identifier(id) if id.value == w.column => scalar("0ms", w.expr_at),
         Expr::BinaryOp {
@@ -1713,15 +1710,23 @@ fn cascades(time: Option<&EventTime>, group_by: &[Expr], items: &[SelectItem]) -
 fn has_distinct_aggregate(item: &SelectItem) -> bool {
     use std::ops::ControlFlow;
     let found = sqlparser::ast::visit_expressions(item, |e| match e {
-        Expr::Function(f)
-            if matches!(&f.args, FunctionArguments::List(list)
-                if list.duplicate_treatment == Some(DuplicateTreatment::Distinct)) =>
-        {
-            ControlFlow::Break(())
-        }
+        Expr::Function(f) if is_distinct(f) => ControlFlow::Break(()),
         _ => ControlFlow::Continue(()),
     });
     found.is_break()
+}
+
+/// Whether the call is `f(DISTINCT ...)`.
+fn is_distinct(f: &sqlparser::ast::Function) -> bool {
+    matches!(&f.args, FunctionArguments::List(list)
+        if list.duplicate_treatment == Some(DuplicateTreatment::Distinct))
+}
+
+/// `text` parsed as one SQL expression.
+fn parse_expr(text: &str) -> std::result::Result<Expr, ParserError> {
+    Parser::new(&GenericDialect {})
+        .try_with_sql(text)
+        .and_then(|mut p| p.parse_expr())
 }
 
 /// The output column of `query` that is an event time: its input's event-time column
@@ -2269,11 +2274,7 @@ fn has_aggregate(items: &[SelectItem]) -> bool {
         let Expr::Function(f) = e else {
             return false;
         };
-        let name = name_text(&f.name).to_ascii_lowercase();
-        matches!(
-            name.as_str(),
-            "count" | "sum" | "min" | "max" | "avg" | "mean"
-        ) || sluice_common::aggregate_names::is_registered(&name)
+        sluice_common::aggregate_names::is_aggregate(&name_text(&f.name))
     })
 }
 
@@ -2482,14 +2483,10 @@ fn distinct_window_stages(
         })
         .collect();
     let distinct_arg = |f: &sqlparser::ast::Function| match &f.args {
-        FunctionArguments::List(list)
-            if list.duplicate_treatment == Some(DuplicateTreatment::Distinct) =>
-        {
-            match list.args.as_slice() {
-                [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => Some(e.clone()),
-                _ => None,
-            }
-        }
+        FunctionArguments::List(list) if is_distinct(f) => match list.args.as_slice() {
+            [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => Some(e.clone()),
+            _ => None,
+        },
         _ => None,
     };
     let Some((first_at, value)) = calls
@@ -2529,12 +2526,7 @@ fn distinct_window_stages(
             }
         }
     }
-    let parse = |text: &str| -> Result<Expr> {
-        Parser::new(&GenericDialect {})
-            .try_with_sql(text)
-            .and_then(|mut p| p.parse_expr())
-            .map_err(parser_error)
-    };
+    let parse = |text: &str| parse_expr(text).map_err(parser_error);
     let bounds = ["window_start", "window_end"].map(|b| Expr::Identifier(Ident::new(b)));
     let column = |name: &Ident| SelectItem::UnnamedExpr(Expr::Identifier(name.clone()));
     // The first window: keys, the value, its bounds, then the partial results.
