@@ -66,6 +66,7 @@ suite!(
     namespace_isolation,
     prefix_keys_do_not_leak,
     table_scan_reads_one_key_group,
+    table_partitions_are_found_and_dropped_per_key_group,
 );
 
 async fn run_case(name: &str, case: impl Future<Output = ()>) {
@@ -639,6 +640,46 @@ pub async fn table_scan_reads_one_key_group(backend: Arc<dyn KeyedStateBackend>)
     let want: Vec<_> = (0u8..5).map(|i| (vec![i], vec![], vec![i])).collect();
     assert_eq!(rows, want);
     assert_eq!(rows_of(&t, 11).await, vec![], "an empty key group");
+}
+
+/// A table's partitions with rows in a key group are found in order, without those of
+/// another length, table or key group; dropping a partition's key group removes its rows
+/// there and nothing else.
+pub async fn table_partitions_are_found_and_dropped_per_key_group(
+    backend: Arc<dyn KeyedStateBackend>,
+) {
+    let t = table(&backend, 7, "t");
+    let (p1, p2, p3) = (
+        t.partition(&[0, 1]),
+        t.partition(&[0, 2]),
+        t.partition(&[9, 0]),
+    );
+    for i in 0u8..3 {
+        put_row(&p2, 9, &[i], b"", b"x").await;
+        put_row(&p1, 9, &[i, i], &[i], b"x").await;
+        put_row(&p3, 8, &[i], b"", b"x").await;
+    }
+    put_row(&t, 9, b"k", b"", b"the table itself").await;
+    put_row(&t.partition(&[0]), 9, b"k", b"", b"a shorter name").await;
+    put_row(&table(&backend, 7, "tu"), 9, b"k", b"", b"another table").await;
+    put_row(&p3, 10, b"k", b"", b"x").await;
+    let parts = |group| {
+        let t = t.clone();
+        async move {
+            let found = t.partitions(group, 2).await.unwrap();
+            found.iter().map(|p| p.to_vec()).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(parts(9).await, vec![vec![0, 1], vec![0, 2]]);
+    assert_eq!(parts(8).await, vec![vec![9, 0]]);
+    assert_eq!(parts(11).await, Vec::<Vec<u8>>::new(), "an empty key group");
+    p1.write(vec![p1.delete_group(9)]).await.unwrap();
+    assert_eq!(parts(9).await, vec![vec![0, 2]], "partition [0, 1] dropped");
+    assert_eq!(rows_of(&p2, 9).await.len(), 3, "the next partition is kept");
+    assert_eq!(rows_of(&t, 9).await.len(), 1, "the table itself is kept");
+    p3.write(vec![p3.delete_group(8)]).await.unwrap();
+    assert_eq!(parts(8).await, Vec::<Vec<u8>>::new());
+    assert_eq!(rows_of(&p3, 10).await.len(), 1, "another key group is kept");
 }
 
 // ---- epochs, through a store ----

@@ -21,14 +21,14 @@ use super::key::{decode_key, encode_key, encode_state_part, key_prefix, prefix_e
 pub struct StateTable {
     backend: Arc<dyn KeyedStateBackend>,
     operator_id: u32,
-    name: &'static [u8],
+    name: Bytes,
 }
 
 impl std::fmt::Debug for StateTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StateTable")
             .field("operator_id", &self.operator_id)
-            .field("name", &String::from_utf8_lossy(self.name))
+            .field("name", &String::from_utf8_lossy(&self.name))
             .finish()
     }
 }
@@ -52,13 +52,67 @@ impl StateTable {
         Self {
             backend,
             operator_id,
-            name: name.as_bytes(),
+            name: Bytes::from_static(name.as_bytes()),
+        }
+    }
+
+    /// Partition `part` of this table: a table named as this one followed by `part`, so
+    /// that a partition's rows of a key group are one byte range, which
+    /// [`delete_group`](Self::delete_group) drops in one operation whatever their keys.
+    pub fn partition(&self, part: &[u8]) -> StateTable {
+        Self {
+            backend: self.backend.clone(),
+            operator_id: self.operator_id,
+            name: Bytes::from([&self.name[..], part].concat()),
+        }
+    }
+
+    /// The names (`part`s) of this table's partitions with `part_len`-byte names that
+    /// have rows in `key_group`, in byte order: one read per partition found, however
+    /// many rows each holds.
+    pub async fn partitions(&self, key_group: u16, part_len: usize) -> StateResult<Vec<Bytes>> {
+        let name_len = self.name.len() + part_len;
+        let mut prefix = key_group.to_be_bytes().to_vec();
+        let name_len16 = u16::try_from(name_len).map_err(|_| {
+            StateError::Internal(format!("a partition name of {name_len} bytes is too long"))
+        })?;
+        prefix.extend_from_slice(&self.operator_id.to_be_bytes());
+        prefix.extend_from_slice(&name_len16.to_be_bytes());
+        prefix.extend_from_slice(&self.name);
+        let end = prefix_end(&prefix);
+        let mut from = prefix.clone();
+        let mut parts = Vec::new();
+        loop {
+            let Some((state_key, _)) = self.backend.scan(&from, &end, Some(1)).await?.pop() else {
+                return Ok(parts);
+            };
+            let k = decode_key(&state_key)?;
+            let part = k.state_name.get(self.name.len()..).unwrap_or_default();
+            parts.push(Bytes::copy_from_slice(part));
+            // Past every key of this partition: its `(group, operator, name)` prefix ends.
+            let mut done = key_group.to_be_bytes().to_vec();
+            encode_state_part(&mut done, self.operator_id, k.state_name);
+            from = prefix_end(&done);
+            if from.is_empty() {
+                return Ok(parts);
+            }
+        }
+    }
+
+    /// The operation removing every row of this table in `key_group`.
+    pub fn delete_group(&self, key_group: u16) -> WriteOp {
+        let mut prefix = key_group.to_be_bytes().to_vec();
+        encode_state_part(&mut prefix, self.operator_id, &self.name);
+        let end = prefix_end(&prefix);
+        WriteOp::DeleteRange {
+            start: Bytes::from(prefix),
+            end: Bytes::from(end),
         }
     }
 
     /// The state key of `(key_group, key, namespace)` in this table.
     pub fn key(&self, key_group: u16, key: &[u8], namespace: &[u8]) -> Bytes {
-        encode_key(key_group, self.operator_id, self.name, key, namespace)
+        encode_key(key_group, self.operator_id, &self.name, key, namespace)
     }
 
     /// The values of `keys` (built by [`key`](Self::key)), in order, `None` where absent.
@@ -83,13 +137,13 @@ impl StateTable {
     /// Every row of this table in `key_group`, in key order, read `page` rows per call.
     pub async fn scan_group(&self, key_group: u16, page: usize) -> StateResult<Vec<Row>> {
         let mut prefix = key_group.to_be_bytes().to_vec();
-        encode_state_part(&mut prefix, self.operator_id, self.name);
+        encode_state_part(&mut prefix, self.operator_id, &self.name);
         self.scan_prefix(prefix, page).await
     }
 
     /// Every row of `key` in `key_group` (any namespace), in namespace order.
     pub async fn scan_key(&self, key_group: u16, key: &[u8], page: usize) -> StateResult<Vec<Row>> {
-        let prefix = key_prefix(key_group, self.operator_id, self.name, key);
+        let prefix = key_prefix(key_group, self.operator_id, &self.name, key);
         self.scan_prefix(prefix, page).await
     }
 
@@ -101,7 +155,7 @@ impl StateTable {
         key: &[u8],
         n: usize,
     ) -> StateResult<Vec<Row>> {
-        let prefix = key_prefix(key_group, self.operator_id, self.name, key);
+        let prefix = key_prefix(key_group, self.operator_id, &self.name, key);
         let end = prefix_end(&prefix);
         let entries = self.backend.scan(&prefix, &end, Some(n.max(1))).await?;
         entries
@@ -112,7 +166,7 @@ impl StateTable {
 
     /// The operation removing every row of `key` in `key_group` (any namespace).
     pub fn delete_key(&self, key_group: u16, key: &[u8]) -> WriteOp {
-        let prefix = key_prefix(key_group, self.operator_id, self.name, key);
+        let prefix = key_prefix(key_group, self.operator_id, &self.name, key);
         let end = prefix_end(&prefix);
         WriteOp::DeleteRange {
             start: Bytes::from(prefix),
@@ -123,10 +177,10 @@ impl StateTable {
     /// A scanned entry as a row of this table.
     fn row(&self, state_key: &[u8], value: &Bytes) -> StateResult<Row> {
         let k = decode_key(state_key)?;
-        if k.operator_id != self.operator_id || k.state_name != self.name {
+        if k.operator_id != self.operator_id || k.state_name != &self.name[..] {
             return Err(StateError::Internal(format!(
                 "a scan of state `{}` returned a key of another state",
-                String::from_utf8_lossy(self.name)
+                String::from_utf8_lossy(&self.name)
             )));
         }
         Ok(Row {

@@ -19,8 +19,8 @@
 //! reads nothing. A probe scans the other side's rows of the key, several keys at once;
 //! expired arrivals are skipped and removed as they are met (Flink's TTL also counts
 //! processing time from a row's write). While a side has few keys, and the operator
-//! started from empty state, it also remembers which keys that side has, so that a probe
-//! of a key the other side never had costs no scan.
+//! started from empty state, it also remembers the hashes of the keys that side has, so
+//! that a probe of a key the other side never had costs no scan.
 //!
 //! # Interval joins
 //! With an interval (`l.t BETWEEN r.t + lower AND r.t + upper` on the inputs' event-time
@@ -31,15 +31,23 @@
 //! BETWEEN a.t AND a.expires` keeps an auction until `expires`): future rows of the other
 //! side come after the watermark. Rows expire as the watermark (the lower of the
 //! two inputs') passes that time; a row already expired when it arrives joins what is
-//! kept but is not stored. So that rows of keys no probe meets again leave state too,
-//! each stored arrival registers a timer for its key and side at its expiry, rounded up
-//! to a bucket; when the watermark reaches it, the key's expired rows are removed.
-//! Timers are kept in table `timers` at every checkpoint.
+//! kept but is not stored.
+//!
+//! A side's rows are kept in partitions of its table, one per bucket of expiry times,
+//! named by the bucket's end ([`StateTable::partition`]); a probe scans the key in each
+//! live partition whose remembered keys may hold it. When the watermark reaches a
+//! bucket's end, every row of its partition has expired, and the partition goes with
+//! one range deletion per key group the subtask owns, whatever its keys: no row is
+//! timed, scanned or deleted on its own (per-key cleanup timers, before, took half of
+//! an interval join's time). A restored subtask finds the partitions of its key groups
+//! in state, so nothing beyond the rows needs to be checkpointed.
 //!
 //! The operator never sees which store holds its state or how inputs are scheduled: the
 //! task tells it which input a batch came from.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::BuildHasher;
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, UInt32Array};
@@ -56,15 +64,16 @@ use sluice_common::state::{StateTable, WriteOp, ttl};
 
 use super::{Operator, OperatorContext, Output};
 use crate::changelog::{self, RowKind, data_schema};
-use crate::element::{Barrier, Timestamp, unix_ms};
+use crate::element::{Timestamp, unix_ms};
 use crate::error::{Error, Result};
 use crate::expr::{CompiledExpr, ExprCompiler};
-use crate::keyed::KeyedTimers;
+use crate::keyed::timers::{time_from_key, time_key};
 use crate::keys::{EncodedKeys, KeyEncoder};
 
 const STATES: [&str; 2] = ["left", "right"];
-/// An interval join's cleanup timers.
-const TIMER_STATE: &str = "timers";
+
+/// Bytes of an interval join's partition name after its table's: the bucket's end.
+const PART_NAME_LEN: usize = 8;
 
 /// Rows of the other side read per scan call.
 const SCAN_PAGE: usize = 1024;
@@ -88,6 +97,31 @@ struct Side {
     rows: RowConverter,
 }
 
+/// Where one side's rows are kept: a regular join's in the side's table, an interval
+/// join's in one partition of it per bucket of expiry times.
+struct Kept {
+    table: StateTable,
+    /// The partitions that may have rows, by the time when all their rows have expired
+    /// (a regular join's one, the table itself: never).
+    parts: BTreeMap<Timestamp, Part>,
+}
+
+/// A table, or partition, of one side's rows.
+struct Part {
+    table: StateTable,
+    /// The hash of every key that may have rows here, while the operator knows them all
+    /// (it wrote every row here, and they have few keys): a probe of a key not in it
+    /// needs no scan. `None`: not known, every probe scans.
+    known: Option<HashSet<u64, Hasher>>,
+}
+
+impl Part {
+    /// Whether `key` (of hash `hash`) may have rows here.
+    fn may_hold(&self, hash: u64) -> bool {
+        self.known.as_ref().is_none_or(|k| k.contains(&hash))
+    }
+}
+
 /// The join operator of one subtask.
 pub struct JoinOperator {
     /// Per side, whether its rows are kept when nothing matches them (padded with nulls):
@@ -106,18 +140,17 @@ pub struct JoinOperator {
     exprs: Option<Vec<CompiledExpr>>,
     schema: SchemaRef,
     ttl_ms: u64,
-    tables: Option<[StateTable; 2]>,
+    /// Per side, where its rows are kept (from `open`).
+    kept: Option<[Kept; 2]>,
     max_parallelism: u32,
-    /// Per side, every key that may have rows, while the operator knows them all (it
-    /// started from empty state and the side has few keys): a probe of a key not in it
-    /// needs no scan. `None`: not known, every probe scans.
-    known: [Option<HashSet<Box<[u8]>, Hasher>>; 2],
+    /// The key groups this subtask owns.
+    key_groups: Range<u32>,
+    /// Hashes keys for the partitions' remembered keys.
+    key_hash: foldhash::fast::FixedState,
     /// An interval join's bounds; `None`: a regular join.
     interval: Option<Interval>,
     /// The event-time watermark seen last (an interval join's clock).
     watermark: Timestamp,
-    /// An interval join's cleanup timers, per side and key.
-    timers: Option<KeyedTimers>,
 }
 
 /// An interval join's bounds: a left row at `l` matches right rows at `r` with
@@ -127,7 +160,7 @@ struct Interval {
     times: [usize; 2],
     lower: i64,
     upper: i64,
-    /// Cleanup timers fire at multiples of this (ms).
+    /// The width of a partition's bucket of expiry times (ms).
     bucket: i64,
 }
 
@@ -143,8 +176,8 @@ impl Interval {
         }
     }
 
-    /// When the cleanup timer of a row expiring at `expiry` fires.
-    fn timer_at(&self, expiry: i64) -> i64 {
+    /// The end of the bucket holding `expiry`: when a row expiring then leaves state.
+    fn bucket_end(&self, expiry: i64) -> i64 {
         expiry
             .div_euclid(self.bucket)
             .saturating_add(1)
@@ -456,12 +489,12 @@ impl JoinOperator {
             exprs,
             schema,
             ttl_ms: spec.ttl_ms,
-            tables: None,
+            kept: None,
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
-            known: [None, None],
+            key_groups: 0..0,
+            key_hash: foldhash::fast::FixedState::default(),
             interval,
             watermark: Timestamp::MIN,
-            timers: None,
         })
     }
 
@@ -491,56 +524,28 @@ impl JoinOperator {
         Ok(times.iter().map(|t| interval.expiry(input, t)).collect())
     }
 
-    /// Removes, for each due cleanup timer, its key's expired rows on its side.
-    async fn clean_up(&mut self, now: Timestamp) -> Result<()> {
-        let (Some(tables), Some(timers)) = (self.tables.clone(), self.timers.as_mut()) else {
+    /// Drops every partition whose rows have all expired at `now`: one range deletion
+    /// per side's partition and key group.
+    async fn sweep(&mut self, now: Timestamp) -> Result<()> {
+        let Some(kept) = self.kept.as_mut() else {
             return Ok(());
         };
-        let due = timers.pop_due(now);
-        if due.is_empty() {
-            return Ok(());
-        }
-        // Each due key's rows of its side, several scans in flight; what expired is
-        // removed in one write per side.
-        let scans = due.into_iter().map(|(_, group, payload)| {
-            let tables = tables.clone();
-            async move {
-                let (&side, key) = payload
-                    .split_first()
-                    .filter(|(side, _)| **side < 2)
-                    .ok_or_else(|| Error::Internal("a join timer names no side".into()))?;
-                let side = usize::from(side);
-                let table = &tables[side];
-                let rows = table.scan_key(group, key, SCAN_PAGE).await?;
-                let mut writes = Vec::new();
-                for row in rows {
-                    let (_, rewrite) = live_arrivals(&row.value, now)?;
-                    if let Some(kept) = rewrite {
-                        writes.push(keep_arrivals(table.key(group, key, &row.namespace), kept));
-                    }
+        let mut drops = Vec::new();
+        for side in kept.iter_mut() {
+            let later = side.parts.split_off(&now.saturating_add(1));
+            for part in std::mem::replace(&mut side.parts, later).into_values() {
+                for group in self.key_groups.clone() {
+                    drops.push(part.table.delete_group(group_of(group)?));
                 }
-                Ok::<_, Error>((side, writes))
             }
-        });
-        let in_flight = tables[0].pipelined_reads().max(1) * PROBES_PER_READ;
-        let mut cleaned = futures::stream::iter(scans).buffer_unordered(in_flight);
-        let mut writes: [Vec<WriteOp>; 2] = Default::default();
-        while let Some(done) = cleaned.next().await {
-            let (side, mut ops) = done?;
-            writes[side].append(&mut ops);
         }
-        let [left, right] = writes;
-        tables[0].write(left).await?;
-        tables[1].write(right).await?;
+        kept[0].table.write(drops).await?;
         Ok(())
     }
 
     /// Stores the rows of `batch` (from input `input`) and emits their pairs with the
     /// other side's stored rows.
     async fn process(&mut self, input: usize, batch: RecordBatch, out: &mut Output) -> Result<()> {
-        let Some(tables) = self.tables.clone() else {
-            return Err(Error::Internal("join used before `open`".into()));
-        };
         let other = 1 - input;
         let side = &self.sides[input];
         side.keys.encode(&batch, &mut self.encoded)?;
@@ -583,76 +588,90 @@ impl JoinOperator {
                 .or_insert((0, expires))
                 .0 += 1;
         }
+        let Some(kept) = self.kept.as_mut() else {
+            return Err(Error::Internal("join used before `open`".into()));
+        };
+        let hashes: Vec<u64> = keys
+            .iter()
+            .map(|&first| self.key_hash.hash_one(self.encoded.row(first)))
+            .collect();
         // Keys this side had no rows of before: the other side's padded rows of such a
         // key are retracted when it is joined (a preserved other side only).
-        let own = &tables[input];
         let mut first_of_key = vec![false; keys.len()];
         if self.preserve[other] {
             for (slot, &first) in keys.iter().enumerate() {
                 let key = self.encoded.row(first);
-                first_of_key[slot] = match &self.known[input] {
-                    Some(known) if !known.contains(key) => true,
-                    _ => own
-                        .scan_key(key_group_of(key, self.max_parallelism), key, 1)
-                        .await?
-                        .is_empty(),
-                };
+                let group = key_group_of(key, self.max_parallelism);
+                let mut seen = false;
+                for part in kept[input].parts.values() {
+                    if part.may_hold(hashes[slot])
+                        && !part.table.first_of_key(group, key, 1).await?.is_empty()
+                    {
+                        seen = true;
+                        break;
+                    }
+                }
+                first_of_key[slot] = !seen;
             }
         }
         // Store this side's rows: each arrival appends its expiry time to its row's
-        // entry, which needs no read.
+        // entry in its partition, which needs no read.
         let mut distinct: Vec<((usize, &[u8]), Arrived)> = counts.into_iter().collect();
         distinct.sort_unstable();
-        let writes: Vec<WriteOp> = distinct
-            .iter()
-            .map(|((slot, row), (arrived, expires))| {
-                let key = self.encoded.row(keys[*slot]);
-                WriteOp::Merge {
-                    key: own.key(key_group_of(key, self.max_parallelism), key, row),
-                    operand: arrivals(*expires, *arrived),
+        let own = &mut kept[input];
+        let mut writes: Vec<WriteOp> = Vec::with_capacity(distinct.len());
+        // The partition written last, and the last key remembered in it.
+        let mut last: Option<(Timestamp, usize)> = None;
+        for ((slot, row), (arrived, expires)) in &distinct {
+            let end = match &self.interval {
+                Some(interval) => interval.bucket_end(*expires),
+                None => ttl::NEVER_EXPIRES,
+            };
+            let part = match own.parts.entry(end) {
+                std::collections::btree_map::Entry::Occupied(p) => p.into_mut(),
+                // A partition this attempt opens: no row of the subtask's key groups
+                // was in it, or `open` would have found it.
+                std::collections::btree_map::Entry::Vacant(v) => v.insert(Part {
+                    table: own.table.partition(&time_key(end)),
+                    known: Some(HashSet::default()),
+                }),
+            };
+            let key = self.encoded.row(keys[*slot]);
+            writes.push(WriteOp::Merge {
+                key: part
+                    .table
+                    .key(key_group_of(key, self.max_parallelism), key, row),
+                operand: arrivals(*expires, *arrived),
+            });
+            if last != Some((end, *slot)) {
+                last = Some((end, *slot));
+                if let Some(known) = &mut part.known {
+                    known.insert(hashes[*slot]);
+                    if known.len() > MAX_KNOWN_KEYS {
+                        part.known = None;
+                    }
                 }
-            })
-            .collect();
-        own.write(writes).await?;
-        if let (Some(interval), Some(timers)) = (&self.interval, &mut self.timers) {
-            // One timer per key and bucket of the batch, however many rows expire in it.
-            let mut due: Vec<(usize, i64)> = distinct
-                .iter()
-                .map(|((slot, _), (_, expires))| (*slot, interval.timer_at(*expires)))
-                .collect();
-            due.sort_unstable();
-            due.dedup();
-            for (slot, at) in due {
-                let key = self.encoded.row(keys[slot]);
-                let payload = Bytes::from([&[input as u8][..], key].concat());
-                timers.register(at, key_group_of(key, self.max_parallelism), payload);
             }
         }
-        if let Some(known) = &mut self.known[input] {
-            for &first in &keys {
-                let key = self.encoded.row(first);
-                if !known.contains(key) {
-                    known.insert(key.into());
-                }
-            }
-            if known.len() > MAX_KNOWN_KEYS {
-                self.known[input] = None;
-            }
-        }
-        // Probe the other side, key by key, keeping several scans in flight (each is a
-        // round trip to a remote store).
-        let theirs = &tables[other];
-        let known = self.known[other].as_ref();
-        let probes: Vec<(usize, &[u8], u16)> = keys
+        own.table.write(writes).await?;
+        // Probe the other side, key by key and partition by partition, keeping several
+        // scans in flight (each is a round trip to a remote store).
+        let theirs = &kept[other];
+        let probes: Vec<(usize, &[u8], u16, &StateTable)> = keys
             .iter()
             .enumerate()
-            .map(|(slot, &first)| {
+            .flat_map(|(slot, &first)| {
                 let key = self.encoded.row(first);
-                (slot, key, key_group_of(key, self.max_parallelism))
+                let group = key_group_of(key, self.max_parallelism);
+                let hash = hashes[slot];
+                theirs
+                    .parts
+                    .values()
+                    .filter(move |part| part.may_hold(hash))
+                    .map(move |part| (slot, key, group, &part.table))
             })
-            .filter(|(_, key, _)| known.is_none_or(|k| k.contains(*key)))
             .collect();
-        let in_flight = match theirs.pipelined_reads() {
+        let in_flight = match theirs.table.pipelined_reads() {
             0 => 1,
             n => n * PROBES_PER_READ,
         };
@@ -666,21 +685,21 @@ impl JoinOperator {
         let mut expired = Vec::new();
         loop {
             while scans.len() < in_flight {
-                let Some(&(slot, key, group)) = queued.next() else {
+                let Some(&(slot, key, group, table)) = queued.next() else {
                     break;
                 };
-                let (table, key) = (theirs.clone(), key.to_vec());
+                let (table, key) = (table.clone(), key.to_vec());
                 scans.push_back(async move {
                     table
                         .scan_key(group, &key, SCAN_PAGE)
                         .await
-                        .map(|rows| (slot, group, rows))
+                        .map(|rows| (slot, group, table, rows))
                 });
             }
             let Some(scanned) = scans.next().await else {
                 break;
             };
-            let (slot, group, matches) = scanned?;
+            let (slot, group, table, matches) = scanned?;
             let key = self.encoded.row(keys[slot]);
             if matches.is_empty() {
                 continue;
@@ -688,14 +707,15 @@ impl JoinOperator {
             let mut live: Vec<(Bytes, u64)> = Vec::with_capacity(matches.len());
             for m in matches {
                 let (n, rewrite) = live_arrivals(&m.value, now)?;
-                if let Some(kept) = rewrite {
-                    expired.push(keep_arrivals(theirs.key(group, key, &m.namespace), kept));
+                // An interval join's expired rows go with their partition.
+                if let (Some(kept), None) = (rewrite, &self.interval) {
+                    expired.push(keep_arrivals(table.key(group, key, &m.namespace), kept));
                 }
                 if n > 0 {
                     live.push((m.namespace, n));
                 }
             }
-            matched[slot] = !live.is_empty();
+            matched[slot] |= !live.is_empty();
             if first_of_key[slot] {
                 for (other_row, n) in &live {
                     for _ in 0..*n {
@@ -713,7 +733,7 @@ impl JoinOperator {
             }
         }
         drop(scans);
-        theirs.write(expired).await?;
+        theirs.table.write(expired).await?;
         if self.preserve[input] {
             for (slot, rows) in members.iter().enumerate() {
                 if !matched[slot] {
@@ -783,7 +803,12 @@ impl JoinOperator {
     /// each from its entry in state, and each pair it made with the other side's live
     /// rows, emitted as a deletion (`-D`). A row not in state takes nothing back.
     async fn retract(&mut self, input: usize, batch: RecordBatch, out: &mut Output) -> Result<()> {
-        let Some(tables) = self.tables.clone() else {
+        // Only a regular join takes an updating input: each side is one table.
+        let Some(tables) = self
+            .kept
+            .as_ref()
+            .map(|k| k.each_ref().map(|k| k.table.clone()))
+        else {
             return Err(Error::Internal("join used before `open`".into()));
         };
         let side = &self.sides[input];
@@ -1003,8 +1028,6 @@ pub(crate) fn key_nulls(batch: &RecordBatch, keys: &KeyEncoder) -> Result<Option
     Ok(nulls)
 }
 
-/// What `n` arrivals of a row expiring at `expires_at` append to its entry: one expiry
-/// header each.
 /// An interval join's bounds over `left` and `right` rows; errors name what an interval
 /// join cannot be (outer, with a TTL, of an updating input) and a time column that is
 /// missing or not a timestamp.
@@ -1067,17 +1090,22 @@ fn interval_of(
         ],
         lower: spec.lower_ms,
         upper: spec.upper_ms,
-        // Rows expire up to one bucket late; a key gets one timer per bucket it has
-        // rows expiring in. At least 5 s: a key's rows of a few seconds share a timer
-        // and a scan (q4 over its bids, 1 s against 5 s: 0.41 M against 0.54 M
-        // events/s, the same memory).
-        bucket: spec
-            .upper_ms
-            .saturating_sub(spec.lower_ms)
-            .clamp(5_000, 60_000),
+        // Rows leave state up to one bucket after they expire, and a probe scans each
+        // live partition that may hold its key: a quarter of the interval keeps both
+        // to a few (a row lives the interval plus a quarter of it at most, and a side
+        // has about five partitions beside those the watermark's delay holds). At
+        // least 5 s: a bucket of a few milliseconds would be a partition per row.
+        bucket: (spec.upper_ms.saturating_sub(spec.lower_ms) / 4).max(5_000),
     })
 }
 
+/// Key group `group` as the state layout names it.
+fn group_of(group: u32) -> Result<u16> {
+    u16::try_from(group).map_err(|_| Error::Internal(format!("key group {group} out of range")))
+}
+
+/// What `n` arrivals of a row expiring at `expires_at` append to its entry: one expiry
+/// header each.
 fn arrivals(expires_at: i64, n: u64) -> Bytes {
     let mut v = Vec::with_capacity(ttl::HEADER_LEN * n as usize);
     for _ in 0..n {
@@ -1128,37 +1156,51 @@ impl Operator for JoinOperator {
     async fn open(&mut self, ctx: &OperatorContext) -> Result<()> {
         self.max_parallelism = ctx.max_parallelism;
         let state = ctx.keyed_state()?;
-        self.tables = Some(STATES.map(|name| state.table(name)));
-        if state.starts_empty() {
-            self.known = [Some(HashSet::default()), Some(HashSet::default())];
+        self.key_groups = state.key_groups();
+        let fresh = state.starts_empty();
+        let mut kept = STATES.map(|name| Kept {
+            table: state.table(name),
+            parts: BTreeMap::new(),
+        });
+        for side in &mut kept {
+            if self.interval.is_none() {
+                let part = Part {
+                    table: side.table.clone(),
+                    known: fresh.then(HashSet::default),
+                };
+                side.parts.insert(ttl::NEVER_EXPIRES, part);
+                continue;
+            }
+            if fresh {
+                continue;
+            }
+            // A restored interval join's partitions: those of its key groups in state.
+            for group in self.key_groups.clone() {
+                for name in side
+                    .table
+                    .partitions(group_of(group)?, PART_NAME_LEN)
+                    .await?
+                {
+                    let end = time_from_key(&name).ok_or_else(|| {
+                        Error::Internal("a join partition's name is not a time".into())
+                    })?;
+                    side.parts.entry(end).or_insert_with(|| Part {
+                        table: side.table.partition(&name),
+                        known: None,
+                    });
+                }
+            }
         }
-        if self.interval.is_some() {
-            self.timers = Some(
-                KeyedTimers::restore(
-                    state.table(TIMER_STATE),
-                    state.key_groups(),
-                    state.checkpointed(),
-                )
-                .await?,
-            );
-        }
+        self.kept = Some(kept);
         Ok(())
     }
 
     async fn on_watermark(&mut self, ts: Timestamp, out: &mut Output) -> Result<()> {
         if self.interval.is_some() && ts > self.watermark {
             self.watermark = ts;
-            self.clean_up(ts).await?;
+            self.sweep(ts).await?;
         }
         out.watermark(ts);
-        Ok(())
-    }
-
-    async fn on_barrier(&mut self, barrier: Barrier, out: &mut Output) -> Result<()> {
-        if let Some(timers) = self.timers.as_mut() {
-            timers.persist().await?;
-        }
-        out.barrier(barrier);
         Ok(())
     }
 
@@ -1330,26 +1372,17 @@ mod tests {
             .unwrap();
         assert_eq!(timed_pairs(&out), [(1, 1_000, 5_000)]);
         // The left rows can match right rows up to 11 s, the right one at 5 s left rows
-        // up to 5 s: past 11 s nothing is live, and past the timers' buckets (10 s wide)
+        // up to 5 s: past 11 s nothing is live, and past the buckets' ends (5 s wide)
         // nothing is kept.
         let mut out = Output::default();
         op.on_watermark(20_000, &mut out).await.unwrap();
-        let kept = |op: &JoinOperator, side: usize, k: i64| {
-            let tables = op.tables.clone().unwrap();
-            async move {
-                let mut key = Vec::new();
-                sluice_common::key_group::push_i64(&mut key, Some(k));
-                let group = key_group_of(&key, 128);
-                tables[side].scan_key(group, &key, 16).await.unwrap().len()
-            }
-        };
-        assert_eq!(kept(&op, 0, 1).await, 0, "left row of key 1 cleaned");
+        assert_eq!(stored(&op, 0, 1).await, 0, "left row of key 1 cleaned");
         assert_eq!(
-            kept(&op, 0, 2).await,
+            stored(&op, 0, 2).await,
             0,
             "left row of key 2 cleaned, never probed"
         );
-        assert_eq!(kept(&op, 1, 1).await, 1, "the right row at 30 s is live");
+        assert_eq!(stored(&op, 1, 1).await, 1, "the right row at 30 s is live");
         // A late left row at 1 s would have matched the right row at 5 s, which is
         // gone: it joins nothing and, expired on arrival, is not kept. One at 25 s
         // matches the right row at 30 s and is kept (it can match right rows up to 35 s).
@@ -1357,7 +1390,60 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(timed_pairs(&out), [(1, 25_000, 30_000)]);
-        assert_eq!(kept(&op, 0, 1).await, 1, "the late row is not kept");
+        assert_eq!(stored(&op, 0, 1).await, 1, "the late row is not kept");
+    }
+
+    /// How many rows of key `k` side `side` of `op` has in state, in any partition.
+    async fn stored(op: &JoinOperator, side: usize, k: i64) -> usize {
+        let table = op.kept.as_ref().unwrap()[side].table.clone();
+        let mut key = Vec::new();
+        sluice_common::key_group::push_i64(&mut key, Some(k));
+        let group = key_group_of(&key, 128);
+        let mut n = 0;
+        for name in table.partitions(group, PART_NAME_LEN).await.unwrap() {
+            let part = table.partition(&name);
+            n += part.scan_key(group, &key, 16).await.unwrap().len();
+        }
+        n
+    }
+
+    #[tokio::test]
+    async fn a_restored_interval_join_finds_and_drops_its_partitions() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new(false));
+        let (spec, schema) = (interval_spec(), timed_schema());
+        let mut first = join_of(&spec, &schema, &schema, store.clone(), 1).await;
+        let mut out = Output::default();
+        // Left rows can match right rows up to 10 s after them: in buckets of 5 s, the
+        // one at 1 s is in the bucket ending at 15 s, the one at 15 s in the bucket
+        // ending at 30 s.
+        first
+            .process_input(0, timed(&[(1, 1_000), (2, 15_000)]), &mut out)
+            .await
+            .unwrap();
+        // A later attempt finds both partitions in state and probes them.
+        let mut resumed = join_of(&spec, &schema, &schema, store, 4).await;
+        assert_eq!(
+            resumed.kept.as_ref().unwrap()[0]
+                .parts
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            [15_000, 30_000]
+        );
+        resumed
+            .process_input(1, timed(&[(1, 5_000), (2, 20_000)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(timed_pairs(&out), [(1, 1_000, 5_000), (2, 15_000, 20_000)]);
+        resumed.on_watermark(20_000, &mut out).await.unwrap();
+        assert_eq!(stored(&resumed, 0, 1).await, 0, "its bucket ended");
+        assert_eq!(stored(&resumed, 0, 2).await, 1, "its bucket has not");
+        resumed.on_watermark(30_000, &mut out).await.unwrap();
+        assert_eq!(stored(&resumed, 0, 2).await, 0);
+        assert!(resumed.kept.as_ref().unwrap()[0].parts.is_empty());
+        // A right row at 20 s was stored (it can match left rows up to 20 s), in the
+        // bucket ending at 25 s: gone too.
+        assert_eq!(stored(&resumed, 1, 2).await, 0);
     }
 
     #[test]
