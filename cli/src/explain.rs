@@ -343,9 +343,13 @@ fn keyed_state(
                         ms if ms > 0 => format!(" + {ms} ms"),
                         ms => format!(" - {} ms", ms.unsigned_abs()),
                     };
+                    let padded = match j.r#type() {
+                        pb::JoinType::Inner => "",
+                        _ => ", then padded with nulls if no pair of it passed ON",
+                    };
                     format!(
                         "an interval join: each kept until the watermark passes the last \
-                         time it can match, a left row's {}{}{}, a right row's {}{}{}",
+                         time it can match, a left row's {}{}{}, a right row's {}{}{}{padded}",
                         dot(l),
                         i.left_time,
                         plus(i.lower_ms.saturating_neg()),

@@ -227,6 +227,14 @@ const ORACLE: &[(&str, &str)] = &[
          auction A, bid B WHERE A.id = B.auction AND B.date_time BETWEEN A.date_time AND \
          A.date_time + INTERVAL 10 SECOND",
     ),
+    // An outer interval join: each auction outside category 10 with each bid over 1000
+    // of its first 10 seconds, or once with nulls.
+    (
+        "sql/early-bids-left-interval-join",
+        "SELECT A.id AS auction, A.seller, B.bidder, B.price, B.date_time AS bid_time FROM \
+         auction A LEFT JOIN bid B ON A.id = B.auction AND B.date_time BETWEEN A.date_time \
+         AND A.date_time + INTERVAL 10 SECOND AND B.price > 1000 AND A.category <> 10",
+    ),
     // A Top-N over an aggregate's changelog, and an aggregate over the Top-N's: each
     // seller's ten latest-closing auctions, their selling prices averaged.
     (
@@ -688,6 +696,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "nexmark/q5",
         "nexmark/q6",
         "sql/early-bids-interval-join",
+        "sql/early-bids-left-interval-join",
         "nexmark/q9",
         "nexmark/q10",
         "nexmark/q13",

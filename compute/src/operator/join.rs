@@ -50,7 +50,7 @@ use std::hash::BuildHasher;
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, UInt32Array};
+use arrow::array::{ArrayRef, AsArray, BooleanArray, UInt32Array};
 use arrow::compute::{filter_record_batch, take};
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
@@ -95,6 +95,33 @@ type KeyRow<'a> = (&'a [u8], &'a [u8]);
 struct Side {
     keys: KeyEncoder,
     rows: RowConverter,
+}
+
+/// The pairs of one batch of an outer interval join, with what marking them needs.
+struct MarkedPairs {
+    /// Per pair, the batch's row.
+    this_rows: Vec<u32>,
+    /// Per pair, the other side's stored row.
+    other_rows: Vec<Bytes>,
+    /// The other side's entries met (a preserved side's): state key, and whether it
+    /// was marked matched already.
+    met: Vec<(Bytes, bool)>,
+    /// Per pair, which of `met` its other row is (empty unless the other side is
+    /// preserved).
+    met_of: Vec<usize>,
+    /// Per batch row, its entry's state key where it was stored (empty unless this side
+    /// is preserved).
+    stored: Vec<Option<Bytes>>,
+}
+
+/// What an outer interval join appends to a preserved row's entry once a pair of it
+/// passed the condition: an expiry header no arrival has (it reads as long expired), so
+/// a row padded when its partition goes is one without it.
+const MATCHED: [u8; ttl::HEADER_LEN] = i64::MIN.to_be_bytes();
+
+/// Whether a stored row's entry carries the [`MATCHED`] mark.
+fn is_matched(stored: &[u8]) -> bool {
+    stored.chunks_exact(ttl::HEADER_LEN).any(|h| h == MATCHED)
 }
 
 /// Where one side's rows are kept: a regular join's in the side's table, an interval
@@ -317,7 +344,7 @@ impl JoinOperator {
             pb::JoinType::Full => [true, true],
         };
         let outer = preserve.contains(&true);
-        if outer && spec.condition.is_some() {
+        if outer && spec.condition.is_some() && spec.interval.is_none() {
             return Err(Error::Plan(
                 "an outer join's ON may hold only its key equalities and conditions on the \
                  side it pads with nulls; filter the preserved side before the join, or the \
@@ -334,14 +361,7 @@ impl JoinOperator {
         }
         let updating_input = [left, right].map(|s| changelog::is_changelog(s));
         let interval = match &spec.interval {
-            Some(i) => Some(interval_of(
-                i,
-                outer,
-                spec.ttl_ms,
-                updating_input,
-                left,
-                right,
-            )?),
+            Some(i) => Some(interval_of(i, spec.ttl_ms, updating_input, left, right)?),
             None => None,
         };
         for (updating, side) in updating_input.iter().zip(["left", "right"]) {
@@ -354,9 +374,10 @@ impl JoinOperator {
         }
         let (left_data, right_data) = (data_schema(left), data_schema(right));
         let (left, right) = (&left_data, &right_data);
-        // An outer join's result changes as matches arrive; a join of an updating input
-        // takes back the pairs of each row retracted.
-        let updating = outer || updating_input.contains(&true);
+        // A regular outer join's result changes as matches arrive (an outer interval
+        // join pads a row only once its interval has passed, for good); a join of an
+        // updating input takes back the pairs of each row retracted.
+        let updating = (outer && interval.is_none()) || updating_input.contains(&true);
         let side = |schema: &SchemaRef, keys: &[String], which: &str| -> Result<Side> {
             let encoder = KeyEncoder::new(schema, keys).map_err(|e| match e {
                 Error::Plan(m) => Error::Plan(format!("the join's {which} side: {m}")),
@@ -525,21 +546,38 @@ impl JoinOperator {
     }
 
     /// Drops every partition whose rows have all expired at `now`: one range deletion
-    /// per side's partition and key group.
-    async fn sweep(&mut self, now: Timestamp) -> Result<()> {
+    /// per side's partition and key group. An outer join first pads with nulls the
+    /// preserved side's rows there that never matched: their interval has passed.
+    async fn sweep(&mut self, now: Timestamp, out: &mut Output) -> Result<()> {
         let Some(kept) = self.kept.as_mut() else {
             return Ok(());
         };
         let mut drops = Vec::new();
-        for side in kept.iter_mut() {
-            let later = side.parts.split_off(&now.saturating_add(1));
-            for part in std::mem::replace(&mut side.parts, later).into_values() {
+        let mut unmatched: [Vec<Bytes>; 2] = Default::default();
+        for (side, kept) in kept.iter_mut().enumerate() {
+            let later = kept.parts.split_off(&now.saturating_add(1));
+            for part in std::mem::replace(&mut kept.parts, later).into_values() {
                 for group in self.key_groups.clone() {
-                    drops.push(part.table.delete_group(group_of(group)?));
+                    let group = group_of(group)?;
+                    if self.preserve[side] {
+                        for row in part.table.scan_group(group, SCAN_PAGE).await? {
+                            if !is_matched(&row.value) {
+                                let n = row.value.len() / ttl::HEADER_LEN;
+                                unmatched[side].extend(std::iter::repeat_n(row.namespace, n));
+                            }
+                        }
+                    }
+                    drops.push(part.table.delete_group(group));
                 }
             }
         }
         kept[0].table.write(drops).await?;
+        for (side, rows) in unmatched.iter().enumerate() {
+            if !rows.is_empty() {
+                let pairs = self.pair_batch(1 - side, None, Some(rows), rows.len())?;
+                out.batch(self.output_of(RowKind::Insert, &pairs)?);
+            }
+        }
         Ok(())
     }
 
@@ -557,6 +595,9 @@ impl JoinOperator {
             None => unix_ms() as i64,
         };
         let expiries = self.expiries(input, &batch, now)?;
+        // An outer interval join marks the rows it matched, and pads the others when
+        // their interval has passed.
+        let marks = self.interval.is_some() && self.preserve.contains(&true);
         // The batch's rows per key, and how often each distinct row arrived.
         let mut slot_of: HashMap<&[u8], usize, Hasher> = HashMap::default();
         let mut keys: Vec<usize> = Vec::new();
@@ -598,7 +639,7 @@ impl JoinOperator {
         // Keys this side had no rows of before: the other side's padded rows of such a
         // key are retracted when it is joined (a preserved other side only).
         let mut first_of_key = vec![false; keys.len()];
-        if self.preserve[other] {
+        if self.preserve[other] && !marks {
             for (slot, &first) in keys.iter().enumerate() {
                 let key = self.encoded.row(first);
                 let group = key_group_of(key, self.max_parallelism);
@@ -622,6 +663,8 @@ impl JoinOperator {
         let mut writes: Vec<WriteOp> = Vec::with_capacity(distinct.len());
         // The partition written last, and the last key remembered in it.
         let mut last: Option<(Timestamp, usize)> = None;
+        // Where each distinct row was stored (a marking join's preserved side).
+        let mut stored_at: HashMap<(usize, &[u8]), Bytes, Hasher> = HashMap::default();
         for ((slot, row), (arrived, expires)) in &distinct {
             let end = match &self.interval {
                 Some(interval) => interval.bucket_end(*expires),
@@ -637,10 +680,14 @@ impl JoinOperator {
                 }),
             };
             let key = self.encoded.row(keys[*slot]);
+            let state_key = part
+                .table
+                .key(key_group_of(key, self.max_parallelism), key, row);
+            if marks && self.preserve[input] {
+                stored_at.insert((*slot, *row), state_key.clone());
+            }
             writes.push(WriteOp::Merge {
-                key: part
-                    .table
-                    .key(key_group_of(key, self.max_parallelism), key, row),
+                key: state_key,
                 operand: arrivals(*expires, *arrived),
             });
             if last != Some((end, *slot)) {
@@ -683,6 +730,11 @@ impl JoinOperator {
         let mut retracted: Vec<Bytes> = Vec::new();
         let mut matched = vec![false; keys.len()];
         let mut expired = Vec::new();
+        // A marking join's preserved other side: the entries met (state key, marked
+        // already), and which one each pair's other row came from.
+        let mut met: Vec<(Bytes, bool)> = Vec::new();
+        let mut met_of: Vec<usize> = Vec::new();
+        let mark_theirs = marks && self.preserve[other];
         loop {
             while scans.len() < in_flight {
                 let Some(&(slot, key, group, table)) = queued.next() else {
@@ -704,7 +756,7 @@ impl JoinOperator {
             if matches.is_empty() {
                 continue;
             }
-            let mut live: Vec<(Bytes, u64)> = Vec::with_capacity(matches.len());
+            let mut live: Vec<(Bytes, u64, usize)> = Vec::with_capacity(matches.len());
             for m in matches {
                 let (n, rewrite) = live_arrivals(&m.value, now)?;
                 // An interval join's expired rows go with their partition.
@@ -712,28 +764,56 @@ impl JoinOperator {
                     expired.push(keep_arrivals(table.key(group, key, &m.namespace), kept));
                 }
                 if n > 0 {
-                    live.push((m.namespace, n));
+                    if mark_theirs {
+                        let state_key = table.key(group, key, &m.namespace);
+                        met.push((state_key, is_matched(&m.value)));
+                    }
+                    live.push((m.namespace, n, met.len().wrapping_sub(1)));
                 }
             }
             matched[slot] |= !live.is_empty();
             if first_of_key[slot] {
-                for (other_row, n) in &live {
+                for (other_row, n, _) in &live {
                     for _ in 0..*n {
                         retracted.push(other_row.clone());
                     }
                 }
             }
             for &row in &members[slot] {
-                for (other_row, n) in &live {
+                for (other_row, n, from) in &live {
                     for _ in 0..*n {
                         this_rows.push(row as u32);
                         other_rows.push(other_row.clone());
+                        if mark_theirs {
+                            met_of.push(*from);
+                        }
                     }
                 }
             }
         }
         drop(scans);
         theirs.table.write(expired).await?;
+        if marks {
+            // Where each row of the batch was stored, if it was (a preserved side's).
+            let stored: Vec<Option<Bytes>> = match self.preserve[input] {
+                false => Vec::new(),
+                true => (0..batch.num_rows())
+                    .map(|row| {
+                        let key = self.encoded.row(row);
+                        let slot = slot_of.get(key)?;
+                        stored_at.get(&(*slot, rows.row(row).data())).cloned()
+                    })
+                    .collect(),
+            };
+            let pairs = MarkedPairs {
+                this_rows,
+                other_rows,
+                met,
+                met_of,
+                stored,
+            };
+            return self.emit_marked(input, &batch, pairs, out).await;
+        }
         if self.preserve[input] {
             for (slot, rows) in members.iter().enumerate() {
                 if !matched[slot] {
@@ -750,7 +830,7 @@ impl JoinOperator {
             let n = retracted.len();
             parts.push((
                 RowKind::Delete,
-                self.pair_batch(input, &batch, None, Some(&retracted), n)?,
+                self.pair_batch(input, None, Some(&retracted), n)?,
             ));
         }
         if !this_rows.is_empty() {
@@ -761,7 +841,7 @@ impl JoinOperator {
             let n = padded.len();
             parts.push((
                 RowKind::Insert,
-                self.pair_batch(input, &batch, Some(padded), None, n)?,
+                self.pair_batch(input, Some((&batch, padded)), None, n)?,
             ));
         }
         for (kind, pairs) in parts {
@@ -937,23 +1017,111 @@ impl JoinOperator {
         other: &[Bytes],
     ) -> Result<RecordBatch> {
         let n = this.len();
-        let pairs = self.pair_batch(input, batch, Some(this), Some(other), n)?;
-        match &self.condition {
-            Some(c) => {
-                let keep = c.evaluate(&pairs)?;
-                Ok(filter_record_batch(&pairs, keep.as_boolean())?)
-            }
+        let pairs = self.pair_batch(input, Some((batch, this)), Some(other), n)?;
+        match self.holds(&pairs)? {
+            Some(keep) => Ok(filter_record_batch(&pairs, &keep)?),
             None => Ok(pairs),
         }
     }
 
-    /// `n` pairs: this side's rows of `batch` at `this` (`None`: nulls), with the other
-    /// side's stored rows `other` (`None`: nulls), left side first.
-    fn pair_batch(
+    /// Which of `pairs` pass the join's condition (`None`: no condition, all do); a null
+    /// is false, as in SQL's ON.
+    fn holds(&self, pairs: &RecordBatch) -> Result<Option<BooleanArray>> {
+        let Some(c) = &self.condition else {
+            return Ok(None);
+        };
+        let keep = c.evaluate(pairs)?;
+        Ok(Some(arrow::compute::prep_null_mask_filter(
+            keep.as_boolean(),
+        )))
+    }
+
+    /// An outer interval join's output of one batch of input `input` and its marks: the
+    /// pairs that pass the condition; their preserved rows marked matched in state (a
+    /// batch row where it was stored, a stored row of the other side once); and this
+    /// side's rows that matched nothing and were not stored (a null key, or expired on
+    /// arrival), padded with nulls now. Stored ones are padded when their partition
+    /// goes ([`sweep`](Self::sweep)).
+    async fn emit_marked(
         &self,
         input: usize,
         batch: &RecordBatch,
-        this: Option<Vec<u32>>,
+        m: MarkedPairs,
+        out: &mut Output,
+    ) -> Result<()> {
+        let kept = self
+            .kept
+            .as_ref()
+            .ok_or_else(|| Error::Internal("join used before `open`".into()))?;
+        let n = m.this_rows.len();
+        let pairs = self.pair_batch(
+            input,
+            Some((batch, m.this_rows.clone())),
+            Some(&m.other_rows),
+            n,
+        )?;
+        let holds = self.holds(&pairs)?;
+        let passes = |i: usize| holds.as_ref().is_none_or(|h| h.value(i));
+        let mut matched_row = vec![false; batch.num_rows()];
+        let mut matched_met = vec![false; m.met.len()];
+        for (i, &row) in m.this_rows.iter().enumerate() {
+            if passes(i) {
+                matched_row[row as usize] = true;
+                if let Some(&from) = m.met_of.get(i) {
+                    matched_met[from] = true;
+                }
+            }
+        }
+        let mark = |key: &Bytes| WriteOp::Merge {
+            key: key.clone(),
+            operand: Bytes::from_static(&MATCHED),
+        };
+        let mut own_marks: Vec<WriteOp> = Vec::new();
+        // A preserved side's rows that matched nothing and were not stored (a null key
+        // among them): padded now.
+        let mut padded: Vec<u32> = Vec::new();
+        if self.preserve[input] {
+            let mut marked: HashSet<&Bytes, Hasher> = HashSet::default();
+            for (row, stored) in m.stored.iter().enumerate() {
+                match (matched_row[row], stored) {
+                    (true, Some(key)) if marked.insert(key) => own_marks.push(mark(key)),
+                    (false, None) => padded.push(row as u32),
+                    _ => {}
+                }
+            }
+        }
+        kept[input].table.write(own_marks).await?;
+        let their_marks: Vec<WriteOp> = m
+            .met
+            .iter()
+            .zip(&matched_met)
+            .filter(|((_, marked), now)| **now && !*marked)
+            .map(|((key, _), _)| mark(key))
+            .collect();
+        kept[1 - input].table.write(their_marks).await?;
+        if n > 0 {
+            let pairs = match &holds {
+                Some(h) => filter_record_batch(&pairs, h)?,
+                None => pairs,
+            };
+            if pairs.num_rows() > 0 {
+                out.batch(self.output_of(RowKind::Insert, &pairs)?);
+            }
+        }
+        if !padded.is_empty() {
+            let n = padded.len();
+            let rows = self.pair_batch(input, Some((batch, padded)), None, n)?;
+            out.batch(self.output_of(RowKind::Insert, &rows)?);
+        }
+        Ok(())
+    }
+
+    /// `n` pairs: this side's rows of a batch at the given indices (`None`: nulls), with
+    /// the other side's stored rows `other` (`None`: nulls), left side first.
+    fn pair_batch(
+        &self,
+        input: usize,
+        this: Option<(&RecordBatch, Vec<u32>)>,
         other: Option<&[Bytes]>,
         n: usize,
     ) -> Result<RecordBatch> {
@@ -971,7 +1139,7 @@ impl JoinOperator {
                 .collect()
         };
         let this_columns: Vec<ArrayRef> = match this {
-            Some(rows) => {
+            Some((batch, rows)) => {
                 let indices = UInt32Array::from(rows);
                 batch
                     .columns()
@@ -1029,23 +1197,15 @@ pub(crate) fn key_nulls(batch: &RecordBatch, keys: &KeyEncoder) -> Result<Option
 }
 
 /// An interval join's bounds over `left` and `right` rows; errors name what an interval
-/// join cannot be (outer, with a TTL, of an updating input) and a time column that is
-/// missing or not a timestamp.
+/// join cannot be (with a TTL, of an updating input) and a time column that is missing
+/// or not a timestamp.
 fn interval_of(
     spec: &pb::JoinInterval,
-    outer: bool,
     ttl_ms: u64,
     updating_input: [bool; 2],
     left: &SchemaRef,
     right: &SchemaRef,
 ) -> Result<Interval> {
-    if outer {
-        return Err(Error::Plan(
-            "an interval join is an inner join: an outer one would pad a row with nulls \
-             when its interval passes, which is not built"
-                .into(),
-        ));
-    }
     if ttl_ms > 0 {
         return Err(Error::Plan(
             "an interval join keeps each row until the watermark passes its interval; a \
@@ -1198,7 +1358,7 @@ impl Operator for JoinOperator {
     async fn on_watermark(&mut self, ts: Timestamp, out: &mut Output) -> Result<()> {
         if self.interval.is_some() && ts > self.watermark {
             self.watermark = ts;
-            self.sweep(ts).await?;
+            self.sweep(ts, out).await?;
         }
         out.watermark(ts);
         Ok(())
@@ -1446,6 +1606,88 @@ mod tests {
         assert_eq!(stored(&resumed, 1, 2).await, 0);
     }
 
+    /// `(k, left t, right t)` of every row emitted, nulls as `None`, sorted.
+    fn padded_pairs(out: &Output) -> Vec<[Option<i64>; 3]> {
+        let mut rows = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                let k = b.column(0).as_primitive::<Int64Type>();
+                let [l, r] = [1, 2].map(|c| {
+                    b.column(c)
+                        .as_primitive::<arrow::datatypes::TimestampMillisecondType>()
+                });
+                let at = |a: &dyn Array, i| (!a.is_null(i)).then_some(i);
+                rows.extend((0..b.num_rows()).map(|i| {
+                    [
+                        at(k, i).map(|i| k.value(i)),
+                        at(l, i).map(|i| l.value(i)),
+                        at(r, i).map(|i| r.value(i)),
+                    ]
+                }));
+            }
+        }
+        rows.sort();
+        rows
+    }
+
+    #[tokio::test]
+    async fn an_outer_interval_join_pads_a_row_once_its_interval_passed_without_a_pair() {
+        let mut spec = interval_spec();
+        spec.r#type = pb::JoinType::Full as i32;
+        let mut op = join_of(
+            &spec,
+            &timed_schema(),
+            &timed_schema(),
+            Arc::new(MemoryStateStore::new(false)),
+            1,
+        )
+        .await;
+        assert_eq!(
+            op.schema().field(0).name(),
+            "k",
+            "append-only: no change kind"
+        );
+        let mut out = Output::default();
+        op.process_input(0, timed(&[(1, 1_000), (2, 1_000), (3, 2_000)]), &mut out)
+            .await
+            .unwrap();
+        // Right rows match left rows up to 10 s before them: key 3's pair fails the
+        // condition, so neither of its rows is matched; no left row has key 4.
+        op.process_input(1, timed(&[(1, 5_000), (3, 30_000), (4, 3_000)]), &mut out)
+            .await
+            .unwrap();
+        op.on_watermark(4_000, &mut out).await.unwrap();
+        let (some, none) = (Some, None::<i64>);
+        assert_eq!(padded_pairs(&out), [[some(1), some(1_000), some(5_000)]]);
+        // Past the left rows' intervals (11 s and 12 s) and their buckets' end (15 s),
+        // and the right row at 3 s: the unmatched ones are padded, the matched not.
+        let mut out = Output::default();
+        op.on_watermark(20_000, &mut out).await.unwrap();
+        assert_eq!(
+            padded_pairs(&out),
+            [
+                [none, none, some(3_000)],
+                [some(2), some(1_000), none],
+                [some(3), some(2_000), none]
+            ]
+        );
+        // A late left row matching nothing is padded at once; one matching the right
+        // row at 30 s marks both, and neither is padded at the end.
+        let mut out = Output::default();
+        op.process_input(0, timed(&[(5, 1_000), (3, 25_000)]), &mut out)
+            .await
+            .unwrap();
+        op.on_watermark(i64::MAX, &mut out).await.unwrap();
+        assert_eq!(
+            padded_pairs(&out),
+            [
+                [some(3), some(25_000), some(30_000)],
+                [some(5), some(1_000), none]
+            ]
+        );
+        assert!(op.kept.as_ref().unwrap().iter().all(|k| k.parts.is_empty()));
+    }
+
     #[test]
     fn an_interval_join_refuses_what_it_cannot_be() {
         let build = |spec: &pb::JoinSpec, right: &SchemaRef| {
@@ -1454,10 +1696,6 @@ mod tests {
                 .map(|e| e.to_string())
                 .unwrap_or_default()
         };
-        let mut outer = interval_spec();
-        outer.r#type = pb::JoinType::Left as i32;
-        outer.condition = None;
-        assert!(build(&outer, &timed_schema()).contains("inner join"));
         let mut ttl = interval_spec();
         ttl.ttl_ms = 1000;
         assert!(build(&ttl, &timed_schema()).contains("TTL"));

@@ -1154,8 +1154,8 @@ fn lower_join(
     // Bounds between the two sides' event times make an interval join, whose rows leave
     // state as the watermark passes them (the condition still checks the bounds).
     let times = [join.left, join.right].map(|f| event_time_of(f, catalog, 0).map(|t| t.column));
-    let interval = match (outer, times) {
-        (false, [Some(l), Some(r)]) => {
+    let interval = match times {
+        [Some(l), Some(r)] => {
             // Equal times are a key (a window join's `P.window_end = A.window_end`): they
             // bound the interval at 0 both ways.
             let equal = left_keys

@@ -45,13 +45,16 @@
 //!   with nulls, an updating result: their ON holds the keys and conditions on the side
 //!   they pad (which filter it first), their WHERE filters the result (conjuncts on a
 //!   side they keep filter it first).
-//! - An inner join whose conditions bound each side's event time by a column of the
+//! - A join whose conditions bound each side's event time by a column of the
 //!   other (`b.t BETWEEN a.t AND a.t + INTERVAL '10' SECOND`, `b.t BETWEEN a.t AND
 //!   a.expires`, or `>=`/`<` pairs) is an interval join: each row leaves state once the
 //!   watermark passes the last time it can match. A side's event time is its table's
 //!   WATERMARK column, passed on by a view's or subquery's filters and projections, or
 //!   the `window_end` of a window aggregate over it; equal event times as a key (a window
-//!   join) bound it at 0.
+//!   join) bound it at 0. An outer join whose ON so bounds the event times is an outer
+//!   interval join: a row its interval passed without a pair passing ON is padded with
+//!   nulls then, so the result is append-only (as Flink's), and ON may hold any
+//!   condition.
 //! - A `GROUP BY` over such a `window_end` (under any name) of a window aggregate's
 //!   results is Flink's cascading window aggregation: a window per end that fires when
 //!   the watermark reaches it, append-only, its end still an event time (Nexmark q5's
