@@ -50,7 +50,7 @@ use std::hash::BuildHasher;
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, BooleanArray, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, UInt32Array};
 use arrow::compute::{filter_record_batch, take};
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
@@ -1031,9 +1031,11 @@ impl JoinOperator {
             return Ok(None);
         };
         let keep = c.evaluate(pairs)?;
-        Ok(Some(arrow::compute::prep_null_mask_filter(
-            keep.as_boolean(),
-        )))
+        let keep = keep.as_boolean();
+        Ok(Some(match keep.null_count() {
+            0 => keep.clone(),
+            _ => arrow::compute::prep_null_mask_filter(keep),
+        }))
     }
 
     /// An outer interval join's output of one batch of input `input` and its marks: the
