@@ -1498,21 +1498,13 @@ mod tests {
         }
     }
 
-    /// `(k, left t, right t)` of every row emitted, sorted.
+    /// `(k, left t, right t)` of every row emitted (none padded), sorted.
     fn timed_pairs(out: &Output) -> Vec<(i64, i64, i64)> {
-        let mut rows = Vec::new();
-        for e in &out.main {
-            if let StreamElement::Batch(b) = e {
-                let k = b.column(0).as_primitive::<Int64Type>();
-                let [l, r] = [1, 2].map(|c| {
-                    b.column(c)
-                        .as_primitive::<arrow::datatypes::TimestampMillisecondType>()
-                });
-                rows.extend((0..b.num_rows()).map(|i| (k.value(i), l.value(i), r.value(i))));
-            }
-        }
-        rows.sort();
-        rows
+        let value = |v: Option<i64>| v.expect("a row padded with nulls");
+        padded_pairs(out)
+            .into_iter()
+            .map(|[k, l, r]| (value(k), value(l), value(r)))
+            .collect()
     }
 
     #[tokio::test]
