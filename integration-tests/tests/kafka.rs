@@ -53,14 +53,16 @@ fn killed_workers_reading_kafka_leave_exactly_once_output() {
         return;
     };
     let dir = tempdir();
-    let topic = load(&env, dir.path(), "bids", 400_000);
+    // Enough records that the job outlasts both kills (1.2 to 2.7 s apart) and a restart
+    // on a fast machine: 400 K ran in 3.7 s and ended before the second kill.
+    let topic = load(&env, dir.path(), "bids", 1_000_000);
 
     let reference = dir.path().join("reference");
     let job_file = write_job(dir.path(), "ref.yaml", &job(&env, &topic, &reference));
     run_sluice(&["run", job_file.to_str().unwrap()], dir.path())
         .assert_success()
         .assert_no_panic()
-        .assert_stderr_contains("400004 records in");
+        .assert_stderr_contains("1000004 records in");
     let expected: Vec<Row> = read_jsonl_dir(&reference);
     assert!(expected.len() > 1000, "windows fired: {}", expected.len());
 

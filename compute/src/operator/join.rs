@@ -72,6 +72,9 @@ use crate::keys::{EncodedKeys, KeyEncoder};
 
 const STATES: [&str; 2] = ["left", "right"];
 
+/// The table where interval joins kept cleanup timers before they kept partitions.
+const OLD_TIMER_STATE: &str = "timers";
+
 /// Bytes of an interval join's partition name after its table's: the bucket's end.
 const PART_NAME_LEN: usize = 8;
 
@@ -118,6 +121,11 @@ struct MarkedPairs {
 /// passed the condition: an expiry header no arrival has (it reads as long expired), so
 /// a row padded when its partition goes is one without it.
 const MATCHED: [u8; ttl::HEADER_LEN] = i64::MIN.to_be_bytes();
+
+/// The time an expiry header holds.
+fn time_of_header(header: &[u8]) -> i64 {
+    i64::from_be_bytes(header.try_into().unwrap_or([0; ttl::HEADER_LEN]))
+}
 
 /// Whether a stored row's entry carries the [`MATCHED`] mark.
 fn is_matched(stored: &[u8]) -> bool {
@@ -1336,6 +1344,33 @@ impl Operator for JoinOperator {
             if fresh {
                 continue;
             }
+            // What an interval join wrote before it kept partitions (a savepoint of an
+            // older binary): every arrival moves to the partition of its expiry, and the
+            // cleanup timers that binary kept go.
+            if let Some(interval) = &self.interval {
+                let timers = state.table(OLD_TIMER_STATE);
+                for group in self.key_groups.clone() {
+                    let group = group_of(group)?;
+                    let mut writes = Vec::new();
+                    for row in side.table.scan_group(group, SCAN_PAGE).await? {
+                        for header in row.value.chunks_exact(ttl::HEADER_LEN) {
+                            let expires = time_of_header(header);
+                            let part = side
+                                .table
+                                .partition(&time_key(interval.bucket_end(expires)));
+                            writes.push(WriteOp::Merge {
+                                key: part.key(group, &row.key, &row.namespace),
+                                operand: Bytes::copy_from_slice(header),
+                            });
+                        }
+                    }
+                    if !writes.is_empty() {
+                        writes.push(side.table.delete_group(group));
+                    }
+                    writes.push(timers.delete_group(group));
+                    side.table.write(writes).await?;
+                }
+            }
             // A restored interval join's partitions: those of its key groups in state.
             for group in self.key_groups.clone() {
                 for name in side
@@ -1598,6 +1633,51 @@ mod tests {
         // A right row at 20 s was stored (it can match left rows up to 20 s), in the
         // bucket ending at 25 s: gone too.
         assert_eq!(stored(&resumed, 1, 2).await, 0);
+    }
+
+    #[tokio::test]
+    async fn an_interval_join_restored_from_unpartitioned_state_moves_it_into_partitions() {
+        // The layout of an interval join before partitions: rows in the side's table,
+        // a cleanup timer per key in `timers`.
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new(false));
+        let backend = store.subtask(key_group_range(128, 1, 0), 1);
+        let (left, timers) = (
+            StateTable::new(backend.clone(), 3, "left"),
+            StateTable::new(backend, 3, OLD_TIMER_STATE),
+        );
+        let mut key = Vec::new();
+        sluice_common::key_group::push_i64(&mut key, Some(1));
+        let group = key_group_of(&key, 128);
+        let (spec, schema) = (interval_spec(), timed_schema());
+        let old = join_of(&spec, &schema, &schema, store.clone(), 1).await;
+        let row = old.sides[0]
+            .rows
+            .convert_columns(timed(&[(1, 1_000)]).columns())
+            .unwrap();
+        left.write(vec![WriteOp::Merge {
+            key: left.key(group, &key, row.row(0).data()),
+            operand: arrivals(11_000, 2),
+        }])
+        .await
+        .unwrap();
+        timers
+            .write(vec![WriteOp::Put {
+                key: timers.key(group, &time_key(20_000), &key),
+                value: Bytes::new(),
+            }])
+            .await
+            .unwrap();
+        let mut op = join_of(&spec, &schema, &schema, store, 4).await;
+        assert!(left.scan_group(group, 16).await.unwrap().is_empty());
+        assert!(timers.scan_group(group, 16).await.unwrap().is_empty());
+        assert_eq!(stored(&op, 0, 1).await, 1, "the row, in its partition");
+        let mut out = Output::default();
+        op.process_input(1, timed(&[(1, 5_000)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(timed_pairs(&out), [(1, 1_000, 5_000), (1, 1_000, 5_000)]);
+        op.on_watermark(15_000, &mut out).await.unwrap();
+        assert_eq!(stored(&op, 0, 1).await, 0, "its partition ended");
     }
 
     /// `(k, left t, right t)` of every row emitted, nulls as `None`, sorted.
