@@ -42,6 +42,11 @@
 //! an interval join's time). A restored subtask finds the partitions of its key groups
 //! in state, so nothing beyond the rows needs to be checkpointed.
 //!
+//! An outer interval join (`LEFT`, `RIGHT`, `FULL`) appends a [`MATCHED`] header to a
+//! preserved row's entry once a pair of it passes the condition; when its partition
+//! goes, a row without one is padded with nulls. A padded row is final, so the result
+//! is append-only, as Flink's.
+//!
 //! The operator never sees which store holds its state or how inputs are scheduled: the
 //! task tells it which input a batch came from.
 
@@ -772,11 +777,13 @@ impl JoinOperator {
                     expired.push(keep_arrivals(table.key(group, key, &m.namespace), kept));
                 }
                 if n > 0 {
+                    // Where this entry goes in `met` (read only when marking theirs).
+                    let from = met.len();
                     if mark_theirs {
                         let state_key = table.key(group, key, &m.namespace);
                         met.push((state_key, is_matched(&m.value)));
                     }
-                    live.push((m.namespace, n, met.len().wrapping_sub(1)));
+                    live.push((m.namespace, n, from));
                 }
             }
             matched[slot] |= !live.is_empty();
@@ -1305,10 +1312,7 @@ fn live_arrivals(stored: &[u8], now: i64) -> Result<(u64, Option<Bytes>)> {
             stored.len()
         )));
     }
-    let times = stored.chunks_exact(ttl::HEADER_LEN).map(|c| {
-        let bytes: [u8; ttl::HEADER_LEN] = c.try_into().unwrap_or([0; ttl::HEADER_LEN]);
-        i64::from_be_bytes(bytes)
-    });
+    let times = stored.chunks_exact(ttl::HEADER_LEN).map(time_of_header);
     let live = times.clone().filter(|&t| !ttl::is_expired(t, now)).count() as u64;
     let all = (stored.len() / ttl::HEADER_LEN) as u64;
     if live == all {
@@ -1332,52 +1336,45 @@ impl Operator for JoinOperator {
             table: state.table(name),
             parts: BTreeMap::new(),
         });
-        for side in &mut kept {
-            if self.interval.is_none() {
+        let Some(interval) = &self.interval else {
+            for side in &mut kept {
                 let part = Part {
                     table: side.table.clone(),
                     known: fresh.then(HashSet::default),
                 };
                 side.parts.insert(ttl::NEVER_EXPIRES, part);
-                continue;
             }
-            if fresh {
-                continue;
-            }
+            self.kept = Some(kept);
+            return Ok(());
+        };
+        // A restored interval join's partitions: those of its key groups in state.
+        let timers = state.table(OLD_TIMER_STATE);
+        let restored = if fresh { 0..0 } else { self.key_groups.clone() };
+        for group in restored {
+            let group = group_of(group)?;
             // What an interval join wrote before it kept partitions (a savepoint of an
-            // older binary): every arrival moves to the partition of its expiry, and the
-            // cleanup timers that binary kept go.
-            if let Some(interval) = &self.interval {
-                let timers = state.table(OLD_TIMER_STATE);
-                for group in self.key_groups.clone() {
-                    let group = group_of(group)?;
-                    let mut writes = Vec::new();
-                    for row in side.table.scan_group(group, SCAN_PAGE).await? {
-                        for header in row.value.chunks_exact(ttl::HEADER_LEN) {
-                            let expires = time_of_header(header);
-                            let part = side
-                                .table
-                                .partition(&time_key(interval.bucket_end(expires)));
-                            writes.push(WriteOp::Merge {
-                                key: part.key(group, &row.key, &row.namespace),
-                                operand: Bytes::copy_from_slice(header),
-                            });
-                        }
+            // older binary): every arrival moves to the partition of its expiry, and
+            // the cleanup timers that binary kept go.
+            let mut writes = vec![timers.delete_group(group)];
+            for side in &kept {
+                let old = side.table.scan_group(group, SCAN_PAGE).await?;
+                if !old.is_empty() {
+                    writes.push(side.table.delete_group(group));
+                }
+                for row in old {
+                    for header in row.value.chunks_exact(ttl::HEADER_LEN) {
+                        let end = interval.bucket_end(time_of_header(header));
+                        let part = side.table.partition(&time_key(end));
+                        writes.push(WriteOp::Merge {
+                            key: part.key(group, &row.key, &row.namespace),
+                            operand: Bytes::copy_from_slice(header),
+                        });
                     }
-                    if !writes.is_empty() {
-                        writes.push(side.table.delete_group(group));
-                    }
-                    writes.push(timers.delete_group(group));
-                    side.table.write(writes).await?;
                 }
             }
-            // A restored interval join's partitions: those of its key groups in state.
-            for group in self.key_groups.clone() {
-                for name in side
-                    .table
-                    .partitions(group_of(group)?, PART_NAME_LEN)
-                    .await?
-                {
+            timers.write(writes).await?;
+            for side in &mut kept {
+                for name in side.table.partitions(group, PART_NAME_LEN).await? {
                     let end = time_from_key(&name).ok_or_else(|| {
                         Error::Internal("a join partition's name is not a time".into())
                     })?;
