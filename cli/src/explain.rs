@@ -358,7 +358,12 @@ fn keyed_state(
                         plus(i.upper_ms)
                     )
                 }
-                (None, 0) => "kept forever".to_owned(),
+                (None, 0) => match (j.r#type(), &j.condition) {
+                    (pb::JoinType::Inner, _) | (_, None) => "kept forever".to_owned(),
+                    _ => "kept forever; a preserved row is written padded with nulls until \
+                          a pair of it passes ON"
+                        .to_owned(),
+                },
                 (None, ms) => format!("each kept {ms} ms after it arrived"),
             };
             Some(format!(

@@ -18,7 +18,15 @@
 //! ...
 //! ----
 //! (what `sluice run -q job.sql` prints, its lines sorted: parallel tasks interleave)
+//!
+//! final an_updating_query_ends_with_these_rows
+//! ...
+//! ----
+//! (the rows `sluice run -q job.sql` leaves: its changelog folded, `op` dropped, sorted)
 //! ```
+//!
+//! `final` is for an updating query whose changes depend on which source comes first
+//! (an outer join's padded rows are written and taken back, or not at all).
 //!
 //! A case's expected text runs to the blank line before the next case or comment. Run
 //! with `-- --bless` to rewrite every expectation from what the binary answers now (then
@@ -28,7 +36,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use sluice_integration_tests::{run_sluice, tempdir, workspace_root};
+use sluice_integration_tests::{fold_changelog, parse_jsonl, run_sluice, tempdir, workspace_root};
 
 /// What a case asks of the binary.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -36,6 +44,7 @@ enum Kind {
     Explain,
     Error,
     Query,
+    Final,
 }
 
 impl Kind {
@@ -44,6 +53,7 @@ impl Kind {
             "explain" => Some(Self::Explain),
             "error" => Some(Self::Error),
             "query" => Some(Self::Query),
+            "final" => Some(Self::Final),
             _ => None,
         }
     }
@@ -82,7 +92,8 @@ fn parse(text: &str) -> Result<Vec<Case>, String> {
         let (word, name) = line.split_once(' ').unwrap_or((line, ""));
         let kind = Kind::parse(word).ok_or_else(|| {
             format!(
-                "line {}: expected `explain NAME`, `error NAME` or `query NAME`, found `{line}`",
+                "line {}: expected `explain NAME`, `error NAME`, `query NAME` or `final NAME`, \
+                 found `{line}`",
                 i + 1
             )
         })?;
@@ -134,13 +145,22 @@ fn answer(case: &Case, dir: &Path) -> Result<String, String> {
     std::fs::write(dir.join("job.sql"), &case.job).map_err(|e| e.to_string())?;
     let out = match case.kind {
         Kind::Explain | Kind::Error => run_sluice(&["explain", "job.sql"], dir),
-        Kind::Query => run_sluice(&["run", "job.sql", "-q"], dir),
+        Kind::Query | Kind::Final => run_sluice(&["run", "job.sql", "-q"], dir),
     };
     let succeeded = out.code == Some(0);
     match (case.kind, succeeded) {
         (Kind::Explain, true) => Ok(out.stdout.trim_end().to_owned()),
         (Kind::Query, true) => {
             let mut rows: Vec<&str> = out.stdout.lines().collect();
+            rows.sort_unstable();
+            Ok(rows.join("\n"))
+        }
+        (Kind::Final, true) => {
+            let changes = parse_jsonl(&out.stdout, "the job's output");
+            let mut rows: Vec<String> = fold_changelog(&changes)
+                .into_iter()
+                .map(|r| serde_json::Value::Object(r).to_string())
+                .collect();
             rows.sort_unstable();
             Ok(rows.join("\n"))
         }

@@ -281,6 +281,13 @@ const ORACLE: &[(&str, &str)] = &[
         "SELECT P.id, P.name, A.id AS auction FROM person AS P LEFT JOIN auction AS A ON \
          P.id = A.seller AND A.category = 10 WHERE P.state = 'OR'",
     ),
+    // A full join whose ON holds conditions on both sides it keeps.
+    (
+        "sql/new-sellers-full-join",
+        "SELECT P.id, P.state, A.id AS auction, A.category FROM person AS P FULL JOIN \
+         auction AS A ON P.id = A.seller AND P.state IN ('OR', 'ID') AND A.date_time < \
+         P.date_time + INTERVAL '1' MINUTE",
+    ),
     // Flink's REGEXP_EXTRACT and SPLIT_INDEX give null where DuckDB gives ''.
     (
         "nexmark/q21",
@@ -704,6 +711,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "nexmark/q8",
         "nexmark/q20",
         "sql/oregon-sellers-left-join",
+        "sql/new-sellers-full-join",
     ]
     .into_iter()
     .filter(|n| selected(n))

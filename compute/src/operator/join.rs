@@ -47,6 +47,14 @@
 //! goes, a row without one is padded with nulls. A padded row is final, so the result
 //! is append-only, as Flink's.
 //!
+//! A regular outer join pads a preserved row that matches nothing at once, and takes it
+//! back (`-D`) when its first match comes: an updating result. With only keys in ON a
+//! row matches once its key has a row on the other side, known by one read of the key.
+//! With more in ON it is marked with [`MATCHED`] as an interval join's rows are, and a
+//! batch that marks a row of the other side takes back that row's padded copies, one per
+//! arrival (Flink keeps a count of matches per row instead, which only inputs that
+//! retract need).
+//!
 //! The operator never sees which store holds its state or how inputs are scheduled: the
 //! task tells it which input a batch came from.
 
@@ -105,15 +113,26 @@ struct Side {
     rows: RowConverter,
 }
 
-/// The pairs of one batch of an outer interval join, with what marking them needs.
+/// A preserved row of the other side that a batch's probe met (a marking join's).
+struct Met {
+    /// Its entry's state key.
+    key: Bytes,
+    /// Whether the entry was marked matched already.
+    marked: bool,
+    /// The row, in the row format.
+    row: Bytes,
+    /// Its live arrivals: how often a regular join wrote it padded.
+    arrivals: u64,
+}
+
+/// The pairs of one batch of a marking outer join, with what marking them needs.
 struct MarkedPairs {
     /// Per pair, the batch's row.
     this_rows: Vec<u32>,
     /// Per pair, the other side's stored row.
     other_rows: Vec<Bytes>,
-    /// The other side's entries met (a preserved side's): state key, and whether it
-    /// was marked matched already.
-    met: Vec<(Bytes, bool)>,
+    /// The other side's entries met (a preserved side's).
+    met: Vec<Met>,
     /// Per pair, which of `met` its other row is (empty unless the other side is
     /// preserved).
     met_of: Vec<usize>,
@@ -357,14 +376,6 @@ impl JoinOperator {
             pb::JoinType::Full => [true, true],
         };
         let outer = preserve.contains(&true);
-        if outer && spec.condition.is_some() && spec.interval.is_none() {
-            return Err(Error::Plan(
-                "an outer join's ON may hold only its key equalities and conditions on the \
-                 side it pads with nulls; filter the preserved side before the join, or the \
-                 result after it (WHERE)"
-                    .into(),
-            ));
-        }
         if outer && spec.ttl_ms > 0 {
             return Err(Error::Plan(
                 "an outer join cannot have a state TTL yet: a row whose match expired would \
@@ -537,6 +548,15 @@ impl JoinOperator {
         self.schema.clone()
     }
 
+    /// Whether this join marks the preserved rows a pair passing ON was found for: an
+    /// outer interval join (which pads the others when their interval has passed), and
+    /// a regular outer join whose ON holds more than keys (which pads a row at once and
+    /// takes that back when its first such pair comes). A regular outer join with only
+    /// keys in ON needs no marks: a row matches once its key has a row on the other side.
+    fn marks(&self) -> bool {
+        self.preserve.contains(&true) && (self.interval.is_some() || self.condition.is_some())
+    }
+
     fn expires_at(&self, now: i64) -> i64 {
         match self.ttl_ms {
             0 => ttl::NEVER_EXPIRES,
@@ -608,9 +628,7 @@ impl JoinOperator {
             None => unix_ms() as i64,
         };
         let expiries = self.expiries(input, &batch, now)?;
-        // An outer interval join marks the rows it matched, and pads the others when
-        // their interval has passed.
-        let marks = self.interval.is_some() && self.preserve.contains(&true);
+        let marks = self.marks();
         // The batch's rows per key, and how often each distinct row arrived.
         let mut slot_of: HashMap<&[u8], usize, Hasher> = HashMap::default();
         let mut keys: Vec<usize> = Vec::new();
@@ -745,7 +763,7 @@ impl JoinOperator {
         let mut expired = Vec::new();
         // A marking join's preserved other side: the entries met (state key, marked
         // already), and which one each pair's other row came from.
-        let mut met: Vec<(Bytes, bool)> = Vec::new();
+        let mut met: Vec<Met> = Vec::new();
         let mut met_of: Vec<usize> = Vec::new();
         let mark_theirs = marks && self.preserve[other];
         loop {
@@ -781,7 +799,12 @@ impl JoinOperator {
                     let from = met.len();
                     if mark_theirs {
                         let state_key = table.key(group, key, &m.namespace);
-                        met.push((state_key, is_matched(&m.value)));
+                        met.push(Met {
+                            key: state_key,
+                            marked: is_matched(&m.value),
+                            row: m.namespace.clone(),
+                            arrivals: n,
+                        });
                     }
                     live.push((m.namespace, n, from));
                 }
@@ -1053,12 +1076,14 @@ impl JoinOperator {
         }))
     }
 
-    /// An outer interval join's output of one batch of input `input` and its marks: the
+    /// A marking outer join's output of one batch of input `input` and its marks: the
     /// pairs that pass the condition; their preserved rows marked matched in state (a
     /// batch row where it was stored, a stored row of the other side once); and this
-    /// side's rows that matched nothing and were not stored (a null key, or expired on
-    /// arrival), padded with nulls now. Stored ones are padded when their partition
-    /// goes ([`sweep`](Self::sweep)).
+    /// side's rows that matched nothing padded with nulls: an interval join's now only
+    /// where they were not stored (a null key, or expired on arrival; stored ones are
+    /// padded when their partition goes, [`sweep`](Self::sweep)), a regular join's all
+    /// now. A regular join also takes back (`-D`) the padded rows of the other side's
+    /// entries it marks, once per arrival, before adding their pairs.
     async fn emit_marked(
         &self,
         input: usize,
@@ -1093,9 +1118,8 @@ impl JoinOperator {
             key: key.clone(),
             operand: Bytes::from_static(&MATCHED),
         };
+        let pads_now = self.interval.is_none();
         let mut own_marks: Vec<WriteOp> = Vec::new();
-        // A preserved side's rows that matched nothing and were not stored (a null key
-        // among them): padded now.
         let mut padded: Vec<u32> = Vec::new();
         if self.preserve[input] {
             let mut marked: HashSet<&Bytes, Hasher> = HashSet::default();
@@ -1103,19 +1127,33 @@ impl JoinOperator {
                 match (matched_row[row], stored) {
                     (true, Some(key)) if marked.insert(key) => own_marks.push(mark(key)),
                     (false, None) => padded.push(row as u32),
+                    (false, Some(_)) if pads_now => padded.push(row as u32),
                     _ => {}
                 }
             }
         }
         kept[input].table.write(own_marks).await?;
-        let their_marks: Vec<WriteOp> = m
+        let newly: Vec<&Met> = m
             .met
             .iter()
             .zip(&matched_met)
-            .filter(|((_, marked), now)| **now && !*marked)
-            .map(|((key, _), _)| mark(key))
+            .filter(|(met, now)| **now && !met.marked)
+            .map(|(met, _)| met)
             .collect();
-        kept[1 - input].table.write(their_marks).await?;
+        kept[1 - input]
+            .table
+            .write(newly.iter().map(|met| mark(&met.key)).collect())
+            .await?;
+        if pads_now {
+            let retracted: Vec<Bytes> = newly
+                .iter()
+                .flat_map(|met| std::iter::repeat_n(met.row.clone(), met.arrivals as usize))
+                .collect();
+            if !retracted.is_empty() {
+                let rows = self.pair_batch(input, None, Some(&retracted), retracted.len())?;
+                out.batch(self.output_of(RowKind::Delete, &rows)?);
+            }
+        }
         if n > 0 {
             let pairs = match &holds {
                 Some(h) => filter_record_batch(&pairs, h)?,
@@ -1304,7 +1342,8 @@ fn keep_arrivals(state_key: Bytes, kept: Bytes) -> WriteOp {
 }
 
 /// How many arrivals of a stored row are still alive at `now`, and when some expired,
-/// the entry to write back (empty: delete it).
+/// the entry to write back (empty: delete it). A [`MATCHED`] mark is no arrival; it
+/// stays while any arrival does.
 fn live_arrivals(stored: &[u8], now: i64) -> Result<(u64, Option<Bytes>)> {
     if !stored.len().is_multiple_of(ttl::HEADER_LEN) {
         return Err(Error::Internal(format!(
@@ -1312,15 +1351,20 @@ fn live_arrivals(stored: &[u8], now: i64) -> Result<(u64, Option<Bytes>)> {
             stored.len()
         )));
     }
-    let times = stored.chunks_exact(ttl::HEADER_LEN).map(time_of_header);
+    let headers = stored.chunks_exact(ttl::HEADER_LEN);
+    let marks = headers.clone().filter(|h| *h == MATCHED).count() as u64;
+    let times = headers.filter(|h| *h != MATCHED).map(time_of_header);
     let live = times.clone().filter(|&t| !ttl::is_expired(t, now)).count() as u64;
     let all = (stored.len() / ttl::HEADER_LEN) as u64;
-    if live == all {
+    if live + marks == all {
         return Ok((live, None));
     }
-    let mut kept = Vec::with_capacity(live as usize * ttl::HEADER_LEN);
+    let mut kept = Vec::with_capacity((live as usize + 1) * ttl::HEADER_LEN);
     for t in times.filter(|&t| !ttl::is_expired(t, now)) {
         ttl::write_header(&mut kept, t);
+    }
+    if live > 0 && marks > 0 {
+        kept.extend_from_slice(&MATCHED);
     }
     Ok((live, Some(Bytes::from(kept))))
 }
@@ -2059,13 +2103,83 @@ mod tests {
                 c("+I", Some(1), Some(11), Some("z")),
             ]
         );
-        let mut s = spec(Some("a.v > 1"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_full_join_with_a_condition_pads_each_row_until_a_pair_of_it_passes() {
+        let mut s = spec(Some("a.v > 15 AND b.v <> 'y'"), 0);
         s.r#type = pb::JoinType::Full as i32;
-        let err = JoinOperator::build(&s, &left_schema(), &right_schema(), &ExprCompiler::new())
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(err.contains("outer join's ON"), "{err}");
+        s.exprs[0].sql = "a.k".into();
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new(false));
+        let mut op = join(&s, store.clone()).await;
+        let c = |op: &str, k: Option<i64>, l: Option<i64>, r: Option<&str>| {
+            (op.to_owned(), k, l, r.map(str::to_owned))
+        };
+        let (n, x, y) = (None::<&str>, Some("x"), Some("y"));
+        let mut out = Output::default();
+        op.process_input(1, right(&[(1, "x"), (1, "y"), (1, "x")]), &mut out)
+            .await
+            .unwrap();
+        let mut got = changes(&out);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                c("+I", None, None, x),
+                c("+I", None, None, x),
+                c("+I", None, None, y)
+            ]
+        );
+        // 10 fails `a.v > 15`, "y" fails `b.v <> 'y'`: only (20, x) passes, and takes
+        // back both arrivals of "x" padded; 10 and key 2 are padded.
+        let mut out = Output::default();
+        op.process_input(
+            0,
+            left(&[(Some(1), 10), (Some(1), 20), (Some(2), 30)]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            changes(&out),
+            [
+                c("-D", None, None, x),
+                c("-D", None, None, x),
+                c("+I", Some(1), Some(20), x),
+                c("+I", Some(1), Some(20), x),
+                c("+I", Some(1), Some(10), n),
+                c("+I", Some(2), Some(30), n),
+            ]
+        );
+        // A third "x" joins 20 only, and is not padded; a second "y" passes with no row,
+        // so it is padded too; 16 joins the three "x".
+        let mut out = Output::default();
+        op.process_input(1, right(&[(1, "x"), (1, "y")]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(0, left(&[(Some(1), 16)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            [
+                c("+I", Some(1), Some(20), x),
+                c("+I", None, None, y),
+                c("+I", Some(1), Some(16), x),
+                c("+I", Some(1), Some(16), x),
+                c("+I", Some(1), Some(16), x),
+            ]
+        );
+        // The marks are in state: a later attempt on it retracts no padded row twice.
+        let mut op = join_from(&s, store, 4).await;
+        let mut out = Output::default();
+        op.process_input(1, right(&[(1, "x")]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            [c("+I", Some(1), Some(16), x), c("+I", Some(1), Some(20), x)]
+        );
     }
 
     #[tokio::test]
