@@ -91,11 +91,16 @@ pub fn explain(plan: &PhysicalPlan) -> String {
         for &id in nodes {
             let node = plan.node(id);
             let _ = writeln!(out, "  {}: {}", node.name, describe(node));
-            let updating_input = matches!(
-                node.kind,
-                Some(pb::node::Kind::Aggregate(_) | pb::node::Kind::TopN(_))
-            )
-            .then(|| plan.input_schema(id))
+            let updating_input = match node.kind {
+                Some(pb::node::Kind::Aggregate(_) | pb::node::Kind::TopN(_)) => {
+                    Some(plan.input_schema(id))
+                }
+                Some(pb::node::Kind::Join(_)) => [plan.input_schema(id)]
+                    .into_iter()
+                    .chain(plan.right_input_schema(id).ok())
+                    .find(|input| sluice_compute::changelog::is_changelog(input)),
+                _ => None,
+            }
             .filter(|input| sluice_compute::changelog::is_changelog(input));
             if let Some(state) = keyed_state(node, updating_input.as_ref()) {
                 let _ = writeln!(out, "    keyed state: {state}");
@@ -295,7 +300,7 @@ fn describe(node: &pb::Node) -> String {
 }
 
 /// What an operator keeps per key, if anything (`updating_input`: the changelog an
-/// aggregate or a Top-N reads).
+/// aggregate, a Top-N or a join reads).
 fn keyed_state(
     node: &pb::Node,
     updating_input: Option<&arrow::datatypes::SchemaRef>,
@@ -358,8 +363,12 @@ fn keyed_state(
                         plus(i.upper_ms)
                     )
                 }
-                (None, 0) => match (j.r#type(), &j.condition) {
-                    (pb::JoinType::Inner, _) | (_, None) => "kept forever".to_owned(),
+                (None, 0) => match (j.r#type(), &j.condition, updating_input) {
+                    (pb::JoinType::Inner, _, _) | (_, None, None) => "kept forever".to_owned(),
+                    (_, _, Some(_)) => "kept forever; a preserved row keeps a count of the \
+                                        rows it passes ON with, and is written padded with \
+                                        nulls while it has none"
+                        .to_owned(),
                     _ => "kept forever; a preserved row is written padded with nulls until \
                           a pair of it passes ON"
                         .to_owned(),

@@ -288,6 +288,14 @@ const ORACLE: &[(&str, &str)] = &[
          auction AS A ON P.id = A.seller AND P.state IN ('OR', 'ID') AND A.date_time < \
          P.date_time + INTERVAL '1' MINUTE",
     ),
+    // An outer join of an updating result: rows leaving the Top-N are padded again.
+    (
+        "sql/hot-auctions-left-join",
+        "SELECT A.id, A.category, H.bids FROM auction AS A LEFT JOIN (SELECT auction, bids \
+         FROM (SELECT auction, bids, row_number() OVER (ORDER BY bids DESC, auction DESC) \
+         AS rownum FROM (SELECT auction, count(*) AS bids FROM bid GROUP BY auction)) WHERE \
+         rownum <= 10) AS H ON A.id = H.auction",
+    ),
     // Flink's REGEXP_EXTRACT and SPLIT_INDEX give null where DuckDB gives ''.
     (
         "nexmark/q21",
@@ -712,6 +720,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "nexmark/q20",
         "sql/oregon-sellers-left-join",
         "sql/new-sellers-full-join",
+        "sql/hot-auctions-left-join",
     ]
     .into_iter()
     .filter(|n| selected(n))

@@ -1,6 +1,6 @@
-//! `join`: a regular inner equi-join of two append-only inputs (Flink SQL's `a JOIN b ON
-//! a.k = b.k`), kept in keyed state so that a row joins every row of the other side that
-//! arrived before it or arrives after it.
+//! `join`: an equi-join of two inputs (Flink SQL's `a JOIN b ON a.k = b.k`, and its
+//! `LEFT`, `RIGHT` and `FULL` forms), kept in keyed state so that a row joins every row
+//! of the other side that arrived before it or arrives after it.
 //!
 //! Both inputs are hash-partitioned on their key columns, so a key's rows of both sides
 //! meet in one subtask. A batch of one side is stored, then probed against the other
@@ -52,8 +52,10 @@
 //! row matches once its key has a row on the other side, known by one read of the key.
 //! With more in ON it is marked with [`MATCHED`] as an interval join's rows are, and a
 //! batch that marks a row of the other side takes back that row's padded copies, one per
-//! arrival (Flink keeps a count of matches per row instead, which only inputs that
-//! retract need).
+//! arrival. Of an updating input (a GROUP BY's or a Top-N's changelog), whose rows are
+//! taken back, a preserved row keeps instead a count of the other side's arrivals it
+//! passes ON with ([`count_header`], Flink's "associations"): a retraction that takes
+//! the count to 0 takes back the row's last pair and writes it padded again.
 //!
 //! The operator never sees which store holds its state or how inputs are scheduled: the
 //! task tells it which input a batch came from.
@@ -123,6 +125,10 @@ struct Met {
     row: Bytes,
     /// Its live arrivals: how often a regular join wrote it padded.
     arrivals: u64,
+    /// Its entry as read (a counting join rewrites it with a new count).
+    value: Bytes,
+    /// Its count of matches (a counting join's).
+    count: u64,
 }
 
 /// The pairs of one batch of a marking outer join, with what marking them needs.
@@ -146,14 +152,69 @@ struct MarkedPairs {
 /// a row padded when its partition goes is one without it.
 const MATCHED: [u8; ttl::HEADER_LEN] = i64::MIN.to_be_bytes();
 
+/// The time a [`count_header`] of 0 holds: counts sit just above [`MATCHED`], where no
+/// arrival's expiry is (they read as long expired too).
+const COUNT_BASE: i64 = i64::MIN + 1;
+
+/// The most matches a count header holds.
+const MAX_COUNT: u64 = 1 << 48;
+
+/// What a regular outer join of an updating input keeps in a preserved row's entry:
+/// how many arrivals of the other side pass ON with it, so that it is padded again
+/// when the last of them is taken back. An entry's count is its last such header.
+fn count_header(n: u64) -> [u8; ttl::HEADER_LEN] {
+    COUNT_BASE
+        .saturating_add(i64::try_from(n.min(MAX_COUNT)).unwrap_or(0))
+        .to_be_bytes()
+}
+
 /// The time an expiry header holds.
 fn time_of_header(header: &[u8]) -> i64 {
     i64::from_be_bytes(header.try_into().unwrap_or([0; ttl::HEADER_LEN]))
 }
 
-/// Whether a stored row's entry carries the [`MATCHED`] mark.
+/// The count a header holds, if it is a [`count_header`].
+fn count_of_header(header: &[u8]) -> Option<u64> {
+    let t = time_of_header(header);
+    (COUNT_BASE..=COUNT_BASE.saturating_add(MAX_COUNT as i64))
+        .contains(&t)
+        .then(|| t.abs_diff(COUNT_BASE))
+}
+
+/// Whether a header is a mark ([`MATCHED`] or a count) rather than an arrival.
+fn is_mark(header: &[u8]) -> bool {
+    header == MATCHED || count_of_header(header).is_some()
+}
+
+/// A stored row's count of matches: its last [`count_header`]'s (0 without one).
+fn count_of(stored: &[u8]) -> u64 {
+    stored
+        .chunks_exact(ttl::HEADER_LEN)
+        .filter_map(count_of_header)
+        .next_back()
+        .unwrap_or(0)
+}
+
+/// Whether a stored row's entry carries the [`MATCHED`] mark or a count above 0.
 fn is_matched(stored: &[u8]) -> bool {
-    stored.chunks_exact(ttl::HEADER_LEN).any(|h| h == MATCHED)
+    stored.chunks_exact(ttl::HEADER_LEN).any(|h| h == MATCHED) || count_of(stored) > 0
+}
+
+/// A stored row's entry with its first `keep` arrivals and a count of `count` matches
+/// (none written for 0).
+fn with_count(stored: &[u8], keep: usize, count: u64) -> Bytes {
+    let mut v = Vec::with_capacity(stored.len() + ttl::HEADER_LEN);
+    for h in stored
+        .chunks_exact(ttl::HEADER_LEN)
+        .filter(|h| !is_mark(h))
+        .take(keep)
+    {
+        v.extend_from_slice(h);
+    }
+    if count > 0 {
+        v.extend_from_slice(&count_header(count));
+    }
+    Bytes::from(v)
 }
 
 /// Where one side's rows are kept: a regular join's in the side's table, an interval
@@ -388,14 +449,6 @@ impl JoinOperator {
             Some(i) => Some(interval_of(i, spec.ttl_ms, updating_input, left, right)?),
             None => None,
         };
-        for (updating, side) in updating_input.iter().zip(["left", "right"]) {
-            if *updating && outer {
-                return Err(Error::Plan(format!(
-                    "an outer join needs append-only inputs, but its {side} input is an \
-                     updating result; an inner join takes one"
-                )));
-            }
-        }
         let (left_data, right_data) = (data_schema(left), data_schema(right));
         let (left, right) = (&left_data, &right_data);
         // A regular outer join's result changes as matches arrive (an outer interval
@@ -550,11 +603,21 @@ impl JoinOperator {
 
     /// Whether this join marks the preserved rows a pair passing ON was found for: an
     /// outer interval join (which pads the others when their interval has passed), and
-    /// a regular outer join whose ON holds more than keys (which pads a row at once and
-    /// takes that back when its first such pair comes). A regular outer join with only
-    /// keys in ON needs no marks: a row matches once its key has a row on the other side.
+    /// a regular outer join whose ON holds more than keys or which reads an updating
+    /// input (it pads a row at once and takes that back when its first such pair
+    /// comes). A regular outer join of append-only inputs with only keys in ON needs no
+    /// marks: a row matches once its key has a row on the other side.
     fn marks(&self) -> bool {
-        self.preserve.contains(&true) && (self.interval.is_some() || self.condition.is_some())
+        self.preserve.contains(&true)
+            && (self.interval.is_some()
+                || self.condition.is_some()
+                || self.updating_input.contains(&true))
+    }
+
+    /// Whether marks are counts of matches rather than flags: a regular outer join of
+    /// an updating input, whose rows taken back can leave a preserved row with none.
+    fn counts(&self) -> bool {
+        self.preserve.contains(&true) && self.updating_input.contains(&true)
     }
 
     fn expires_at(&self, now: i64) -> i64 {
@@ -804,6 +867,8 @@ impl JoinOperator {
                             marked: is_matched(&m.value),
                             row: m.namespace.clone(),
                             arrivals: n,
+                            count: count_of(&m.value),
+                            value: m.value.clone(),
                         });
                     }
                     live.push((m.namespace, n, from));
@@ -917,9 +982,11 @@ impl JoinOperator {
         Ok(())
     }
 
-    /// Takes back rows of input `input` (an inner join's updating input): one arrival of
-    /// each from its entry in state, and each pair it made with the other side's live
-    /// rows, emitted as a deletion (`-D`). A row not in state takes nothing back.
+    /// Takes back rows of input `input` (an updating input's): one arrival of each from
+    /// its entry in state, and each pair it made with the other side's live rows,
+    /// emitted as a deletion (`-D`). A row not in state takes nothing back. Of an outer
+    /// join, a preserved row without matches takes back its padded copy, and a preserved
+    /// row of the other side left with no match is padded again (`+I`).
     async fn retract(&mut self, input: usize, batch: RecordBatch, out: &mut Output) -> Result<()> {
         // Only a regular join takes an updating input: each side is one table.
         let Some(tables) = self
@@ -929,15 +996,22 @@ impl JoinOperator {
         else {
             return Err(Error::Internal("join used before `open`".into()));
         };
+        let other = 1 - input;
         let side = &self.sides[input];
         side.keys.encode(&batch, &mut self.encoded)?;
         let rows = side.rows.convert_columns(batch.columns())?;
         let nulls = key_nulls(&batch, &side.keys)?;
         let now = unix_ms() as i64;
+        // This side's rows whose padded copy is taken back (a preserved side's).
+        let mut unpadded: Vec<u32> = Vec::new();
         // Each distinct (key, row) retracted, with the batch rows that retract it.
         let mut distinct: HashMap<KeyRow<'_>, Vec<u32>, Hasher> = HashMap::default();
         for row in 0..batch.num_rows() {
             if nulls.as_ref().is_some_and(|n| n[row]) {
+                // A null key matches nothing: a preserved row of it was padded.
+                if self.preserve[input] {
+                    unpadded.push(row as u32);
+                }
                 continue;
             }
             let key = (self.encoded.row(row), rows.row(row).data());
@@ -952,7 +1026,7 @@ impl JoinOperator {
             .collect();
         let stored = own.get_many(&state_keys).await?;
         let mut writes = Vec::with_capacity(state_keys.len());
-        // The batch rows whose retraction found their row, by key.
+        // The batch rows whose retraction found their row with a match, by key.
         let mut taken: HashMap<&[u8], Vec<u32>, Hasher> = HashMap::default();
         for (((key, _), members), (state_key, value)) in
             distinct.iter().zip(state_keys.into_iter().zip(stored))
@@ -960,45 +1034,113 @@ impl JoinOperator {
             let Some(value) = value else {
                 continue;
             };
-            let have = value.len() / ttl::HEADER_LEN;
+            let have = value
+                .chunks_exact(ttl::HEADER_LEN)
+                .filter(|h| !is_mark(h))
+                .count();
             let removed = members.len().min(have);
             let keep = have - removed;
+            let count = count_of(&value);
             writes.push(match keep {
                 0 => WriteOp::Delete { key: state_key },
                 _ => WriteOp::Put {
                     key: state_key,
-                    value: value.slice(..keep * ttl::HEADER_LEN),
+                    value: with_count(&value, keep, count),
                 },
             });
+            if self.preserve[input] && count == 0 {
+                // It matched nothing, so it was written padded and made no pair.
+                unpadded.extend_from_slice(&members[..removed]);
+                continue;
+            }
             taken
                 .entry(key)
                 .or_default()
                 .extend_from_slice(&members[..removed]);
         }
         own.write(writes).await?;
-        let theirs = &tables[1 - input];
+        let theirs = &tables[other];
+        let mark_theirs = self.preserve[other];
         let mut this_rows: Vec<u32> = Vec::new();
         let mut other_rows: Vec<Bytes> = Vec::new();
+        let mut met: Vec<Met> = Vec::new();
+        let mut met_of: Vec<usize> = Vec::new();
         let mut taken: Vec<(&[u8], Vec<u32>)> = taken.into_iter().collect();
         taken.sort_unstable();
         for (key, members) in taken {
             let group = key_group_of(key, self.max_parallelism);
             for m in theirs.scan_key(group, key, SCAN_PAGE).await? {
                 let (n, _) = live_arrivals(&m.value, now)?;
+                if n == 0 {
+                    continue;
+                }
+                let from = met.len();
+                if mark_theirs {
+                    met.push(Met {
+                        key: theirs.key(group, key, &m.namespace),
+                        marked: is_matched(&m.value),
+                        row: m.namespace.clone(),
+                        arrivals: n,
+                        count: count_of(&m.value),
+                        value: m.value.clone(),
+                    });
+                }
                 for &row in &members {
                     for _ in 0..n {
                         this_rows.push(row);
                         other_rows.push(m.namespace.clone());
+                        if mark_theirs {
+                            met_of.push(from);
+                        }
                     }
                 }
             }
         }
-        if this_rows.is_empty() {
-            return Ok(());
+        let n = this_rows.len();
+        let pairs = self.pair_batch(input, Some((&batch, this_rows)), Some(&other_rows), n)?;
+        let holds = self.holds(&pairs)?;
+        // The other side's entries left with no match, padded again.
+        let mut repadded: Vec<Bytes> = Vec::new();
+        if mark_theirs {
+            let mut met_passes = vec![0u64; met.len()];
+            for (i, &from) in met_of.iter().enumerate() {
+                if holds.as_ref().is_none_or(|h| h.value(i)) {
+                    met_passes[from] += 1;
+                }
+            }
+            let mut their_counts = Vec::new();
+            for (met, passed) in met.iter().zip(met_passes) {
+                let fewer = passed / met.arrivals.max(1);
+                if fewer == 0 {
+                    continue;
+                }
+                let count = met.count.saturating_sub(fewer);
+                their_counts.push(WriteOp::Put {
+                    key: met.key.clone(),
+                    value: with_count(&met.value, usize::MAX, count),
+                });
+                if count == 0 {
+                    repadded.extend(std::iter::repeat_n(met.row.clone(), met.arrivals as usize));
+                }
+            }
+            theirs.write(their_counts).await?;
         }
-        let pairs = self.matched_pairs(input, &batch, this_rows, &other_rows)?;
+        let pairs = match &holds {
+            Some(h) => filter_record_batch(&pairs, h)?,
+            None => pairs,
+        };
         if pairs.num_rows() > 0 {
             out.batch(self.output_of(RowKind::Delete, &pairs)?);
+        }
+        if !repadded.is_empty() {
+            let n = repadded.len();
+            let rows = self.pair_batch(input, None, Some(&repadded), n)?;
+            out.batch(self.output_of(RowKind::Insert, &rows)?);
+        }
+        if !unpadded.is_empty() {
+            let n = unpadded.len();
+            let rows = self.pair_batch(input, Some((&batch, unpadded)), None, n)?;
+            out.batch(self.output_of(RowKind::Delete, &rows)?);
         }
         Ok(())
     }
@@ -1104,28 +1246,38 @@ impl JoinOperator {
         )?;
         let holds = self.holds(&pairs)?;
         let passes = |i: usize| holds.as_ref().is_none_or(|h| h.value(i));
-        let mut matched_row = vec![false; batch.num_rows()];
-        let mut matched_met = vec![false; m.met.len()];
+        // Per batch row, the other side's arrivals it passes ON with; per entry met, the
+        // pairs that passed (its arrivals times the batch rows it passed with).
+        let mut row_passes = vec![0u64; batch.num_rows()];
+        let mut met_passes = vec![0u64; m.met.len()];
         for (i, &row) in m.this_rows.iter().enumerate() {
             if passes(i) {
-                matched_row[row as usize] = true;
+                row_passes[row as usize] += 1;
                 if let Some(&from) = m.met_of.get(i) {
-                    matched_met[from] = true;
+                    met_passes[from] += 1;
                 }
             }
         }
-        let mark = |key: &Bytes| WriteOp::Merge {
+        let counts = self.counts();
+        let mark = |key: &Bytes, count: u64| WriteOp::Merge {
             key: key.clone(),
-            operand: Bytes::from_static(&MATCHED),
+            operand: match counts {
+                true => Bytes::copy_from_slice(&count_header(count)),
+                false => Bytes::from_static(&MATCHED),
+            },
         };
         let pads_now = self.interval.is_none();
         let mut own_marks: Vec<WriteOp> = Vec::new();
         let mut padded: Vec<u32> = Vec::new();
         if self.preserve[input] {
+            // A row's count is what it passed with: equal rows share an entry and
+            // pass with the same rows, so one mark per entry.
             let mut marked: HashSet<&Bytes, Hasher> = HashSet::default();
             for (row, stored) in m.stored.iter().enumerate() {
-                match (matched_row[row], stored) {
-                    (true, Some(key)) if marked.insert(key) => own_marks.push(mark(key)),
+                match (row_passes[row] > 0, stored) {
+                    (true, Some(key)) if marked.insert(key) => {
+                        own_marks.push(mark(key, row_passes[row]));
+                    }
                     (false, None) => padded.push(row as u32),
                     (false, Some(_)) if pads_now => padded.push(row as u32),
                     _ => {}
@@ -1133,17 +1285,29 @@ impl JoinOperator {
             }
         }
         kept[input].table.write(own_marks).await?;
-        let newly: Vec<&Met> = m
-            .met
-            .iter()
-            .zip(&matched_met)
-            .filter(|(met, now)| **now && !met.marked)
-            .map(|(met, _)| met)
-            .collect();
-        kept[1 - input]
-            .table
-            .write(newly.iter().map(|met| mark(&met.key)).collect())
-            .await?;
+        // The other side's entries that had no match before this batch and have now.
+        let mut newly: Vec<&Met> = Vec::new();
+        let mut their_marks: Vec<WriteOp> = Vec::new();
+        for (met, &passed) in m.met.iter().zip(&met_passes) {
+            if passed == 0 {
+                continue;
+            }
+            if counts {
+                // Each batch row that passed met each of the entry's arrivals.
+                let more = passed / met.arrivals.max(1);
+                their_marks.push(WriteOp::Put {
+                    key: met.key.clone(),
+                    value: with_count(&met.value, usize::MAX, met.count + more),
+                });
+                if met.count == 0 {
+                    newly.push(met);
+                }
+            } else if !met.marked {
+                their_marks.push(mark(&met.key, 0));
+                newly.push(met);
+            }
+        }
+        kept[1 - input].table.write(their_marks).await?;
         if pads_now {
             let retracted: Vec<Bytes> = newly
                 .iter()
@@ -1342,8 +1506,8 @@ fn keep_arrivals(state_key: Bytes, kept: Bytes) -> WriteOp {
 }
 
 /// How many arrivals of a stored row are still alive at `now`, and when some expired,
-/// the entry to write back (empty: delete it). A [`MATCHED`] mark is no arrival; it
-/// stays while any arrival does.
+/// the entry to write back (empty: delete it). A mark ([`MATCHED`] or a count) is no
+/// arrival; it stays while any arrival does.
 fn live_arrivals(stored: &[u8], now: i64) -> Result<(u64, Option<Bytes>)> {
     if !stored.len().is_multiple_of(ttl::HEADER_LEN) {
         return Err(Error::Internal(format!(
@@ -1352,8 +1516,8 @@ fn live_arrivals(stored: &[u8], now: i64) -> Result<(u64, Option<Bytes>)> {
         )));
     }
     let headers = stored.chunks_exact(ttl::HEADER_LEN);
-    let marks = headers.clone().filter(|h| *h == MATCHED).count() as u64;
-    let times = headers.filter(|h| *h != MATCHED).map(time_of_header);
+    let marks = headers.clone().filter(|h| is_mark(h)).count() as u64;
+    let times = headers.filter(|h| !is_mark(h)).map(time_of_header);
     let live = times.clone().filter(|&t| !ttl::is_expired(t, now)).count() as u64;
     let all = (stored.len() / ttl::HEADER_LEN) as u64;
     if live + marks == all {
@@ -1363,8 +1527,11 @@ fn live_arrivals(stored: &[u8], now: i64) -> Result<(u64, Option<Bytes>)> {
     for t in times.filter(|&t| !ttl::is_expired(t, now)) {
         ttl::write_header(&mut kept, t);
     }
-    if live > 0 && marks > 0 {
+    if live > 0 && stored.chunks_exact(ttl::HEADER_LEN).any(|h| h == MATCHED) {
         kept.extend_from_slice(&MATCHED);
+    }
+    if live > 0 && count_of(stored) > 0 {
+        kept.extend_from_slice(&count_header(count_of(stored)));
     }
     Ok((live, Some(Bytes::from(kept))))
 }
@@ -1838,6 +2005,132 @@ mod tests {
     }
 
     /// The join of `spec` of left rows with `right` rows, open on `store`.
+    /// The right side's rows as an updating input: `op`, `id`, `v`.
+    fn updating_right_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            changelog::op_field(),
+            Field::new("id", DataType::Int32, false),
+            Field::new("v", DataType::Utf8, false),
+        ]))
+    }
+
+    /// Changes `(op, id, v)` of the updating right side.
+    fn right_changes(rows: &[(&str, i32, &str)]) -> RecordBatch {
+        RecordBatch::try_new(
+            updating_right_schema(),
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(arrow::array::Int32Array::from_iter_values(
+                    rows.iter().map(|r| r.1),
+                )),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2))),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_full_join_of_an_updating_input_pads_a_row_again_when_its_last_match_goes() {
+        let mut s = spec(Some("b.v <> 'y'"), 0);
+        s.r#type = pb::JoinType::Full as i32;
+        s.exprs[0].sql = "a.k".into();
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new(false));
+        let mut op = join_over(&s, &updating_right_schema(), store.clone(), 1).await;
+        let c = |op: &str, k: Option<i64>, l: Option<i64>, r: Option<&str>| {
+            (op.to_owned(), k, l, r.map(str::to_owned))
+        };
+        let (n, a, b, y) = (None::<&str>, Some("a"), Some("b"), Some("y"));
+        let mut out = Output::default();
+        op.process_input(1, right_changes(&[("+I", 1, "a")]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(0, left(&[(Some(1), 10), (Some(2), 20)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            [
+                c("+I", None, None, a),
+                c("-D", None, None, a),
+                c("+I", Some(1), Some(10), a),
+                c("+I", Some(2), Some(20), n),
+            ]
+        );
+        // "a" becomes "b": 10 keeps a match throughout, so it is never padded.
+        let mut out = Output::default();
+        op.process_input(
+            1,
+            right_changes(&[("-U", 1, "a"), ("+U", 1, "b")]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            changes(&out),
+            [c("+I", Some(1), Some(10), b), c("-D", Some(1), Some(10), a)]
+        );
+        // "b" goes: 10's last match, so 10 is padded again. "y" fails ON: padded, and
+        // its padded copy goes with it; a row never stored takes nothing back.
+        let mut out = Output::default();
+        op.process_input(
+            1,
+            right_changes(&[("-D", 1, "b"), ("+I", 1, "y")]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        op.process_input(
+            1,
+            right_changes(&[("-D", 1, "y"), ("-D", 3, "zzz")]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            changes(&out),
+            [
+                c("+I", None, None, y),
+                c("-D", Some(1), Some(10), b),
+                c("+I", Some(1), Some(10), n),
+                c("-D", None, None, y),
+            ]
+        );
+        // The counts are in state: a later attempt matches 10 again and takes its
+        // padded copy back once.
+        let mut op = join_over(&s, &updating_right_schema(), store, 4).await;
+        let mut out = Output::default();
+        op.process_input(
+            1,
+            right_changes(&[("+I", 1, "c"), ("+I", 1, "c")]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            changes(&out),
+            [
+                c("-D", Some(1), Some(10), n),
+                c("+I", Some(1), Some(10), Some("c")),
+                c("+I", Some(1), Some(10), Some("c")),
+            ]
+        );
+        let mut out = Output::default();
+        op.process_input(1, right_changes(&[("-D", 1, "c")]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(1, right_changes(&[("-D", 1, "c")]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            changes(&out),
+            [
+                c("-D", Some(1), Some(10), Some("c")),
+                c("-D", Some(1), Some(10), Some("c")),
+                c("+I", Some(1), Some(10), n),
+            ]
+        );
+    }
+
     async fn join_over(
         spec: &pb::JoinSpec,
         right: &SchemaRef,
@@ -1989,24 +2282,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_updating_input_takes_back_the_pairs_of_its_retracted_rows() {
-        let updating = Arc::new(Schema::new(vec![
-            changelog::op_field(),
-            Field::new("id", DataType::Int32, false),
-            Field::new("v", DataType::Utf8, false),
-        ]));
-        let changes_of = |rows: &[(&str, i32, &str)]| {
-            RecordBatch::try_new(
-                updating.clone(),
-                vec![
-                    Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
-                    Arc::new(arrow::array::Int32Array::from_iter_values(
-                        rows.iter().map(|r| r.1),
-                    )),
-                    Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2))),
-                ],
-            )
-            .unwrap()
-        };
+        let updating = updating_right_schema();
+        let changes_of = right_changes;
         let store = Arc::new(MemoryStateStore::new(false));
         let mut op = join_over(&spec(None, 0), &updating, store, 1).await;
         let c = |op: &str, k: i64, l: i64, r: &str| {
@@ -2045,14 +2322,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(changes(&out), [c("+I", 1, 12, "b")]);
-        // An outer join refuses an updating input.
-        let mut outer = spec(None, 0);
-        outer.r#type = pb::JoinType::Left as i32;
-        let err = JoinOperator::build(&outer, &left_schema(), &updating, &ExprCompiler::new())
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(err.contains("outer join needs append-only inputs"), "{err}");
     }
 
     #[tokio::test]
