@@ -296,6 +296,12 @@ const ORACLE: &[(&str, &str)] = &[
          AS rownum FROM (SELECT auction, count(*) AS bids FROM bid GROUP BY auction)) WHERE \
          rownum <= 10) AS H ON A.id = H.auction",
     ),
+    // Expressions over aggregates, and HAVING (DuckDB's `//` is Flink's `/` of integers).
+    (
+        "sql/busy-auctions-having",
+        "SELECT auction, sum(price) // count(*) AS mean_price, max(price) - min(price) AS \
+         spread FROM bid GROUP BY auction HAVING count(*) >= 50",
+    ),
     // Flink's REGEXP_EXTRACT and SPLIT_INDEX give null where DuckDB gives ''.
     (
         "nexmark/q21",
@@ -721,6 +727,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "sql/oregon-sellers-left-join",
         "sql/new-sellers-full-join",
         "sql/hot-auctions-left-join",
+        "sql/busy-auctions-having",
     ]
     .into_iter()
     .filter(|n| selected(n))

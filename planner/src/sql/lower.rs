@@ -726,9 +726,6 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
         Some(sqlparser::ast::Distinct::Distinct) => true,
         Some(_) => return Err(unsupported(at, "SELECT DISTINCT ON")),
     };
-    if select.having.is_some() {
-        return Err(unsupported(at, "HAVING"));
-    }
     if select.qualify.is_some() || !select.named_window.is_empty() {
         return Err(unsupported(
             at,
@@ -748,6 +745,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
     let mut items: Vec<SelectItem> = select.projection.clone();
     let mut group_by: Vec<Expr> = group_by.to_vec();
     let mut selection = select.selection.clone();
+    let mut having = select.having.clone();
     let joined = join_from(&select.from, at)?;
     // The input's event time, when a GROUP BY over it may cascade from its windows.
     let mut input_time = None;
@@ -765,7 +763,8 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
                 || !group_by.is_empty()
                 || has_aggregate(&items)
                 || has_over(&items)
-                || selection.is_some();
+                || selection.is_some()
+                || having.is_some();
             if !feeds_more {
                 // The join's own projection is the query's.
                 return lower_join(
@@ -779,7 +778,12 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             }
             // The join emits the columns the rest of the query reads, under flat names
             // (`a.id` as `a__id`), and the query goes on over them.
-            let columns = flatten_columns(&mut items, &mut group_by, selection.as_mut(), at)?;
+            let columns = flatten_columns(
+                &mut items,
+                &mut group_by,
+                selection.as_mut().into_iter().chain(having.as_mut()),
+                at,
+            )?;
             let lowered = lower_join(
                 &join,
                 JoinOutput::Columns(columns),
@@ -802,6 +806,7 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             if let Some(name) = table_name(&from.relation) {
                 // `q.col` over a single FROM item named q is its column `col`.
                 unqualify_all(&name, &mut items, &mut group_by, &mut selection);
+                unqualify_all(&name, &mut [], &mut [], &mut having);
             }
             input_time = event_time_of(&from.relation, catalog, depth);
             single_input(&from.relation, catalog, at, depth)?
@@ -864,16 +869,33 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             rank: Some(rank),
         });
     }
+    let aggregates = window.is_some() || !group_by.is_empty() || has_aggregate(&items);
+    if let (Some(h), false) = (&having, aggregates) {
+        return Err(SqlError::new(
+            located(h, at),
+            "HAVING filters the groups of a GROUP BY or an aggregate; this query has \
+             neither (write WHERE)"
+                .to_owned(),
+        ));
+    }
+    let after = AfterAggregate::split(&items, having.as_ref(), group_by);
     match window {
-        None if !group_by.is_empty() || has_aggregate(&items) => {
+        None if aggregates => {
             if distinct {
                 return Err(unsupported(at, "SELECT DISTINCT over a GROUP BY"));
             }
-            let windowing = match cascades(input_time.as_ref(), group_by, &items) {
+            let windowing = match cascades(input_time.as_ref(), group_by, &after.inner) {
                 true => input_time.as_ref().map(|t| Windowing::Cascade(&t.column)),
                 false => None,
             };
-            pipeline.extend(aggregate_stages(windowing, None, group_by, &items, at)?);
+            pipeline.extend(aggregate_stages(
+                windowing,
+                None,
+                group_by,
+                &after.inner,
+                at,
+            )?);
+            pipeline.extend(after.stages(at)?);
         }
         None => {
             if let Some(list) = projection(&items, at)? {
@@ -903,16 +925,17 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
                 ));
             }
             let watermarked = table.watermark.as_ref().map(|c| c.column.as_str());
-            match distinct_window_stages(&w, watermarked, group_by, &items, at)? {
+            match distinct_window_stages(&w, watermarked, group_by, &after.inner, at)? {
                 Some(stages) => pipeline.extend(stages),
                 None => pipeline.extend(aggregate_stages(
                     Some(Windowing::Tvf(&w)),
                     watermarked,
                     group_by,
-                    &items,
+                    &after.inner,
                     at,
                 )?),
             }
+            pipeline.extend(after.stages(at)?);
         }
     }
     Ok(Lowered {
@@ -1449,10 +1472,10 @@ fn flat_name(table: &str, column: &str) -> String {
 ///
 /// A `t.*` item makes the join emit t's columns by their own names; the rest of the
 /// query reads them as `* EXCEPT (...)` the other columns the join emits.
-fn flatten_columns(
+fn flatten_columns<'a>(
     items: &mut [SelectItem],
     group_by: &mut [Expr],
-    selection: Option<&mut Expr>,
+    more: impl IntoIterator<Item = &'a mut Expr>,
     at: Pos,
 ) -> Result<Vec<String>> {
     use std::ops::ControlFlow;
@@ -1497,7 +1520,10 @@ fn flatten_columns(
             _ => {}
         }
     }
-    for e in group_by.iter_mut().chain(selection) {
+    for e in group_by.iter_mut() {
+        rewrite(e);
+    }
+    for e in more {
         rewrite(e);
     }
     let wildcards: Vec<usize> = items
@@ -2271,11 +2297,196 @@ fn has_aggregate(items: &[SelectItem]) -> bool {
         let (SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }) = item else {
             return false;
         };
-        let Expr::Function(f) = e else {
-            return false;
-        };
-        sluice_common::aggregate_names::is_aggregate(&name_text(&f.name))
+        holds_aggregate(e)
     })
+}
+
+/// Whether `f` calls an aggregate function (not as a window function, `OVER`).
+fn is_aggregate_call(f: &sqlparser::ast::Function) -> bool {
+    f.over.is_none() && sluice_common::aggregate_names::is_aggregate(&name_text(&f.name))
+}
+
+/// Whether `e` calls an aggregate function anywhere in it.
+fn holds_aggregate(e: &Expr) -> bool {
+    use std::ops::ControlFlow;
+    sqlparser::ast::visit_expressions(e, |e| match e {
+        Expr::Function(f) if is_aggregate_call(f) => ControlFlow::Break(()),
+        _ => ControlFlow::Continue(()),
+    })
+    .is_break()
+}
+
+/// An aggregate query's SELECT list and HAVING, split around the aggregate operator:
+/// what it computes, then what is computed from its rows.
+struct AfterAggregate {
+    /// The aggregate's own SELECT list: grouped columns and aggregate calls, each under
+    /// a name (the query's, or a hidden `sluice_agg_N` for a call inside an expression).
+    inner: Vec<SelectItem>,
+    /// HAVING over `inner`'s names: a filter after the aggregate.
+    having: Option<Expr>,
+    /// The query's SELECT list over `inner`'s names; `None` when `inner` is it.
+    outer: Option<Vec<SelectItem>>,
+}
+
+/// The prefix of the hidden columns holding aggregate calls made inside expressions.
+const HIDDEN_AGGREGATE: &str = "sluice_agg_";
+
+impl AfterAggregate {
+    /// Splits `items` and `having`: an item that is a grouped column or a named
+    /// aggregate call stays as it is; any other named expression (`SUM(a) / COUNT(*) AS
+    /// r`, `k + 1 AS k1`) is computed after the aggregate, from hidden columns holding
+    /// the calls it makes and the grouped columns it reads. HAVING reads them likewise.
+    fn split(items: &[SelectItem], having: Option<&Expr>, group_by: &[Expr]) -> Self {
+        use std::ops::ControlFlow;
+        let mut inner: Vec<SelectItem> = Vec::new();
+        let mut outer: Vec<SelectItem> = Vec::new();
+        // Each aggregate call's text and the name of the column holding it.
+        let mut calls: Vec<(String, Ident)> = Vec::new();
+        for item in items {
+            if let SelectItem::ExprWithAlias {
+                expr: Expr::Function(f),
+                alias,
+            } = item
+                && is_aggregate_call(f)
+            {
+                calls.push((f.to_string(), alias.clone()));
+            }
+        }
+        let mut rewritten = false;
+        // Columns the expressions after the aggregate read (grouped ones, or the
+        // aggregate refuses them by name).
+        let mut read: Vec<Ident> = Vec::new();
+        let mut hide = |e: &mut Expr, inner: &mut Vec<SelectItem>| {
+            let _ = sqlparser::ast::visit_expressions_mut(e, |e| {
+                match e {
+                    Expr::Function(f) if is_aggregate_call(f) => {
+                        let text = f.to_string();
+                        let name = match calls.iter().find(|(t, _)| *t == text) {
+                            Some((_, name)) => name.clone(),
+                            None => {
+                                let name = Ident::with_span(
+                                    f.span(),
+                                    format!("{HIDDEN_AGGREGATE}{}", calls.len()),
+                                );
+                                inner.push(SelectItem::ExprWithAlias {
+                                    expr: Expr::Function(f.clone()),
+                                    alias: name.clone(),
+                                });
+                                calls.push((text, name.clone()));
+                                name
+                            }
+                        };
+                        *e = Expr::Identifier(name);
+                    }
+                    _ => {}
+                }
+                ControlFlow::<()>::Continue(())
+            });
+            // What is left to read: grouped columns and the hidden calls' columns.
+            let _ = sqlparser::ast::visit_expressions(e, |e| {
+                if let Expr::Identifier(id) = e
+                    && !read.iter().any(|r| r.value == id.value)
+                {
+                    read.push(id.clone());
+                }
+                ControlFlow::<()>::Continue(())
+            });
+        };
+        let mut hidden: Vec<SelectItem> = Vec::new();
+        for item in items {
+            match item {
+                SelectItem::UnnamedExpr(Expr::Identifier(id)) => {
+                    inner.push(item.clone());
+                    outer.push(SelectItem::UnnamedExpr(Expr::Identifier(id.clone())));
+                }
+                SelectItem::ExprWithAlias {
+                    expr: Expr::Identifier(_),
+                    alias,
+                } => {
+                    inner.push(item.clone());
+                    outer.push(SelectItem::UnnamedExpr(Expr::Identifier(alias.clone())));
+                }
+                SelectItem::ExprWithAlias {
+                    expr: Expr::Function(f),
+                    alias,
+                } if is_aggregate_call(f) => {
+                    inner.push(item.clone());
+                    outer.push(SelectItem::UnnamedExpr(Expr::Identifier(alias.clone())));
+                }
+                // A grouped expression: the aggregate computes it ahead.
+                SelectItem::ExprWithAlias { expr, alias }
+                    if group_by.iter().any(|g| g.to_string() == expr.to_string()) =>
+                {
+                    inner.push(item.clone());
+                    outer.push(SelectItem::UnnamedExpr(Expr::Identifier(alias.clone())));
+                }
+                SelectItem::ExprWithAlias { expr, alias } => {
+                    rewritten = true;
+                    let mut expr = expr.clone();
+                    hide(&mut expr, &mut hidden);
+                    outer.push(SelectItem::ExprWithAlias {
+                        expr,
+                        alias: alias.clone(),
+                    });
+                }
+                // Unnamed expressions and `*`: the aggregate names what is wrong.
+                other => {
+                    inner.push(other.clone());
+                    outer.push(other.clone());
+                }
+            }
+        }
+        let having = having.map(|h| {
+            let mut h = h.clone();
+            hide(&mut h, &mut hidden);
+            h
+        });
+        if !rewritten && having.is_none() {
+            return Self {
+                inner: items.to_vec(),
+                having: None,
+                outer: None,
+            };
+        }
+        inner.extend(hidden);
+        // The grouped columns read after the aggregate that it does not already emit.
+        let names: Vec<String> = inner.iter().filter_map(item_name).collect();
+        for id in read {
+            if !names.contains(&id.value) {
+                inner.push(SelectItem::UnnamedExpr(Expr::Identifier(id)));
+            }
+        }
+        // Only HAVING, reading nothing hidden: the aggregate's list is the query's.
+        let same = !rewritten && inner.len() == outer.len();
+        Self {
+            inner,
+            having,
+            outer: (!same).then_some(outer),
+        }
+    }
+
+    /// The stages after the aggregate: HAVING's filter, then the SELECT list's select.
+    fn stages(self, at: Pos) -> Result<Vec<Node>> {
+        let mut stages = Vec::new();
+        if let Some(h) = &self.having {
+            stages.push(stage("filter", expr_node(h, at), at));
+        }
+        if let Some(list) = self.outer
+            && let Some(list) = projection(&list, at)?
+        {
+            stages.push(stage("select", seq(list, at), at));
+        }
+        Ok(stages)
+    }
+}
+
+/// The column name a SELECT item gives its value, if it gives one.
+fn item_name(item: &SelectItem) -> Option<String> {
+    match item {
+        SelectItem::UnnamedExpr(Expr::Identifier(id)) => Some(id.value.clone()),
+        SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
+        _ => None,
+    }
 }
 
 /// How a GROUP BY is windowed.
@@ -2460,8 +2671,8 @@ const DISTINCT_VALUE: &str = "sluice_distinct_value";
 /// windows; the result is append-only, one row per key and window as without DISTINCT.
 /// `None` when the query counts nothing DISTINCT.
 ///
-/// Every DISTINCT count reads the same `x`; beside them, `COUNT`, `SUM`, `MIN` and `MAX`
-/// (with FILTERs) merge, `AVG` and registered functions do not. Sessions are per key, so
+/// Every DISTINCT count reads the same `x`; beside them, `COUNT`, `SUM`, `MIN`, `MAX` and
+/// `AVG` (with FILTERs) merge, registered functions do not. Sessions are per key, so
 /// a session window cannot be grouped by `x` too, and a processing-time window has no
 /// event time to cascade on.
 fn distinct_window_stages(
@@ -2564,6 +2775,23 @@ fn distinct_window_stages(
                 }
                 None => format!("COUNT({DISTINCT_VALUE})"),
             },
+            None if matches!(
+                name_text(&f.name).to_ascii_lowercase().as_str(),
+                "avg" | "mean"
+            ) =>
+            {
+                // An average merges as the sum of its sums over the sum of its counts
+                // (null where no value was counted, as AVG's).
+                for (merge, suffix) in [("SUM", "sum"), ("COUNT", "count")] {
+                    let mut part = f.clone();
+                    part.name = ObjectName(vec![ObjectNamePart::Identifier(Ident::new(merge))]);
+                    first.push(SelectItem::ExprWithAlias {
+                        expr: Expr::Function(part),
+                        alias: Ident::new(format!("{partial}_{suffix}")),
+                    });
+                }
+                format!("CAST(SUM({partial}_sum) AS DOUBLE) / NULLIF(SUM({partial}_count), 0)")
+            }
             None => {
                 let merge = match name_text(&f.name).to_ascii_lowercase().as_str() {
                     "count" | "sum" => "SUM",
@@ -2574,7 +2802,7 @@ fn distinct_window_stages(
                             call_at,
                             format!(
                                 "`{f}` beside COUNT(DISTINCT ...) in a window is not supported \
-                                 yet (COUNT, SUM, MIN and MAX are)"
+                                 yet (COUNT, SUM, MIN, MAX and AVG are)"
                             ),
                         );
                     }
@@ -2600,13 +2828,16 @@ fn distinct_window_stages(
         &first,
         at,
     )?;
+    // An average's merge is an expression over two aggregates: computed after them.
+    let after = AfterAggregate::split(&second, None, &second_group);
     stages.extend(aggregate_stages(
         Some(Windowing::Cascade("window_end")),
         None,
         &second_group,
-        &second,
+        &after.inner,
         at,
     )?);
+    stages.extend(after.stages(at)?);
     Ok(Some(stages))
 }
 
