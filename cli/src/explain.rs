@@ -268,6 +268,9 @@ fn describe(node: &pb::Node) -> String {
             )
         }
         Some(Kind::Join(j)) => join_text(j, None),
+        Some(Kind::Union(_)) => {
+            "UNION ALL of both inputs, under the left's column names".to_owned()
+        }
         Some(Kind::LookupJoin(j)) => {
             let table = j.table.as_ref().map_or("?".to_owned(), source_text);
             join_text(

@@ -302,6 +302,13 @@ const ORACLE: &[(&str, &str)] = &[
         "SELECT auction, sum(price) // count(*) AS mean_price, max(price) - min(price) AS \
          spread FROM bid GROUP BY auction HAVING count(*) >= 50",
     ),
+    // UNION ALL of two tables' rows.
+    (
+        "sql/union-all-activity",
+        "SELECT 'bid' AS kind, auction AS id, price AS amount, date_time FROM bid WHERE \
+         price > 10000000 UNION ALL SELECT 'auction', id, initial_bid, date_time FROM \
+         auction WHERE category = 10",
+    ),
     // Flink's REGEXP_EXTRACT and SPLIT_INDEX give null where DuckDB gives ''.
     (
         "nexmark/q21",
@@ -728,6 +735,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "sql/new-sellers-full-join",
         "sql/hot-auctions-left-join",
         "sql/busy-auctions-having",
+        "sql/union-all-activity",
     ]
     .into_iter()
     .filter(|n| selected(n))

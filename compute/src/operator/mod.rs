@@ -31,6 +31,7 @@ pub mod lookup_join;
 pub mod select;
 pub mod sink;
 pub mod top_n;
+pub mod union;
 pub mod window;
 
 /// Where an operator runs: its node, subtask, and the job-wide settings it may need.

@@ -31,6 +31,7 @@ use crate::operator::join::{JoinOperator, side_wildcard};
 use crate::operator::lookup_join::LookupJoinOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::top_n::TopNOperator;
+use crate::operator::union::UnionOperator;
 use crate::operator::window::{WindowCounters, WindowOperator};
 use crate::time::watermark::WatermarkGenerator;
 
@@ -243,6 +244,8 @@ fn output_needs(
                     None => Needs::All,
                 }
             }
+            // A union's columns are its inputs' by position, not by name.
+            Some(pb::node::Kind::Union(_)) => Needs::All,
             _ => input_needs(plan, e.target, consumers, compiler, memo)?,
         };
         needs = needs.union(reads);
@@ -372,7 +375,10 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
     for (target, edges) in &mut all_incoming {
         edges.sort_by_key(|e| e.target_input);
         let node = &nodes[target];
-        let wanted = if matches!(node.kind, Some(pb::node::Kind::Join(_))) {
+        let wanted = if matches!(
+            node.kind,
+            Some(pb::node::Kind::Join(_) | pb::node::Kind::Union(_))
+        ) {
             2
         } else {
             1
@@ -385,7 +391,7 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 if wanted == 2 {
                     "exactly two, 0 (left) and 1 (right)"
                 } else {
-                    "exactly one (unions are not supported)"
+                    "exactly one"
                 }
             )));
         }
@@ -520,6 +526,15 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 right_inputs.insert(id, right);
                 op.schema()
             }
+            pb::node::Kind::Union(_) => {
+                let right_edge = all_incoming[&id][1];
+                let right = outputs[&right_edge.source].clone();
+                check_edge(&nodes, right_edge, &right).map_err(at)?;
+                let op = UnionOperator::build(&input, &right).map_err(at)?;
+                inputs.insert(id, input);
+                right_inputs.insert(id, right);
+                op.schema()
+            }
             pb::node::Kind::LookupJoin(spec) => {
                 let Some(table_spec) = &spec.table else {
                     return Err(at(plan_err("a lookup join needs its table")));
@@ -603,10 +618,12 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
     }
     // Channel state of an unaligned checkpoint names its channels by producer subtask
     // alone, which is ambiguous for a task with two inputs.
-    let join = graph
-        .nodes
-        .iter()
-        .find(|n| matches!(n.kind, Some(pb::node::Kind::Join(_))));
+    let join = graph.nodes.iter().find(|n| {
+        matches!(
+            n.kind,
+            Some(pb::node::Kind::Join(_) | pb::node::Kind::Union(_))
+        )
+    });
     if let (Some(join), Some(c)) = (
         join,
         graph
@@ -687,6 +704,7 @@ fn check_updating_input(kind: &pb::node::Kind) -> Result<()> {
         | pb::node::Kind::Select(_)
         | pb::node::Kind::Aggregate(_)
         | pb::node::Kind::Join(_)
+        | pb::node::Kind::Union(_)
         | pb::node::Kind::TopN(_) => {
             return Ok(());
         }

@@ -36,6 +36,7 @@ use crate::operator::lookup_join::LookupJoinOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::sink::SinkOperator;
 use crate::operator::top_n::TopNOperator;
+use crate::operator::union::UnionOperator;
 use crate::operator::window::WindowOperator;
 use crate::operator::{Operator, OperatorContext};
 use crate::plan::PhysicalPlan;
@@ -699,6 +700,10 @@ async fn build_operator(
         Some(pb::node::Kind::Join(spec)) => {
             let right = plan.right_input_schema(node.id)?;
             Box::new(JoinOperator::build(spec, &input, &right, compiler)?)
+        }
+        Some(pb::node::Kind::Union(_)) => {
+            let right = plan.right_input_schema(node.id)?;
+            Box::new(UnionOperator::build(&input, &right)?)
         }
         Some(pb::node::Kind::LookupJoin(spec)) => {
             let table = plan.right_input_schema(node.id)?;

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 
 use super::marked_yaml::Pos;
-use super::spec::{JobSpec, JoinStage, Operator, Stage, WindowStage};
+use super::spec::{JobSpec, JoinStage, Operator, Stage, UnionStage, WindowStage};
 use sluice_common::pb;
 
 pub(super) fn job_graph(file: &str, spec: JobSpec) -> pb::JobGraph {
@@ -153,6 +153,29 @@ fn add_stages(
                 );
                 graph.connect_input(right, node, pb::Partitioning::Hash, right_keys, 1);
                 (node, pb::Partitioning::Hash, left_keys)
+            }
+            Operator::Union(union) => {
+                let UnionStage {
+                    source,
+                    source_at,
+                    pipeline,
+                } = *union;
+                let other_source = graph.source(job_parallelism, source_at, source);
+                let other = add_stages(graph, other_source, pipeline, job_parallelism, late_sinks);
+                // Both inputs' parallelism when they have one: forward edges keep an
+                // updating input's changes of a key in order.
+                let p = match upstream.parallelism == other.parallelism {
+                    true => other.parallelism,
+                    false => job_parallelism,
+                };
+                let node = graph.add_node(
+                    "union",
+                    p,
+                    stage.at,
+                    pb::node::Kind::Union(pb::UnionSpec {}),
+                );
+                graph.connect_input(other, node, pointwise(other.parallelism, p), Vec::new(), 1);
+                (node, pointwise(upstream.parallelism, p), Vec::new())
             }
             Operator::LookupJoin(spec) => {
                 let p = upstream.parallelism;

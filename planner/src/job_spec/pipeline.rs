@@ -16,7 +16,7 @@ use super::fields::{
     string_list,
 };
 use super::marked_yaml::{Node, Pos, PosError, Value};
-use super::spec::{JoinStage, Operator, Stage, WindowStage};
+use super::spec::{JoinStage, Operator, Stage, UnionStage, WindowStage};
 use sluice_common::pb;
 
 const OPERATORS: &[&str] = &[
@@ -29,6 +29,7 @@ const OPERATORS: &[&str] = &[
     "top_n",
     "join",
     "lookup_join",
+    "union",
 ];
 /// Keys of a `lookup_join` item's mapping.
 const LOOKUP_JOIN_KEYS: &[&str] = &[
@@ -113,6 +114,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
             "top_n" => &["top_n"],
             "join" => &["join"],
             "lookup_join" => &["lookup_join"],
+            "union" => &["union"],
             _ => &["key_by"],
         };
         let fields = Fields::new(item, &path, allowed)?;
@@ -134,6 +136,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
             "top_n" => top_n(value, &op_path)?,
             "join" => join(value, &op_path)?,
             "lookup_join" => lookup_join(value, &op_path)?,
+            "union" => union(value, &op_path)?,
             "group_by" => {
                 let aggregate = fields.require(
                     "aggregate",
@@ -460,6 +463,33 @@ fn cascade_window(
 
 /// `join: { right: { source, watermark, pipeline }, left_keys: [a], right_keys: [b],
 /// left_alias: l, right_alias: r, condition: "...", select: [...], ttl: 1h }`.
+/// `union: { source: ..., watermark: ..., pipeline: [...] }`: the other input whose
+/// rows join the pipeline's (UNION ALL).
+fn union(node: &Node, path: &str) -> Result<Operator> {
+    let fields = Fields::new(node, path, &["source", "watermark", "pipeline"])?;
+    let (source, source_at, pipeline) = other_input(&fields)?;
+    Ok(Operator::Union(Box::new(UnionStage {
+        source,
+        source_at,
+        pipeline,
+    })))
+}
+
+/// The `source:`, `watermark:` and `pipeline:` of a join's or a union's other input.
+fn other_input(fields: &Fields<'_>) -> Result<(pb::SourceSpec, Pos, Vec<Stage>)> {
+    let source_entry = fields.require(
+        "source",
+        "; e.g. `source: { nexmark: { stream: auction } }`",
+    )?;
+    let mut source = connector::source(source_entry.value, &fields.path_of("source"))?;
+    source.watermark = fields.opt("watermark", super::decode::watermark)?;
+    let pipeline = match fields.get("pipeline") {
+        Some(entry) => pipeline(entry.value, source.watermark.as_ref())?,
+        None => Vec::new(),
+    };
+    Ok((source, source_entry.key.pos, pipeline))
+}
+
 fn join(node: &Node, path: &str) -> Result<Operator> {
     let fields = Fields::new(node, path, JOIN_KEYS)?;
     let right = fields.require(
@@ -472,16 +502,7 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
         &right_path,
         &["source", "watermark", "pipeline"],
     )?;
-    let source_entry = right_fields.require(
-        "source",
-        "; e.g. `source: { nexmark: { stream: auction } }`",
-    )?;
-    let mut source = connector::source(source_entry.value, &right_fields.path_of("source"))?;
-    source.watermark = right_fields.opt("watermark", super::decode::watermark)?;
-    let pipeline = match right_fields.get("pipeline") {
-        Some(entry) => pipeline(entry.value, source.watermark.as_ref())?,
-        None => Vec::new(),
-    };
+    let (source, source_at, pipeline) = other_input(&right_fields)?;
     let JoinParts {
         left_keys,
         other_keys: right_keys,
@@ -514,7 +535,7 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
             interval: fields.opt("interval", interval)?,
         },
         source,
-        source_at: source_entry.key.pos,
+        source_at,
         pipeline,
     })))
 }

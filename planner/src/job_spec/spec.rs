@@ -46,6 +46,17 @@ pub(super) enum Operator {
     Join(Box<JoinStage>),
     /// A join of the pipeline so far with a bounded table every subtask reads whole.
     LookupJoin(Box<pb::LookupJoinSpec>),
+    /// The rows of the pipeline so far and of another input (UNION ALL).
+    Union(Box<UnionStage>),
+}
+
+/// A `union` item: the other input's own source and pipeline.
+pub(super) struct UnionStage {
+    /// Includes the other input's watermark.
+    pub source: pb::SourceSpec,
+    /// Where the other input's `source:` key is.
+    pub source_at: Pos,
+    pub pipeline: Vec<Stage>,
 }
 
 /// A `join` item: the join, and the right input's own source and pipeline.

@@ -1339,3 +1339,30 @@ fn a_cascade_window_aggregates_upstream_windows_by_their_end() {
         &["`time` does not apply to a cascade window"],
     );
 }
+
+#[test]
+fn a_union_item_reads_the_other_input_into_a_node_with_two_inputs() {
+    let graph = parse(&with_pipeline(
+        "  - union:\n      source: { nexmark: { stream: bid } }\n      pipeline:\n        \
+         - filter: \"price > 10\"\n",
+    ));
+    let union = graph
+        .nodes
+        .iter()
+        .find(|n| matches!(n.kind, Some(Kind::Union(_))))
+        .expect("a union node");
+    let mut inputs: Vec<u32> = graph
+        .edges
+        .iter()
+        .filter(|e| e.target == union.id)
+        .map(|e| e.target_input)
+        .collect();
+    inputs.sort_unstable();
+    assert_eq!(inputs, [0, 1]);
+    assert_err(
+        &with_pipeline("  - union:\n      pipeline: []\n"),
+        7,
+        7,
+        &["missing `source` in pipeline[0].union"],
+    );
+}

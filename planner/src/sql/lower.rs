@@ -714,12 +714,95 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
     if query.order_by.is_some() || query.limit_clause.is_some() || query.fetch.is_some() {
         return Err(unsupported(at, "ORDER BY, LIMIT and FETCH on a stream"));
     }
-    let SetExpr::Select(select) = query.body.as_ref() else {
-        return Err(unsupported(
-            at,
-            "UNION, INTERSECT, EXCEPT, VALUES and nested queries",
-        ));
+    lower_set_expr(query.body.as_ref(), catalog, at, depth)
+}
+
+/// Lowers a query's body: a SELECT, a query in parentheses, or a UNION of two.
+fn lower_set_expr(body: &SetExpr, catalog: &Catalog<'_>, at: Pos, depth: usize) -> Result<Lowered> {
+    match body {
+        SetExpr::Select(select) => lower_select(select, catalog, depth),
+        SetExpr::Query(q) => lower_query(q, catalog, at, depth + 1),
+        SetExpr::SetOperation {
+            op: sqlparser::ast::SetOperator::Union,
+            set_quantifier,
+            left,
+            right,
+        } => lower_union(left, right, *set_quantifier, catalog, at, depth),
+        SetExpr::SetOperation { op, .. } => Err(unsupported(at, &op.to_string())),
+        _ => Err(unsupported(at, "VALUES, and this kind of query")),
+    }
+}
+
+/// The position of a query body's first SELECT.
+fn body_at(body: &SetExpr, or: Pos) -> Pos {
+    match body {
+        SetExpr::Select(select) => pos(select.select_token.0.span.start),
+        SetExpr::Query(q) => body_at(&q.body, or),
+        SetExpr::SetOperation { left, .. } => body_at(left, or),
+        _ => or,
+    }
+}
+
+/// `left UNION ALL right`: the left side's pipeline, then a `union` item holding the
+/// right side's source and pipeline. `UNION` without ALL is that, then each distinct row
+/// once (a dedup by every column, as SELECT DISTINCT).
+fn lower_union(
+    left: &SetExpr,
+    right: &SetExpr,
+    quantifier: sqlparser::ast::SetQuantifier,
+    catalog: &Catalog<'_>,
+    at: Pos,
+    depth: usize,
+) -> Result<Lowered> {
+    use sqlparser::ast::SetQuantifier;
+    let union_at = body_at(right, at);
+    let distinct = match quantifier {
+        SetQuantifier::All => false,
+        SetQuantifier::None | SetQuantifier::Distinct => true,
+        other => return Err(unsupported(union_at, &format!("UNION {other}"))),
     };
+    let mut lowered = lower_set_expr(left, catalog, at, depth + 1)?;
+    let other = lower_set_expr(right, catalog, at, depth + 1)?;
+    for side in [&lowered, &other] {
+        if let Some(rank) = &side.rank {
+            return Err(unbounded_rank(rank));
+        }
+    }
+    let (source, watermark) = source_nodes(&catalog.tables[&other.source])?;
+    let mut input = Section::default();
+    input.put(&["source"], source)?;
+    if let Some(w) = watermark {
+        input.put(&["watermark"], w)?;
+    }
+    input.put(&["pipeline"], seq(other.pipeline, union_at))?;
+    lowered
+        .pipeline
+        .push(stage("union", input.into_node(union_at), union_at));
+    if distinct {
+        let names = set_output_names(left, union_at)?;
+        lowered
+            .pipeline
+            .push(stage("dedup", seq(names, union_at), union_at));
+    }
+    Ok(lowered)
+}
+
+/// The output column names of a query body (its first SELECT's).
+fn set_output_names(body: &SetExpr, at: Pos) -> Result<Vec<Node>> {
+    match body {
+        SetExpr::Select(select) => output_names(&select.projection, at),
+        SetExpr::Query(q) => set_output_names(&q.body, at),
+        SetExpr::SetOperation { left, .. } => set_output_names(left, at),
+        _ => Err(unsupported(at, "UNION without ALL over this query")),
+    }
+}
+
+/// Lowers one SELECT (see [`lower_query`]).
+fn lower_select(
+    select: &sqlparser::ast::Select,
+    catalog: &Catalog<'_>,
+    depth: usize,
+) -> Result<Lowered> {
     let at = pos(select.select_token.0.span.start);
     let distinct = match &select.distinct {
         None => false,
