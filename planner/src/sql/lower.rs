@@ -204,6 +204,7 @@ pub(super) fn job_trees(file: &str, text: &str) -> Result<Vec<InsertTree>> {
     let catalog = Catalog {
         tables,
         views,
+        ctes: Default::default(),
         join_ttl,
         as_of: std::mem::take(&mut clauses.as_of),
     };
@@ -644,6 +645,10 @@ struct PendingRank {
 struct Catalog<'a> {
     tables: HashMap<String, Table>,
     views: HashMap<String, &'a Query>,
+    /// The common table expressions (`WITH name AS (...)`) of the queries being
+    /// lowered, innermost last: each shadows a view or table of its name inside its
+    /// query.
+    ctes: std::cell::RefCell<Vec<(String, std::rc::Rc<Query>)>>,
     /// `table.exec.state.ttl`, given to every join.
     join_ttl: Option<Node>,
     /// The `FOR SYSTEM_TIME AS OF` clauses of the text: each belongs to the table whose
@@ -668,6 +673,9 @@ const MAX_NESTING: usize = 16;
 impl Catalog<'_> {
     /// What reading `name` means: a table as it is, or a view's query lowered.
     fn read(&self, name: &str, at: Pos, depth: usize) -> Result<Lowered> {
+        if let Some(query) = self.cte(name) {
+            return lower_query(&query, self, at, depth + 1);
+        }
         if self.tables.contains_key(name) {
             return Ok(Lowered {
                 source: name.to_owned(),
@@ -681,14 +689,27 @@ impl Catalog<'_> {
         }
     }
 
+    /// The query of the innermost common table expression named `name`, if any.
+    fn cte(&self, name: &str) -> Option<std::rc::Rc<Query>> {
+        self.ctes
+            .borrow()
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, q)| q.clone())
+    }
+
     fn unknown(&self, name: &str, at: Pos) -> SqlError {
+        let ctes = self.ctes.borrow();
         let mut known: Vec<&str> = self
             .tables
             .keys()
             .chain(self.views.keys())
+            .chain(ctes.iter().map(|(n, _)| n))
             .map(String::as_str)
             .collect();
         known.sort_unstable();
+        known.dedup();
         let known = if known.is_empty() {
             "no table is created yet; CREATE TABLE it first".to_owned()
         } else {
@@ -708,13 +729,41 @@ fn lower_query(query: &Query, catalog: &Catalog<'_>, at: Pos, depth: usize) -> R
             ),
         ));
     }
-    if query.with.is_some() {
-        return Err(unsupported(at, "WITH (common table expressions)"));
-    }
     if query.order_by.is_some() || query.limit_clause.is_some() || query.fetch.is_some() {
         return Err(unsupported(at, "ORDER BY, LIMIT and FETCH on a stream"));
     }
-    lower_set_expr(query.body.as_ref(), catalog, at, depth)
+    let Some(with) = &query.with else {
+        return lower_set_expr(query.body.as_ref(), catalog, at, depth);
+    };
+    // `WITH name AS (query)`: each name reads its query inside this one, as a view
+    // would (a later one may read an earlier one).
+    if with.recursive {
+        return Err(unsupported(at, "WITH RECURSIVE"));
+    }
+    let mut scoped = Vec::with_capacity(with.cte_tables.len());
+    for cte in &with.cte_tables {
+        if !cte.alias.columns.is_empty() {
+            return Err(SqlError::new(
+                pos(cte.alias.name.span.start),
+                format!(
+                    "column names after a WITH query's name (`{}`) are not supported yet by \
+                     Sluice's SQL; name the columns in its SELECT list",
+                    cte.alias
+                ),
+            ));
+        }
+        scoped.push((
+            cte.alias.name.value.clone(),
+            std::rc::Rc::new((*cte.query).clone()),
+        ));
+    }
+    let n = scoped.len();
+    catalog.ctes.borrow_mut().extend(scoped);
+    let lowered = lower_set_expr(query.body.as_ref(), catalog, at, depth);
+    let mut ctes = catalog.ctes.borrow_mut();
+    let kept = ctes.len().saturating_sub(n);
+    ctes.truncate(kept);
+    lowered
 }
 
 /// Lowers a query's body: a SELECT, a query in parentheses, or a UNION of two.
@@ -1765,6 +1814,9 @@ fn event_time_of(factor: &TableFactor, catalog: &Catalog<'_>, depth: usize) -> O
             name, args: None, ..
         } => {
             let (name, _) = object_name(name).ok()?;
+            if let Some(query) = catalog.cte(&name) {
+                return query_event_time(&query, catalog, depth + 1);
+            }
             match catalog.tables.get(&name) {
                 Some(table) => Some(EventTime {
                     column: table.watermark.as_ref()?.column.clone(),
