@@ -171,7 +171,9 @@ fn join_text(j: &pb::JoinSpec, lookup: Option<&str>) -> String {
         .as_ref()
         .map_or(String::new(), |c| format!(" AND {}", c.sql));
     let exprs: Vec<&str> = j.exprs.iter().map(|e| e.sql.as_str()).collect();
-    let select = if exprs.is_empty() {
+    let select = if exprs.is_empty() && j.r#type() == pb::JoinType::Semi {
+        format!("{l}.*")
+    } else if exprs.is_empty() {
         "*".to_owned()
     } else {
         exprs.join(", ")
@@ -181,6 +183,7 @@ fn join_text(j: &pb::JoinSpec, lookup: Option<&str>) -> String {
         pb::JoinType::Left => "LEFT OUTER JOIN",
         pb::JoinType::Right => "RIGHT OUTER JOIN",
         pb::JoinType::Full => "FULL OUTER JOIN",
+        pb::JoinType::Semi => "LEFT SEMI JOIN",
     };
     let kind = match lookup {
         Some(table) => format!("{kind} {table} AS {r} FOR SYSTEM_TIME AS OF processing time"),

@@ -309,6 +309,12 @@ const ORACLE: &[(&str, &str)] = &[
          price > 10000000 UNION ALL SELECT 'auction', id, initial_bid, date_time FROM \
          auction WHERE category = 10",
     ),
+    // IN (SELECT ...): a semi join.
+    (
+        "sql/category-ten-bids-in",
+        "SELECT auction, bidder, price FROM bid WHERE price > 5000000 AND auction IN \
+         (SELECT id FROM auction WHERE category = 10)",
+    ),
     // Flink's REGEXP_EXTRACT and SPLIT_INDEX give null where DuckDB gives ''.
     (
         "nexmark/q21",
@@ -736,6 +742,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "sql/hot-auctions-left-join",
         "sql/busy-auctions-having",
         "sql/union-all-activity",
+        "sql/category-ten-bids-in",
     ]
     .into_iter()
     .filter(|n| selected(n))

@@ -47,6 +47,10 @@
 //! goes, a row without one is padded with nulls. A padded row is final, so the result
 //! is append-only, as Flink's.
 //!
+//! A semi join (`JoinType::Semi`, SQL's `k IN (SELECT ...)`) marks its left rows as a
+//! LEFT join does, and writes a left row (its own columns) when it is first marked
+//! instead of taking a padded copy back: each left row once, append-only.
+//!
 //! A regular outer join pads a preserved row that matches nothing at once, and takes it
 //! back (`-D`) when its first match comes: an updating result. With only keys in ON a
 //! row matches once its key has a row on the other side, known by one read of the key.
@@ -247,6 +251,8 @@ pub struct JoinOperator {
     /// Per side, whether its rows are kept when nothing matches them (padded with nulls):
     /// the left of a LEFT join, the right of a RIGHT join, both of a FULL join.
     preserve: [bool; 2],
+    /// A semi join: each left row once, when a pair of it first passes ON.
+    semi: bool,
     /// Per input, whether it is a changelog (its first column the change kind).
     updating_input: [bool; 2],
     /// Columns of the left side (the pair's first).
@@ -430,13 +436,23 @@ impl JoinOperator {
         right: &SchemaRef,
         compiler: &ExprCompiler,
     ) -> Result<Self> {
+        // A semi join marks its left rows as a LEFT join does, and writes a row when it
+        // is first marked rather than while it is not.
+        let semi = spec.r#type() == pb::JoinType::Semi;
         let preserve = match spec.r#type() {
             pb::JoinType::Inner => [false, false],
-            pb::JoinType::Left => [true, false],
+            pb::JoinType::Left | pb::JoinType::Semi => [true, false],
             pb::JoinType::Right => [false, true],
             pb::JoinType::Full => [true, true],
         };
-        let outer = preserve.contains(&true);
+        let outer = preserve.contains(&true) && !semi;
+        if semi && (spec.interval.is_some() || spec.ttl_ms > 0) {
+            return Err(Error::Plan(
+                "a semi join (IN (SELECT ...)) keeps both sides whole: it takes no state TTL \
+                 and no bounds between the sides' event times yet"
+                    .into(),
+            ));
+        }
         if outer && spec.ttl_ms > 0 {
             return Err(Error::Plan(
                 "an outer join cannot have a state TTL yet: a row whose match expired would \
@@ -449,6 +465,13 @@ impl JoinOperator {
             Some(i) => Some(interval_of(i, spec.ttl_ms, updating_input, left, right)?),
             None => None,
         };
+        if semi && updating_input.contains(&true) {
+            return Err(Error::Plan(
+                "a semi join (IN (SELECT ...)) of an updating result (a GROUP BY's, a Top-N's \
+                 or an outer join's changelog) is not supported yet"
+                    .into(),
+            ));
+        }
         let (left_data, right_data) = (data_schema(left), data_schema(right));
         let (left, right) = (&left_data, &right_data);
         // A regular outer join's result changes as matches arrive (an outer interval
@@ -518,7 +541,10 @@ impl JoinOperator {
             }
             None => None,
         };
-        let (exprs, schema) = if spec.exprs.is_empty() {
+        let (exprs, schema) = if spec.exprs.is_empty() && semi {
+            // A semi join's rows are its left rows.
+            (None, left.clone())
+        } else if spec.exprs.is_empty() {
             let mut seen = std::collections::HashSet::new();
             if let Some(dup) = pair_schema
                 .fields()
@@ -578,6 +604,7 @@ impl JoinOperator {
         };
         Ok(Self {
             preserve,
+            semi,
             updating_input,
             left_width: left.fields().len(),
             sides: [l, r],
@@ -608,10 +635,11 @@ impl JoinOperator {
     /// comes). A regular outer join of append-only inputs with only keys in ON needs no
     /// marks: a row matches once its key has a row on the other side.
     fn marks(&self) -> bool {
-        self.preserve.contains(&true)
-            && (self.interval.is_some()
-                || self.condition.is_some()
-                || self.updating_input.contains(&true))
+        self.semi
+            || self.preserve.contains(&true)
+                && (self.interval.is_some()
+                    || self.condition.is_some()
+                    || self.updating_input.contains(&true))
     }
 
     /// Whether marks are counts of matches rather than flags: a regular outer join of
@@ -1154,6 +1182,8 @@ impl JoinOperator {
             columns.push(changelog::op_array(&vec![kind; rows]));
         }
         match &self.exprs {
+            // A semi join writes the left rows of its pairs.
+            None if self.semi => columns.extend(pairs.columns()[..self.left_width].iter().cloned()),
             None => columns.extend(pairs.columns().iter().cloned()),
             Some(exprs) => {
                 for e in exprs {
@@ -1278,8 +1308,8 @@ impl JoinOperator {
                     (true, Some(key)) if marked.insert(key) => {
                         own_marks.push(mark(key, row_passes[row]));
                     }
-                    (false, None) => padded.push(row as u32),
-                    (false, Some(_)) if pads_now => padded.push(row as u32),
+                    (false, None) if !self.semi => padded.push(row as u32),
+                    (false, Some(_)) if pads_now && !self.semi => padded.push(row as u32),
                     _ => {}
                 }
             }
@@ -1314,9 +1344,30 @@ impl JoinOperator {
                 .flat_map(|met| std::iter::repeat_n(met.row.clone(), met.arrivals as usize))
                 .collect();
             if !retracted.is_empty() {
+                // A semi join's left rows first matched now are its output; a padded
+                // row's first match takes it back.
+                let kind = match self.semi {
+                    true => RowKind::Insert,
+                    false => RowKind::Delete,
+                };
                 let rows = self.pair_batch(input, None, Some(&retracted), retracted.len())?;
-                out.batch(self.output_of(RowKind::Delete, &rows)?);
+                out.batch(self.output_of(kind, &rows)?);
             }
+        }
+        if self.semi {
+            // This batch's left rows with a pair passing ON, each once.
+            let matched: Vec<u32> = match self.preserve[input] {
+                true => (0..batch.num_rows() as u32)
+                    .filter(|&r| row_passes[r as usize] > 0)
+                    .collect(),
+                false => Vec::new(),
+            };
+            if !matched.is_empty() {
+                let n = matched.len();
+                let rows = self.pair_batch(input, Some((batch, matched)), None, n)?;
+                out.batch(self.output_of(RowKind::Insert, &rows)?);
+            }
+            return Ok(());
         }
         if n > 0 {
             let pairs = match &holds {
@@ -2448,6 +2499,58 @@ mod tests {
         assert_eq!(
             changes(&out),
             [c("+I", Some(1), Some(16), x), c("+I", Some(1), Some(20), x)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_semi_join_writes_each_left_row_once_when_a_pair_of_it_first_passes() {
+        let mut s = spec(Some("b.v <> 'y'"), 0);
+        s.r#type = pb::JoinType::Semi as i32;
+        s.exprs.clear();
+        let mut op = join(&s, Arc::new(MemoryStateStore::new(false))).await;
+        assert_eq!(op.schema(), left_schema(), "the left rows, append-only");
+        let rows = |out: &Output| -> Vec<(Option<i64>, i64)> {
+            let mut rows = Vec::new();
+            for e in &out.main {
+                if let StreamElement::Batch(b) = e {
+                    let k = b.column(0).as_primitive::<Int64Type>();
+                    let v = b.column(1).as_primitive::<Int64Type>();
+                    rows.extend(
+                        (0..b.num_rows()).map(|i| (k.is_valid(i).then(|| k.value(i)), v.value(i))),
+                    );
+                }
+            }
+            rows
+        };
+        let mut out = Output::default();
+        op.process_input(
+            0,
+            left(&[(Some(1), 10), (Some(2), 20), (None, 5)]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        assert!(rows(&out).is_empty(), "nothing matches yet");
+        // "y" fails ON; "x" matches 10 (once, though it arrives twice).
+        op.process_input(1, right(&[(2, "y"), (1, "x"), (1, "x")]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(rows(&out), [(Some(1), 10)]);
+        let mut out = Output::default();
+        op.process_input(1, right(&[(1, "z")]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(
+            0,
+            left(&[(Some(1), 11), (Some(1), 10), (Some(2), 21)]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            rows(&out),
+            [(Some(1), 11), (Some(1), 10)],
+            "a left row arriving with a match is written at once, each arrival once"
         );
     }
 

@@ -521,6 +521,7 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
                             ("left", pb::JoinType::Left),
                             ("right", pb::JoinType::Right),
                             ("full", pb::JoinType::Full),
+                            ("semi", pb::JoinType::Semi),
                         ],
                     )
                 })?

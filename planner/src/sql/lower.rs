@@ -878,7 +878,15 @@ fn lower_select(
     let mut group_by: Vec<Expr> = group_by.to_vec();
     let mut selection = select.selection.clone();
     let mut having = select.having.clone();
+    // `k IN (SELECT ...)` conjuncts of WHERE: semi joins after the rest of WHERE.
+    let semis = in_subqueries(&mut selection, at)?;
     let joined = join_from(&select.from, at)?;
+    if let (Some((_, _, semi_at)), Some(_)) = (semis.first(), &joined) {
+        return Err(unsupported(
+            *semi_at,
+            "IN (SELECT ...) in a query with a join; join in a view and filter it here",
+        ));
+    }
     // The input's event time, when a GROUP BY over it may cascade from its windows.
     let mut input_time = None;
     let (input, window) = match (joined, select.from.first()) {
@@ -974,6 +982,11 @@ fn lower_select(
     }
     if let Some(predicate) = &selection {
         pipeline.push(stage("filter", expr_node(predicate, at), at));
+    }
+    for (column, subquery, semi_at) in semis {
+        pipeline.push(semi_join_stage(
+            &column, &subquery, catalog, semi_at, depth,
+        )?);
     }
     if let Some((index, mut rank)) = row_number {
         if window.is_some() || !group_by.is_empty() || distinct {
@@ -1563,11 +1576,22 @@ impl JoinParts<'_> {
 
 /// The conjunction of `conjuncts`; `None` for none.
 fn and_all(conjuncts: Vec<Expr>) -> Option<Expr> {
-    conjuncts.into_iter().reduce(|a, b| Expr::BinaryOp {
-        left: Box::new(a),
-        op: BinaryOperator::And,
-        right: Box::new(b),
-    })
+    // An OR among them keeps its parentheses: the text is parsed again.
+    let nest = |e: Expr| match e {
+        Expr::BinaryOp {
+            op: BinaryOperator::Or,
+            ..
+        } => Expr::Nested(Box::new(e)),
+        e => e,
+    };
+    conjuncts
+        .into_iter()
+        .map(nest)
+        .reduce(|a, b| Expr::BinaryOp {
+            left: Box::new(a),
+            op: BinaryOperator::And,
+            right: Box::new(b),
+        })
 }
 
 /// An outer join's WHERE split into the conjuncts that name only a side the join
@@ -1911,6 +1935,11 @@ fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Optio
         return None;
     };
     if !from.joins.is_empty() || select.distinct.is_some() || has_over(&select.projection) {
+        return None;
+    }
+    // A semi join writes a row when its first match comes, maybe after the watermark
+    // passed it: its rows have no event time (as Flink's regular joins).
+    if select.selection.as_ref().is_some_and(holds_subquery) {
         return None;
     }
     let is_end = |e: &Expr| names_column(e, "window_end");
@@ -2434,6 +2463,133 @@ fn has_aggregate(items: &[SelectItem]) -> bool {
         };
         holds_aggregate(e)
     })
+}
+
+/// Whether `e` holds a subquery (`IN (SELECT ...)`, `EXISTS (...)`, `(SELECT ...)`).
+fn holds_subquery(e: &Expr) -> bool {
+    use std::ops::ControlFlow;
+    sqlparser::ast::visit_expressions(e, |e| match e {
+        Expr::InSubquery { .. } | Expr::Exists { .. } | Expr::Subquery(_) => ControlFlow::Break(()),
+        _ => ControlFlow::Continue(()),
+    })
+    .is_break()
+}
+
+/// Takes the `column IN (SELECT ...)` conjuncts out of `selection`: each column (its
+/// name), subquery and position. Any other subquery in WHERE is refused by name.
+fn in_subqueries(selection: &mut Option<Expr>, at: Pos) -> Result<Vec<(String, Box<Query>, Pos)>> {
+    let Some(where_) = selection.as_ref().filter(|w| holds_subquery(w)) else {
+        return Ok(Vec::new());
+    };
+    let mut conjuncts = Vec::new();
+    split_and(where_, &mut conjuncts);
+    let mut semis = Vec::new();
+    let mut rest = Vec::new();
+    for c in conjuncts {
+        match c {
+            Expr::InSubquery {
+                expr,
+                subquery,
+                negated: false,
+            } => {
+                let c_at = located(&expr, at);
+                let column = match *expr {
+                    Expr::Identifier(id) => id.value,
+                    Expr::CompoundIdentifier(parts) if parts.len() == 2 => parts[1].value.clone(),
+                    other => {
+                        return Err(SqlError::new(
+                            c_at,
+                            format!(
+                                "IN (SELECT ...) of `{other}`: compute it as a column in a \
+                                 subquery or view first, and test that column"
+                            ),
+                        ));
+                    }
+                };
+                semis.push((column, subquery, c_at));
+            }
+            other if holds_subquery(&other) => {
+                return Err(SqlError::new(
+                    located(&other, at),
+                    "this subquery in WHERE (NOT IN, EXISTS, a scalar subquery, or IN under \
+                     OR or NOT) is not supported yet by Sluice's SQL; `column IN (SELECT \
+                     ...)` as a conjunct of WHERE is"
+                        .to_owned(),
+                ));
+            }
+            other => rest.push(other),
+        }
+    }
+    *selection = and_all(rest);
+    Ok(semis)
+}
+
+/// `column IN (subquery)` as a semi join: the left rows once a row of the subquery's one
+/// column equals `column` (the subquery lowered as the join's right input).
+fn semi_join_stage(
+    column: &str,
+    subquery: &Query,
+    catalog: &Catalog<'_>,
+    at: Pos,
+    depth: usize,
+) -> Result<Node> {
+    let right_column = single_output_name(&subquery.body, at)?;
+    let right = lower_query(subquery, catalog, at, depth + 1)?;
+    if let Some(rank) = &right.rank {
+        return Err(unbounded_rank(rank));
+    }
+    let (source, watermark) = source_nodes(&catalog.tables[&right.source])?;
+    let mut input = Section::default();
+    input.put(&["source"], source)?;
+    if let Some(w) = watermark {
+        input.put(&["watermark"], w)?;
+    }
+    input.put(&["pipeline"], seq(right.pipeline, at))?;
+    let mut spec = Section::default();
+    spec.put(&["type"], scalar("semi", at))?;
+    spec.put(&["right"], input.into_node(at))?;
+    spec.put(&["left_keys"], seq(vec![scalar(column.to_owned(), at)], at))?;
+    spec.put(&["right_keys"], seq(vec![scalar(right_column, at)], at))?;
+    if let Some(ttl) = &catalog.join_ttl {
+        // A semi join keeps both sides whole; say so rather than drop the setting.
+        let _ = ttl;
+        return Err(SqlError::new(
+            at,
+            "IN (SELECT ...) with 'table.exec.state.ttl' set: a semi join keeps both sides \
+             whole, it takes no state TTL yet"
+                .to_owned(),
+        ));
+    }
+    Ok(stage("join", spec.into_node(at), at))
+}
+
+/// The name of the one column a subquery gives (for `IN (SELECT x ...)`).
+fn single_output_name(body: &SetExpr, at: Pos) -> Result<String> {
+    let select = match body {
+        SetExpr::Select(select) => select,
+        SetExpr::Query(q) => return single_output_name(&q.body, at),
+        _ => {
+            return Err(unsupported(at, "IN over a UNION; put the UNION in a view"));
+        }
+    };
+    let at = pos(select.select_token.0.span.start);
+    match select.projection.as_slice() {
+        [SelectItem::UnnamedExpr(Expr::Identifier(id))] => Ok(id.value.clone()),
+        [SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts))] if parts.len() == 2 => {
+            Ok(parts[1].value.clone())
+        }
+        [SelectItem::ExprWithAlias { alias, .. }] => Ok(alias.value.clone()),
+        [SelectItem::UnnamedExpr(e)] => Err(SqlError::new(
+            located(e, at),
+            format!("name the column IN (SELECT ...) compares with: `{e} AS name`"),
+        )),
+        _ => Err(SqlError::new(
+            at,
+            "IN (SELECT ...) compares with one column: the subquery's SELECT list must be \
+             exactly one"
+                .to_owned(),
+        )),
+    }
 }
 
 /// Whether `f` calls an aggregate function (not as a window function, `OVER`).
