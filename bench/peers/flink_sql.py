@@ -181,11 +181,29 @@ QUERIES = {
                       "AND B.date_time BETWEEN A.date_time AND A.date_time + INTERVAL '10' SECOND",
                       "auction BIGINT, seller BIGINT, bidder BIGINT, price BIGINT, "
                       "bid_time TIMESTAMP(3)"),
+    # A regular LEFT JOIN whose ON holds conditions on both sides (updating).
+    "left-join-condition": ("SELECT B.auction, B.bidder, B.price, A.seller, A.reserve FROM bid B "
+                       "LEFT JOIN auction A ON B.auction = A.id AND A.category = 10 "
+                       "AND B.price > A.reserve",
+                       "auction BIGINT, bidder BIGINT, price BIGINT, seller BIGINT, "
+                       "reserve BIGINT"),
+    # IN (SELECT ...): Flink plans a semi join.
+    "semi-in": ("SELECT auction, bidder, price, date_time FROM bid "
+                "WHERE auction IN (SELECT id FROM auction WHERE category = 10)",
+                "auction BIGINT, bidder BIGINT, price BIGINT, date_time TIMESTAMP(3)"),
+    "union-all": ("SELECT auction AS id, price AS amount, date_time FROM bid WHERE price > 1000 "
+                  "UNION ALL SELECT id, initial_bid, date_time FROM auction",
+                  "id BIGINT, amount BIGINT, date_time TIMESTAMP(3)"),
+    # Expressions over aggregates and HAVING (updating).
+    "having": ("SELECT auction, SUM(price) / COUNT(*) AS mean_price, "
+               "MAX(price) - MIN(price) AS spread FROM bid GROUP BY auction HAVING COUNT(*) >= 50",
+               "auction BIGINT, mean_price BIGINT, spread BIGINT"),
 }
 
 # The tables each query reads besides `bid`.
 JOINED = {"q3": ("auction", "person"), "q8": ("auction", "person"), "q20": ("auction",),
-          "q4": ("auction",), "q6": ("auction",), "q9": ("auction",), "interval-join": ("auction",)}
+          "q4": ("auction",), "q6": ("auction",), "q9": ("auction",), "interval-join": ("auction",),
+          "left-join-condition": ("auction",), "semi-in": ("auction",), "union-all": ("auction",)}
 # Columns a query's bid table computes besides the CSV's.
 COMPUTED = {"q12": "p_time AS PROCTIME(),", "q13": "p_time AS PROCTIME(),"}
 

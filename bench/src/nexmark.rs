@@ -88,6 +88,19 @@ pub enum Query {
     /// Every bid of its auction's first 10 seconds: an interval join of bids and
     /// auctions on their event times, rows kept only while they can match. SQL only.
     IntervalJoin,
+    /// Every bid with its auction where the auction is of category 10 and the bid is over
+    /// its reserve, or padded with nulls: a regular LEFT JOIN whose ON holds conditions
+    /// on both sides (an updating result). SQL only.
+    LeftJoinCondition,
+    /// Bids on auctions of category 10: `auction IN (SELECT id FROM auction ...)`, a
+    /// semi join. SQL only.
+    SemiIn,
+    /// Big bids and every auction as one stream: UNION ALL of two tables' queries. SQL
+    /// only.
+    UnionAll,
+    /// Per auction with at least 50 bids, the mean price and the spread between highest
+    /// and lowest: expressions over aggregates and HAVING (an updating result). SQL only.
+    Having,
 }
 
 impl Query {
@@ -106,6 +119,10 @@ impl Query {
                 | Query::Q21
                 | Query::Q22
                 | Query::IntervalJoin
+                | Query::LeftJoinCondition
+                | Query::SemiIn
+                | Query::UnionAll
+                | Query::Having
         )
     }
 
@@ -250,9 +267,15 @@ fn main_stream(query: Query) -> Stream {
 fn joined_streams(query: Query) -> &'static [Stream] {
     match query {
         Query::Q3 => &[Stream::Person],
-        Query::Q8 | Query::Q20 | Query::Q4 | Query::Q6 | Query::Q9 | Query::IntervalJoin => {
-            &[Stream::Auction]
-        }
+        Query::Q8
+        | Query::Q20
+        | Query::Q4
+        | Query::Q6
+        | Query::Q9
+        | Query::IntervalJoin
+        | Query::LeftJoinCondition
+        | Query::SemiIn
+        | Query::UnionAll => &[Stream::Auction],
         Query::Q7Join => &[Stream::Bid],
         _ => &[],
     }
@@ -476,7 +499,11 @@ fn fixed_pipeline(query: Query) -> &'static str {
         | Query::Q16
         | Query::Q21
         | Query::Q22
-        | Query::IntervalJoin => "",
+        | Query::IntervalJoin
+        | Query::LeftJoinCondition
+        | Query::SemiIn
+        | Query::UnionAll
+        | Query::Having => "",
     }
 }
 
@@ -654,6 +681,22 @@ fn select(query: Query) -> &'static str {
             "SELECT A.id AS auction, A.seller, B.bidder, B.price, B.date_time AS bid_time \
              FROM auction A, bid B WHERE A.id = B.auction \
              AND B.date_time BETWEEN A.date_time AND A.date_time + INTERVAL '10' SECOND"
+        }
+        Query::LeftJoinCondition => {
+            "SELECT B.auction, B.bidder, B.price, A.seller, A.reserve FROM bid B \
+             LEFT JOIN auction A ON B.auction = A.id AND A.category = 10 AND B.price > A.reserve"
+        }
+        Query::SemiIn => {
+            "SELECT auction, bidder, price, date_time FROM bid \
+             WHERE auction IN (SELECT id FROM auction WHERE category = 10)"
+        }
+        Query::UnionAll => {
+            "SELECT auction AS id, price AS amount, date_time FROM bid WHERE price > 1000 \
+             UNION ALL SELECT id, initial_bid, date_time FROM auction"
+        }
+        Query::Having => {
+            "SELECT auction, SUM(price) / COUNT(*) AS mean_price, \
+             MAX(price) - MIN(price) AS spread FROM bid GROUP BY auction HAVING COUNT(*) >= 50"
         }
     }
 }

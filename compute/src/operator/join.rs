@@ -47,9 +47,11 @@
 //! goes, a row without one is padded with nulls. A padded row is final, so the result
 //! is append-only, as Flink's.
 //!
-//! A semi join (`JoinType::Semi`, SQL's `k IN (SELECT ...)`) marks its left rows as a
-//! LEFT join does, and writes a left row (its own columns) when it is first marked
-//! instead of taking a padded copy back: each left row once, append-only.
+//! A semi join (`JoinType::Semi`, SQL's `k IN (SELECT ...)`) finds its left rows' first
+//! pairs as a LEFT join does, and then writes the left row (its own columns) instead of
+//! taking a padded copy back: each left row once, append-only. A left row written leaves
+//! state (the right side only grows, so it can never be written again), so the left
+//! side keeps only the rows still waiting for a match.
 //!
 //! A regular outer join pads a preserved row that matches nothing at once, and takes it
 //! back (`-D`) when its first match comes: an updating result. With only keys in ON a
@@ -1289,11 +1291,18 @@ impl JoinOperator {
             }
         }
         let counts = self.counts();
-        let mark = |key: &Bytes, count: u64| WriteOp::Merge {
-            key: key.clone(),
-            operand: match counts {
-                true => Bytes::copy_from_slice(&count_header(count)),
-                false => Bytes::from_static(&MATCHED),
+        // A semi join is done with a left row once it is written (the right side only
+        // grows): the row leaves state instead of being marked.
+        let semi = self.semi;
+        let mark = |key: &Bytes, count: u64| match (semi, counts) {
+            (true, _) => WriteOp::Delete { key: key.clone() },
+            (false, true) => WriteOp::Merge {
+                key: key.clone(),
+                operand: Bytes::copy_from_slice(&count_header(count)),
+            },
+            (false, false) => WriteOp::Merge {
+                key: key.clone(),
+                operand: Bytes::from_static(&MATCHED),
             },
         };
         let pads_now = self.interval.is_none();
@@ -2552,6 +2561,15 @@ mod tests {
             [(Some(1), 11), (Some(1), 10)],
             "a left row arriving with a match is written at once, each arrival once"
         );
+        // Rows written leave state; those still waiting for a match stay.
+        let table = op.kept.as_ref().unwrap()[0].table.clone();
+        for (k, waiting) in [(1, 0), (2, 2)] {
+            let mut key = Vec::new();
+            sluice_common::key_group::push_i64(&mut key, Some(k));
+            let group = key_group_of(&key, 128);
+            let rows = table.scan_key(group, &key, 16).await.unwrap();
+            assert_eq!(rows.len(), waiting, "left rows of key {k} in state");
+        }
     }
 
     #[tokio::test]
