@@ -171,19 +171,21 @@ fn join_text(j: &pb::JoinSpec, lookup: Option<&str>) -> String {
         .as_ref()
         .map_or(String::new(), |c| format!(" AND {}", c.sql));
     let exprs: Vec<&str> = j.exprs.iter().map(|e| e.sql.as_str()).collect();
-    let select = if exprs.is_empty() && j.r#type() == pb::JoinType::Semi {
-        format!("{l}.*")
-    } else if exprs.is_empty() {
-        "*".to_owned()
-    } else {
-        exprs.join(", ")
-    };
+    let select =
+        if exprs.is_empty() && matches!(j.r#type(), pb::JoinType::Semi | pb::JoinType::Anti) {
+            format!("{l}.*")
+        } else if exprs.is_empty() {
+            "*".to_owned()
+        } else {
+            exprs.join(", ")
+        };
     let kind = match j.r#type() {
         pb::JoinType::Inner => "INNER JOIN",
         pb::JoinType::Left => "LEFT OUTER JOIN",
         pb::JoinType::Right => "RIGHT OUTER JOIN",
         pb::JoinType::Full => "FULL OUTER JOIN",
         pb::JoinType::Semi => "LEFT SEMI JOIN",
+        pb::JoinType::Anti => "LEFT ANTI JOIN",
     };
     let kind = match lookup {
         Some(table) => format!("{kind} {table} AS {r} FOR SYSTEM_TIME AS OF processing time"),

@@ -53,6 +53,10 @@
 //! state (the right side only grows, so it can never be written again), so the left
 //! side keeps only the rows still waiting for a match.
 //!
+//! An anti join (`JoinType::Anti`, SQL's `NOT EXISTS (...)`) is a LEFT join that
+//! writes its padded rows as the left rows alone and no pairs: each left row while
+//! nothing passes ON with it, an updating result.
+//!
 //! A regular outer join pads a preserved row that matches nothing at once, and takes it
 //! back (`-D`) when its first match comes: an updating result. With only keys in ON a
 //! row matches once its key has a row on the other side, known by one read of the key.
@@ -255,6 +259,8 @@ pub struct JoinOperator {
     preserve: [bool; 2],
     /// A semi join: each left row once, when a pair of it first passes ON.
     semi: bool,
+    /// An anti join: each left row while no pair of it passes ON.
+    anti: bool,
     /// Per input, whether it is a changelog (its first column the change kind).
     updating_input: [bool; 2],
     /// Columns of the left side (the pair's first).
@@ -441,17 +447,20 @@ impl JoinOperator {
         // A semi join marks its left rows as a LEFT join does, and writes a row when it
         // is first marked rather than while it is not.
         let semi = spec.r#type() == pb::JoinType::Semi;
+        // An anti join is a LEFT join that writes its padded rows' left columns only, and
+        // no pairs.
+        let anti = spec.r#type() == pb::JoinType::Anti;
         let preserve = match spec.r#type() {
             pb::JoinType::Inner => [false, false],
-            pb::JoinType::Left | pb::JoinType::Semi => [true, false],
+            pb::JoinType::Left | pb::JoinType::Semi | pb::JoinType::Anti => [true, false],
             pb::JoinType::Right => [false, true],
             pb::JoinType::Full => [true, true],
         };
         let outer = preserve.contains(&true) && !semi;
-        if semi && (spec.interval.is_some() || spec.ttl_ms > 0) {
+        if (semi || anti) && (spec.interval.is_some() || spec.ttl_ms > 0) {
             return Err(Error::Plan(
-                "a semi join (IN (SELECT ...)) keeps both sides whole: it takes no state TTL \
-                 and no bounds between the sides' event times yet"
+                "a semi or anti join (IN, EXISTS, NOT EXISTS) keeps both sides whole: it \
+                 takes no state TTL and no bounds between the sides' event times yet"
                     .into(),
             ));
         }
@@ -467,10 +476,10 @@ impl JoinOperator {
             Some(i) => Some(interval_of(i, spec.ttl_ms, updating_input, left, right)?),
             None => None,
         };
-        if semi && updating_input.contains(&true) {
+        if (semi || anti) && updating_input.contains(&true) {
             return Err(Error::Plan(
-                "a semi join (IN (SELECT ...)) of an updating result (a GROUP BY's, a Top-N's \
-                 or an outer join's changelog) is not supported yet"
+                "a semi or anti join (IN, EXISTS, NOT EXISTS) of an updating result (a GROUP \
+                 BY's, a Top-N's or an outer join's changelog) is not supported yet"
                     .into(),
             ));
         }
@@ -543,8 +552,8 @@ impl JoinOperator {
             }
             None => None,
         };
-        let (exprs, schema) = if spec.exprs.is_empty() && semi {
-            // A semi join's rows are its left rows.
+        let (exprs, schema) = if spec.exprs.is_empty() && (semi || anti) {
+            // A semi or anti join's rows are its left rows.
             (None, left.clone())
         } else if spec.exprs.is_empty() {
             let mut seen = std::collections::HashSet::new();
@@ -607,6 +616,7 @@ impl JoinOperator {
         Ok(Self {
             preserve,
             semi,
+            anti,
             updating_input,
             left_width: left.fields().len(),
             sides: [l, r],
@@ -638,6 +648,7 @@ impl JoinOperator {
     /// marks: a row matches once its key has a row on the other side.
     fn marks(&self) -> bool {
         self.semi
+            || self.anti
             || self.preserve.contains(&true)
                 && (self.interval.is_some()
                     || self.condition.is_some()
@@ -1185,7 +1196,9 @@ impl JoinOperator {
         }
         match &self.exprs {
             // A semi join writes the left rows of its pairs.
-            None if self.semi => columns.extend(pairs.columns()[..self.left_width].iter().cloned()),
+            None if self.semi || self.anti => {
+                columns.extend(pairs.columns()[..self.left_width].iter().cloned());
+            }
             None => columns.extend(pairs.columns().iter().cloned()),
             Some(exprs) => {
                 for e in exprs {
@@ -1378,7 +1391,7 @@ impl JoinOperator {
             }
             return Ok(());
         }
-        if n > 0 {
+        if n > 0 && !self.anti {
             let pairs = match &holds {
                 Some(h) => filter_record_batch(&pairs, h)?,
                 None => pairs,
@@ -2570,6 +2583,60 @@ mod tests {
             let rows = table.scan_key(group, &key, 16).await.unwrap();
             assert_eq!(rows.len(), waiting, "left rows of key {k} in state");
         }
+    }
+
+    #[tokio::test]
+    async fn an_anti_join_writes_each_left_row_until_a_pair_of_it_passes() {
+        let mut s = spec(Some("b.v <> 'y'"), 0);
+        s.r#type = pb::JoinType::Anti as i32;
+        s.exprs.clear();
+        let mut op = join(&s, Arc::new(MemoryStateStore::new(false))).await;
+        assert_eq!(op.schema().field(0).name(), "op", "an updating result");
+        let c = |op: &str, k: Option<i64>, v: i64| (op.to_owned(), k, v);
+        let rows = |out: &Output| -> Vec<(String, Option<i64>, i64)> {
+            let mut rows = Vec::new();
+            for e in &out.main {
+                if let StreamElement::Batch(b) = e {
+                    let op = b.column(0).as_string::<i32>();
+                    let k = b.column(1).as_primitive::<Int64Type>();
+                    let v = b.column(2).as_primitive::<Int64Type>();
+                    rows.extend((0..b.num_rows()).map(|i| {
+                        (
+                            op.value(i).to_owned(),
+                            k.is_valid(i).then(|| k.value(i)),
+                            v.value(i),
+                        )
+                    }));
+                }
+            }
+            rows
+        };
+        let mut out = Output::default();
+        op.process_input(
+            0,
+            left(&[(Some(1), 10), (Some(2), 20), (None, 5)]),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            rows(&out),
+            [c("+I", Some(1), 10), c("+I", Some(2), 20), c("+I", None, 5)],
+            "nothing matches yet: every row, a null key's included"
+        );
+        // "y" fails ON; "x" is 10's first match: 10 is taken back, once.
+        let mut out = Output::default();
+        op.process_input(1, right(&[(2, "y"), (1, "x"), (1, "x")]), &mut out)
+            .await
+            .unwrap();
+        op.process_input(0, left(&[(Some(1), 11), (Some(2), 21)]), &mut out)
+            .await
+            .unwrap();
+        assert_eq!(
+            rows(&out),
+            [c("-D", Some(1), 10), c("+I", Some(2), 21)],
+            "a row arriving with a match is never written"
+        );
     }
 
     #[tokio::test]

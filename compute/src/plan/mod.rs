@@ -231,6 +231,23 @@ fn output_needs(
         .filter(|e| e.side_output.is_empty())
     {
         let reads = match plan.node(e.target).kind.as_ref() {
+            // A semi or anti join passes its left rows on as they are: the left input
+            // gives what the join's readers read, and each side its keys.
+            Some(pb::node::Kind::Join(j))
+                if matches!(j.r#type(), pb::JoinType::Semi | pb::JoinType::Anti)
+                    && j.exprs.is_empty()
+                    && j.condition.is_none() =>
+            {
+                let keys = match e.target_input {
+                    0 => &j.left_keys,
+                    _ => &j.right_keys,
+                };
+                let own = Needs::Columns(keys.iter().cloned().collect());
+                match e.target_input {
+                    0 => own.union(output_needs(plan, e.target, consumers, compiler, memo)?),
+                    _ => own,
+                }
+            }
             Some(pb::node::Kind::Join(j)) => {
                 let right = plan.right_input_schema(e.target)?;
                 match JoinOperator::input_columns(

@@ -522,6 +522,7 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
                             ("right", pb::JoinType::Right),
                             ("full", pb::JoinType::Full),
                             ("semi", pb::JoinType::Semi),
+                            ("anti", pb::JoinType::Anti),
                         ],
                     )
                 })?

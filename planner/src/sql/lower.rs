@@ -878,13 +878,15 @@ fn lower_select(
     let mut group_by: Vec<Expr> = group_by.to_vec();
     let mut selection = select.selection.clone();
     let mut having = select.having.clone();
-    // `k IN (SELECT ...)` conjuncts of WHERE: semi joins after the rest of WHERE.
-    let semis = in_subqueries(&mut selection, at)?;
+    // `k IN (SELECT ...)` and `[NOT] EXISTS (...)` conjuncts of WHERE: semi and anti
+    // joins after the rest of WHERE.
+    let outer_name = select.from.first().and_then(|f| table_name(&f.relation));
+    let semis = subquery_joins(&mut selection, outer_name.as_deref(), at)?;
     let joined = join_from(&select.from, at)?;
-    if let (Some((_, _, semi_at)), Some(_)) = (semis.first(), &joined) {
+    if let (Some(semi), Some(_)) = (semis.first(), &joined) {
         return Err(unsupported(
-            *semi_at,
-            "IN (SELECT ...) in a query with a join; join in a view and filter it here",
+            semi.at,
+            "IN and EXISTS subqueries in a query with a join; join in a view and filter it here",
         ));
     }
     // The input's event time, when a GROUP BY over it may cascade from its windows.
@@ -983,10 +985,8 @@ fn lower_select(
     if let Some(predicate) = &selection {
         pipeline.push(stage("filter", expr_node(predicate, at), at));
     }
-    for (column, subquery, semi_at) in semis {
-        pipeline.push(semi_join_stage(
-            &column, &subquery, catalog, semi_at, depth,
-        )?);
+    for semi in semis {
+        pipeline.push(semi_join_stage(&semi, catalog, depth)?);
     }
     if let Some((index, mut rank)) = row_number {
         if window.is_some() || !group_by.is_empty() || distinct {
@@ -2475,15 +2475,32 @@ fn holds_subquery(e: &Expr) -> bool {
     .is_break()
 }
 
-/// Takes the `column IN (SELECT ...)` conjuncts out of `selection`: each column (its
-/// name), subquery and position. Any other subquery in WHERE is refused by name.
-fn in_subqueries(selection: &mut Option<Expr>, at: Pos) -> Result<Vec<(String, Box<Query>, Pos)>> {
+/// A WHERE conjunct that is a subquery, as a join of the query's rows with its rows.
+struct SubqueryJoin {
+    /// `semi` (IN, EXISTS) or `anti` (NOT EXISTS).
+    kind: &'static str,
+    /// The outer query's columns, equal to the subquery's `right_keys`.
+    left_keys: Vec<String>,
+    right_keys: Vec<String>,
+    subquery: Query,
+    at: Pos,
+}
+
+/// Takes the `column IN (SELECT ...)` and `[NOT] EXISTS (SELECT ... WHERE inner.k =
+/// outer.k ...)` conjuncts out of `selection` (`outer`: the name the query's FROM item
+/// goes by, which EXISTS's correlated columns are qualified with). Any other subquery in
+/// WHERE is refused by name.
+fn subquery_joins(
+    selection: &mut Option<Expr>,
+    outer: Option<&str>,
+    at: Pos,
+) -> Result<Vec<SubqueryJoin>> {
     let Some(where_) = selection.as_ref().filter(|w| holds_subquery(w)) else {
         return Ok(Vec::new());
     };
     let mut conjuncts = Vec::new();
     split_and(where_, &mut conjuncts);
-    let mut semis = Vec::new();
+    let mut joins = Vec::new();
     let mut rest = Vec::new();
     for c in conjuncts {
         match c {
@@ -2506,14 +2523,34 @@ fn in_subqueries(selection: &mut Option<Expr>, at: Pos) -> Result<Vec<(String, B
                         ));
                     }
                 };
-                semis.push((column, subquery, c_at));
+                let right = single_output_name(&subquery.body, c_at)?;
+                joins.push(SubqueryJoin {
+                    kind: "semi",
+                    left_keys: vec![column],
+                    right_keys: vec![right],
+                    subquery: *subquery,
+                    at: c_at,
+                });
+            }
+            Expr::Exists { subquery, negated } => {
+                let c_at = located(
+                    &Expr::Exists {
+                        subquery: subquery.clone(),
+                        negated,
+                    },
+                    at,
+                );
+                let mut join = correlated(*subquery, outer, c_at)?;
+                join.kind = if negated { "anti" } else { "semi" };
+                joins.push(join);
             }
             other if holds_subquery(&other) => {
                 return Err(SqlError::new(
                     located(&other, at),
-                    "this subquery in WHERE (NOT IN, EXISTS, a scalar subquery, or IN under \
+                    "this subquery in WHERE (NOT IN, a scalar subquery, or IN or EXISTS under \
                      OR or NOT) is not supported yet by Sluice's SQL; `column IN (SELECT \
-                     ...)` as a conjunct of WHERE is"
+                     ...)`, `EXISTS (...)` and `NOT EXISTS (...)` as conjuncts of WHERE are \
+                     (write NOT IN as NOT EXISTS)"
                         .to_owned(),
                 ));
             }
@@ -2521,20 +2558,127 @@ fn in_subqueries(selection: &mut Option<Expr>, at: Pos) -> Result<Vec<(String, B
         }
     }
     *selection = and_all(rest);
-    Ok(semis)
+    Ok(joins)
 }
 
-/// `column IN (subquery)` as a semi join: the left rows once a row of the subquery's one
-/// column equals `column` (the subquery lowered as the join's right input).
-fn semi_join_stage(
-    column: &str,
-    subquery: &Query,
-    catalog: &Catalog<'_>,
-    at: Pos,
-    depth: usize,
-) -> Result<Node> {
-    let right_column = single_output_name(&subquery.body, at)?;
-    let right = lower_query(subquery, catalog, at, depth + 1)?;
+/// An EXISTS subquery as a join: the equalities of its WHERE between a column of the
+/// outer query (qualified by `outer`) and one of its own are the keys; it keeps the rest
+/// of its WHERE and selects its key columns.
+fn correlated(mut query: Query, outer: Option<&str>, at: Pos) -> Result<SubqueryJoin> {
+    let refuse = |what: &str| -> Result<SubqueryJoin> {
+        Err(SqlError::new(
+            at,
+            format!("EXISTS over {what} is not supported yet by Sluice's SQL"),
+        ))
+    };
+    let Some(outer) = outer else {
+        return refuse("a query without a named FROM item");
+    };
+    let SetExpr::Select(select) = query.body.as_mut() else {
+        return refuse("a UNION or a query in parentheses");
+    };
+    let grouped = !matches!(&select.group_by, GroupByExpr::Expressions(e, _) if e.is_empty());
+    if grouped || select.having.is_some() || select.distinct.is_some() {
+        return refuse("a GROUP BY, HAVING or DISTINCT");
+    }
+    let names_outer = |e: &Expr| {
+        use std::ops::ControlFlow;
+        sqlparser::ast::visit_expressions(e, |e| match e {
+            Expr::CompoundIdentifier(parts)
+                if parts.len() == 2 && parts[0].value.eq_ignore_ascii_case(outer) =>
+            {
+                ControlFlow::Break(())
+            }
+            _ => ControlFlow::Continue(()),
+        })
+        .is_break()
+    };
+    let column = |e: &Expr| match e {
+        Expr::Identifier(id) => Some(id.value.clone()),
+        Expr::CompoundIdentifier(parts) if parts.len() == 2 => Some(parts[1].value.clone()),
+        _ => None,
+    };
+    let mut conjuncts = Vec::new();
+    if let Some(w) = &select.selection {
+        split_and(w, &mut conjuncts);
+    }
+    let (mut left_keys, mut inner_keys, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+    for c in conjuncts {
+        if let Expr::BinaryOp {
+            left: a,
+            op: BinaryOperator::Eq,
+            right: b,
+        } = &c
+        {
+            let pair = match (names_outer(a), names_outer(b)) {
+                (true, false) => Some((a, b)),
+                (false, true) => Some((b, a)),
+                _ => None,
+            };
+            if let Some((o, i)) = pair
+                && let (Some(o), Some(_)) = (column(o), column(i))
+            {
+                left_keys.push(o);
+                inner_keys.push((**i).clone());
+                continue;
+            }
+        }
+        if names_outer(&c) {
+            return Err(SqlError::new(
+                located(&c, at),
+                format!(
+                    "`{c}` reads the outer query's `{outer}` inside EXISTS; only equalities \
+                     between one of its columns and one of the subquery's correlate (`x.k = \
+                     {outer}.k`)"
+                ),
+            ));
+        }
+        rest.push(c);
+    }
+    if left_keys.is_empty() {
+        return Err(SqlError::new(
+            at,
+            format!(
+                "EXISTS needs an equality in its WHERE between one of its columns and one of \
+                 `{outer}`'s (`x.k = {outer}.k`); an uncorrelated EXISTS is not supported"
+            ),
+        ));
+    }
+    let right_keys: Vec<String> = (0..inner_keys.len())
+        .map(|i| format!("sluice_key_{i}"))
+        .collect();
+    select.projection = inner_keys
+        .into_iter()
+        .zip(&right_keys)
+        .map(|(expr, name)| SelectItem::ExprWithAlias {
+            expr,
+            alias: Ident::new(name),
+        })
+        .collect();
+    select.selection = and_all(rest);
+    Ok(SubqueryJoin {
+        kind: "semi",
+        left_keys,
+        right_keys,
+        subquery: query,
+        at,
+    })
+}
+
+/// A subquery join's `join` item: the subquery lowered as its right input, `semi` (each
+/// row of the query once, when a subquery row with its keys has been seen) or `anti`
+/// (each row while none has).
+fn semi_join_stage(join: &SubqueryJoin, catalog: &Catalog<'_>, depth: usize) -> Result<Node> {
+    let at = join.at;
+    if catalog.join_ttl.is_some() {
+        return Err(SqlError::new(
+            at,
+            "IN and EXISTS subqueries with 'table.exec.state.ttl' set: a semi or anti join \
+             keeps both sides whole, it takes no state TTL yet"
+                .to_owned(),
+        ));
+    }
+    let right = lower_query(&join.subquery, catalog, at, depth + 1)?;
     if let Some(rank) = &right.rank {
         return Err(unbounded_rank(rank));
     }
@@ -2545,21 +2689,12 @@ fn semi_join_stage(
         input.put(&["watermark"], w)?;
     }
     input.put(&["pipeline"], seq(right.pipeline, at))?;
+    let names = |keys: &[String]| seq(keys.iter().map(|k| scalar(k.clone(), at)).collect(), at);
     let mut spec = Section::default();
-    spec.put(&["type"], scalar("semi", at))?;
+    spec.put(&["type"], scalar(join.kind, at))?;
     spec.put(&["right"], input.into_node(at))?;
-    spec.put(&["left_keys"], seq(vec![scalar(column.to_owned(), at)], at))?;
-    spec.put(&["right_keys"], seq(vec![scalar(right_column, at)], at))?;
-    if let Some(ttl) = &catalog.join_ttl {
-        // A semi join keeps both sides whole; say so rather than drop the setting.
-        let _ = ttl;
-        return Err(SqlError::new(
-            at,
-            "IN (SELECT ...) with 'table.exec.state.ttl' set: a semi join keeps both sides \
-             whole, it takes no state TTL yet"
-                .to_owned(),
-        ));
-    }
+    spec.put(&["left_keys"], names(&join.left_keys))?;
+    spec.put(&["right_keys"], names(&join.right_keys))?;
     Ok(stage("join", spec.into_node(at), at))
 }
 
