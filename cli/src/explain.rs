@@ -383,8 +383,18 @@ fn keyed_state(
                 },
                 (None, ms) => format!("each kept {ms} ms after it arrived"),
             };
+            let rows = match j.r#type() {
+                pb::JoinType::Semi => "the left rows still without a match and every right row",
+                _ => "every row of both sides",
+            };
+            let ttl = match j.r#type() {
+                pb::JoinType::Anti => {
+                    format!("{ttl}; a left row is written while it has no match")
+                }
+                _ => ttl,
+            };
             Some(format!(
-                "every row of both sides per key [{}] / [{}], {ttl}",
+                "{rows} per key [{}] / [{}], {ttl}",
                 j.left_keys.join(", "),
                 j.right_keys.join(", ")
             ))

@@ -1559,6 +1559,12 @@ fn group_of(group: u32) -> Result<u16> {
 /// What `n` arrivals of a row expiring at `expires_at` append to its entry: one expiry
 /// header each.
 fn arrivals(expires_at: i64, n: u64) -> Bytes {
+    // The most common entry of all, a row of a join without TTL that arrived once:
+    // shared, so that an in-memory store keeps no allocation per such row for it.
+    static NEVER_ONCE: [u8; ttl::HEADER_LEN] = ttl::NEVER_EXPIRES.to_be_bytes();
+    if n == 1 && expires_at == ttl::NEVER_EXPIRES {
+        return Bytes::from_static(&NEVER_ONCE);
+    }
     let mut v = Vec::with_capacity(ttl::HEADER_LEN * n as usize);
     for _ in 0..n {
         ttl::write_header(&mut v, expires_at);
