@@ -51,7 +51,9 @@
 //! pairs as a LEFT join does, and then writes the left row (its own columns) instead of
 //! taking a padded copy back: each left row once, append-only. A left row written leaves
 //! state (the right side only grows, so it can never be written again), so the left
-//! side keeps only the rows still waiting for a match.
+//! side keeps only the rows still waiting for a match. Of an updating input, a semi or
+//! anti join counts each left row's matches as an outer join does: a semi join takes a
+//! row back (`-D`) when its last match goes, an anti join writes it again.
 //!
 //! An anti join (`JoinType::Anti`, SQL's `NOT EXISTS (...)`) is a LEFT join that
 //! writes its padded rows as the left rows alone and no pairs: each left row while
@@ -476,13 +478,6 @@ impl JoinOperator {
             Some(i) => Some(interval_of(i, spec.ttl_ms, updating_input, left, right)?),
             None => None,
         };
-        if (semi || anti) && updating_input.contains(&true) {
-            return Err(Error::Plan(
-                "a semi or anti join (IN, EXISTS, NOT EXISTS) of an updating result (a GROUP \
-                 BY's, a Top-N's or an outer join's changelog) is not supported yet"
-                    .into(),
-            ));
-        }
         let (left_data, right_data) = (data_schema(left), data_schema(right));
         let (left, right) = (&left_data, &right_data);
         // A regular outer join's result changes as matches arrive (an outer interval
@@ -1089,6 +1084,14 @@ impl JoinOperator {
                     value: with_count(&value, keep, count),
                 },
             });
+            if (self.semi || self.anti) && self.preserve[input] {
+                // A left row. What it wrote: a semi join's row while it had matches, an anti join's
+                // while it had none. It made no pairs.
+                if (count > 0) == self.semi {
+                    unpadded.extend_from_slice(&members[..removed]);
+                }
+                continue;
+            }
             if self.preserve[input] && count == 0 {
                 // It matched nothing, so it was written padded and made no pair.
                 unpadded.extend_from_slice(&members[..removed]);
@@ -1170,13 +1173,19 @@ impl JoinOperator {
             Some(h) => filter_record_batch(&pairs, h)?,
             None => pairs,
         };
-        if pairs.num_rows() > 0 {
+        if pairs.num_rows() > 0 && !(self.semi || self.anti) {
             out.batch(self.output_of(RowKind::Delete, &pairs)?);
         }
         if !repadded.is_empty() {
+            // Left rows left with no match: a semi join takes them back, an anti join
+            // and an outer join write them (padded) again.
+            let kind = match self.semi {
+                true => RowKind::Delete,
+                false => RowKind::Insert,
+            };
             let n = repadded.len();
             let rows = self.pair_batch(input, None, Some(&repadded), n)?;
-            out.batch(self.output_of(RowKind::Insert, &rows)?);
+            out.batch(self.output_of(kind, &rows)?);
         }
         if !unpadded.is_empty() {
             let n = unpadded.len();
@@ -1304,15 +1313,16 @@ impl JoinOperator {
             }
         }
         let counts = self.counts();
-        // A semi join is done with a left row once it is written (the right side only
-        // grows): the row leaves state instead of being marked.
+        // A semi join of append-only inputs is done with a left row once it is written
+        // (the right side only grows): the row leaves state instead of being marked. Of
+        // an updating input it counts the row's matches, as an outer join does.
         let semi = self.semi;
         let mark = |key: &Bytes, count: u64| match (semi, counts) {
-            (true, _) => WriteOp::Delete { key: key.clone() },
-            (false, true) => WriteOp::Merge {
+            (_, true) => WriteOp::Merge {
                 key: key.clone(),
                 operand: Bytes::copy_from_slice(&count_header(count)),
             },
+            (true, false) => WriteOp::Delete { key: key.clone() },
             (false, false) => WriteOp::Merge {
                 key: key.clone(),
                 operand: Bytes::from_static(&MATCHED),
@@ -2643,6 +2653,58 @@ mod tests {
             [c("-D", Some(1), 10), c("+I", Some(2), 21)],
             "a row arriving with a match is never written"
         );
+    }
+
+    #[tokio::test]
+    async fn semi_and_anti_joins_of_an_updating_input_follow_the_count_of_matches() {
+        let c = |op: &str, v: i64| (op.to_owned(), v);
+        for (kind, first, last) in [
+            (pb::JoinType::Semi, "+I", "-D"),
+            (pb::JoinType::Anti, "-D", "+I"),
+        ] {
+            let mut s = spec(None, 0);
+            s.r#type = kind as i32;
+            s.exprs.clear();
+            let store: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new(false));
+            let mut op = join_over(&s, &updating_right_schema(), store, 1).await;
+            // (op, left v) of every row written: the left rows alone.
+            let rows = |out: &Output| {
+                let mut rows = Vec::new();
+                for e in &out.main {
+                    if let StreamElement::Batch(b) = e {
+                        let op = b.column(0).as_string::<i32>();
+                        let v = b.column(2).as_primitive::<Int64Type>();
+                        rows.extend(
+                            (0..b.num_rows()).map(|i| (op.value(i).to_owned(), v.value(i))),
+                        );
+                    }
+                }
+                rows
+            };
+            let mut out = Output::default();
+            op.process_input(0, left(&[(Some(1), 10)]), &mut out)
+                .await
+                .unwrap();
+            let mut out = Output::default();
+            op.process_input(1, right_changes(&[("+I", 1, "x")]), &mut out)
+                .await
+                .unwrap();
+            assert_eq!(rows(&out), [c(first, 10)], "{kind:?}: the first match");
+            // A second match, then the first taken back: still one.
+            let mut out = Output::default();
+            op.process_input(1, right_changes(&[("+I", 1, "z")]), &mut out)
+                .await
+                .unwrap();
+            op.process_input(1, right_changes(&[("-D", 1, "x")]), &mut out)
+                .await
+                .unwrap();
+            assert!(rows(&out).is_empty(), "{kind:?}: {:?}", rows(&out));
+            let mut out = Output::default();
+            op.process_input(1, right_changes(&[("-D", 1, "z")]), &mut out)
+                .await
+                .unwrap();
+            assert_eq!(rows(&out), [c(last, 10)], "{kind:?}: the last match gone");
+        }
     }
 
     #[tokio::test]
