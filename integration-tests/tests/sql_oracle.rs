@@ -327,6 +327,12 @@ const ORACLE: &[(&str, &str)] = &[
         "SELECT auction, bidder, price FROM bid WHERE price > 5000000 AND auction IN \
          (SELECT auction FROM bid GROUP BY auction HAVING count(*) >= 100)",
     ),
+    // COUNT(DISTINCT ...) over another GROUP BY's changelog.
+    (
+        "sql/bid-count-buckets-distinct",
+        "SELECT n % 10 AS bucket, count(DISTINCT n) AS counts, count(*) AS auctions FROM \
+         (SELECT auction, count(*) AS n FROM bid GROUP BY auction) GROUP BY n % 10",
+    ),
     // Flink's REGEXP_EXTRACT and SPLIT_INDEX give null where DuckDB gives ''.
     (
         "nexmark/q21",
@@ -757,6 +763,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "sql/category-ten-bids-in",
         "sql/quiet-auctions-not-exists",
         "sql/hot-auction-bids-in",
+        "sql/bid-count-buckets-distinct",
     ]
     .into_iter()
     .filter(|n| selected(n))

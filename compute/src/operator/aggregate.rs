@@ -23,7 +23,9 @@
 //! (`-D`). A `min` or `max` keeps, in table `vals`, each value's count per key and call
 //! (the value encoded so that byte order is value order), as Flink's retracting
 //! min/max keep a map of values: when the extreme loses its last copy, the key's kept
-//! values are scanned for the next. `COUNT(DISTINCT)` over a changelog is refused.
+//! values are scanned for the next. `COUNT(DISTINCT)` over a changelog keeps in `seen`,
+//! instead of a mask, each value's count of rows per call: a call counts the value while
+//! its count is above 0.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -112,13 +114,6 @@ impl AggregateOperator {
         let mut distinct: Vec<DistinctGroup> = Vec::new();
         let mut group_of: HashMap<&str, usize> = HashMap::new();
         for (i, call) in calls.iter().enumerate() {
-            if retracting && call.distinct {
-                return Err(Error::Plan(format!(
-                    "`{}`: COUNT(DISTINCT ...) over an updating result (another GROUP BY's, \
-                     a Top-N's or an outer join's changelog) is not supported yet",
-                    call.name
-                )));
-            }
             if let (true, AggFunc::Udf(udf)) = (retracting, call.func) {
                 return Err(Error::Plan(format!(
                     "`{}`: {} is registered in Rust and cannot take rows back; it reads an \
@@ -196,19 +191,23 @@ impl AggregateOperator {
         self.schema.clone()
     }
 
-    /// Adds to `partial` (per slot, per call) each `COUNT(DISTINCT)` value of the batch
-    /// that its call had not counted for its key, and records those values as counted.
+    /// Adds to `partial` (per slot, `width` accumulators from each call's) each
+    /// `COUNT(DISTINCT)` value of the batch that its call had not counted for its key,
+    /// and records those values as counted. Over an updating input (`signs`, per row)
+    /// each value keeps a count of its rows per call instead: a call counts it while
+    /// that is above 0, so a value whose last row is taken back is counted no more.
     async fn count_distinct(
         &self,
         batch: &RecordBatch,
         first: &[u32],
         row_slots: &[u32],
+        signs: Option<&[i64]>,
+        width: usize,
         partial: &mut [Acc],
     ) -> Result<()> {
         let Some(seen) = self.seen.as_ref() else {
             return Err(Error::Internal("aggregate used before `open`".into()));
         };
-        let n_calls = self.calls.len();
         // Per group: the values in bytes, and per row the mask of its calls that count it
         // (a call counts a non-null value its FILTER passes).
         let mut encoded = Vec::with_capacity(self.distinct.len());
@@ -252,21 +251,33 @@ impl AggregateOperator {
             row_masks.push(masks);
         }
         // The batch's distinct (slot, group, value)s, with the calls that count each.
+        // Over an updating input, also each one's net rows per call.
         let mut index: HashMap<(u32, usize, &[u8]), usize, Hasher> = HashMap::default();
         let mut candidates: Vec<(u32, usize, &[u8], u64)> = Vec::new();
+        let mut deltas: Vec<Vec<i64>> = Vec::new();
         for (g, (values, masks)) in encoded.iter().zip(&row_masks).enumerate() {
             for (row, (&slot, &mask)) in row_slots.iter().zip(masks).enumerate() {
                 if mask == 0 {
                     continue;
                 }
                 let value = values.row(row).data();
-                match index.entry((slot, g, value)) {
+                let at = match index.entry((slot, g, value)) {
                     std::collections::hash_map::Entry::Occupied(e) => {
                         candidates[*e.get()].3 |= mask;
+                        *e.get()
                     }
                     std::collections::hash_map::Entry::Vacant(e) => {
                         e.insert(candidates.len());
                         candidates.push((slot, g, value, mask));
+                        deltas.push(vec![0; self.distinct[g].calls.len()]);
+                        candidates.len() - 1
+                    }
+                };
+                if let Some(signs) = signs {
+                    for (bit, delta) in deltas[at].iter_mut().enumerate() {
+                        if mask & (1 << bit) != 0 {
+                            *delta += signs[row];
+                        }
                     }
                 }
             }
@@ -284,6 +295,49 @@ impl AggregateOperator {
             .collect();
         let stored = seen.get_many(&keys).await?;
         let mut writes = Vec::new();
+        if signs.is_some() {
+            for (((slot, g, _, _), delta), (key, value)) in candidates
+                .into_iter()
+                .zip(deltas)
+                .zip(keys.into_iter().zip(stored))
+            {
+                let calls = &self.distinct[g].calls;
+                let before: Vec<i64> = match value {
+                    Some(bytes) if bytes.len() == calls.len() * 8 => bytes
+                        .chunks_exact(8)
+                        .map(|c| i64::from_be_bytes(c.try_into().unwrap_or([0; 8])))
+                        .collect(),
+                    Some(_) => {
+                        return Err(Error::Internal(
+                            "a COUNT(DISTINCT) value seen is not a count per call (state of \
+                             an older version?)"
+                                .into(),
+                        ));
+                    }
+                    None => vec![0; calls.len()],
+                };
+                let mut after = Vec::with_capacity(calls.len() * 8);
+                for ((&call, b), d) in calls.iter().zip(&before).zip(&delta) {
+                    let a = b + d;
+                    let acc = &mut partial[slot as usize * width + call];
+                    match (*b > 0, a > 0) {
+                        (false, true) => acc.n += 1,
+                        (true, false) => acc.n -= 1,
+                        _ => {}
+                    }
+                    after.extend_from_slice(&a.max(0).to_be_bytes());
+                }
+                writes.push(match after.iter().all(|&b| b == 0) {
+                    true => WriteOp::Delete { key },
+                    false => WriteOp::Put {
+                        key,
+                        value: Bytes::from(after),
+                    },
+                });
+            }
+            seen.write(writes).await?;
+            return Ok(());
+        }
         for ((slot, g, _, mask), (key, value)) in
             candidates.into_iter().zip(keys.into_iter().zip(stored))
         {
@@ -303,7 +357,7 @@ impl AggregateOperator {
             }
             for (bit, &call) in self.distinct[g].calls.iter().enumerate() {
                 if new & (1 << bit) != 0 {
-                    partial[slot as usize * n_calls + call].n += 1;
+                    partial[slot as usize * width + call].n += 1;
                 }
             }
             writes.push(WriteOp::Put {
@@ -511,7 +565,9 @@ impl Operator for AggregateOperator {
                     let sign = signs[row];
                     rows[0].n += sign;
                     for (c, ((call, acc), arg)) in calls.enumerate() {
-                        if !is_extreme(call.func) {
+                        if call.distinct {
+                            // Counted by `count_distinct`.
+                        } else if !is_extreme(call.func) {
                             accumulator::update_signed(call.func, acc, arg, row, sign);
                         } else if let Some(v) = accumulator::ordered(arg, row) {
                             acc.n += sign;
@@ -522,8 +578,15 @@ impl Operator for AggregateOperator {
             }
         }
         if !self.distinct.is_empty() {
-            self.count_distinct(&batch, &first, &row_slots, &mut partial)
-                .await?;
+            self.count_distinct(
+                &batch,
+                &first,
+                &row_slots,
+                signs.as_deref(),
+                width,
+                &mut partial,
+            )
+            .await?;
         }
         let state_keys: Vec<Bytes> = first
             .iter()
@@ -1052,22 +1115,48 @@ mod tests {
         );
     }
 
-    #[test]
-    fn count_distinct_over_an_updating_input_is_refused() {
-        let spec = pb::AggregateSpec {
-            key_columns: vec!["k".into()],
-            aggregates: vec![pb::Expr {
-                sql: "count(DISTINCT v) AS n".into(),
-                location: None,
-            }],
-        };
-        let err = AggregateOperator::build(&spec, &updating(), &ExprCompiler::new())
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            err.contains("COUNT(DISTINCT ...) over an updating result"),
-            "{err}"
+    #[tokio::test]
+    async fn count_distinct_over_an_updating_input_counts_a_value_while_it_has_rows() {
+        let mut op = retracting(&[
+            "count(DISTINCT v) AS d",
+            "count(DISTINCT v) FILTER (WHERE v > 15) AS big",
+            "count(*) AS n",
+        ])
+        .await;
+        assert_eq!(
+            step(
+                &mut op,
+                &[
+                    ("+I", 1, Some(10)),
+                    ("+I", 1, Some(10)),
+                    ("+I", 1, Some(20))
+                ]
+            )
+            .await,
+            ["+I 1 2 1 3"]
+        );
+        // One of the two 10s goes: 10 is still there.
+        assert_eq!(
+            step(&mut op, &[("-D", 1, Some(10))]).await,
+            ["-U 1 2 1 3", "+U 1 2 1 2"]
+        );
+        // The other goes too, and 20 becomes 30 (an update of one row).
+        assert_eq!(
+            step(
+                &mut op,
+                &[
+                    ("-D", 1, Some(10)),
+                    ("-U", 1, Some(20)),
+                    ("+U", 1, Some(30))
+                ]
+            )
+            .await,
+            ["-U 1 2 1 2", "+U 1 1 1 1"]
+        );
+        // A value taken back that was never counted counts nothing.
+        assert_eq!(
+            step(&mut op, &[("-D", 1, Some(30)), ("-D", 1, Some(99))]).await,
+            ["-D 1 1 1 1"]
         );
     }
 
