@@ -46,6 +46,15 @@ impl AggregateFunction for GeoMean {
     fn finish(&self, acc: &Acc) -> Number {
         Number::Float((acc.f / acc.n as f64).exp())
     }
+
+    // Its state is a sum of logarithms: a value leaves it as it came in.
+    fn retracts(&self) -> bool {
+        true
+    }
+
+    fn retract(&self, acc: &mut Acc, value: Number) {
+        acc.f -= value.as_f64().ln();
+    }
 }
 
 fn count_char(args: &[ArrayRef]) -> Result<ArrayRef, String> {

@@ -931,4 +931,34 @@ fn user_defined_functions_run_in_worker_processes() {
         &read_jsonl_dir(&out),
         &expected,
     );
+
+    // Over another GROUP BY's changelog: geomean retracts (its state is a sum of
+    // logarithms), so as an auction's count changes the old count leaves its bucket.
+    let out = root.join("out").join("geomean-of-counts");
+    let job = root.join("geomean-of-counts.sql");
+    std::fs::write(
+        &job,
+        format!(
+            "SET 'parallelism.default' = '2';\n{}CREATE TABLE output WITH ('connector' = \
+             'file', 'path' = '{}', 'format' = 'jsonl');\nINSERT INTO output SELECT n % 10 AS \
+             bucket, geomean(n) AS typical FROM (SELECT auction, COUNT(*) AS n FROM bid \
+             GROUP BY auction) GROUP BY n % 10;\n",
+            file_tables(root),
+            out.display(),
+        ),
+    )
+    .unwrap();
+    run_with_udf_program(&job, root, "geomean");
+    let expected = duckdb(
+        &python,
+        &bids,
+        "SELECT n % 10 AS bucket, exp(avg(ln(n))) AS typical FROM (SELECT auction, \
+         count(*) AS n FROM bid GROUP BY auction) GROUP BY n % 10",
+    );
+    assert!(!expected.is_empty());
+    assert_same_rows(
+        "geomean over an updating result on two workers against DuckDB",
+        &output_rows(&out),
+        &expected,
+    );
 }

@@ -68,8 +68,10 @@
 //! Then `geomean(price)` is an aggregate in SQL and in a job file's `aggregate:` list,
 //! with `FILTER (WHERE ...)` (rows it refuses are not folded in). Nulls are skipped.
 //! Integer and timestamp arguments arrive as [`Number::Int`] (milliseconds), floats and
-//! decimals as [`Number::Float`]. It cannot take an updating input back (a GROUP BY over
-//! a changelog refuses it at planning) nor `DISTINCT`.
+//! decimals as [`Number::Float`]. It takes no `DISTINCT`. A GROUP BY over an updating
+//! result (another GROUP BY's changelog) takes values back: only a function whose
+//! `retracts` says it can (its `retract` undoes an `update`, and its state is sums that
+//! `merge` adds) may aggregate one; others are refused at planning.
 //!
 //! This module knows nothing of jobs, operators or state.
 
@@ -126,6 +128,17 @@ pub trait AggregateFunction: Send + Sync + 'static {
     fn merge(&self, acc: &mut Acc, other: &Acc);
     /// The result of a state of at least one value.
     fn finish(&self, acc: &Acc) -> Number;
+    /// Whether [`retract`](Self::retract) takes a value back, so that the function may
+    /// aggregate an updating result. Such a function's state must merge by adding `i`
+    /// and `f` (sums), as a partial state may then hold values taken away.
+    fn retracts(&self) -> bool {
+        false
+    }
+    /// Takes one non-null value folded in before back out of `acc` (`acc.n` is counted
+    /// by Sluice); called only when [`retracts`](Self::retracts) says so.
+    fn retract(&self, acc: &mut Acc, value: Number) {
+        let _ = (acc, value);
+    }
 }
 
 /// A registered aggregate function: its name, result type and computation.

@@ -114,11 +114,14 @@ impl AggregateOperator {
         let mut distinct: Vec<DistinctGroup> = Vec::new();
         let mut group_of: HashMap<&str, usize> = HashMap::new();
         for (i, call) in calls.iter().enumerate() {
-            if let (true, AggFunc::Udf(udf)) = (retracting, call.func) {
+            if let (true, AggFunc::Udf(udf)) = (retracting, call.func)
+                && !udf.function.retracts()
+            {
                 return Err(Error::Plan(format!(
-                    "`{}`: {} is registered in Rust and cannot take rows back; it reads an \
-                     updating result (another GROUP BY's, a Top-N's or an outer join's \
-                     changelog), which only count, sum, avg, min and max can",
+                    "`{}`: {} is registered in Rust and cannot take rows back (its \
+                     `retracts` says so); it reads an updating result (another GROUP BY's, a \
+                     Top-N's or an outer join's changelog), which only count, sum, avg, min, \
+                     max and registered functions that retract can",
                     call.name, udf.name
                 )));
             }

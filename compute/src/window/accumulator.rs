@@ -15,7 +15,7 @@ use arrow::record_batch::RecordBatch;
 
 use crate::error::{Error, Result};
 use crate::expr::aggregate::{AggFunc, AggregateCall, ArgKind};
-use crate::expr::udf::Number;
+use crate::expr::udf::{AggregateUdf, Number};
 
 /// Bytes of one encoded [`Acc`].
 pub const ACC_BYTES: usize = 24;
@@ -179,6 +179,7 @@ pub fn update_signed(func: AggFunc, acc: &mut Acc, arg: &ArgValues, row: usize, 
             match func {
                 AggFunc::Sum => acc.i = acc.i.wrapping_add(v.wrapping_mul(sign)),
                 AggFunc::Avg => acc.f += (sign * v) as f64,
+                AggFunc::Udf(udf) => udf_signed(udf, acc, Number::Int(v), sign),
                 _ => {}
             }
             acc.n += sign;
@@ -187,11 +188,21 @@ pub fn update_signed(func: AggFunc, acc: &mut Acc, arg: &ArgValues, row: usize, 
             if a.is_null(row) {
                 return;
             }
-            if matches!(func, AggFunc::Sum | AggFunc::Avg) {
-                acc.f += sign as f64 * a.value(row);
+            match func {
+                AggFunc::Sum | AggFunc::Avg => acc.f += sign as f64 * a.value(row),
+                AggFunc::Udf(udf) => udf_signed(udf, acc, Number::Float(a.value(row)), sign),
+                _ => {}
             }
             acc.n += sign;
         }
+    }
+}
+
+/// A registered function's update (`sign` 1) or retraction (-1) of `value`.
+fn udf_signed(udf: &AggregateUdf, acc: &mut Acc, value: Number, sign: i64) {
+    match sign > 0 {
+        true => udf.function.update(acc, value),
+        false => udf.function.retract(acc, value),
     }
 }
 
@@ -356,6 +367,12 @@ mod tests {
         fn finish(&self, acc: &Acc) -> Number {
             Number::Int(acc.i)
         }
+        fn retracts(&self) -> bool {
+            true
+        }
+        fn retract(&self, acc: &mut Acc, value: Number) {
+            acc.i -= value.as_i64() * value.as_i64();
+        }
     }
 
     #[test]
@@ -390,6 +407,11 @@ mod tests {
             let err = AggregateCall::compile(&compiler, sql, &schema).unwrap_err();
             assert!(err.to_string().contains(needle), "{sql}: {err}");
         }
+        // Over an updating input a value taken back leaves the state as it came.
+        let mut signed = Acc::default();
+        (0..4).for_each(|r| update_signed(call.func, &mut signed, &arg, r, 1));
+        update_signed(call.func, &mut signed, &arg, 3, -1);
+        assert_eq!((signed.i, signed.n), (13, 2));
         let wrong = crate::expr::udf::register_aggregate("bad", DataType::Utf8, SumOfSquares);
         assert!(wrong.unwrap_err().contains("Int64 or Float64"));
     }

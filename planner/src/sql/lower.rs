@@ -2839,9 +2839,11 @@ impl AfterAggregate {
                     inner.push(item.clone());
                     outer.push(SelectItem::UnnamedExpr(Expr::Identifier(alias.clone())));
                 }
-                // A grouped expression: the aggregate computes it ahead.
+                // A grouped expression: the aggregate computes it ahead. A call of no
+                // aggregate over none stays too: the aggregate names an unknown one.
                 SelectItem::ExprWithAlias { expr, alias }
-                    if group_by.iter().any(|g| g.to_string() == expr.to_string()) =>
+                    if group_by.iter().any(|g| g.to_string() == expr.to_string())
+                        || matches!(expr, Expr::Function(_)) && !holds_aggregate(expr) =>
                 {
                     inner.push(item.clone());
                     outer.push(SelectItem::UnnamedExpr(Expr::Identifier(alias.clone())));
