@@ -2540,6 +2540,26 @@ mod tests {
         );
     }
 
+    /// `(op, k, v)` of every left row a semi or anti join wrote (`+I` without `op`).
+    fn left_rows(out: &Output) -> Vec<(String, Option<i64>, i64)> {
+        let mut rows = Vec::new();
+        for e in &out.main {
+            if let StreamElement::Batch(b) = e {
+                let at = usize::from(changelog::is_changelog(&b.schema()));
+                let k = b.column(at).as_primitive::<Int64Type>();
+                let v = b.column(at + 1).as_primitive::<Int64Type>();
+                for i in 0..b.num_rows() {
+                    let op = match at {
+                        0 => "+I".to_owned(),
+                        _ => b.column(0).as_string::<i32>().value(i).to_owned(),
+                    };
+                    rows.push((op, k.is_valid(i).then(|| k.value(i)), v.value(i)));
+                }
+            }
+        }
+        rows
+    }
+
     #[tokio::test]
     async fn a_semi_join_writes_each_left_row_once_when_a_pair_of_it_first_passes() {
         let mut s = spec(Some("b.v <> 'y'"), 0);
@@ -2548,17 +2568,7 @@ mod tests {
         let mut op = join(&s, Arc::new(MemoryStateStore::new(false))).await;
         assert_eq!(op.schema(), left_schema(), "the left rows, append-only");
         let rows = |out: &Output| -> Vec<(Option<i64>, i64)> {
-            let mut rows = Vec::new();
-            for e in &out.main {
-                if let StreamElement::Batch(b) = e {
-                    let k = b.column(0).as_primitive::<Int64Type>();
-                    let v = b.column(1).as_primitive::<Int64Type>();
-                    rows.extend(
-                        (0..b.num_rows()).map(|i| (k.is_valid(i).then(|| k.value(i)), v.value(i))),
-                    );
-                }
-            }
-            rows
+            left_rows(out).into_iter().map(|(_, k, v)| (k, v)).collect()
         };
         let mut out = Output::default();
         op.process_input(
@@ -2609,24 +2619,7 @@ mod tests {
         let mut op = join(&s, Arc::new(MemoryStateStore::new(false))).await;
         assert_eq!(op.schema().field(0).name(), "op", "an updating result");
         let c = |op: &str, k: Option<i64>, v: i64| (op.to_owned(), k, v);
-        let rows = |out: &Output| -> Vec<(String, Option<i64>, i64)> {
-            let mut rows = Vec::new();
-            for e in &out.main {
-                if let StreamElement::Batch(b) = e {
-                    let op = b.column(0).as_string::<i32>();
-                    let k = b.column(1).as_primitive::<Int64Type>();
-                    let v = b.column(2).as_primitive::<Int64Type>();
-                    rows.extend((0..b.num_rows()).map(|i| {
-                        (
-                            op.value(i).to_owned(),
-                            k.is_valid(i).then(|| k.value(i)),
-                            v.value(i),
-                        )
-                    }));
-                }
-            }
-            rows
-        };
+        let rows = left_rows;
         let mut out = Output::default();
         op.process_input(
             0,
@@ -2667,19 +2660,11 @@ mod tests {
             s.exprs.clear();
             let store: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new(false));
             let mut op = join_over(&s, &updating_right_schema(), store, 1).await;
-            // (op, left v) of every row written: the left rows alone.
-            let rows = |out: &Output| {
-                let mut rows = Vec::new();
-                for e in &out.main {
-                    if let StreamElement::Batch(b) = e {
-                        let op = b.column(0).as_string::<i32>();
-                        let v = b.column(2).as_primitive::<Int64Type>();
-                        rows.extend(
-                            (0..b.num_rows()).map(|i| (op.value(i).to_owned(), v.value(i))),
-                        );
-                    }
-                }
-                rows
+            let rows = |out: &Output| -> Vec<(String, i64)> {
+                left_rows(out)
+                    .into_iter()
+                    .map(|(op, _, v)| (op, v))
+                    .collect()
             };
             let mut out = Output::default();
             op.process_input(0, left(&[(Some(1), 10)]), &mut out)

@@ -811,22 +811,12 @@ fn lower_union(
         other => return Err(unsupported(union_at, &format!("UNION {other}"))),
     };
     let mut lowered = lower_set_expr(left, catalog, at, depth + 1)?;
+    if let Some(rank) = &lowered.rank {
+        return Err(unbounded_rank(rank));
+    }
     let other = lower_set_expr(right, catalog, at, depth + 1)?;
-    for side in [&lowered, &other] {
-        if let Some(rank) = &side.rank {
-            return Err(unbounded_rank(rank));
-        }
-    }
-    let (source, watermark) = source_nodes(&catalog.tables[&other.source])?;
-    let mut input = Section::default();
-    input.put(&["source"], source)?;
-    if let Some(w) = watermark {
-        input.put(&["watermark"], w)?;
-    }
-    input.put(&["pipeline"], seq(other.pipeline, union_at))?;
-    lowered
-        .pipeline
-        .push(stage("union", input.into_node(union_at), union_at));
+    let input = other_input(other, catalog, union_at)?;
+    lowered.pipeline.push(stage("union", input, union_at));
     if distinct {
         let names = set_output_names(left, union_at)?;
         lowered
@@ -834,6 +824,22 @@ fn lower_union(
             .push(stage("dedup", seq(names, union_at), union_at));
     }
     Ok(lowered)
+}
+
+/// A union's or a subquery join's other input: its source, watermark and pipeline (what
+/// a `union:` item or a join's `right:` holds).
+fn other_input(lowered: Lowered, catalog: &Catalog<'_>, at: Pos) -> Result<Node> {
+    if let Some(rank) = &lowered.rank {
+        return Err(unbounded_rank(rank));
+    }
+    let (source, watermark) = source_nodes(&catalog.tables[&lowered.source])?;
+    let mut input = Section::default();
+    input.put(&["source"], source)?;
+    if let Some(w) = watermark {
+        input.put(&["watermark"], w)?;
+    }
+    input.put(&["pipeline"], seq(lowered.pipeline, at))?;
+    Ok(input.into_node(at))
 }
 
 /// The output column names of a query body (its first SELECT's).
@@ -2679,20 +2685,11 @@ fn semi_join_stage(join: &SubqueryJoin, catalog: &Catalog<'_>, depth: usize) -> 
         ));
     }
     let right = lower_query(&join.subquery, catalog, at, depth + 1)?;
-    if let Some(rank) = &right.rank {
-        return Err(unbounded_rank(rank));
-    }
-    let (source, watermark) = source_nodes(&catalog.tables[&right.source])?;
-    let mut input = Section::default();
-    input.put(&["source"], source)?;
-    if let Some(w) = watermark {
-        input.put(&["watermark"], w)?;
-    }
-    input.put(&["pipeline"], seq(right.pipeline, at))?;
+    let input = other_input(right, catalog, at)?;
     let names = |keys: &[String]| seq(keys.iter().map(|k| scalar(k.clone(), at)).collect(), at);
     let mut spec = Section::default();
     spec.put(&["type"], scalar(join.kind, at))?;
-    spec.put(&["right"], input.into_node(at))?;
+    spec.put(&["right"], input)?;
     spec.put(&["left_keys"], names(&join.left_keys))?;
     spec.put(&["right_keys"], names(&join.right_keys))?;
     Ok(stage("join", spec.into_node(at), at))
