@@ -171,14 +171,17 @@ fn join_text(j: &pb::JoinSpec, lookup: Option<&str>) -> String {
         .as_ref()
         .map_or(String::new(), |c| format!(" AND {}", c.sql));
     let exprs: Vec<&str> = j.exprs.iter().map(|e| e.sql.as_str()).collect();
-    let select =
-        if exprs.is_empty() && matches!(j.r#type(), pb::JoinType::Semi | pb::JoinType::Anti) {
-            format!("{l}.*")
-        } else if exprs.is_empty() {
-            "*".to_owned()
-        } else {
-            exprs.join(", ")
-        };
+    let select = if exprs.is_empty()
+        && matches!(
+            j.r#type(),
+            pb::JoinType::Semi | pb::JoinType::Anti | pb::JoinType::NotIn
+        ) {
+        format!("{l}.*")
+    } else if exprs.is_empty() {
+        "*".to_owned()
+    } else {
+        exprs.join(", ")
+    };
     let kind = match j.r#type() {
         pb::JoinType::Inner => "INNER JOIN",
         pb::JoinType::Left => "LEFT OUTER JOIN",
@@ -186,6 +189,7 @@ fn join_text(j: &pb::JoinSpec, lookup: Option<&str>) -> String {
         pb::JoinType::Full => "FULL OUTER JOIN",
         pb::JoinType::Semi => "LEFT SEMI JOIN",
         pb::JoinType::Anti => "LEFT ANTI JOIN",
+        pb::JoinType::NotIn => "LEFT ANTI JOIN (NOT IN)",
     };
     let kind = match lookup {
         Some(table) => format!("{kind} {table} AS {r} FOR SYSTEM_TIME AS OF processing time"),
@@ -388,7 +392,7 @@ fn keyed_state(
                 _ => "every row of both sides",
             };
             let ttl = match j.r#type() {
-                pb::JoinType::Anti => {
+                pb::JoinType::Anti | pb::JoinType::NotIn => {
                     format!("{ttl}; a left row is written while it has no match")
                 }
                 _ => ttl,

@@ -451,10 +451,12 @@ impl JoinOperator {
         let semi = spec.r#type() == pb::JoinType::Semi;
         // An anti join is a LEFT join that writes its padded rows' left columns only, and
         // no pairs.
-        let anti = spec.r#type() == pb::JoinType::Anti;
+        let anti = matches!(spec.r#type(), pb::JoinType::Anti | pb::JoinType::NotIn);
         let preserve = match spec.r#type() {
             pb::JoinType::Inner => [false, false],
-            pb::JoinType::Left | pb::JoinType::Semi | pb::JoinType::Anti => [true, false],
+            pb::JoinType::Left | pb::JoinType::Semi | pb::JoinType::Anti | pb::JoinType::NotIn => {
+                [true, false]
+            }
             pb::JoinType::Right => [false, true],
             pb::JoinType::Full => [true, true],
         };
@@ -480,6 +482,21 @@ impl JoinOperator {
         };
         let (left_data, right_data) = (data_schema(left), data_schema(right));
         let (left, right) = (&left_data, &right_data);
+        if spec.r#type() == pb::JoinType::NotIn {
+            // NOT IN of a null, or against one, is unknown: an anti join would keep the
+            // row. Only keys that cannot be null make the two the same.
+            let nullable = [(left, &spec.left_keys), (right, &spec.right_keys)]
+                .into_iter()
+                .flat_map(|(schema, keys)| keys.iter().map(move |k| (schema, k)))
+                .find(|(schema, k)| schema.field_with_name(k).is_ok_and(|f| f.is_nullable()));
+            if let Some((_, k)) = nullable {
+                return Err(Error::Plan(format!(
+                    "NOT IN compares `{k}`, which may be null (and NOT IN of a null, or \
+                     against one, keeps no row); write NOT EXISTS (SELECT ... WHERE x.k = \
+                     t.k), which keeps each row no value equals"
+                )));
+            }
+        }
         // A regular outer join's result changes as matches arrive (an outer interval
         // join pads a row only once its interval has passed, for good); a join of an
         // updating input takes back the pairs of each row retracted.

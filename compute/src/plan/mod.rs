@@ -234,8 +234,10 @@ fn output_needs(
             // A semi or anti join passes its left rows on as they are: the left input
             // gives what the join's readers read, and each side its keys.
             Some(pb::node::Kind::Join(j))
-                if matches!(j.r#type(), pb::JoinType::Semi | pb::JoinType::Anti)
-                    && j.exprs.is_empty()
+                if matches!(
+                    j.r#type(),
+                    pb::JoinType::Semi | pb::JoinType::Anti | pb::JoinType::NotIn
+                ) && j.exprs.is_empty()
                     && j.condition.is_none() =>
             {
                 let keys = match e.target_input {

@@ -523,6 +523,7 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
                             ("full", pb::JoinType::Full),
                             ("semi", pb::JoinType::Semi),
                             ("anti", pb::JoinType::Anti),
+                            ("not_in", pb::JoinType::NotIn),
                         ],
                     )
                 })?

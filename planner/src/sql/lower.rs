@@ -2483,7 +2483,7 @@ fn holds_subquery(e: &Expr) -> bool {
 
 /// A WHERE conjunct that is a subquery, as a join of the query's rows with its rows.
 struct SubqueryJoin {
-    /// `semi` (IN, EXISTS) or `anti` (NOT EXISTS).
+    /// `semi` (IN, EXISTS), `anti` (NOT EXISTS) or `not_in`.
     kind: &'static str,
     /// The outer query's columns, equal to the subquery's `right_keys`.
     left_keys: Vec<String>,
@@ -2513,7 +2513,7 @@ fn subquery_joins(
             Expr::InSubquery {
                 expr,
                 subquery,
-                negated: false,
+                negated,
             } => {
                 let c_at = located(&expr, at);
                 let column = match *expr {
@@ -2531,7 +2531,8 @@ fn subquery_joins(
                 };
                 let right = single_output_name(&subquery.body, c_at)?;
                 joins.push(SubqueryJoin {
-                    kind: "semi",
+                    // NOT IN: an anti join the join refuses over keys that may be null.
+                    kind: if negated { "not_in" } else { "semi" },
                     left_keys: vec![column],
                     right_keys: vec![right],
                     subquery: *subquery,
@@ -2553,10 +2554,9 @@ fn subquery_joins(
             other if holds_subquery(&other) => {
                 return Err(SqlError::new(
                     located(&other, at),
-                    "this subquery in WHERE (NOT IN, a scalar subquery, or IN or EXISTS under \
-                     OR or NOT) is not supported yet by Sluice's SQL; `column IN (SELECT \
-                     ...)`, `EXISTS (...)` and `NOT EXISTS (...)` as conjuncts of WHERE are \
-                     (write NOT IN as NOT EXISTS)"
+                    "this subquery in WHERE (a scalar subquery, or IN or EXISTS under OR or \
+                     NOT) is not supported yet by Sluice's SQL; `column [NOT] IN (SELECT \
+                     ...)` and `[NOT] EXISTS (...)` as conjuncts of WHERE are"
                         .to_owned(),
                 ));
             }
