@@ -263,8 +263,30 @@ fn output_needs(
                     None => Needs::All,
                 }
             }
-            // A union's columns are its inputs' by position, not by name.
-            Some(pb::node::Kind::Union(_)) => Needs::All,
+            // A union's columns are its inputs' by position, under the left's names:
+            // what its readers read, named as this input names it.
+            Some(pb::node::Kind::Union(_)) => {
+                match output_needs(plan, e.target, consumers, compiler, memo)? {
+                    Needs::All => Needs::All,
+                    Needs::Columns(names) => {
+                        let out = plan.output_schema(e.target);
+                        let input = match e.target_input {
+                            0 => plan.input_schema(e.target),
+                            _ => plan.right_input_schema(e.target)?,
+                        };
+                        let data = usize::from(crate::changelog::is_changelog(&out));
+                        Needs::Columns(
+                            out.fields()
+                                .iter()
+                                .zip(input.fields().iter())
+                                .enumerate()
+                                .filter(|(i, (o, _))| *i < data || names.contains(o.name()))
+                                .map(|(_, (_, f))| f.name().clone())
+                                .collect(),
+                        )
+                    }
+                }
+            }
             _ => input_needs(plan, e.target, consumers, compiler, memo)?,
         };
         needs = needs.union(reads);
