@@ -143,6 +143,20 @@ struct Met {
     count: u64,
 }
 
+impl Met {
+    /// The entry at `key` of `row`, as read (`value`), with its `arrivals` still live.
+    fn read(key: Bytes, row: Bytes, value: Bytes, arrivals: u64) -> Self {
+        Met {
+            key,
+            marked: is_matched(&value),
+            row,
+            arrivals,
+            count: count_of(&value),
+            value,
+        }
+    }
+}
+
 /// The pairs of one batch of a marking outer join, with what marking them needs.
 struct MarkedPairs {
     /// Per pair, the batch's row.
@@ -722,10 +736,7 @@ impl JoinOperator {
         }
         kept[0].table.write(drops).await?;
         for (side, rows) in unmatched.iter().enumerate() {
-            if !rows.is_empty() {
-                let pairs = self.pair_batch(1 - side, None, Some(rows), rows.len())?;
-                out.batch(self.output_of(RowKind::Insert, &pairs)?);
-            }
+            self.emit_others(1 - side, rows, RowKind::Insert, out)?;
         }
         Ok(())
     }
@@ -915,14 +926,12 @@ impl JoinOperator {
                     let from = met.len();
                     if mark_theirs {
                         let state_key = table.key(group, key, &m.namespace);
-                        met.push(Met {
-                            key: state_key,
-                            marked: is_matched(&m.value),
-                            row: m.namespace.clone(),
-                            arrivals: n,
-                            count: count_of(&m.value),
-                            value: m.value.clone(),
-                        });
+                        met.push(Met::read(
+                            state_key,
+                            m.namespace.clone(),
+                            m.value.clone(),
+                            n,
+                        ));
                     }
                     live.push((m.namespace, n, from));
                 }
@@ -1137,14 +1146,13 @@ impl JoinOperator {
                 }
                 let from = met.len();
                 if mark_theirs {
-                    met.push(Met {
-                        key: theirs.key(group, key, &m.namespace),
-                        marked: is_matched(&m.value),
-                        row: m.namespace.clone(),
-                        arrivals: n,
-                        count: count_of(&m.value),
-                        value: m.value.clone(),
-                    });
+                    let state_key = theirs.key(group, key, &m.namespace);
+                    met.push(Met::read(
+                        state_key,
+                        m.namespace.clone(),
+                        m.value.clone(),
+                        n,
+                    ));
                 }
                 for &row in &members {
                     for _ in 0..n {
@@ -1200,16 +1208,9 @@ impl JoinOperator {
                 true => RowKind::Delete,
                 false => RowKind::Insert,
             };
-            let n = repadded.len();
-            let rows = self.pair_batch(input, None, Some(&repadded), n)?;
-            out.batch(self.output_of(kind, &rows)?);
+            self.emit_others(input, &repadded, kind, out)?;
         }
-        if !unpadded.is_empty() {
-            let n = unpadded.len();
-            let rows = self.pair_batch(input, Some((&batch, unpadded)), None, n)?;
-            out.batch(self.output_of(RowKind::Delete, &rows)?);
-        }
-        Ok(())
+        self.emit_own(input, &batch, unpadded, RowKind::Delete, out)
     }
 
     /// The output rows of `pairs`: the change kind (an outer join's) and the output
@@ -1392,16 +1393,13 @@ impl JoinOperator {
                 .iter()
                 .flat_map(|met| std::iter::repeat_n(met.row.clone(), met.arrivals as usize))
                 .collect();
-            if !retracted.is_empty() {
-                // A semi join's left rows first matched now are its output; a padded
-                // row's first match takes it back.
-                let kind = match self.semi {
-                    true => RowKind::Insert,
-                    false => RowKind::Delete,
-                };
-                let rows = self.pair_batch(input, None, Some(&retracted), retracted.len())?;
-                out.batch(self.output_of(kind, &rows)?);
-            }
+            // A semi join's left rows first matched now are its output; a padded row's
+            // first match takes it back.
+            let kind = match self.semi {
+                true => RowKind::Insert,
+                false => RowKind::Delete,
+            };
+            self.emit_others(input, &retracted, kind, out)?;
         }
         if self.semi {
             // This batch's left rows with a pair passing ON, each once.
@@ -1411,12 +1409,7 @@ impl JoinOperator {
                     .collect(),
                 false => Vec::new(),
             };
-            if !matched.is_empty() {
-                let n = matched.len();
-                let rows = self.pair_batch(input, Some((batch, matched)), None, n)?;
-                out.batch(self.output_of(RowKind::Insert, &rows)?);
-            }
-            return Ok(());
+            return self.emit_own(input, batch, matched, RowKind::Insert, out);
         }
         if n > 0 && !self.anti {
             let pairs = match &holds {
@@ -1427,11 +1420,42 @@ impl JoinOperator {
                 out.batch(self.output_of(RowKind::Insert, &pairs)?);
             }
         }
-        if !padded.is_empty() {
-            let n = padded.len();
-            let rows = self.pair_batch(input, Some((batch, padded)), None, n)?;
-            out.batch(self.output_of(RowKind::Insert, &rows)?);
+        self.emit_own(input, batch, padded, RowKind::Insert, out)
+    }
+
+    /// Emits as `kind` the rows `rows` of a batch of input `input`, the other side's
+    /// columns null (a padded row, or a semi or anti join's own).
+    fn emit_own(
+        &self,
+        input: usize,
+        batch: &RecordBatch,
+        rows: Vec<u32>,
+        kind: RowKind,
+        out: &mut Output,
+    ) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
         }
+        let n = rows.len();
+        let pairs = self.pair_batch(input, Some((batch, rows)), None, n)?;
+        out.batch(self.output_of(kind, &pairs)?);
+        Ok(())
+    }
+
+    /// Emits as `kind` the other side's stored rows `rows` (of input `1 - input`), input
+    /// `input`'s columns null.
+    fn emit_others(
+        &self,
+        input: usize,
+        rows: &[Bytes],
+        kind: RowKind,
+        out: &mut Output,
+    ) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let pairs = self.pair_batch(input, None, Some(rows), rows.len())?;
+        out.batch(self.output_of(kind, &pairs)?);
         Ok(())
     }
 
@@ -1633,11 +1657,14 @@ fn live_arrivals(stored: &[u8], now: i64) -> Result<(u64, Option<Bytes>)> {
     for t in times.filter(|&t| !ttl::is_expired(t, now)) {
         ttl::write_header(&mut kept, t);
     }
-    if live > 0 && stored.chunks_exact(ttl::HEADER_LEN).any(|h| h == MATCHED) {
-        kept.extend_from_slice(&MATCHED);
-    }
-    if live > 0 && count_of(stored) > 0 {
-        kept.extend_from_slice(&count_header(count_of(stored)));
+    if live > 0 {
+        if stored.chunks_exact(ttl::HEADER_LEN).any(|h| h == MATCHED) {
+            kept.extend_from_slice(&MATCHED);
+        }
+        match count_of(stored) {
+            0 => {}
+            count => kept.extend_from_slice(&count_header(count)),
+        }
     }
     Ok((live, Some(Bytes::from(kept))))
 }
