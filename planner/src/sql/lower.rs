@@ -826,8 +826,8 @@ fn lower_union(
     Ok(lowered)
 }
 
-/// A union's or a subquery join's other input: its source, watermark and pipeline (what
-/// a `union:` item or a join's `right:` holds).
+/// A join's or a union's other input: its source, watermark and pipeline (what a join's
+/// `right:` or a `union:` item holds).
 fn other_input(lowered: Lowered, catalog: &Catalog<'_>, at: Pos) -> Result<Node> {
     if let Some(rank) = &lowered.rank {
         return Err(unbounded_rank(rank));
@@ -1312,16 +1312,13 @@ fn lower_join(
             ),
         ));
     }
-    let table = &catalog.tables[&right.source];
-    let (source, watermark) = source_nodes(table)?;
-    let mut input = Section::default();
-    input.put(&["source"], source)?;
-    if let Some(w) = watermark {
-        input.put(&["watermark"], w)?;
-    }
-    input.put(&["pipeline"], seq(right_pipeline, join_at))?;
+    let right_input = Lowered {
+        source: right.source.clone(),
+        pipeline: right_pipeline,
+        rank: None,
+    };
     let mut spec = Section::default();
-    spec.put(&["right"], input.into_node(join_at))?;
+    spec.put(&["right"], other_input(right_input, catalog, join_at)?)?;
     if join.kind != "inner" {
         spec.put(&["type"], scalar(join.kind, join_at))?;
     }
