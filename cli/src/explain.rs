@@ -276,6 +276,16 @@ fn describe(node: &pb::Node) -> String {
                 order.join(", ")
             )
         }
+        Some(Kind::Over(o)) => {
+            let aggs: Vec<&str> = o.aggregates.iter().map(|e| e.sql.as_str()).collect();
+            format!(
+                "OVER (PARTITION BY [{}] ORDER BY {} {}): {}",
+                o.partition_columns.join(", "),
+                o.time_column,
+                over_frame_text(o),
+                aggs.join(", ")
+            )
+        }
         Some(Kind::Join(j)) => join_text(j, None),
         Some(Kind::Union(_)) => {
             "UNION ALL of both inputs, under the left's column names".to_owned()
@@ -311,6 +321,18 @@ fn describe(node: &pb::Node) -> String {
     }
 }
 
+/// An OVER aggregate's frame as SQL writes it.
+fn over_frame_text(o: &pb::OverSpec) -> String {
+    let (unit, preceding) = match o.unit() {
+        pb::OverFrameUnit::Rows => ("ROWS", o.preceding.to_string()),
+        pb::OverFrameUnit::Range => ("RANGE", format!("INTERVAL '{}' MILLISECOND", o.preceding)),
+    };
+    match o.unbounded {
+        true => format!("{unit} BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"),
+        false => format!("{unit} BETWEEN {preceding} PRECEDING AND CURRENT ROW"),
+    }
+}
+
 /// What an operator keeps per key, if anything (`updating_input`: the changelog an
 /// aggregate, a Top-N or a join reads).
 fn keyed_state(
@@ -327,6 +349,22 @@ fn keyed_state(
         )),
         Some(pb::node::Kind::Dedup(d)) => {
             Some(format!("the keys [{}] seen", d.key_columns.join(", ")))
+        }
+        Some(pb::node::Kind::Over(o)) => {
+            let per = match o.partition_columns.is_empty() {
+                true => " (not keyed: one subtask)".to_owned(),
+                false => format!(" per [{}]", o.partition_columns.join(", ")),
+            };
+            let frame = match (o.unit(), o.unbounded) {
+                (_, true) => "a running total".to_owned(),
+                (pb::OverFrameUnit::Rows, false) => {
+                    format!("the last {} rows' accumulators", o.preceding)
+                }
+                (pb::OverFrameUnit::Range, false) => {
+                    format!("an accumulator per time of the last {} ms", o.preceding)
+                }
+            };
+            Some(format!("rows waiting for the watermark, and {frame}{per}"))
         }
         Some(pb::node::Kind::TopN(t)) => {
             let per = match t.partition_columns.is_empty() {

@@ -64,7 +64,7 @@ pub mod pb {
 
     impl node::Kind {
         /// Whether operators of this kind keep keyed state (windows, dedup, aggregates,
-        /// Top-N).
+        /// Top-N, joins, OVER aggregates).
         pub fn keeps_state(&self) -> bool {
             matches!(
                 self,
@@ -73,6 +73,7 @@ pub mod pb {
                     | Self::Aggregate(_)
                     | Self::TopN(_)
                     | Self::Join(_)
+                    | Self::Over(_)
             )
         }
     }

@@ -28,6 +28,7 @@ pub mod dedup;
 pub mod filter;
 pub mod join;
 pub mod lookup_join;
+pub mod over;
 pub mod select;
 pub mod sink;
 pub mod top_n;

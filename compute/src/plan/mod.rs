@@ -29,6 +29,7 @@ use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
 use crate::operator::join::{JoinOperator, side_wildcard};
 use crate::operator::lookup_join::LookupJoinOperator;
+use crate::operator::over::OverOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::top_n::TopNOperator;
 use crate::operator::union::UnionOperator;
@@ -351,6 +352,18 @@ fn input_needs(
         }
         Some(pb::node::Kind::Dedup(d)) => Needs::Columns(d.key_columns.iter().cloned().collect())
             .union(output_needs(plan, id, consumers, compiler, memo)?),
+        Some(pb::node::Kind::Over(o)) => {
+            // The input's columns pass through: what the readers need, less the aggregates.
+            let own: BTreeSet<String> = o
+                .partition_columns
+                .iter()
+                .chain([&o.time_column])
+                .cloned()
+                .collect();
+            refs(&mut o.aggregates.iter().map(|e| e.sql.as_str()))?
+                .union(Needs::Columns(own))
+                .union(output_needs(plan, id, consumers, compiler, memo)?)
+        }
         Some(pb::node::Kind::Aggregate(a)) => {
             refs(&mut a.aggregates.iter().map(|e| e.sql.as_str()))?
                 .union(Needs::Columns(a.key_columns.iter().cloned().collect()))
@@ -548,6 +561,21 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                         .map_err(|err| locate(&graph, e.location.as_ref(), "aggregate", err))?;
                 }
                 let op = AggregateOperator::build(spec, &input, &compiler).map_err(at)?;
+                inputs.insert(id, input);
+                op.schema()
+            }
+            pb::node::Kind::Over(spec) => {
+                for e in &spec.aggregates {
+                    AggregateCall::compile(&compiler, &e.sql, &input)
+                        .map_err(|err| locate(&graph, e.location.as_ref(), "aggregate", err))?;
+                }
+                let op = OverOperator::build(
+                    spec,
+                    &input,
+                    &compiler,
+                    Arc::new(WindowCounters::default()),
+                )
+                .map_err(at)?;
                 inputs.insert(id, input);
                 op.schema()
             }
@@ -759,6 +787,10 @@ fn check_updating_input(kind: &pb::node::Kind) -> Result<()> {
         pb::node::Kind::Window(_) => {
             "a window needs append-only input, but this one reads an updating result (an \
              unbounded GROUP BY's changelog); window before aggregating"
+        }
+        pb::node::Kind::Over(_) => {
+            "an OVER aggregate needs append-only input, but this one reads an updating result \
+             (an unbounded GROUP BY's, a join's or a Top-N's changelog)"
         }
         pb::node::Kind::Dedup(_) => {
             "deduplication needs append-only input, but this one reads an updating result \

@@ -33,6 +33,7 @@ use crate::operator::dedup::DedupOperator;
 use crate::operator::filter::FilterOperator;
 use crate::operator::join::JoinOperator;
 use crate::operator::lookup_join::LookupJoinOperator;
+use crate::operator::over::OverOperator;
 use crate::operator::select::SelectOperator;
 use crate::operator::sink::SinkOperator;
 use crate::operator::top_n::TopNOperator;
@@ -697,6 +698,12 @@ async fn build_operator(
             Box::new(AggregateOperator::build(spec, &input, compiler)?)
         }
         Some(pb::node::Kind::TopN(spec)) => Box::new(TopNOperator::build(spec, &input)?),
+        Some(pb::node::Kind::Over(spec)) => Box::new(OverOperator::build(
+            spec,
+            &input,
+            compiler,
+            metrics.window_counters(task_metrics.cache.clone()),
+        )?),
         Some(pb::node::Kind::Join(spec)) => {
             let right = plan.right_input_schema(node.id)?;
             Box::new(JoinOperator::build(spec, &input, &right, compiler)?)

@@ -187,6 +187,16 @@ fn add_stages(
                 );
                 (node, pointwise(upstream.parallelism, p), Vec::new())
             }
+            Operator::Over(over) => {
+                let p = if over.partition_columns.is_empty() {
+                    1
+                } else {
+                    job_parallelism
+                };
+                let key_columns = over.partition_columns.clone();
+                let node = graph.add_node("over", p, stage.at, pb::node::Kind::Over(over));
+                (node, pb::Partitioning::Hash, key_columns)
+            }
             Operator::TopN(top) => {
                 let p = if top.partition_columns.is_empty() {
                     1

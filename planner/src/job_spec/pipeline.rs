@@ -3,6 +3,8 @@
 //!
 //! A `top_n` item keeps the first rows per key (`{ partition_by, order_by, limit,
 //! rank_column }`), also a changelog.
+//! An `over` item is an OVER aggregate (`{ partition_by, order_by, rows | range }` and
+//! its `aggregate` list beside it): each row with aggregates over the rows before it.
 //! A `group_by` item holds its `aggregate` list too: an unbounded aggregate per key whose
 //! output is a changelog (`op` is `+I`, `-U`, `+U`).
 //!
@@ -27,6 +29,7 @@ const OPERATORS: &[&str] = &[
     "dedup",
     "group_by",
     "top_n",
+    "over",
     "join",
     "lookup_join",
     "union",
@@ -112,6 +115,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
             "dedup" => &["dedup"],
             "group_by" => &["group_by", "aggregate"],
             "top_n" => &["top_n"],
+            "over" => &["over", "aggregate"],
             "join" => &["join"],
             "lookup_join" => &["lookup_join"],
             "union" => &["union"],
@@ -134,6 +138,7 @@ pub(super) fn pipeline(node: &Node, watermark: Option<&pb::WatermarkSpec>) -> Re
                     .collect(),
             }),
             "top_n" => top_n(value, &op_path)?,
+            "over" => over(&fields, value, &op_path, watermark)?,
             "join" => join(value, &op_path)?,
             "lookup_join" => lookup_join(value, &op_path)?,
             "union" => union(value, &op_path)?,
@@ -651,6 +656,84 @@ fn lookup_join(node: &Node, path: &str) -> Result<Operator> {
         condition,
         exprs,
     })))
+}
+
+/// The longest ROWS frame an `over` item takes: a frame is merged entry by entry for
+/// each row it writes.
+const MAX_OVER_ROWS: u32 = 100_000;
+
+/// `over: { partition_by: [k], order_by: date_time, rows: 10 }` (or `rows: unbounded`,
+/// `range: 1h`, `range: unbounded`, the default) with `aggregate: [...]` beside it.
+fn over(
+    item: &Fields<'_>,
+    node: &Node,
+    path: &str,
+    watermark: Option<&pb::WatermarkSpec>,
+) -> Result<Operator> {
+    let fields = Fields::new(node, path, &["partition_by", "order_by", "rows", "range"])?;
+    let partition_columns = match fields.get("partition_by") {
+        None => Vec::new(),
+        Some(entry) => match &entry.value.value {
+            Value::Seq(items) if items.is_empty() => Vec::new(),
+            _ => string_list(entry.value, &fields.path_of("partition_by"), true)?
+                .into_iter()
+                .map(|(column, _)| column)
+                .collect(),
+        },
+    };
+    let time_column = match fields.opt("order_by", string)? {
+        Some(column) => column,
+        None => watermark.map(|w| w.column.clone()).unwrap_or_default(),
+    };
+    if watermark.is_none() || time_column.is_empty() {
+        return Err(PosError::new(
+            node.pos,
+            format!(
+                "an OVER aggregate orders rows by event time: it needs a `watermark:` section \
+                 and `order_by:` naming its column (in {path})"
+            ),
+        ));
+    }
+    let (unit, unbounded, preceding) = match (fields.get("rows"), fields.get("range")) {
+        (Some(_), Some(range)) => {
+            return Err(PosError::new(
+                range.value.pos,
+                format!("{path} has both `rows` and `range`; a frame is one or the other"),
+            ));
+        }
+        (Some(rows), None) if rows.value.text() == "unbounded" => {
+            (pb::OverFrameUnit::Rows, true, 0)
+        }
+        (Some(rows), None) => {
+            let n = super::fields::u32_in(rows.value, &fields.path_of("rows"), 0, MAX_OVER_ROWS)?;
+            (pb::OverFrameUnit::Rows, false, u64::from(n))
+        }
+        (None, Some(range)) if range.value.text() == "unbounded" => {
+            (pb::OverFrameUnit::Range, true, 0)
+        }
+        (None, Some(range)) => (
+            pb::OverFrameUnit::Range,
+            false,
+            duration_ms(range.value, &fields.path_of("range"))?,
+        ),
+        (None, None) => (pb::OverFrameUnit::Range, true, 0),
+    };
+    let aggregate = item.require(
+        "aggregate",
+        "; an over item needs at least one, e.g. `aggregate: [\"avg(price) AS avg_price\"]`",
+    )?;
+    Ok(Operator::Over(pb::OverSpec {
+        partition_columns,
+        time_column,
+        aggregates: exprs(string_list(
+            aggregate.value,
+            &item.path_of("aggregate"),
+            false,
+        )?),
+        unit: unit as i32,
+        unbounded,
+        preceding,
+    }))
 }
 
 /// `top_n: { partition_by: [k], order_by: ["price DESC"], limit: 10, rank_column: rn }`.

@@ -42,6 +42,9 @@ pub(super) enum Operator {
     Aggregate(pb::AggregateSpec),
     /// Top-N per key; not keyed (one subtask) when it has no partition columns.
     TopN(pb::TopNSpec),
+    /// An OVER aggregate per key; not keyed (one subtask) when it has no partition
+    /// columns.
+    Over(pb::OverSpec),
     /// A join of the pipeline so far (left) with another input (right).
     Join(Box<JoinStage>),
     /// A join of the pipeline so far with a bounded table every subtask reads whole.
