@@ -302,6 +302,14 @@ const ORACLE: &[(&str, &str)] = &[
         "SELECT auction, sum(price) // count(*) AS mean_price, max(price) - min(price) AS \
          spread FROM bid GROUP BY auction HAVING count(*) >= 50",
     ),
+    // An OVER aggregate over a RANGE frame (peers of one time in each other's frames).
+    (
+        "sql/auction-bid-trend-over",
+        "SELECT auction, bidder, price, date_time, COUNT(*) OVER recent AS recent_bids, \
+         MAX(price) OVER recent AS recent_top, price - AVG(price) OVER recent AS above_mean \
+         FROM bid WHERE price > 1000 WINDOW recent AS (PARTITION BY auction ORDER BY \
+         date_time RANGE BETWEEN INTERVAL '10' SECOND PRECEDING AND CURRENT ROW)",
+    ),
     // UNION ALL of two tables' rows.
     (
         "sql/union-all-activity",
@@ -764,6 +772,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "sql/quiet-auctions-not-exists",
         "sql/hot-auction-bids-in",
         "sql/bid-count-buckets-distinct",
+        "sql/auction-bid-trend-over",
     ]
     .into_iter()
     .filter(|n| selected(n))

@@ -12,7 +12,7 @@ use sqlparser::ast::{
     BinaryOperator, CreateTable, CreateTableOptions, DateTimeField, DuplicateTreatment, Expr,
     FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident, JoinConstraint,
     JoinOperator, ObjectName, ObjectNamePart, Query, SelectItem, SetExpr, Spanned, SqlOption,
-    Statement, TableFactor, TableObject, TableWithJoins, Value as SqlValue,
+    Statement, TableFactor, TableObject, TableWithJoins, Value as SqlValue, WindowSpec,
 };
 use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::{Parser, ParserError};
@@ -864,11 +864,11 @@ fn lower_select(
         Some(sqlparser::ast::Distinct::Distinct) => true,
         Some(_) => return Err(unsupported(at, "SELECT DISTINCT ON")),
     };
-    if select.qualify.is_some() || !select.named_window.is_empty() {
+    if select.qualify.is_some() {
         return Err(unsupported(
             at,
-            "QUALIFY and named windows; write Top-N as a subquery with ROW_NUMBER() and an \
-             enclosing WHERE rn <= N",
+            "QUALIFY; write Top-N as a subquery with ROW_NUMBER() and an enclosing WHERE rn \
+             <= N",
         ));
     }
     let group_by = match &select.group_by {
@@ -993,6 +993,30 @@ fn lower_select(
     }
     for semi in semis {
         pipeline.push(semi_join_stage(&semi, catalog, depth)?);
+    }
+    if let Some(mut over) = over_aggregates(&items, &select.named_window)? {
+        if row_number.is_some()
+            || window.is_some()
+            || !group_by.is_empty()
+            || has_aggregate(&items)
+            || distinct
+        {
+            return Err(unsupported(
+                over.at,
+                "an OVER aggregate in a query with GROUP BY, a window aggregate, another \
+                 aggregate, ROW_NUMBER() or DISTINCT; compute it in a subquery",
+            ));
+        }
+        let items = std::mem::take(&mut over.items);
+        pipeline.push(over.stage(input_time.as_ref(), table, &source)?);
+        if let Some(list) = projection(&items, at)? {
+            pipeline.push(stage("select", seq(list, at), at));
+        }
+        return Ok(Lowered {
+            source,
+            pipeline,
+            rank: None,
+        });
     }
     if let Some((index, mut rank)) = row_number {
         if window.is_some() || !group_by.is_empty() || distinct {
@@ -1726,6 +1750,19 @@ fn flatten_columns<'a>(
     Ok(columns)
 }
 
+/// Whether the SELECT list calls a window function that is not an aggregate
+/// (`ROW_NUMBER() OVER (...)`).
+fn has_rank(items: &[SelectItem]) -> bool {
+    items.iter().any(|item| {
+        matches!(
+            item,
+            SelectItem::UnnamedExpr(Expr::Function(f))
+                | SelectItem::ExprWithAlias { expr: Expr::Function(f), .. }
+                if f.over.is_some() && !is_aggregate_name(f)
+        )
+    })
+}
+
 /// Whether the SELECT list calls a window function (`... OVER (...)`).
 fn has_over(items: &[SelectItem]) -> bool {
     items.iter().any(|item| {
@@ -1937,7 +1974,8 @@ fn query_event_time(query: &Query, catalog: &Catalog<'_>, depth: usize) -> Optio
     let GroupByExpr::Expressions(grouped, _) = &select.group_by else {
         return None;
     };
-    if !from.joins.is_empty() || select.distinct.is_some() || has_over(&select.projection) {
+    // An OVER aggregate passes its input's rows on with their times; a rank does not.
+    if !from.joins.is_empty() || select.distinct.is_some() || has_rank(&select.projection) {
         return None;
     }
     // A semi join writes a row when its first match comes, maybe after the watermark
@@ -2153,6 +2191,301 @@ fn unqualify(e: &mut Expr, table: &str) {
     });
 }
 
+/// The OVER aggregates of a SELECT list (`AVG(price) OVER (PARTITION BY auction ORDER BY
+/// date_time ROWS BETWEEN 10 PRECEDING AND CURRENT ROW) AS avg_price`): one `over` item
+/// computes every call, and the list reads their columns.
+struct PendingOver {
+    /// `PARTITION BY`'s columns.
+    partition: Vec<Node>,
+    /// `ORDER BY`'s column and where it is written.
+    order: (String, Pos),
+    /// The frame as the `over` item's `rows` or `range` entry.
+    frame: (&'static str, Node),
+    /// Each call as `avg(price) AS name`.
+    calls: Vec<Node>,
+    /// The SELECT list with each call replaced by its column.
+    items: Vec<SelectItem>,
+    /// Where the first call is written.
+    at: Pos,
+}
+
+impl PendingOver {
+    /// The `over` item; `time` is the input's event time, checked to be what the rows are
+    /// ordered by.
+    fn stage(self, time: Option<&EventTime>, table: &Table, source: &str) -> Result<Node> {
+        let (column, at) = &self.order;
+        if table.proctime.as_deref() == Some(column.as_str()) {
+            return Err(unsupported(
+                *at,
+                "an OVER aggregate ordered by processing time; ORDER BY the event time (the \
+                 WATERMARK column)",
+            ));
+        }
+        match time {
+            Some(t) if t.column.eq_ignore_ascii_case(column) => {}
+            Some(t) => {
+                return Err(SqlError::new(
+                    *at,
+                    format!(
+                        "an OVER aggregate orders rows by their event time: ORDER BY `{}` (the \
+                         time attribute of its input), not `{column}`",
+                        t.column
+                    ),
+                ));
+            }
+            None => {
+                return Err(SqlError::new(
+                    *at,
+                    format!(
+                        "an OVER aggregate orders rows by their event time, and this input has \
+                         none: add `WATERMARK FOR {column} AS {column} - INTERVAL '4' SECOND` \
+                         to CREATE TABLE {source}, or read it straight from a table"
+                    ),
+                ));
+            }
+        }
+        let mut entries = vec![
+            (scalar("partition_by", self.at), seq(self.partition, self.at)),
+            (scalar("order_by", *at), scalar(column.clone(), *at)),
+        ];
+        entries.push((scalar(self.frame.0, self.at), self.frame.1));
+        Ok(map(
+            vec![
+                (scalar("over", self.at), map(entries, self.at)),
+                (scalar("aggregate", self.at), seq(self.calls, self.at)),
+            ],
+            self.at,
+        ))
+    }
+}
+
+/// The SELECT list's OVER aggregates, when it has any; `windows` are the query's `WINDOW
+/// w AS (...)` definitions. Every call must share one window, as in Flink.
+fn over_aggregates(
+    items: &[SelectItem],
+    windows: &[sqlparser::ast::NamedWindowDefinition],
+) -> Result<Option<PendingOver>> {
+    let mut items = items.to_vec();
+    let mut calls: Vec<Node> = Vec::new();
+    let mut window: Option<(WindowSpec, String, Pos)> = None;
+    let mut error: Option<SqlError> = None;
+    for item in &mut items {
+        let (expr, alias) = match item {
+            SelectItem::ExprWithAlias { expr, alias } => (expr, Some(alias.value.clone())),
+            SelectItem::UnnamedExpr(expr) => (expr, None),
+            _ => continue,
+        };
+        let bare = matches!(expr, Expr::Function(_));
+        let mut renamed = false;
+        let _ = sqlparser::ast::visit_expressions_mut(expr, |e| {
+            let Expr::Function(f) = e else {
+                return std::ops::ControlFlow::Continue(());
+            };
+            if f.over.is_none() || !is_aggregate_name(f) {
+                return std::ops::ControlFlow::Continue(());
+            }
+            let call_at = pos(f.name.span().start);
+            let result = (|| {
+                let spec = over_window(f, windows, call_at)?;
+                let text = spec.to_string();
+                match &window {
+                    Some((_, first, _)) if *first != text => {
+                        return Err(unsupported(
+                            call_at,
+                            "OVER aggregates over different windows in one SELECT (Flink \
+                             refuses them too); compute each in its own query",
+                        ));
+                    }
+                    Some(_) => {}
+                    None => window = Some((spec, text, call_at)),
+                }
+                if is_distinct(f) {
+                    return Err(unsupported(call_at, "COUNT(DISTINCT ...) OVER (...)"));
+                }
+                let name = match (&alias, bare) {
+                    (Some(alias), true) => alias.clone(),
+                    (None, true) => {
+                        return Err(SqlError::new(
+                            call_at,
+                            format!(
+                                "name this OVER aggregate's column: `{} AS name`",
+                                Expr::Function(f.clone())
+                            ),
+                        ));
+                    }
+                    _ => format!("sluice_over_{}", calls.len()),
+                };
+                let mut call = f.clone();
+                call.over = None;
+                calls.push(scalar_quoted(format!("{call} AS {name}"), call_at));
+                Ok(Expr::Identifier(Ident::new(name)))
+            })();
+            match result {
+                Ok(column) => {
+                    *e = column;
+                    renamed = bare;
+                    std::ops::ControlFlow::Continue(())
+                }
+                Err(err) => {
+                    error = Some(err);
+                    std::ops::ControlFlow::Break(())
+                }
+            }
+        });
+        if let Some(err) = error {
+            return Err(err);
+        }
+        if renamed {
+            // The call's column has the item's name already.
+            *item = SelectItem::UnnamedExpr(expr.clone());
+        }
+    }
+    let Some((spec, _, first_at)) = window else {
+        return Ok(None);
+    };
+    let partition = spec
+        .partition_by
+        .iter()
+        .map(|e| match e {
+            Expr::Identifier(id) => Ok(scalar(id.value.clone(), pos(id.span.start))),
+            other => Err(SqlError::new(
+                located(other, first_at),
+                format!("PARTITION BY takes column names here, found `{other}`"),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let order = match spec.order_by.as_slice() {
+        [o] => match &o.expr {
+            Expr::Identifier(id) if o.options.asc != Some(false) => {
+                (id.value.clone(), pos(id.span.start))
+            }
+            Expr::Identifier(id) => {
+                return Err(unsupported(
+                    pos(id.span.start),
+                    "an OVER aggregate ordered by time descending; Flink orders them \
+                     ascending",
+                ));
+            }
+            other => {
+                return Err(SqlError::new(
+                    located(other, first_at),
+                    format!("an OVER aggregate orders by its event-time column, found `{other}`"),
+                ));
+            }
+        },
+        [] => {
+            return Err(SqlError::new(
+                first_at,
+                "an OVER aggregate needs ORDER BY its event-time column in OVER (...)".to_owned(),
+            ));
+        }
+        [_, second, ..] => {
+            return Err(unsupported(
+                located(&second.expr, first_at),
+                "an OVER aggregate ordered by more than its event time",
+            ));
+        }
+    };
+    let frame = over_frame(spec.window_frame.as_ref(), first_at)?;
+    Ok(Some(PendingOver {
+        partition,
+        order,
+        frame,
+        calls,
+        items,
+        at: first_at,
+    }))
+}
+
+/// Whether `f` names an aggregate function (built in or registered).
+fn is_aggregate_name(f: &sqlparser::ast::Function) -> bool {
+    sluice_common::aggregate_names::is_aggregate(&name_text(&f.name))
+}
+
+/// The window of an OVER call, its name looked up in `windows`.
+fn over_window(
+    f: &sqlparser::ast::Function,
+    windows: &[sqlparser::ast::NamedWindowDefinition],
+    at: Pos,
+) -> Result<WindowSpec> {
+    let mut name = match &f.over {
+        Some(sqlparser::ast::WindowType::WindowSpec(spec)) if spec.window_name.is_none() => {
+            return Ok(spec.clone());
+        }
+        Some(sqlparser::ast::WindowType::WindowSpec(_)) => {
+            return Err(unsupported(at, "a window that extends a named window"));
+        }
+        Some(sqlparser::ast::WindowType::NamedWindow(name)) => name.clone(),
+        None => return Err(SqlError::new(at, "an aggregate without OVER".to_owned())),
+    };
+    for _ in 0..=windows.len() {
+        let found = windows
+            .iter()
+            .find(|w| w.0.value.eq_ignore_ascii_case(&name.value))
+            .ok_or_else(|| {
+                SqlError::new(
+                    pos(name.span.start),
+                    format!("no window `{name}`: define it in WINDOW {name} AS (...)"),
+                )
+            })?;
+        match &found.1 {
+            sqlparser::ast::NamedWindowExpr::WindowSpec(spec) => return Ok(spec.clone()),
+            sqlparser::ast::NamedWindowExpr::NamedWindow(other) => name = other.clone(),
+        }
+    }
+    Err(SqlError::new(
+        pos(name.span.start),
+        format!("the window `{name}` is defined by itself"),
+    ))
+}
+
+/// An OVER frame as the `over` item's `rows` or `range` entry. Without one the frame is
+/// SQL's default, every row up to the current one's peers.
+fn over_frame(
+    frame: Option<&sqlparser::ast::WindowFrame>,
+    at: Pos,
+) -> Result<(&'static str, Node)> {
+    use sqlparser::ast::{WindowFrameBound, WindowFrameUnits};
+    let Some(frame) = frame else {
+        return Ok(("range", scalar("unbounded", at)));
+    };
+    let unit = match frame.units {
+        WindowFrameUnits::Rows => "rows",
+        WindowFrameUnits::Range => "range",
+        WindowFrameUnits::Groups => return Err(unsupported(at, "a GROUPS frame")),
+    };
+    if !matches!(frame.end_bound, None | Some(WindowFrameBound::CurrentRow)) {
+        return Err(unsupported(
+            at,
+            "an OVER frame that ends after CURRENT ROW (rows still to come)",
+        ));
+    }
+    let value = match &frame.start_bound {
+        WindowFrameBound::Preceding(None) => scalar("unbounded", at),
+        WindowFrameBound::CurrentRow if unit == "rows" => scalar("0", at),
+        WindowFrameBound::CurrentRow => scalar("0ms", at),
+        WindowFrameBound::Preceding(Some(e)) if unit == "rows" => match e.as_ref() {
+            Expr::Value(v) if matches!(&v.value, SqlValue::Number(..)) => {
+                scalar(v.value.to_string(), located(e, at))
+            }
+            other => {
+                return Err(SqlError::new(
+                    located(other, at),
+                    format!("a ROWS frame counts rows: `10 PRECEDING`, found `{other}`"),
+                ));
+            }
+        },
+        WindowFrameBound::Preceding(Some(e)) => duration(e, at)?,
+        WindowFrameBound::Following(_) => {
+            return Err(unsupported(
+                at,
+                "an OVER frame that starts after the current row",
+            ));
+        }
+    };
+    Ok((unit, value))
+}
+
 /// The SELECT list's `ROW_NUMBER() OVER (...) AS rn`, with its index; other window
 /// functions are refused by name.
 fn row_number_item(items: &[SelectItem]) -> Result<Option<(usize, PendingRank)>> {
@@ -2171,6 +2504,9 @@ fn row_number_item(items: &[SelectItem]) -> Result<Option<(usize, PendingRank)>>
         };
         let at = pos(expr.span().start);
         let name = name_text(&f.name).to_ascii_uppercase();
+        if sluice_common::aggregate_names::is_aggregate(&name) {
+            continue; // an OVER aggregate (`over_aggregates`)
+        }
         if name != "ROW_NUMBER" {
             return Err(SqlError::new(
                 at,
