@@ -1001,10 +1001,12 @@ fn lower_select(
             || has_aggregate(&items)
             || distinct
         {
-            return Err(unsupported(
+            return Err(SqlError::new(
                 over.at,
-                "an OVER aggregate in a query with GROUP BY, a window aggregate, another \
-                 aggregate, ROW_NUMBER() or DISTINCT; compute it in a subquery",
+                "an OVER aggregate cannot share its SELECT with GROUP BY, a window \
+                 aggregate, another aggregate, ROW_NUMBER() or DISTINCT; compute it in a \
+                 subquery"
+                    .to_owned(),
             ));
         }
         let items = std::mem::take(&mut over.items);
@@ -2215,11 +2217,7 @@ impl PendingOver {
     fn stage(self, time: Option<&EventTime>, table: &Table, source: &str) -> Result<Node> {
         let (column, at) = &self.order;
         if table.proctime.as_deref() == Some(column.as_str()) {
-            return Err(unsupported(
-                *at,
-                "an OVER aggregate ordered by processing time; ORDER BY the event time (the \
-                 WATERMARK column)",
-            ));
+            return Err(unsupported(*at, "an OVER aggregate ordered by processing time"));
         }
         match time {
             Some(t) if t.column.eq_ignore_ascii_case(column) => {}
@@ -2290,10 +2288,11 @@ fn over_aggregates(
                 let text = spec.to_string();
                 match &window {
                     Some((_, first, _)) if *first != text => {
-                        return Err(unsupported(
+                        return Err(SqlError::new(
                             call_at,
-                            "OVER aggregates over different windows in one SELECT (Flink \
-                             refuses them too); compute each in its own query",
+                            "OVER aggregates over different windows in one SELECT are not \
+                             supported (Flink refuses them too); compute each in its own query"
+                                .to_owned(),
                         ));
                     }
                     Some(_) => {}
@@ -2360,10 +2359,10 @@ fn over_aggregates(
                 (id.value.clone(), pos(id.span.start))
             }
             Expr::Identifier(id) => {
-                return Err(unsupported(
+                return Err(SqlError::new(
                     pos(id.span.start),
-                    "an OVER aggregate ordered by time descending; Flink orders them \
-                     ascending",
+                    "an OVER aggregate orders rows by ascending event time; drop DESC"
+                        .to_owned(),
                 ));
             }
             other => {
