@@ -60,7 +60,7 @@ const JOB_FIGURES: [JobFigure; 11] = [
         Metric::counter(
             "sluice.job.late_records",
             "{record}",
-            "Records the windows dropped as late (reported at the end).",
+            "Records the windows and OVER aggregates dropped as late (reported at the end).",
         ),
         |j| Some(j.late as f64),
     ),
