@@ -198,6 +198,12 @@ QUERIES = {
     "having": ("SELECT auction, SUM(price) / COUNT(*) AS mean_price, "
                "MAX(price) - MIN(price) AS spread FROM bid GROUP BY auction HAVING COUNT(*) >= 50",
                "auction BIGINT, mean_price BIGINT, spread BIGINT"),
+    # An OVER aggregate over a RANGE frame of event time (Flink's over aggregation).
+    "over": ("SELECT auction, bidder, price, date_time, COUNT(*) OVER w AS recent_bids, "
+             "MAX(price) OVER w AS recent_top FROM bid WINDOW w AS (PARTITION BY auction "
+             "ORDER BY date_time RANGE BETWEEN INTERVAL '10' SECOND PRECEDING AND CURRENT ROW)",
+             "auction BIGINT, bidder BIGINT, price BIGINT, date_time TIMESTAMP(3), "
+             "recent_bids BIGINT, recent_top BIGINT"),
 }
 
 # The tables each query reads besides `bid`.

@@ -101,6 +101,9 @@ pub enum Query {
     /// Per auction with at least 50 bids, the mean price and the spread between highest
     /// and lowest: expressions over aggregates and HAVING (an updating result). SQL only.
     Having,
+    /// Each bid with its auction's bid count and highest price over the 10 seconds up to
+    /// it: an OVER aggregate with a RANGE frame. SQL only.
+    Over,
 }
 
 impl Query {
@@ -123,6 +126,7 @@ impl Query {
                 | Query::SemiIn
                 | Query::UnionAll
                 | Query::Having
+                | Query::Over
         )
     }
 
@@ -503,7 +507,8 @@ fn fixed_pipeline(query: Query) -> &'static str {
         | Query::LeftJoinCondition
         | Query::SemiIn
         | Query::UnionAll
-        | Query::Having => "",
+        | Query::Having
+        | Query::Over => "",
     }
 }
 
@@ -697,6 +702,11 @@ fn select(query: Query) -> &'static str {
         Query::Having => {
             "SELECT auction, SUM(price) / COUNT(*) AS mean_price, \
              MAX(price) - MIN(price) AS spread FROM bid GROUP BY auction HAVING COUNT(*) >= 50"
+        }
+        Query::Over => {
+            "SELECT auction, bidder, price, date_time, COUNT(*) OVER w AS recent_bids, \
+             MAX(price) OVER w AS recent_top FROM bid WINDOW w AS (PARTITION BY auction \
+             ORDER BY date_time RANGE BETWEEN INTERVAL '10' SECOND PRECEDING AND CURRENT ROW)"
         }
     }
 }

@@ -482,6 +482,76 @@ fn top_n_reads_its_order_and_limit() {
 }
 
 #[test]
+fn over_reads_its_partition_order_and_frame() {
+    let graph = parse(&with_pipeline(
+        "  - over: { partition_by: [auction], rows: 9 }\n    aggregate: [\"avg(price) AS mean10\"]\n",
+    ));
+    let Some(Kind::Over(over)) = &graph.nodes[1].kind else {
+        panic!("{:?}", graph.nodes[1]);
+    };
+    assert_eq!(over.partition_columns, ["auction"]);
+    // The order defaults to the watermark's column.
+    assert_eq!(over.time_column, "date_time");
+    assert_eq!(
+        (over.unit(), over.unbounded, over.preceding),
+        (pb::OverFrameUnit::Rows, false, 9)
+    );
+    assert_eq!(over.aggregates[0].sql, "avg(price) AS mean10");
+    assert_eq!(graph.nodes[1].parallelism, 3);
+    assert_eq!(
+        graph.edges[0],
+        edge(0, 1, pb::Partitioning::Hash, &["auction"])
+    );
+    let frame = |item: &str| {
+        let graph = parse(&with_pipeline(&format!(
+            "  - over: {item}\n    aggregate: [\"count(*) AS n\"]\n"
+        )));
+        let Some(Kind::Over(over)) = &graph.nodes[1].kind else {
+            panic!("{:?}", graph.nodes[1]);
+        };
+        (
+            over.unit(),
+            over.unbounded,
+            over.preceding,
+            graph.nodes[1].parallelism,
+        )
+    };
+    assert_eq!(
+        frame("{ order_by: date_time, range: 10s }"),
+        (pb::OverFrameUnit::Range, false, 10_000, 1)
+    );
+    assert_eq!(
+        frame("{ rows: unbounded }"),
+        (pb::OverFrameUnit::Rows, true, 0, 1)
+    );
+    assert_eq!(frame("{}"), (pb::OverFrameUnit::Range, true, 0, 1));
+    assert_err(
+        &with_pipeline("  - over: { rows: 1, range: 1s }\n    aggregate: [\"count(*) AS n\"]\n"),
+        6,
+        29,
+        &["has both `rows` and `range`"],
+    );
+    assert_err(
+        &with_pipeline("  - over: { rows: 100001 }\n    aggregate: [\"count(*) AS n\"]\n"),
+        6,
+        19,
+        &["rows` must be between 0 and 100000"],
+    );
+    assert_err(
+        &with_pipeline("  - over: { rows: 3 }\n"),
+        6,
+        5,
+        &["aggregate", "avg(price) AS avg_price"],
+    );
+    assert_err(
+        "name: t\nsource: { nexmark: {} }\npipeline:\n  - over: { rows: 3 }\n    aggregate: [\"count(*) AS n\"]\nsink: { blackhole: }\n",
+        4,
+        11,
+        &["needs a `watermark:` section"],
+    );
+}
+
+#[test]
 fn group_by_needs_its_aggregates() {
     assert_err(
         &with_pipeline("  - group_by: [auction]\n"),

@@ -2217,7 +2217,10 @@ impl PendingOver {
     fn stage(self, time: Option<&EventTime>, table: &Table, source: &str) -> Result<Node> {
         let (column, at) = &self.order;
         if table.proctime.as_deref() == Some(column.as_str()) {
-            return Err(unsupported(*at, "an OVER aggregate ordered by processing time"));
+            return Err(unsupported(
+                *at,
+                "an OVER aggregate ordered by processing time",
+            ));
         }
         match time {
             Some(t) if t.column.eq_ignore_ascii_case(column) => {}
@@ -2243,7 +2246,10 @@ impl PendingOver {
             }
         }
         let mut entries = vec![
-            (scalar("partition_by", self.at), seq(self.partition, self.at)),
+            (
+                scalar("partition_by", self.at),
+                seq(self.partition, self.at),
+            ),
             (scalar("order_by", *at), scalar(column.clone(), *at)),
         ];
         entries.push((scalar(self.frame.0, self.at), self.frame.1));
@@ -2361,8 +2367,7 @@ fn over_aggregates(
             Expr::Identifier(id) => {
                 return Err(SqlError::new(
                     pos(id.span.start),
-                    "an OVER aggregate orders rows by ascending event time; drop DESC"
-                        .to_owned(),
+                    "an OVER aggregate orders rows by ascending event time; drop DESC".to_owned(),
                 ));
             }
             other => {
