@@ -28,7 +28,7 @@
 //!
 //! The operator knows nothing of SQL: the planner gives it columns, calls and a frame.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -96,6 +96,15 @@ pub struct OverOperator {
     max_parallelism: u32,
     watermark: Timestamp,
     state: Option<OverState>,
+    /// Rows that arrived since the last barrier, waiting for the watermark; a barrier
+    /// moves them to `pending` (rows written before the next never touch state).
+    buffered: Buffered,
+    buffered_bytes: usize,
+    /// Frames read or written since they were last evicted; changed ones go to state at
+    /// a barrier, or all at once when they outgrow `cache_budget`.
+    frames: HashMap<Bytes, CachedFrame, Hasher>,
+    frame_bytes: usize,
+    cache_budget: usize,
 }
 
 /// What the operator keeps, once open.
@@ -105,6 +114,70 @@ struct OverState {
     watermarks: StateTable,
     timers: KeyedTimers,
     key_groups: Range<u32>,
+}
+
+/// Rows waiting for the watermark in memory: per time, per key its group and rows
+/// (framed as in `pending`).
+type Buffered = BTreeMap<Timestamp, HashMap<Bytes, (u16, Vec<u8>), Hasher>>;
+
+/// A key with rows due at a firing.
+struct DueKey {
+    group: u16,
+    key: Bytes,
+    times: BTreeMap<Timestamp, DueRows>,
+}
+
+impl DueKey {
+    /// The index of `key` in `keys`, added when new.
+    fn slot(
+        index: &mut HashMap<Bytes, usize, Hasher>,
+        keys: &mut Vec<DueKey>,
+        group: u16,
+        key: Bytes,
+    ) -> usize {
+        *index.entry(key.clone()).or_insert_with(|| {
+            keys.push(DueKey {
+                group,
+                key,
+                times: BTreeMap::new(),
+            });
+            keys.len() - 1
+        })
+    }
+}
+
+/// Where a due key's rows of one time are: in `pending` (they came before the last
+/// barrier), in memory, or both (state's first).
+#[derive(Default)]
+struct DueRows {
+    in_state: bool,
+    in_memory: Vec<u8>,
+}
+
+/// A key's frame as the operator holds it between barriers.
+#[derive(Default)]
+struct CachedFrame {
+    group: u16,
+    /// `None`: the frame is gone (a RANGE frame whose entries all left it).
+    frame: Option<KeyFrame>,
+    /// Changed since state last had it.
+    dirty: bool,
+    /// Bytes it holds, roughly.
+    size: usize,
+}
+
+impl CachedFrame {
+    fn new(group: u16, frame: Option<KeyFrame>, key_len: usize) -> Self {
+        let entries = frame.as_ref().map_or(0, |f| {
+            f.entries.len() * (48 + f.entries.front().map_or(0, |e| e.1.len()) * ACC_BYTES)
+        });
+        Self {
+            group,
+            frame,
+            dirty: true,
+            size: 96 + key_len + entries,
+        }
+    }
 }
 
 /// One key's frame as state holds it between firings.
@@ -205,6 +278,11 @@ impl OverOperator {
             max_parallelism: sluice_common::DEFAULT_MAX_PARALLELISM,
             watermark: Timestamp::MIN,
             state: None,
+            buffered: BTreeMap::new(),
+            buffered_bytes: 0,
+            frames: HashMap::default(),
+            frame_bytes: 0,
+            cache_budget: usize::MAX,
         })
     }
 
@@ -230,48 +308,82 @@ impl OverOperator {
         Ok(ms.as_primitive::<Int64Type>().clone())
     }
 
-    /// Writes every pending row of a time up to `to`, per key in time order.
+    /// Writes every waiting row of a time up to `to`, per key in time order.
     async fn fire(&mut self, to: Timestamp, out: &mut Output) -> Result<()> {
         let state = self.state.as_mut().ok_or_else(not_open)?;
-        let due = state.timers.pop_due(to);
-        if due.is_empty() {
+        let due_in_state = state.timers.pop_due(to);
+        let due_in_memory = match to.checked_add(1) {
+            Some(next) => {
+                let later = self.buffered.split_off(&next);
+                std::mem::replace(&mut self.buffered, later)
+            }
+            None => std::mem::take(&mut self.buffered),
+        };
+        if due_in_state.is_empty() && due_in_memory.is_empty() {
             return Ok(());
         }
-        // Each key once, with its due times in order (timers come in time order).
-        let mut index: HashMap<(u16, Bytes), usize, Hasher> = HashMap::default();
-        let mut keys: Vec<(u16, Bytes, Vec<Timestamp>)> = Vec::new();
-        for (at, group, key) in due {
-            let i = *index.entry((group, key.clone())).or_insert_with(|| {
-                keys.push((group, key, Vec::new()));
-                keys.len() - 1
-            });
-            keys[i].2.push(at);
+        // Each key once, with its due times in order and where each time's rows are.
+        let mut index: HashMap<Bytes, usize, Hasher> = HashMap::default();
+        let mut keys: Vec<DueKey> = Vec::new();
+        for (at, group, key) in due_in_state {
+            let i = DueKey::slot(&mut index, &mut keys, group, key);
+            keys[i].times.entry(at).or_default().in_state = true;
         }
-        let mut pending_keys = Vec::new();
-        for (group, key, times) in &keys {
-            for at in times {
-                pending_keys.push(state.pending.key(*group, key, &time_key(*at)));
+        for (at, rows) in due_in_memory {
+            self.buffered_bytes = self
+                .buffered_bytes
+                .saturating_sub(rows.values().map(|(_, r)| r.len()).sum());
+            for (key, (group, rows)) in rows {
+                let i = DueKey::slot(&mut index, &mut keys, group, key);
+                keys[i].times.entry(at).or_default().in_memory = rows;
             }
         }
-        let frame_keys: Vec<Bytes> = keys
+        let mut pending_keys = Vec::new();
+        for k in &keys {
+            for (at, _) in k.times.iter().filter(|(_, t)| t.in_state) {
+                pending_keys.push(state.pending.key(k.group, &k.key, &time_key(*at)));
+            }
+        }
+        let uncached: Vec<usize> = (0..keys.len())
+            .filter(|i| !self.frames.contains_key(&keys[*i].key))
+            .collect();
+        let frame_keys: Vec<Bytes> = uncached
             .iter()
-            .map(|(group, key, _)| state.frames.key(*group, key, &[]))
+            .map(|i| state.frames.key(keys[*i].group, &keys[*i].key, &[]))
             .collect();
         let pending = state.pending.get_many(&pending_keys).await?;
-        let frames = state.frames.get_many(&frame_keys).await?;
+        let stored_frames = state.frames.get_many(&frame_keys).await?;
         let ncalls = self.calls.len();
+        let mut stored = HashMap::with_capacity_and_hasher(uncached.len(), Hasher::default());
+        for (i, value) in uncached.into_iter().zip(stored_frames) {
+            stored.insert(i, decode_frame(value.as_deref(), ncalls)?);
+        }
         let mut written: Vec<&[u8]> = Vec::new();
         let mut results: Vec<Vec<Acc>> = vec![Vec::new(); ncalls];
-        let mut writes = Vec::with_capacity(pending_keys.len() + keys.len());
         let mut late = 0u64;
         let mut next = pending.iter();
-        for (((group, key, times), stored), frame_key) in keys.iter().zip(&frames).zip(frame_keys) {
-            let mut frame = decode_frame(stored.as_deref(), ncalls)?;
-            for at in times {
-                let Some(Some(value)) = next.next() else {
-                    continue; // a frame's cleanup timer: no rows of this time
+        for (i, k) in keys.iter().enumerate() {
+            let (mut frame, old_size) = match stored.remove(&i) {
+                Some(frame) => (frame, 0),
+                None => {
+                    let cached = self.frames.remove(&k.key).unwrap_or_default();
+                    (cached.frame.unwrap_or_default(), cached.size)
+                }
+            };
+            self.frame_bytes = self.frame_bytes.saturating_sub(old_size);
+            for (at, where_) in &k.times {
+                let from_state = match where_.in_state {
+                    true => next.next().and_then(|v| v.as_deref()),
+                    false => None,
                 };
-                let rows = decode_rows(value, ncalls)?;
+                let mut rows = match from_state {
+                    Some(value) => decode_rows(value, ncalls)?,
+                    None => Vec::new(),
+                };
+                rows.extend(decode_rows(&where_.in_memory, ncalls)?);
+                if rows.is_empty() {
+                    continue; // a frame's cleanup timer: no rows of this time
+                }
                 if frame.last.is_some_and(|last| *at <= last) {
                     late += rows.len() as u64; // before a restore, written already
                     continue;
@@ -297,29 +409,22 @@ impl OverOperator {
                 {
                     frame.entries.pop_front();
                 }
-                match frame.entries.front() {
-                    Some((t, _)) => {
-                        let at = t.saturating_add(preceding);
-                        state.timers.register(at, *group, key.clone());
-                    }
-                    None => {
-                        writes.push(WriteOp::Delete { key: frame_key });
-                        continue;
-                    }
+                if let Some((t, _)) = frame.entries.front() {
+                    let at = t.saturating_add(preceding);
+                    state.timers.register(at, k.group, k.key.clone());
                 }
             }
-            writes.push(WriteOp::Put {
-                key: frame_key,
-                value: encode_frame(&frame),
-            });
+            let gone = matches!(self.frame, Frame::Range(_)) && frame.entries.is_empty();
+            let cached = CachedFrame::new(k.group, (!gone).then_some(frame), k.key.len());
+            self.frame_bytes += cached.size;
+            self.frames.insert(k.key.clone(), cached);
         }
-        writes.extend(
-            pending_keys
-                .into_iter()
-                .zip(&pending)
-                .filter(|(_, v)| v.is_some())
-                .map(|(key, _)| WriteOp::Delete { key }),
-        );
+        let deletes: Vec<WriteOp> = pending_keys
+            .into_iter()
+            .zip(&pending)
+            .filter(|(_, v)| v.is_some())
+            .map(|(key, _)| WriteOp::Delete { key })
+            .collect();
         if late > 0 {
             self.counters
                 .late_records
@@ -335,7 +440,56 @@ impl OverOperator {
             }
             out.batch(RecordBatch::try_new(self.schema.clone(), columns)?);
         }
-        state.frames.write(writes).await?;
+        state.pending.write(deletes).await?;
+        if self.frame_bytes > self.cache_budget {
+            self.flush_frames(true).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the frames changed since they were read to state; `evict` empties the
+    /// cache too (it outgrew its budget).
+    async fn flush_frames(&mut self, evict: bool) -> Result<()> {
+        let state = self.state.as_mut().ok_or_else(not_open)?;
+        let mut ops = Vec::new();
+        for (key, cached) in self.frames.iter_mut().filter(|(_, c)| c.dirty) {
+            let key = state.frames.key(cached.group, key, &[]);
+            ops.push(match &cached.frame {
+                Some(frame) => WriteOp::Put {
+                    key,
+                    value: encode_frame(frame),
+                },
+                None => WriteOp::Delete { key },
+            });
+            cached.dirty = false;
+        }
+        state.frames.write(ops).await?;
+        if evict {
+            self.frames.clear();
+            self.frame_bytes = 0;
+        } else {
+            // A deleted frame stays deleted in state: nothing to keep for it.
+            self.frames.retain(|_, c| c.frame.is_some());
+        }
+        Ok(())
+    }
+
+    /// Moves the rows waiting in memory to the `pending` table, each time and key with a
+    /// timer, so that the state as of a barrier holds them.
+    async fn persist_buffered(&mut self) -> Result<()> {
+        let state = self.state.as_mut().ok_or_else(not_open)?;
+        let mut ops = Vec::new();
+        for (at, rows) in std::mem::take(&mut self.buffered) {
+            for (key, (group, rows)) in rows {
+                ops.push(WriteOp::Merge {
+                    key: state.pending.key(group, &key, &time_key(at)),
+                    operand: Bytes::from(rows),
+                });
+                state.timers.register(at, group, key);
+            }
+        }
+        self.buffered_bytes = 0;
+        state.pending.write(ops).await?;
         Ok(())
     }
 }
@@ -525,6 +679,8 @@ impl Operator for OverOperator {
             any = true;
         }
         self.watermark = if any { recorded } else { Timestamp::MIN };
+        // Half for waiting rows, half for frames.
+        self.cache_budget = (state.cache_bytes() / 2).max(1 << 20);
         self.state = Some(OverState {
             pending: state.table(PENDING_STATE),
             frames: state.table(FRAME_STATE),
@@ -545,7 +701,9 @@ impl Operator for OverOperator {
         self.key_encoder.encode(&batch, &mut self.keys)?;
         let args = accumulator::evaluate_args(&self.calls, &batch)?;
         let rows = self.rows.convert_columns(batch.columns())?;
-        let state = self.state.as_mut().ok_or_else(not_open)?;
+        if self.state.is_none() {
+            return Err(not_open());
+        }
         // Each key and time's rows, appended in arrival order.
         let mut index: HashMap<(&[u8], Timestamp), usize, Hasher> = HashMap::default();
         let mut appends: Vec<(&[u8], Timestamp, Vec<u8>)> = Vec::new();
@@ -573,18 +731,21 @@ impl Operator for OverOperator {
                 .late_records
                 .fetch_add(late, Ordering::Relaxed);
         }
-        let mut ops = Vec::with_capacity(appends.len());
-        for (key, at, operand) in appends {
-            let group = key_group_of(key, self.max_parallelism);
-            ops.push(WriteOp::Merge {
-                key: state.pending.key(group, key, &time_key(at)),
-                operand: Bytes::from(operand),
-            });
-            state
-                .timers
-                .register(at, group, Bytes::copy_from_slice(key));
+        for (key, at, rows) in appends {
+            self.buffered_bytes += rows.len();
+            let of_time = self.buffered.entry(at).or_default();
+            match of_time.get_mut(key) {
+                Some((_, buffered)) => buffered.extend_from_slice(&rows),
+                None => {
+                    let group = key_group_of(key, self.max_parallelism);
+                    of_time.insert(Bytes::copy_from_slice(key), (group, rows));
+                }
+            }
         }
-        state.pending.write(ops).await?;
+        if self.buffered_bytes > self.cache_budget {
+            // More rows wait than memory may hold: state holds them until they are due.
+            self.persist_buffered().await?;
+        }
         Ok(())
     }
 
@@ -598,6 +759,8 @@ impl Operator for OverOperator {
     }
 
     async fn on_barrier(&mut self, barrier: Barrier, out: &mut Output) -> Result<()> {
+        self.persist_buffered().await?;
+        self.flush_frames(false).await?;
         let watermark = self.watermark;
         let state = self.state.as_mut().ok_or_else(not_open)?;
         state.timers.persist().await?;
@@ -617,6 +780,7 @@ impl Operator for OverOperator {
     async fn close(&mut self, out: &mut Output) -> Result<()> {
         // The end of a bounded input passes every time.
         self.fire(Timestamp::MAX, out).await?;
+        self.flush_frames(false).await?;
         // Fired timers leave the state with the epoch the runtime seals now.
         self.state
             .as_mut()
@@ -801,7 +965,9 @@ mod tests {
                 (1, 5, 16, 2, 9, 5, 4.5),
             ]
         );
-        // The watermark is past every entry's reach: the key's frame is gone.
+        // The watermark is past every entry's reach: the key's frame is gone (from state
+        // as of the next barrier).
+        barrier(&mut op).await;
         let group = key_group_of(&key_bytes(1), 128);
         assert!(
             state
@@ -818,10 +984,22 @@ mod tests {
             .unwrap();
         op.on_watermark(205, &mut out).await.unwrap();
         assert_eq!(written(&out), vec![(1, 7, 200, 1, 7, 7, 7.0)]);
+        barrier(&mut op).await;
         let frames = state.table(FRAME_STATE);
         assert_eq!(frames.scan_group(group, 16).await.unwrap().len(), 1);
         op.on_watermark(210, &mut out).await.unwrap();
+        barrier(&mut op).await;
         assert!(frames.scan_group(group, 16).await.unwrap().is_empty());
+        assert!(op.frames.is_empty(), "a gone frame is not kept in memory");
+    }
+
+    async fn barrier(op: &mut OverOperator) {
+        op.on_barrier(
+            Barrier::new(1, crate::element::BarrierKind::Aligned),
+            &mut Output::default(),
+        )
+        .await
+        .unwrap();
     }
 
     fn key_bytes(k: i64) -> Vec<u8> {
@@ -850,6 +1028,46 @@ mod tests {
             let rows = written(&out);
             assert_eq!(rows[1], tie, "{unit:?}");
             assert_eq!(rows[3], (1, 4, 1000, 4, 10, 4, 2.5), "{unit:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn rows_and_frames_beyond_the_cache_wait_in_state() {
+        for spec in [
+            spec(pb::OverFrameUnit::Rows, false, 2),
+            spec(pb::OverFrameUnit::Range, false, 25),
+        ] {
+            let input: Vec<(i64, i64, i64)> = (0..60).map(|i| (i % 4, i, 10 * (i / 2))).collect();
+            let mut outputs = Vec::new();
+            for budget in [usize::MAX, 1] {
+                let (mut op, state) =
+                    over(&spec, Arc::new(MemoryStateStore::new(false)), (0, 1), 1).await;
+                op.cache_budget = budget;
+                let mut out = Output::default();
+                for (i, chunk) in input.chunks(7).enumerate() {
+                    op.process_batch(batch(chunk), &mut out).await.unwrap();
+                    if budget == 1 {
+                        assert!(op.buffered.is_empty(), "spilled at once");
+                    }
+                    op.on_watermark(30 * i as i64, &mut out).await.unwrap();
+                    if budget == 1 {
+                        assert!(op.frames.is_empty(), "frames evicted at once");
+                    }
+                }
+                op.close(&mut out).await.unwrap();
+                if budget == 1 {
+                    // Every row was written, so none waits in state.
+                    let pending = state.table(PENDING_STATE);
+                    for group in 0..128 {
+                        assert!(pending.scan_group(group, 4).await.unwrap().is_empty());
+                    }
+                }
+                let mut rows = written(&out);
+                rows.sort_by_key(|r| (r.0, r.2, r.1));
+                outputs.push(rows);
+            }
+            assert_eq!(outputs[0].len(), input.len());
+            assert_eq!(outputs[0], outputs[1], "{:?}", spec.unit());
         }
     }
 
