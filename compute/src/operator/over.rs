@@ -167,16 +167,22 @@ struct CachedFrame {
 }
 
 impl CachedFrame {
+    /// A frame read from state (clean).
     fn new(group: u16, frame: Option<KeyFrame>, key_len: usize) -> Self {
-        let entries = frame.as_ref().map_or(0, |f| {
-            f.entries.len() * (48 + f.entries.front().map_or(0, |e| e.1.len()) * ACC_BYTES)
-        });
         Self {
             group,
+            size: Self::size_of(frame.as_ref(), key_len),
             frame,
-            dirty: true,
-            size: 96 + key_len + entries,
+            dirty: false,
         }
+    }
+
+    /// Roughly the bytes a cached frame holds.
+    fn size_of(frame: Option<&KeyFrame>, key_len: usize) -> usize {
+        let entries = frame.map_or(0, |f| {
+            f.entries.len() * 8 + f.entries.accs.len() * ACC_BYTES
+        });
+        96 + key_len + entries
     }
 }
 
@@ -186,7 +192,7 @@ struct KeyFrame {
     /// Time of the last row written; rows at or before it are late.
     last: Option<Timestamp>,
     /// Entries, oldest first: a time and one accumulator per call.
-    entries: VecDeque<(Timestamp, Vec<Acc>)>,
+    entries: Entries,
 }
 
 fn not_open() -> Error {
@@ -360,17 +366,20 @@ impl OverOperator {
         }
         let mut written: Vec<&[u8]> = Vec::new();
         let mut results: Vec<Vec<Acc>> = vec![Vec::new(); ncalls];
+        let mut scratch = (Vec::with_capacity(ncalls), Vec::with_capacity(ncalls));
         let mut late = 0u64;
         let mut next = pending.iter();
         for (i, k) in keys.iter().enumerate() {
-            let (mut frame, old_size) = match stored.remove(&i) {
-                Some(frame) => (frame, 0),
-                None => {
-                    let cached = self.frames.remove(&k.key).unwrap_or_default();
-                    (cached.frame.unwrap_or_default(), cached.size)
-                }
-            };
-            self.frame_bytes = self.frame_bytes.saturating_sub(old_size);
+            if let Some(frame) = stored.remove(&i) {
+                let cached = CachedFrame::new(k.group, Some(frame), k.key.len());
+                self.frame_bytes += cached.size;
+                self.frames.insert(k.key.clone(), cached);
+            }
+            let cached = self
+                .frames
+                .get_mut(&k.key)
+                .ok_or_else(|| Error::Internal("an OVER frame left its cache".into()))?;
+            let mut frame = cached.frame.take().unwrap_or_default();
             for (at, where_) in &k.times {
                 let from_state = match where_.in_state {
                     true => next.next().and_then(|v| v.as_deref()),
@@ -394,30 +403,29 @@ impl OverOperator {
                     &mut frame,
                     *at,
                     &rows,
+                    &mut scratch,
                     &mut written,
                     &mut results,
-                );
+                )?;
             }
             if let Frame::Range(preceding) = self.frame {
                 // Later rows are after `to`: an entry at `to - preceding` or before is out
                 // of every frame to come.
                 let oldest_kept = to.saturating_sub(preceding);
-                while frame
-                    .entries
-                    .front()
-                    .is_some_and(|(t, _)| *t <= oldest_kept)
-                {
-                    frame.entries.pop_front();
+                while frame.entries.front_time().is_some_and(|t| t <= oldest_kept) {
+                    frame.entries.pop_front(ncalls);
                 }
-                if let Some((t, _)) = frame.entries.front() {
+                if let Some(t) = frame.entries.front_time() {
                     let at = t.saturating_add(preceding);
                     state.timers.register(at, k.group, k.key.clone());
                 }
             }
             let gone = matches!(self.frame, Frame::Range(_)) && frame.entries.is_empty();
-            let cached = CachedFrame::new(k.group, (!gone).then_some(frame), k.key.len());
-            self.frame_bytes += cached.size;
-            self.frames.insert(k.key.clone(), cached);
+            let size = CachedFrame::size_of((!gone).then_some(&frame), k.key.len());
+            self.frame_bytes = (self.frame_bytes + size).saturating_sub(cached.size);
+            cached.size = size;
+            cached.dirty = true;
+            cached.frame = (!gone).then_some(frame);
         }
         let deletes: Vec<WriteOp> = pending_keys
             .into_iter()
@@ -457,7 +465,7 @@ impl OverOperator {
             ops.push(match &cached.frame {
                 Some(frame) => WriteOp::Put {
                     key,
-                    value: encode_frame(frame),
+                    value: encode_frame(frame, self.calls.len()),
                 },
                 None => WriteOp::Delete { key },
             });
@@ -494,73 +502,76 @@ impl OverOperator {
     }
 }
 
-/// Moves `frame` on by the rows of time `at` (in arrival order), recording each row and
-/// its aggregates.
+/// Moves `frame` on by the rows of time `at` (in arrival order: each a row and its
+/// accumulators' bytes), recording each row and its aggregates. `scratch` holds two
+/// rows of accumulators for the duration.
+#[allow(clippy::too_many_arguments)]
 fn advance<'a>(
     calls: &[AggregateCall],
     kind: Frame,
     frame: &mut KeyFrame,
     at: Timestamp,
-    rows: &[(&'a [u8], Vec<Acc>)],
+    rows: &[(&'a [u8], &[u8])],
+    scratch: &mut (Vec<Acc>, Vec<Acc>),
     written: &mut Vec<&'a [u8]>,
     results: &mut [Vec<Acc>],
-) {
+) -> Result<()> {
+    let n = calls.len();
+    let (row_accs, total) = scratch;
     frame.last = Some(at);
     if kind.by_range() {
         // Peers: every row of this time is in each one's frame.
-        let mut peers = vec![Acc::default(); calls.len()];
+        let mut peers = vec![Acc::default(); n];
         for (_, accs) in rows {
-            merge(calls, &mut peers, accs);
+            row_accs.clear();
+            accumulator::decode(accs, n, row_accs)?;
+            merge(calls, &mut peers, row_accs);
         }
         match kind {
-            Frame::AllRange => match frame.entries.front_mut() {
-                Some((t, total)) => {
-                    *t = at;
-                    merge(calls, total, &peers);
-                }
-                None => frame.entries.push_back((at, peers)),
-            },
+            Frame::AllRange if !frame.entries.is_empty() => {
+                frame.entries.merge_into_first(calls, at, &peers);
+            }
             _ => {
                 if let Frame::Range(preceding) = kind {
                     let first = at.saturating_sub(preceding);
-                    while frame.entries.front().is_some_and(|(t, _)| *t < first) {
-                        frame.entries.pop_front();
+                    while frame.entries.front_time().is_some_and(|t| t < first) {
+                        frame.entries.pop_front(n);
                     }
                 }
-                frame.entries.push_back((at, peers));
+                frame.entries.push(at, &peers);
             }
         }
-        let total = total(calls, &frame.entries);
+        frame.entries.total(calls, total);
         for (row, _) in rows {
             written.push(row);
             for (c, acc) in total.iter().enumerate() {
                 results[c].push(*acc);
             }
         }
-        return;
+        return Ok(());
     }
     for (row, accs) in rows {
+        row_accs.clear();
+        accumulator::decode(accs, n, row_accs)?;
         match kind {
-            Frame::AllRows => match frame.entries.front_mut() {
-                Some((t, total)) => {
-                    *t = at;
-                    merge(calls, total, accs);
-                }
-                None => frame.entries.push_back((at, accs.clone())),
-            },
+            Frame::AllRows if !frame.entries.is_empty() => {
+                frame.entries.merge_into_first(calls, at, row_accs);
+            }
             Frame::Rows(preceding) => {
-                frame.entries.push_back((at, accs.clone()));
+                frame.entries.push(at, row_accs);
                 while frame.entries.len() > preceding.saturating_add(1) {
-                    frame.entries.pop_front();
+                    frame.entries.pop_front(n);
                 }
             }
-            Frame::Range(_) | Frame::AllRange => {}
+            _ => frame.entries.push(at, row_accs),
         }
         written.push(row);
-        for (c, acc) in total(calls, &frame.entries).into_iter().enumerate() {
-            results[c].push(acc);
+        frame.entries.total(calls, total);
+        for (c, acc) in total.iter().enumerate() {
+            results[c].push(*acc);
         }
     }
+    Ok(())
 }
 
 /// Merges one entry's accumulators into `into`.
@@ -570,13 +581,67 @@ fn merge(calls: &[AggregateCall], into: &mut [Acc], accs: &[Acc]) {
     }
 }
 
-/// The aggregates over a frame's entries.
-fn total(calls: &[AggregateCall], entries: &VecDeque<(Timestamp, Vec<Acc>)>) -> Vec<Acc> {
-    let mut total = vec![Acc::default(); calls.len()];
-    for (_, accs) in entries {
-        merge(calls, &mut total, accs);
+/// A frame's entries, oldest first: a time and one accumulator per call each (the
+/// accumulators flat, so that an entry allocates nothing).
+#[derive(Debug, Default)]
+struct Entries {
+    times: VecDeque<Timestamp>,
+    accs: VecDeque<Acc>,
+}
+
+impl Entries {
+    fn len(&self) -> usize {
+        self.times.len()
     }
-    total
+
+    fn is_empty(&self) -> bool {
+        self.times.is_empty()
+    }
+
+    fn front_time(&self) -> Option<Timestamp> {
+        self.times.front().copied()
+    }
+
+    fn push(&mut self, at: Timestamp, accs: &[Acc]) {
+        self.times.push_back(at);
+        self.accs.extend(accs.iter().copied());
+    }
+
+    /// Drops the oldest entry (of `n` accumulators).
+    fn pop_front(&mut self, n: usize) {
+        if self.times.pop_front().is_some() {
+            self.accs.drain(..n.min(self.accs.len()));
+        }
+    }
+
+    /// Merges `accs` into the first entry and gives it time `at` (a running total).
+    fn merge_into_first(&mut self, calls: &[AggregateCall], at: Timestamp, accs: &[Acc]) {
+        if let Some(t) = self.times.front_mut() {
+            *t = at;
+        }
+        for ((call, a), b) in calls.iter().zip(self.accs.iter_mut()).zip(accs) {
+            accumulator::merge(call.func, call.arg_kind, a, b);
+        }
+    }
+
+    /// The aggregates over every entry, into `total`.
+    fn total(&self, calls: &[AggregateCall], total: &mut Vec<Acc>) {
+        total.clear();
+        total.resize(calls.len(), Acc::default());
+        let n = calls.len().max(1);
+        for (i, acc) in self.accs.iter().enumerate() {
+            let c = i % n;
+            accumulator::merge(calls[c].func, calls[c].arg_kind, &mut total[c], acc);
+        }
+    }
+
+    /// Each entry's time and accumulators.
+    fn iter(&self, n: usize) -> impl Iterator<Item = (Timestamp, impl Iterator<Item = &Acc>)> {
+        self.times
+            .iter()
+            .enumerate()
+            .map(move |(i, t)| (*t, self.accs.range(i * n..(i + 1) * n)))
+    }
 }
 
 /// Appends one pending row: its length, its bytes (Arrow's row format) and its own
@@ -587,8 +652,9 @@ fn push_row(buf: &mut Vec<u8>, row: &[u8], accs: &[Acc]) {
     accumulator::encode(accs, buf);
 }
 
-/// The rows of a `pending` value, in arrival order.
-fn decode_rows(value: &[u8], ncalls: usize) -> Result<Vec<(&[u8], Vec<Acc>)>> {
+/// The rows of a `pending` value, in arrival order: each row's bytes and its
+/// accumulators' bytes.
+fn decode_rows(value: &[u8], ncalls: usize) -> Result<Vec<(&[u8], &[u8])>> {
     let mut rows = Vec::new();
     let mut rest = value;
     while !rest.is_empty() {
@@ -600,9 +666,7 @@ fn decode_rows(value: &[u8], ncalls: usize) -> Result<Vec<(&[u8], Vec<Acc>)>> {
         if rest.len() < end {
             return Err(corrupt("a pending row is cut short"));
         }
-        let mut accs = Vec::with_capacity(ncalls);
-        accumulator::decode(&rest[4 + len..end], ncalls, &mut accs)?;
-        rows.push((&rest[4..4 + len], accs));
+        rows.push((&rest[4..4 + len], &rest[4 + len..end]));
         rest = &rest[end..];
     }
     Ok(rows)
@@ -610,8 +674,7 @@ fn decode_rows(value: &[u8], ncalls: usize) -> Result<Vec<(&[u8], Vec<Acc>)>> {
 
 /// A key's frame as `frame` holds it: a flag and the last time, then entries of a time
 /// and the accumulators.
-fn encode_frame(frame: &KeyFrame) -> Bytes {
-    let ncalls = frame.entries.front().map_or(0, |(_, a)| a.len());
+fn encode_frame(frame: &KeyFrame, ncalls: usize) -> Bytes {
     let mut buf = Vec::with_capacity(9 + frame.entries.len() * (8 + ncalls * ACC_BYTES));
     match frame.last {
         Some(last) => {
@@ -623,9 +686,11 @@ fn encode_frame(frame: &KeyFrame) -> Bytes {
             buf.put_i64(0);
         }
     }
-    for (t, accs) in &frame.entries {
-        buf.put_i64(*t);
-        accumulator::encode(accs, &mut buf);
+    for (t, accs) in frame.entries.iter(ncalls) {
+        buf.put_i64(t);
+        for acc in accs {
+            accumulator::encode(std::slice::from_ref(acc), &mut buf);
+        }
     }
     Bytes::from(buf)
 }
@@ -644,11 +709,12 @@ fn decode_frame(value: Option<&[u8]>, ncalls: usize) -> Result<KeyFrame> {
     if rest.len() % stride != 0 {
         return Err(corrupt("a frame's entries are cut short"));
     }
-    let mut entries = VecDeque::with_capacity(rest.len() / stride);
+    let mut entries = Entries::default();
+    let mut accs = Vec::with_capacity(ncalls);
     for entry in rest.chunks_exact(stride) {
-        let mut accs = Vec::with_capacity(ncalls);
+        accs.clear();
         accumulator::decode(&entry[8..], ncalls, &mut accs)?;
-        entries.push_back((word(&entry[..8]), accs));
+        entries.push(word(&entry[..8]), &accs);
     }
     Ok(KeyFrame { last, entries })
 }
