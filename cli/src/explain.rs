@@ -164,7 +164,10 @@ fn join_text(j: &pb::JoinSpec, lookup: Option<&str>) -> String {
         .left_keys
         .iter()
         .zip(&j.right_keys)
-        .map(|(a, b)| format!("{l}.{a} = {r}.{b}"))
+        .map(|(a, b)| match j.null_safe {
+            true => format!("{l}.{a} IS NOT DISTINCT FROM {r}.{b}"),
+            false => format!("{l}.{a} = {r}.{b}"),
+        })
         .collect();
     let condition = j
         .condition

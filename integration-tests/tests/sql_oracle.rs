@@ -310,6 +310,12 @@ const ORACLE: &[(&str, &str)] = &[
          FROM bid WHERE price > 1000 WINDOW recent AS (PARTITION BY auction ORDER BY \
          date_time RANGE BETWEEN INTERVAL '10' SECOND PRECEDING AND CURRENT ROW)",
     ),
+    // EXCEPT: a dedup, then an anti join keyed by every column; its changelog folded.
+    (
+        "sql/big-bidders-except-sellers",
+        "SELECT bidder AS person FROM bid WHERE price > 10000000 EXCEPT SELECT seller FROM \
+         auction WHERE category = 10",
+    ),
     // UNION ALL of two tables' rows.
     (
         "sql/union-all-activity",
@@ -773,6 +779,7 @@ fn stateful_sql_examples_survive_a_worker_kill_with_remote_state() {
         "sql/hot-auction-bids-in",
         "sql/bid-count-buckets-distinct",
         "sql/auction-bid-trend-over",
+        "sql/big-bidders-except-sellers",
     ]
     .into_iter()
     .filter(|n| selected(n))

@@ -277,6 +277,8 @@ pub struct JoinOperator {
     semi: bool,
     /// An anti join: each left row while no pair of it passes ON.
     anti: bool,
+    /// A null key meets a null key (`JoinSpec.null_safe`).
+    null_safe: bool,
     /// Per input, whether it is a changelog (its first column the change kind).
     updating_input: [bool; 2],
     /// Columns of the left side (the pair's first).
@@ -643,6 +645,7 @@ impl JoinOperator {
             preserve,
             semi,
             anti,
+            null_safe: spec.null_safe,
             updating_input,
             left_width: left.fields().len(),
             sides: [l, r],
@@ -748,7 +751,10 @@ impl JoinOperator {
         let side = &self.sides[input];
         side.keys.encode(&batch, &mut self.encoded)?;
         let rows = side.rows.convert_columns(batch.columns())?;
-        let nulls = key_nulls(&batch, &side.keys)?;
+        let nulls = match self.null_safe {
+            true => None,
+            false => key_nulls(&batch, &side.keys)?,
+        };
         // An interval join's clock is the watermark; a regular join's the wall clock.
         let now = match self.interval {
             Some(_) => self.watermark,
@@ -1062,7 +1068,10 @@ impl JoinOperator {
         let side = &self.sides[input];
         side.keys.encode(&batch, &mut self.encoded)?;
         let rows = side.rows.convert_columns(batch.columns())?;
-        let nulls = key_nulls(&batch, &side.keys)?;
+        let nulls = match self.null_safe {
+            true => None,
+            false => key_nulls(&batch, &side.keys)?,
+        };
         let now = unix_ms() as i64;
         // This side's rows whose padded copy is taken back (a preserved side's).
         let mut unpadded: Vec<u32> = Vec::new();
@@ -1826,6 +1835,7 @@ mod tests {
             exprs: vec![expr("k"), expr("a.v"), expr("b.v")],
             ttl_ms,
             interval: None,
+            null_safe: false,
         }
     }
 
@@ -1871,6 +1881,7 @@ mod tests {
                 lower_ms: -10_000,
                 upper_ms: 0,
             }),
+            null_safe: false,
         }
     }
 

@@ -54,6 +54,7 @@ impl LookupJoinOperator {
             exprs: spec.exprs.clone(),
             ttl_ms: 0,
             interval: None,
+            null_safe: false,
         }
     }
 

@@ -56,6 +56,7 @@ const JOIN_KEYS: &[&str] = &[
     "select",
     "ttl",
     "interval",
+    "null_safe",
 ];
 /// Keys of a join's `interval` mapping.
 const INTERVAL_KEYS: &[&str] = &["left", "right", "lower", "upper"];
@@ -541,6 +542,9 @@ fn join(node: &Node, path: &str) -> Result<Operator> {
             exprs,
             ttl_ms: fields.opt("ttl", duration_ms)?.unwrap_or(0),
             interval: fields.opt("interval", interval)?,
+            null_safe: fields
+                .opt("null_safe", super::fields::bool_value)?
+                .unwrap_or(false),
         },
         source,
         source_at,

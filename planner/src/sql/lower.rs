@@ -777,7 +777,12 @@ fn lower_set_expr(body: &SetExpr, catalog: &Catalog<'_>, at: Pos, depth: usize) 
             left,
             right,
         } => lower_union(left, right, *set_quantifier, catalog, at, depth),
-        SetExpr::SetOperation { op, .. } => Err(unsupported(at, &op.to_string())),
+        SetExpr::SetOperation {
+            op,
+            set_quantifier,
+            left,
+            right,
+        } => lower_set_difference(op, left, right, *set_quantifier, catalog, at, depth),
         _ => Err(unsupported(at, "VALUES, and this kind of query")),
     }
 }
@@ -826,6 +831,79 @@ fn lower_union(
     Ok(lowered)
 }
 
+/// `a INTERSECT b` and `a EXCEPT b` (`MINUS`): each distinct row of `a` (a dedup by every
+/// column), then a semi join (INTERSECT: the row is written once a row of `b` equals it)
+/// or an anti join (EXCEPT: written while none does, taken back when one comes) keyed by
+/// every column by position, whose keys compare nulls as equal, as set operations do.
+fn lower_set_difference(
+    op: &sqlparser::ast::SetOperator,
+    left: &SetExpr,
+    right: &SetExpr,
+    quantifier: sqlparser::ast::SetQuantifier,
+    catalog: &Catalog<'_>,
+    at: Pos,
+    depth: usize,
+) -> Result<Lowered> {
+    use sqlparser::ast::{SetOperator, SetQuantifier};
+    let op_at = body_at(right, at);
+    let (name, kind) = match op {
+        SetOperator::Intersect => ("INTERSECT", "semi"),
+        SetOperator::Except | SetOperator::Minus => ("EXCEPT", "anti"),
+        other => return Err(unsupported(op_at, &other.to_string())),
+    };
+    match quantifier {
+        SetQuantifier::None | SetQuantifier::Distinct => {}
+        SetQuantifier::All => {
+            return Err(unsupported(
+                op_at,
+                &format!("{name} ALL (each row as many times as both sides hold it)"),
+            ));
+        }
+        other => return Err(unsupported(op_at, &format!("{name} {other}"))),
+    }
+    if catalog.join_ttl.is_some() {
+        return Err(SqlError::new(
+            op_at,
+            format!(
+                "{name} with 'table.exec.state.ttl' set: its join keeps both sides whole, it \
+                 takes no state TTL yet"
+            ),
+        ));
+    }
+    let left_names = set_output_names(left, op_at)?;
+    let right_names = set_output_names(right, op_at)?;
+    if left_names.len() != right_names.len() {
+        return Err(SqlError::new(
+            op_at,
+            format!(
+                "{name} compares whole rows, but the left query has {} columns and the right \
+                 {}",
+                left_names.len(),
+                right_names.len()
+            ),
+        ));
+    }
+    let mut lowered = lower_set_expr(left, catalog, at, depth + 1)?;
+    if let Some(rank) = &lowered.rank {
+        return Err(unbounded_rank(rank));
+    }
+    let other = lower_set_expr(right, catalog, at, depth + 1)?;
+    let input = other_input(other, catalog, op_at)?;
+    lowered
+        .pipeline
+        .push(stage("dedup", seq(left_names.clone(), op_at), op_at));
+    let mut spec = Section::default();
+    spec.put(&["type"], scalar(kind, op_at))?;
+    spec.put(&["right"], input)?;
+    spec.put(&["left_keys"], seq(left_names, op_at))?;
+    spec.put(&["right_keys"], seq(right_names, op_at))?;
+    spec.put(&["null_safe"], scalar("true", op_at))?;
+    lowered
+        .pipeline
+        .push(stage("join", spec.into_node(op_at), op_at));
+    Ok(lowered)
+}
+
 /// A join's or a union's other input: its source, watermark and pipeline (what a join's
 /// `right:` or a `union:` item holds).
 fn other_input(lowered: Lowered, catalog: &Catalog<'_>, at: Pos) -> Result<Node> {
@@ -845,7 +923,9 @@ fn other_input(lowered: Lowered, catalog: &Catalog<'_>, at: Pos) -> Result<Node>
 /// The output column names of a query body (its first SELECT's).
 fn set_output_names(body: &SetExpr, at: Pos) -> Result<Vec<Node>> {
     match body {
-        SetExpr::Select(select) => output_names(&select.projection, at),
+        SetExpr::Select(select) => {
+            output_names(&select.projection, at, "a UNION, INTERSECT or EXCEPT")
+        }
         SetExpr::Query(q) => set_output_names(&q.body, at),
         SetExpr::SetOperation { left, .. } => set_output_names(left, at),
         _ => Err(unsupported(at, "UNION without ALL over this query")),
@@ -1081,7 +1161,7 @@ fn lower_select(
             if distinct {
                 // Each distinct row once, when first seen: the dedup operator keyed by
                 // every column (an append-only result, as in Flink).
-                let names = output_names(&items, at)?;
+                let names = output_names(&items, at, "SELECT DISTINCT")?;
                 pipeline.push(stage("dedup", seq(names, at), at));
             }
         }
@@ -3753,7 +3833,7 @@ fn projection(items: &[SelectItem], at: Pos) -> Result<Option<Vec<Node>>> {
 }
 
 /// The names of a plain query's output columns (for SELECT DISTINCT's key).
-fn output_names(items: &[SelectItem], at: Pos) -> Result<Vec<Node>> {
+fn output_names(items: &[SelectItem], at: Pos, what: &str) -> Result<Vec<Node>> {
     items
         .iter()
         .map(|item| match item {
@@ -3765,9 +3845,9 @@ fn output_names(items: &[SelectItem], at: Pos) -> Result<Vec<Node>> {
             }
             SelectItem::UnnamedExpr(e) => Err(SqlError::new(
                 located(e, at),
-                format!("name this column of SELECT DISTINCT: `{e} AS name`"),
+                format!("name this column of {what}: `{e} AS name`"),
             )),
-            _ => Err(unsupported(at, "SELECT DISTINCT *; name the columns")),
+            _ => Err(unsupported(at, &format!("`*` in {what}; name the columns"))),
         })
         .collect()
 }
