@@ -7,16 +7,19 @@
 //! `UNBOUNDED PRECEDING`.
 //!
 //! # Order and lateness
-//! Rows wait in state until the watermark passes their time, so that the frame of each
+//! Rows wait until the watermark passes their time, so that the frame of each
 //! holds exactly the rows before it in event time. Rows of one time go in the order they
 //! arrived (a ROWS frame counts them one by one; a RANGE frame takes them together). A
 //! row at or before the watermark when it arrives is late: it is dropped and counted, as
 //! Flink drops it. The output is append-only: the input's columns, then the aggregates.
 //!
 //! # State
+//! Between barriers the operator works in memory: arriving rows wait in `buffered`, and
+//! the frames it read or wrote stay in its cache. A barrier moves both to state, so that
+//! rows written before the next barrier never touch it (as timers that fire before one
+//! never do); more rows, or frames, than half the cache budget each go to state at once.
 //! - `pending`: rows waiting for the watermark, under their key and time, each framed
-//!   with its own accumulators. Arrivals are appended with `Merge`, so a batch reads
-//!   nothing.
+//!   with its own accumulators, appended with `Merge` (a write reads nothing).
 //! - `frame`: per key, the time of the last row written and the frame's entries (a time
 //!   and accumulators: one per row for ROWS, per time for RANGE, one running total from
 //!   UNBOUNDED PRECEDING). A frame is merged entry by entry for each row it writes.
