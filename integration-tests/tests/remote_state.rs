@@ -441,3 +441,37 @@ fn a_restarted_node_refuses_a_superseded_writer() {
         backend.flush_epoch(2).await.expect("and flushes");
     });
 }
+
+/// An append (`Merge`) read while the buffer holding it ships: the read must not add it
+/// to a service value that already holds it. Each round appends to keys nothing has
+/// read (so no cached value answers), cuts the epoch, and reads the keys over and over
+/// while another task ships it.
+#[test]
+fn an_append_read_while_its_epoch_ships_is_read_once() {
+    let dir = tempdir();
+    let node = start_state_node(dir.path(), "node", &file_store(dir.path()), &[]);
+    let rt = rt();
+    rt.block_on(async {
+        let remote = connect(&node, "append-race", |_| {}).await;
+        let backend = whole_key_space(&remote, 1);
+        for round in 0..40u32 {
+            let keys: Vec<Bytes> = (0..300).map(|i| key(round * 1000 + i)).collect();
+            let epoch = u64::from(round) + 1;
+            let appends = keys.iter().map(|k| WriteOp::Merge {
+                key: k.clone(),
+                operand: Bytes::from_static(b"+a"),
+            });
+            backend.write(appends.collect()).await.expect("appends");
+            backend.cut_epoch(epoch).await.expect("cut");
+            let shipping = backend.clone();
+            let ship = tokio::spawn(async move { shipping.await_durable(epoch).await });
+            for _ in 0..10 {
+                let values = backend.get_many(&keys).await.expect("read");
+                for v in values {
+                    assert_eq!(v.as_deref(), Some(&b"+a"[..]), "round {round}");
+                }
+            }
+            ship.await.expect("ship task").expect("appends durable");
+        }
+    });
+}

@@ -52,7 +52,7 @@ use super::{Operator, OperatorContext, Output};
 use crate::element::{Barrier, Timestamp};
 use crate::error::{Error, Result};
 use crate::expr::ExprCompiler;
-use crate::expr::aggregate::{AggFunc, AggregateCall};
+use crate::expr::aggregate::{AggFunc, AggregateCall, ArgKind};
 use crate::keyed::KeyedTimers;
 use crate::keyed::timers::time_key;
 use crate::keys::{EncodedKeys, KeyEncoder};
@@ -416,7 +416,7 @@ impl OverOperator {
                 // of every frame to come.
                 let oldest_kept = to.saturating_sub(preceding);
                 while frame.entries.front_time().is_some_and(|t| t <= oldest_kept) {
-                    frame.entries.pop_front(ncalls);
+                    frame.entries.pop_front(&self.calls);
                 }
                 if let Some(t) = frame.entries.front_time() {
                     let at = t.saturating_add(preceding);
@@ -538,10 +538,10 @@ fn advance<'a>(
                 if let Frame::Range(preceding) = kind {
                     let first = at.saturating_sub(preceding);
                     while frame.entries.front_time().is_some_and(|t| t < first) {
-                        frame.entries.pop_front(n);
+                        frame.entries.pop_front(calls);
                     }
                 }
-                frame.entries.push(at, &peers);
+                frame.entries.push(calls, at, &peers);
             }
         }
         frame.entries.total(calls, total);
@@ -561,12 +561,12 @@ fn advance<'a>(
                 frame.entries.merge_into_first(calls, at, row_accs);
             }
             Frame::Rows(preceding) => {
-                frame.entries.push(at, row_accs);
+                frame.entries.push(calls, at, row_accs);
                 while frame.entries.len() > preceding.saturating_add(1) {
-                    frame.entries.pop_front(n);
+                    frame.entries.pop_front(calls);
                 }
             }
-            _ => frame.entries.push(at, row_accs),
+            _ => frame.entries.push(calls, at, row_accs),
         }
         written.push(row);
         frame.entries.total(calls, total);
@@ -585,11 +585,27 @@ fn merge(calls: &[AggregateCall], into: &mut [Acc], accs: &[Acc]) {
 }
 
 /// A frame's entries, oldest first: a time and one accumulator per call each (the
-/// accumulators flat, so that an entry allocates nothing).
+/// accumulators flat, so that an entry allocates nothing), and the running total over
+/// them per call while it is known.
 #[derive(Debug, Default)]
 struct Entries {
     times: VecDeque<Timestamp>,
     accs: VecDeque<Acc>,
+    /// Per call, the merge of every entry's accumulator, where `known` says so.
+    total: Vec<Acc>,
+    /// Per call, whether `total` holds it (empty: none does). An entry leaving takes its
+    /// part out of a count or an integer sum or average; it makes a MIN or MAX unknown
+    /// only when it held the extreme, and anything else always (recomputed when asked).
+    known: Vec<bool>,
+}
+
+/// Whether an entry leaving can be taken out of `call`'s running total exactly.
+fn subtracts(call: &AggregateCall) -> bool {
+    match call.func {
+        AggFunc::CountStar | AggFunc::Count => true,
+        AggFunc::Sum | AggFunc::Avg => call.arg_kind != ArgKind::Float,
+        AggFunc::Min | AggFunc::Max | AggFunc::Udf(_) => false,
+    }
 }
 
 impl Entries {
@@ -605,15 +621,42 @@ impl Entries {
         self.times.front().copied()
     }
 
-    fn push(&mut self, at: Timestamp, accs: &[Acc]) {
+    fn push(&mut self, calls: &[AggregateCall], at: Timestamp, accs: &[Acc]) {
         self.times.push_back(at);
         self.accs.extend(accs.iter().copied());
+        for (c, acc) in accs.iter().enumerate() {
+            if self.known.get(c).copied().unwrap_or(false) {
+                accumulator::merge(calls[c].func, calls[c].arg_kind, &mut self.total[c], acc);
+            }
+        }
     }
 
-    /// Drops the oldest entry (of `n` accumulators).
-    fn pop_front(&mut self, n: usize) {
-        if self.times.pop_front().is_some() {
-            self.accs.drain(..n.min(self.accs.len()));
+    /// Drops the oldest entry, taking it out of the running totals.
+    fn pop_front(&mut self, calls: &[AggregateCall]) {
+        if self.times.pop_front().is_none() {
+            return;
+        }
+        let n = calls.len().min(self.accs.len());
+        for (c, gone) in self.accs.drain(..n).enumerate() {
+            if !self.known.get(c).copied().unwrap_or(false) || gone.n == 0 {
+                continue;
+            }
+            let total = &mut self.total[c];
+            let call = &calls[c];
+            let extreme = matches!(call.func, AggFunc::Min | AggFunc::Max);
+            let float = call.arg_kind == ArgKind::Float;
+            if subtracts(call) {
+                total.i = total.i.wrapping_sub(gone.i);
+                total.f -= gone.f;
+                total.n -= gone.n;
+            } else if extreme
+                && accumulator::ordered_value(&gone, float)
+                    != accumulator::ordered_value(total, float)
+            {
+                total.n -= gone.n; // the extreme is elsewhere
+            } else {
+                self.known[c] = false;
+            }
         }
     }
 
@@ -625,17 +668,34 @@ impl Entries {
         for ((call, a), b) in calls.iter().zip(self.accs.iter_mut()).zip(accs) {
             accumulator::merge(call.func, call.arg_kind, a, b);
         }
+        for (c, acc) in accs.iter().enumerate() {
+            if self.known.get(c).copied().unwrap_or(false) {
+                accumulator::merge(calls[c].func, calls[c].arg_kind, &mut self.total[c], acc);
+            }
+        }
     }
 
-    /// The aggregates over every entry, into `total`.
-    fn total(&self, calls: &[AggregateCall], total: &mut Vec<Acc>) {
-        total.clear();
-        total.resize(calls.len(), Acc::default());
-        let n = calls.len().max(1);
-        for (i, acc) in self.accs.iter().enumerate() {
-            let c = i % n;
-            accumulator::merge(calls[c].func, calls[c].arg_kind, &mut total[c], acc);
+    /// The aggregates over every entry, into `out`: the running totals, each unknown one
+    /// merged again from the entries.
+    fn total(&mut self, calls: &[AggregateCall], out: &mut Vec<Acc>) {
+        let n = calls.len();
+        if self.known.len() != n {
+            self.known = vec![false; n];
+            self.total = vec![Acc::default(); n];
         }
+        for c in 0..n {
+            if self.known[c] {
+                continue;
+            }
+            let mut acc = Acc::default();
+            for entry in self.accs.iter().skip(c).step_by(n.max(1)) {
+                accumulator::merge(calls[c].func, calls[c].arg_kind, &mut acc, entry);
+            }
+            self.total[c] = acc;
+            self.known[c] = true;
+        }
+        out.clear();
+        out.extend_from_slice(&self.total);
     }
 
     /// Each entry's time and accumulators.
@@ -717,7 +777,8 @@ fn decode_frame(value: Option<&[u8]>, ncalls: usize) -> Result<KeyFrame> {
     for entry in rest.chunks_exact(stride) {
         accs.clear();
         accumulator::decode(&entry[8..], ncalls, &mut accs)?;
-        entries.push(word(&entry[..8]), &accs);
+        // No running total yet: `push` reads no call.
+        entries.push(&[], word(&entry[..8]), &accs);
     }
     Ok(KeyFrame { last, entries })
 }
@@ -1137,6 +1198,65 @@ mod tests {
             }
             assert_eq!(outputs[0].len(), input.len());
             assert_eq!(outputs[0], outputs[1], "{:?}", spec.unit());
+        }
+    }
+
+    #[tokio::test]
+    async fn running_totals_equal_every_frame_merged_again() {
+        // Pseudo-random values (maxima leave frames often), 3 keys, times with peers.
+        let mut x: i64 = 7;
+        let input: Vec<(i64, i64, i64)> = (0..400)
+            .map(|i| {
+                x = (x * 1_103_515_245 + 12_345) % 2_147_483_648;
+                (i % 3, x % 1000, i / 2 * 4)
+            })
+            .collect();
+        for (unit, preceding) in [(pb::OverFrameUnit::Range, 30), (pb::OverFrameUnit::Rows, 4)] {
+            let spec = spec(unit, false, preceding);
+            let (mut op, _) = over(&spec, Arc::new(MemoryStateStore::new(false)), (0, 1), 1).await;
+            let mut out = Output::default();
+            for (i, chunk) in input.chunks(25).enumerate() {
+                op.process_batch(batch(chunk), &mut out).await.unwrap();
+                op.on_watermark(50 * i as i64, &mut out).await.unwrap();
+            }
+            op.close(&mut out).await.unwrap();
+            let mut got = written(&out);
+            got.sort_by_key(|r| (r.0, r.2, r.1));
+            // Each row's frame, merged from scratch.
+            let mut expected: Vec<Written> = Vec::new();
+            for k in 0..3 {
+                let rows: Vec<(i64, i64)> = input
+                    .iter()
+                    .filter(|r| r.0 == k)
+                    .map(|r| (r.1, r.2))
+                    .collect();
+                for (j, (v, t)) in rows.iter().enumerate() {
+                    let frame: Vec<i64> = match unit {
+                        pb::OverFrameUnit::Range => rows
+                            .iter()
+                            .filter(|(_, u)| *u >= t - preceding as i64 && u <= t)
+                            .map(|(w, _)| *w)
+                            .collect(),
+                        pb::OverFrameUnit::Rows => rows[j.saturating_sub(preceding as usize)..=j]
+                            .iter()
+                            .map(|(w, _)| *w)
+                            .collect(),
+                    };
+                    let sum: i64 = frame.iter().sum();
+                    expected.push((
+                        k,
+                        *v,
+                        *t,
+                        frame.len() as i64,
+                        sum,
+                        *frame.iter().max().unwrap(),
+                        sum as f64 / frame.len() as f64,
+                    ));
+                }
+            }
+            expected.sort_by_key(|r| (r.0, r.2, r.1));
+            assert_eq!(got.len(), input.len(), "{unit:?}");
+            assert_eq!(got, expected, "{unit:?}");
         }
     }
 

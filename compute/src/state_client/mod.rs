@@ -21,7 +21,10 @@
 //! Accesses to one key are serial (the state API's contract), so a write never races
 //! with a read of the same key; writes of different keys and reads proceed concurrently.
 //! A ship holds its entries readable until the service acknowledges them, so no read
-//! falls between the buffer and the service.
+//! falls between the buffer and the service. A ship runs beside the reads (a barrier's
+//! epoch ships in the background), so a read whose key has a pending append in a buffer
+//! being shipped holds the ship lock: otherwise the service could answer with the append
+//! already applied, and the read would add it twice.
 //!
 //! # Failure
 //! A failed `Write` leaves the service with part of an epoch: the backend then refuses
@@ -846,14 +849,29 @@ impl KeyedStateBackend for RemoteStateBackend {
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
         // (index, pending append) of keys the buffers do not decide.
         let mut open: Vec<(usize, Option<Bytes>)> = Vec::new();
-        {
-            let buffers = self.lock_buffer();
-            for (i, key) in keys.iter().enumerate() {
-                match buffers.lookup(key) {
-                    Lookup::Value(v) => out[i] = v,
-                    Lookup::Older(tail) => open.push((i, tail)),
+        // A pending append may sit in a buffer being shipped: read against the service
+        // (or the cache) while that ship lands, it would be appended to a value that
+        // already holds it. Such a read holds the ship lock, so that no ship is under way
+        // between what the buffers say and what the service answers.
+        let mut ship_guard = None;
+        loop {
+            let racing = {
+                let buffers = self.lock_buffer();
+                for (i, key) in keys.iter().enumerate() {
+                    match buffers.lookup(key) {
+                        Lookup::Value(v) => out[i] = v,
+                        Lookup::Older(tail) => open.push((i, tail)),
+                    }
                 }
+                ship_guard.is_none()
+                    && !buffers.queued.is_empty()
+                    && open.iter().any(|(_, tail)| tail.is_some())
+            };
+            if !racing {
+                break;
             }
+            open.clear();
+            ship_guard = Some(self.ship_lock.lock().await);
         }
         let generation = self.cache.generation();
         let layout = self.remote.layout();
