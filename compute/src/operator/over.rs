@@ -683,13 +683,13 @@ impl Entries {
             self.known = vec![false; n];
             self.total = vec![Acc::default(); n];
         }
-        for c in 0..n {
+        for (c, call) in calls.iter().enumerate() {
             if self.known[c] {
                 continue;
             }
             let mut acc = Acc::default();
             for entry in self.accs.iter().skip(c).step_by(n.max(1)) {
-                accumulator::merge(calls[c].func, calls[c].arg_kind, &mut acc, entry);
+                accumulator::merge(call.func, call.arg_kind, &mut acc, entry);
             }
             self.total[c] = acc;
             self.known[c] = true;
