@@ -22,7 +22,9 @@
 //!   with its own accumulators, appended with `Merge` (a write reads nothing).
 //! - `frame`: per key, the time of the last row written and the frame's entries (a time
 //!   and accumulators: one per row for ROWS, per time for RANGE, one running total from
-//!   UNBOUNDED PRECEDING). A frame is merged entry by entry for each row it writes.
+//!   UNBOUNDED PRECEDING). In memory a frame also keeps a running total per call: an
+//!   entry leaving is taken out of a count or an integer sum or average, and a MIN or MAX
+//!   is merged again from the entries only when the entry holding it leaves.
 //! - `timers`: one per key and pending time, and for a bounded RANGE frame one at which
 //!   its oldest entry leaves it, so a key that goes quiet leaves no frame behind. ROWS and
 //!   unbounded frames stay, as Flink's do without a state TTL.
