@@ -124,6 +124,20 @@ impl PhysicalPlan {
     }
 }
 
+/// Compiles each aggregate call over `input`; an error names where the call is written.
+fn check_aggregates(
+    graph: &pb::JobGraph,
+    compiler: &ExprCompiler,
+    input: &SchemaRef,
+    calls: &[pb::Expr],
+) -> Result<()> {
+    for e in calls {
+        AggregateCall::compile(compiler, &e.sql, input)
+            .map_err(|err| locate(graph, e.location.as_ref(), "aggregate", err))?;
+    }
+    Ok(())
+}
+
 fn locate(graph: &pb::JobGraph, loc: Option<&pb::Location>, what: &str, err: Error) -> Error {
     match err {
         Error::Plan(msg) => {
@@ -536,10 +550,7 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 schema
             }
             pb::node::Kind::Window(spec) => {
-                for e in &spec.aggregates {
-                    AggregateCall::compile(&compiler, &e.sql, &input)
-                        .map_err(|err| locate(&graph, e.location.as_ref(), "aggregate", err))?;
-                }
+                check_aggregates(&graph, &compiler, &input, &spec.aggregates)?;
                 let op = WindowOperator::build(
                     spec,
                     &input,
@@ -556,19 +567,13 @@ async fn plan_once(graph: pb::JobGraph, connectors: Arc<dyn Connectors>) -> Resu
                 input
             }
             pb::node::Kind::Aggregate(spec) => {
-                for e in &spec.aggregates {
-                    AggregateCall::compile(&compiler, &e.sql, &input)
-                        .map_err(|err| locate(&graph, e.location.as_ref(), "aggregate", err))?;
-                }
+                check_aggregates(&graph, &compiler, &input, &spec.aggregates)?;
                 let op = AggregateOperator::build(spec, &input, &compiler).map_err(at)?;
                 inputs.insert(id, input);
                 op.schema()
             }
             pb::node::Kind::Over(spec) => {
-                for e in &spec.aggregates {
-                    AggregateCall::compile(&compiler, &e.sql, &input)
-                        .map_err(|err| locate(&graph, e.location.as_ref(), "aggregate", err))?;
-                }
+                check_aggregates(&graph, &compiler, &input, &spec.aggregates)?;
                 let op = OverOperator::build(
                     spec,
                     &input,

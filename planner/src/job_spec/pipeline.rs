@@ -662,6 +662,20 @@ fn lookup_join(node: &Node, path: &str) -> Result<Operator> {
     })))
 }
 
+/// A `partition_by:` list (absent or `[]`: none, one subtask).
+fn partition_by(fields: &Fields<'_>) -> Result<Vec<String>> {
+    Ok(match fields.get("partition_by") {
+        None => Vec::new(),
+        Some(entry) => match &entry.value.value {
+            Value::Seq(items) if items.is_empty() => Vec::new(),
+            _ => string_list(entry.value, &fields.path_of("partition_by"), true)?
+                .into_iter()
+                .map(|(column, _)| column)
+                .collect(),
+        },
+    })
+}
+
 /// The longest ROWS frame an `over` item takes: a frame is merged entry by entry for
 /// each row it writes.
 const MAX_OVER_ROWS: u32 = 100_000;
@@ -675,16 +689,7 @@ fn over(
     watermark: Option<&pb::WatermarkSpec>,
 ) -> Result<Operator> {
     let fields = Fields::new(node, path, &["partition_by", "order_by", "rows", "range"])?;
-    let partition_columns = match fields.get("partition_by") {
-        None => Vec::new(),
-        Some(entry) => match &entry.value.value {
-            Value::Seq(items) if items.is_empty() => Vec::new(),
-            _ => string_list(entry.value, &fields.path_of("partition_by"), true)?
-                .into_iter()
-                .map(|(column, _)| column)
-                .collect(),
-        },
-    };
+    let partition_columns = partition_by(&fields)?;
     let time_column = match fields.opt("order_by", string)? {
         Some(column) => column,
         None => watermark.map(|w| w.column.clone()).unwrap_or_default(),
@@ -747,16 +752,7 @@ fn top_n(node: &Node, path: &str) -> Result<Operator> {
         path,
         &["partition_by", "order_by", "limit", "rank_column"],
     )?;
-    let partition_columns = match fields.get("partition_by") {
-        None => Vec::new(),
-        Some(entry) => match &entry.value.value {
-            Value::Seq(items) if items.is_empty() => Vec::new(),
-            _ => string_list(entry.value, &fields.path_of("partition_by"), true)?
-                .into_iter()
-                .map(|(column, _)| column)
-                .collect(),
-        },
-    };
+    let partition_columns = partition_by(&fields)?;
     let order = fields.require("order_by", " (e.g. `order_by: [\"price DESC\"]`)")?;
     let order_path = fields.path_of("order_by");
     let order_by = string_list(order.value, &order_path, true)?

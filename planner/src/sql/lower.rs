@@ -815,12 +815,7 @@ fn lower_union(
         SetQuantifier::None | SetQuantifier::Distinct => true,
         other => return Err(unsupported(union_at, &format!("UNION {other}"))),
     };
-    let mut lowered = lower_set_expr(left, catalog, at, depth + 1)?;
-    if let Some(rank) = &lowered.rank {
-        return Err(unbounded_rank(rank));
-    }
-    let other = lower_set_expr(right, catalog, at, depth + 1)?;
-    let input = other_input(other, catalog, union_at)?;
+    let (mut lowered, input) = set_sides(left, right, catalog, at, union_at, depth)?;
     lowered.pipeline.push(stage("union", input, union_at));
     if distinct {
         let names = set_output_names(left, union_at)?;
@@ -883,12 +878,7 @@ fn lower_set_difference(
             ),
         ));
     }
-    let mut lowered = lower_set_expr(left, catalog, at, depth + 1)?;
-    if let Some(rank) = &lowered.rank {
-        return Err(unbounded_rank(rank));
-    }
-    let other = lower_set_expr(right, catalog, at, depth + 1)?;
-    let input = other_input(other, catalog, op_at)?;
+    let (mut lowered, input) = set_sides(left, right, catalog, at, op_at, depth)?;
     lowered
         .pipeline
         .push(stage("dedup", seq(left_names.clone(), op_at), op_at));
@@ -902,6 +892,24 @@ fn lower_set_difference(
         .pipeline
         .push(stage("join", spec.into_node(op_at), op_at));
     Ok(lowered)
+}
+
+/// The two sides of a set operation written at `op_at`: the left query lowered, and the
+/// right as the other input of a union or join item.
+fn set_sides(
+    left: &SetExpr,
+    right: &SetExpr,
+    catalog: &Catalog<'_>,
+    at: Pos,
+    op_at: Pos,
+    depth: usize,
+) -> Result<(Lowered, Node)> {
+    let lowered = lower_set_expr(left, catalog, at, depth + 1)?;
+    if let Some(rank) = &lowered.rank {
+        return Err(unbounded_rank(rank));
+    }
+    let other = lower_set_expr(right, catalog, at, depth + 1)?;
+    Ok((lowered, other_input(other, catalog, op_at)?))
 }
 
 /// A join's or a union's other input: its source, watermark and pipeline (what a join's
