@@ -38,9 +38,8 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use arrow::array::{Array, AsArray, Int64Array};
-use arrow::compute::cast;
-use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
+use arrow::array::Int64Array;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use arrow_row::{RowConverter, SortField};
 use async_trait::async_trait;
@@ -49,7 +48,7 @@ use sluice_common::key_group::key_group_of;
 use sluice_common::pb;
 use sluice_common::state::{StateTable, WriteOp};
 
-use super::window::WindowCounters;
+use super::window::{WindowCounters, event_times};
 use super::{Operator, OperatorContext, Output};
 use crate::element::{Barrier, Timestamp};
 use crate::error::{Error, Result};
@@ -304,19 +303,7 @@ impl OverOperator {
 
     /// The event times of `batch`, in milliseconds.
     fn times(&self, batch: &RecordBatch) -> Result<Int64Array> {
-        let col = batch.column(self.time_index);
-        let ms = match col.data_type() {
-            DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Int64 => col.clone(),
-            _ => cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
-        };
-        let ms = cast(&ms, &DataType::Int64)?;
-        if ms.null_count() > 0 {
-            return Err(Error::BadRecord {
-                location: "OVER aggregate input".into(),
-                message: "a record has no event time (null time column)".into(),
-            });
-        }
-        Ok(ms.as_primitive::<Int64Type>().clone())
+        event_times(batch.column(self.time_index), "OVER aggregate input")
     }
 
     /// Writes every waiting row of a time up to `to`, per key in time order.
@@ -365,21 +352,19 @@ impl OverOperator {
         let pending = state.pending.get_many(&pending_keys).await?;
         let stored_frames = state.frames.get_many(&frame_keys).await?;
         let ncalls = self.calls.len();
-        let mut stored = HashMap::with_capacity_and_hasher(uncached.len(), Hasher::default());
         for (i, value) in uncached.into_iter().zip(stored_frames) {
-            stored.insert(i, decode_frame(value.as_deref(), ncalls)?);
+            let k = &keys[i];
+            let frame = decode_frame(value.as_deref(), ncalls)?;
+            let cached = CachedFrame::new(k.group, Some(frame), k.key.len());
+            self.frame_bytes += cached.size;
+            self.frames.insert(k.key.clone(), cached);
         }
         let mut written: Vec<&[u8]> = Vec::new();
         let mut results: Vec<Vec<Acc>> = vec![Vec::new(); ncalls];
         let mut scratch = (Vec::with_capacity(ncalls), Vec::with_capacity(ncalls));
         let mut late = 0u64;
         let mut next = pending.iter();
-        for (i, k) in keys.iter().enumerate() {
-            if let Some(frame) = stored.remove(&i) {
-                let cached = CachedFrame::new(k.group, Some(frame), k.key.len());
-                self.frame_bytes += cached.size;
-                self.frames.insert(k.key.clone(), cached);
-            }
+        for k in &keys {
             let cached = self
                 .frames
                 .get_mut(&k.key)
@@ -925,8 +910,9 @@ impl Operator for OverOperator {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{Float64Array, TimestampMillisecondArray};
-    use arrow::datatypes::Float64Type;
+    use arrow::array::{AsArray, Float64Array, TimestampMillisecondArray};
+    use arrow::compute::cast;
+    use arrow::datatypes::{Float64Type, Int64Type, TimeUnit};
     use sluice_common::key_group::key_group_range;
     use sluice_common::state::{MemoryStateStore, StateStore};
 

@@ -281,22 +281,10 @@ impl WindowOperator {
                 batch.num_rows(),
             )),
             TimeSource::Event(idx) | TimeSource::EventEnd(idx) => {
-                let col = batch.column(idx);
-                let ms = match col.data_type() {
-                    DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Int64 => col.clone(),
-                    _ => cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
-                };
-                let ms = cast(&ms, &DataType::Int64)?;
-                if ms.null_count() > 0 {
-                    return Err(Error::BadRecord {
-                        location: "window input".into(),
-                        message: "a record has no event time (null time column)".into(),
-                    });
-                }
-                let ms = ms.as_primitive::<Int64Type>();
+                let ms = event_times(batch.column(idx), "window input")?;
                 Ok(match self.time {
                     TimeSource::EventEnd(_) => ms.unary(|end| end.saturating_sub(1)),
-                    _ => ms.clone(),
+                    _ => ms,
                 })
             }
         }
@@ -635,6 +623,23 @@ fn results(
 
 fn not_open() -> Error {
     Error::Internal("the window operator was used before `open`".into())
+}
+
+/// An event-time column (a timestamp or milliseconds) as milliseconds; a null time is a
+/// bad record of `location`.
+pub(crate) fn event_times(col: &ArrayRef, location: &str) -> Result<arrow::array::Int64Array> {
+    let ms = match col.data_type() {
+        DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Int64 => col.clone(),
+        _ => cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
+    };
+    let ms = cast(&ms, &DataType::Int64)?;
+    if ms.null_count() > 0 {
+        return Err(Error::BadRecord {
+            location: location.into(),
+            message: "a record has no event time (null time column)".into(),
+        });
+    }
+    Ok(ms.as_primitive::<Int64Type>().clone())
 }
 
 fn now_ms() -> Timestamp {
